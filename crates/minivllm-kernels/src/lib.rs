@@ -1,0 +1,21 @@
+//! CPU kernels for mini-vllm.
+//!
+//! Every `unsafe`/SIMD routine of the project lives in this crate. Each public kernel
+//! dispatches at run time (see [`cpu`]) to the best instruction set the machine has and
+//! keeps a safe scalar twin (`*_scalar`) that tests compare it against.
+//!
+//! Layout conventions shared by all kernels (row-major, f32):
+//! - activations: `[num_tokens, dim]`
+//! - linear weights: `[out_features, in_features]` (PyTorch layout), `y = x · Wᵀ`
+//! - q/k: `[num_tokens, num_heads, head_dim]`
+//! - KV cache (one layer, keys and values separately): `[num_blocks, num_kv_heads, block_size, head_dim]`
+
+pub mod activation;
+pub mod attention;
+pub mod cpu;
+pub mod matmul;
+pub mod norm;
+pub mod quant;
+pub mod rope;
+pub mod softmax;
+pub mod threading;

@@ -1,0 +1,1 @@
+//! GGML block quantisation formats and their dequantisation to f32.

@@ -1,0 +1,11 @@
+//! mini-vllm: an LLM inference engine in the line of vLLM.
+//!
+//! The path of one step: the engine (`engine/`) asks the scheduler (`core/`) which
+//! sequences run, the worker (`worker/`) turns that schedule into the model's input
+//! metadata and runs the model (`model_executor/`) over a paged KV cache, and the sampler
+//! picks the next tokens.
+
+pub mod config;
+pub mod engine;
+pub mod model_executor;
+pub mod worker;

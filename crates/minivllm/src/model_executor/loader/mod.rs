@@ -1,0 +1,40 @@
+//! Weight and configuration loading: GGUF files and Hugging Face folders.
+
+use std::path::PathBuf;
+
+pub mod gguf;
+
+/// Why a model could not be loaded. Every message names the file or the item at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("model path {path} does not exist")]
+    NotFound { path: PathBuf },
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a GGUF file (magic bytes {found:?}, expected \"GGUF\")")]
+    BadMagic { path: PathBuf, found: [u8; 4] },
+    #[error("{path}: unsupported GGUF version {version} (supported: 2, 3)")]
+    UnsupportedGgufVersion { path: PathBuf, version: u32 },
+    #[error("{path}: malformed GGUF: {reason}")]
+    BadGguf { path: PathBuf, reason: String },
+    #[error("tensor {tensor}: unsupported tensor type {type_name}")]
+    UnsupportedTensorType { tensor: String, type_name: String },
+    #[error("unsupported model architecture {0:?} (supported: llama, mistral)")]
+    UnsupportedArchitecture(String),
+    #[error("missing tensor {0}")]
+    MissingTensor(String),
+    #[error("tensor {tensor}: shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        tensor: String,
+        found: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("bad model config: {0}")]
+    Config(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
