@@ -1,0 +1,254 @@
+//! The model's architecture hyper-parameters, read from a Hugging Face `config.json`
+//! or from a GGUF file's `llama.*` metadata.
+
+use serde_json::Value;
+
+use crate::model_executor::loader::LoadError;
+
+/// How rotary frequencies are stretched for long contexts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor` (Hugging Face `rope_type: "linear"`).
+    Linear { factor: f32 },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: usize,
+    },
+    /// One divisor per rotary frequency, as GGUF files store Llama 3 scaling (`rope_freqs.weight`).
+    FreqFactors(Vec<f32>),
+}
+
+/// Hyper-parameters of a LLaMA-family decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// `llama` or `mistral` (the same computation here).
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Checks the shapes fit together, so the model code can rely on them.
+    pub fn validate(&self) -> Result<(), LoadError> {
+        let bad = |m: String| Err(LoadError::Config(m));
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return bad(format!("{name} must be positive"));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return bad(format!(
+                "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return bad(format!("head_dim ({}) must be even for RoPE", self.head_dim));
+        }
+        if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
+            if f.len() != self.head_dim / 2 {
+                return bad(format!(
+                    "rope frequency factors: {} values, expected head_dim/2 = {}",
+                    f.len(),
+                    self.head_dim / 2
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn q_size(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    pub fn kv_size(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Parses a Hugging Face `config.json` (transformers 4 and 5 layouts).
+    pub fn from_hf_json(json: &Value) -> Result<Self, LoadError> {
+        let arch = json
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .or_else(|| json.get("model_type").and_then(Value::as_str))
+            .unwrap_or("<missing>");
+        let architecture = match arch {
+            "LlamaForCausalLM" | "llama" => "llama",
+            "MistralForCausalLM" | "mistral" => "mistral",
+            other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
+        };
+        let hidden_size = req_usize(json, "hidden_size")?;
+        let num_attention_heads = req_usize(json, "num_attention_heads")?;
+        let head_dim = match opt_usize(json, "head_dim")? {
+            Some(d) => d,
+            None => hidden_size / num_attention_heads.max(1),
+        };
+        // transformers 5 moved rope settings into `rope_parameters`; older files keep them
+        // at the top level as `rope_theta` and `rope_scaling`.
+        let rope_params = json.get("rope_parameters").filter(|v| v.is_object());
+        let rope_theta = rope_params
+            .and_then(|p| p.get("rope_theta"))
+            .or_else(|| json.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .unwrap_or(10000.0) as f32;
+        let scaling = json
+            .get("rope_scaling")
+            .filter(|v| v.is_object())
+            .or(rope_params);
+        let cfg = ModelConfig {
+            architecture: architecture.to_string(),
+            vocab_size: req_usize(json, "vocab_size")?,
+            hidden_size,
+            intermediate_size: req_usize(json, "intermediate_size")?,
+            num_hidden_layers: req_usize(json, "num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads: opt_usize(json, "num_key_value_heads")?
+                .unwrap_or(num_attention_heads),
+            head_dim,
+            max_position_embeddings: opt_usize(json, "max_position_embeddings")?.unwrap_or(2048),
+            rms_norm_eps: json
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6) as f32,
+            rope_theta,
+            rope_scaling: parse_hf_rope_scaling(scaling)?,
+            tie_word_embeddings: json
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+fn opt_usize(json: &Value, key: &str) -> Result<Option<usize>, LoadError> {
+    match json.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| LoadError::Config(format!("{key} must be a non-negative integer, got {v}"))),
+    }
+}
+
+fn req_usize(json: &Value, key: &str) -> Result<usize, LoadError> {
+    opt_usize(json, key)?.ok_or_else(|| LoadError::Config(format!("config.json lacks {key}")))
+}
+
+fn parse_hf_rope_scaling(scaling: Option<&Value>) -> Result<RopeScaling, LoadError> {
+    let Some(s) = scaling else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = s
+        .get("rope_type")
+        .or_else(|| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let num = |k: &str| -> Result<f32, LoadError> {
+        s.get(k)
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+            .ok_or_else(|| LoadError::Config(format!("rope scaling {kind:?} lacks {k}")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: num("factor")?,
+        }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+        }),
+        other => Err(LoadError::Config(format!(
+            "unsupported rope scaling type {other:?} (supported: default, linear, llama3)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "vocab_size": 49152, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+            "tie_word_embeddings": true
+        })
+    }
+
+    #[test]
+    fn reads_rope_theta_from_either_layout() {
+        let mut v5 = base();
+        v5["rope_parameters"] = json!({"rope_theta": 100000.0, "rope_type": "default"});
+        let mut v4 = base();
+        v4["rope_theta"] = json!(100000.0);
+        for j in [v5, v4] {
+            let c = ModelConfig::from_hf_json(&j).unwrap();
+            assert_eq!(c.rope_theta, 100000.0);
+            assert_eq!(c.rope_scaling, RopeScaling::None);
+            assert_eq!(c.head_dim, 64);
+        }
+    }
+
+    #[test]
+    fn reads_llama3_scaling() {
+        let mut j = base();
+        j["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        let c = ModelConfig::from_hf_json(&j).unwrap();
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+    }
+
+    #[test]
+    fn rejects_unknown_architecture_by_name() {
+        let mut j = base();
+        j["architectures"] = json!(["GPTNeoXForCausalLM"]);
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("GPTNeoXForCausalLM"), "{e}");
+    }
+
+    #[test]
+    fn rejects_inconsistent_heads() {
+        let mut j = base();
+        j["num_key_value_heads"] = json!(4);
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("not a multiple"), "{e}");
+    }
+
+    #[test]
+    fn rejects_unknown_rope_scaling() {
+        let mut j = base();
+        j["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("yarn"), "{e}");
+    }
+}

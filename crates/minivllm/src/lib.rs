@@ -6,6 +6,8 @@
 //! picks the next tokens.
 
 pub mod config;
+pub mod core;
 pub mod engine;
 pub mod model_executor;
+pub mod utils;
 pub mod worker;

@@ -1,2 +1,3 @@
 pub mod chat_template;
+pub mod greedy;
 pub mod tokenizer;

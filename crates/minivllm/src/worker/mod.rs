@@ -1,0 +1,4 @@
+//! Turning a schedule into tensors and running the model over the KV cache it owns.
+
+pub mod cache_engine;
+pub mod model_runner;

@@ -3,6 +3,19 @@
 use std::path::PathBuf;
 
 pub mod gguf;
+pub mod hf;
+pub mod safetensors;
+pub mod weights;
+
+/// Reads and parses a JSON file, naming the file in any error.
+pub fn read_json(path: &std::path::Path) -> Result<serde_json::Value, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text)
+        .map_err(|e| LoadError::Config(format!("{}: invalid JSON: {e}", path.display())))
+}
 
 /// Why a model could not be loaded. Every message names the file or the item at fault.
 #[derive(Debug, thiserror::Error)]

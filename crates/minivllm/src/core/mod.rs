@@ -1,0 +1,3 @@
+//! Scheduling and KV-block bookkeeping.
+
+pub mod block_pool;

@@ -1,0 +1,51 @@
+use minivllm_kernels::attention::{paged_attention, reshape_and_cache, AttnShape, SeqAttn};
+
+use crate::model_executor::input_metadata::InputMetadata;
+
+/// One layer's paged KV cache: keys and values, each `[num_blocks, num_kv_heads, block_size, head_dim]`.
+pub struct LayerKvCache {
+    pub key: Vec<f32>,
+    pub value: Vec<f32>,
+}
+
+/// Multi-head attention with grouped KV heads over a paged cache.
+pub struct PagedAttention {
+    shape: AttnShape,
+}
+
+impl PagedAttention {
+    pub fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize, block_size: usize) -> Self {
+        Self {
+            shape: AttnShape {
+                num_heads,
+                num_kv_heads,
+                head_dim,
+                block_size,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            },
+        }
+    }
+
+    /// Writes this step's keys and values into their slots, then attends every query over its
+    /// sequence's context. `seqs` is the batch's per-sequence view (built once per forward).
+    pub fn forward(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        cache: &mut LayerKvCache,
+        input: &InputMetadata,
+        seqs: &[SeqAttn<'_>],
+        out: &mut [f32],
+    ) {
+        reshape_and_cache(
+            k,
+            v,
+            &mut cache.key,
+            &mut cache.value,
+            &input.slot_mapping,
+            &self.shape,
+        );
+        paged_attention(out, q, &cache.key, &cache.value, seqs, &self.shape);
+    }
+}

@@ -1,0 +1,26 @@
+use minivllm_kernels::norm;
+
+use crate::model_executor::loader::{weights::WeightSource, LoadError};
+
+/// RMSNorm with a learned per-channel scale.
+pub struct RmsNorm {
+    weight: Vec<f32>,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(src: &dyn WeightSource, name: &str, dim: usize, eps: f32) -> Result<Self, LoadError> {
+        let weight = src.load(name)?.expect_shape(name, &[dim])?;
+        Ok(Self { weight, eps })
+    }
+
+    /// `out = rms_norm(x)`, row by row.
+    pub fn forward(&self, x: &[f32], out: &mut [f32]) {
+        norm::rms_norm(x, &self.weight, self.eps, out);
+    }
+
+    /// `residual += x; x = rms_norm(residual)`: one pass instead of an add then a norm.
+    pub fn forward_fused_add(&self, x: &mut [f32], residual: &mut [f32]) {
+        norm::fused_add_rms_norm(x, residual, &self.weight, self.eps);
+    }
+}

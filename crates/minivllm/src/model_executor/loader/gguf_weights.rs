@@ -1,0 +1,220 @@
+//! A GGUF file seen as a LLaMA model: its `llama.*` metadata as a [`ModelConfig`] and its
+//! tensors under Hugging Face names and layouts.
+
+use std::collections::HashMap;
+
+use super::gguf::{GgufFile, GgufValue};
+use super::weights::{Tensor, WeightSource};
+use super::LoadError;
+use crate::config::{ModelConfig, RopeScaling};
+
+/// Architectures whose GGUF tensors and metadata follow llama.cpp's `llama` layout.
+const LLAMA_LIKE: &[&str] = &["llama", "mistral"];
+
+/// Reads the model's hyper-parameters from `<arch>.*` metadata.
+pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
+    let arch = file
+        .get("general.architecture")
+        .and_then(GgufValue::as_str)
+        .ok_or_else(|| LoadError::Config("GGUF lacks general.architecture".into()))?
+        .to_string();
+    if !LLAMA_LIKE.contains(&arch.as_str()) {
+        return Err(LoadError::UnsupportedArchitecture(arch));
+    }
+    let key = |k: &str| format!("{arch}.{k}");
+    let uint = |k: &str| -> Result<Option<usize>, LoadError> {
+        match file.get(&key(k)) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                LoadError::Config(format!("GGUF metadata {} is not an integer", key(k)))
+            }),
+        }
+    };
+    let req = |k: &str| {
+        uint(k)?.ok_or_else(|| LoadError::Config(format!("GGUF lacks metadata {}", key(k))))
+    };
+    let float = |k: &str| file.get(&key(k)).and_then(GgufValue::as_f64).map(|f| f as f32);
+
+    let hidden_size = req("embedding_length")?;
+    let num_attention_heads = req("attention.head_count")?;
+    let head_dim = match uint("attention.key_length")? {
+        Some(d) => d,
+        None => hidden_size / num_attention_heads.max(1),
+    };
+    let vocab_size = match uint("vocab_size")? {
+        Some(v) => v,
+        None => file
+            .get("tokenizer.ggml.tokens")
+            .and_then(GgufValue::as_array)
+            .map(|a| a.len())
+            .ok_or_else(|| LoadError::Config("GGUF gives no vocabulary size".into()))?,
+    };
+    let rope_scaling = rope_scaling_from_gguf(file, &key, head_dim)?;
+    let cfg = ModelConfig {
+        architecture: arch.clone(),
+        vocab_size,
+        hidden_size,
+        intermediate_size: req("feed_forward_length")?,
+        num_hidden_layers: req("block_count")?,
+        num_attention_heads,
+        num_key_value_heads: uint("attention.head_count_kv")?.unwrap_or(num_attention_heads),
+        head_dim,
+        max_position_embeddings: uint("context_length")?.unwrap_or(2048),
+        rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        rope_theta: float("rope.freq_base").unwrap_or(10000.0),
+        rope_scaling,
+        // GGUF files of tied models simply have no `output.weight`.
+        tie_word_embeddings: file.tensor("output.weight").is_none(),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn rope_scaling_from_gguf(
+    file: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+    head_dim: usize,
+) -> Result<RopeScaling, LoadError> {
+    // Llama 3.1-style scaling is baked by llama.cpp's converter into per-frequency divisors.
+    if file.tensor("rope_freqs.weight").is_some() {
+        let factors = file.dequantize("rope_freqs.weight")?;
+        if factors.len() != head_dim / 2 {
+            return Err(LoadError::Config(format!(
+                "rope_freqs.weight has {} values, expected {}",
+                factors.len(),
+                head_dim / 2
+            )));
+        }
+        return Ok(RopeScaling::FreqFactors(factors));
+    }
+    let kind = file.get(&key("rope.scaling.type")).and_then(GgufValue::as_str);
+    let factor = file
+        .get(&key("rope.scaling.factor"))
+        .and_then(GgufValue::as_f64)
+        .map(|f| f as f32);
+    match (kind, factor) {
+        (None | Some("none"), _) => Ok(RopeScaling::None),
+        (Some("linear"), Some(factor)) if factor > 0.0 => Ok(RopeScaling::Linear { factor }),
+        (Some(other), _) => Err(LoadError::Config(format!(
+            "unsupported GGUF rope scaling {other:?} (supported: none, linear, rope_freqs)"
+        ))),
+    }
+}
+
+/// GGUF tensors under Hugging Face names, dequantised to f32 on load.
+pub struct GgufWeights<'a> {
+    file: &'a GgufFile,
+    /// Hugging Face name -> GGUF name.
+    names: HashMap<String, String>,
+    num_heads: usize,
+    num_kv_heads: usize,
+}
+
+impl<'a> GgufWeights<'a> {
+    pub fn new(file: &'a GgufFile, config: &ModelConfig) -> Self {
+        let mut names = HashMap::new();
+        for t in &file.tensors {
+            if let Some(hf) = hf_name(&t.name) {
+                names.insert(hf, t.name.clone());
+            }
+        }
+        Self {
+            file,
+            names,
+            num_heads: config.num_attention_heads,
+            num_kv_heads: config.num_key_value_heads,
+        }
+    }
+}
+
+/// llama.cpp's tensor names -> transformers' names.
+fn hf_name(gguf: &str) -> Option<String> {
+    match gguf {
+        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
+        "output_norm.weight" => return Some("model.norm.weight".into()),
+        "output.weight" => return Some("lm_head.weight".into()),
+        _ => {}
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let hf = match part {
+        "attn_norm.weight" => "input_layernorm.weight",
+        "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "attn_q.weight" => "self_attn.q_proj.weight",
+        "attn_k.weight" => "self_attn.k_proj.weight",
+        "attn_v.weight" => "self_attn.v_proj.weight",
+        "attn_output.weight" => "self_attn.o_proj.weight",
+        "ffn_gate.weight" => "mlp.gate_proj.weight",
+        "ffn_up.weight" => "mlp.up_proj.weight",
+        "ffn_down.weight" => "mlp.down_proj.weight",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}"))
+}
+
+impl WeightSource for GgufWeights<'_> {
+    fn contains(&self, name: &str) -> bool {
+        self.names.contains_key(name)
+    }
+
+    fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+        let gguf_name = self
+            .names
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))?;
+        let info = self
+            .file
+            .tensor(gguf_name)
+            .ok_or_else(|| LoadError::MissingTensor(gguf_name.clone()))?;
+        // ggml lists dimensions fastest-varying first; PyTorch's order is the reverse.
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let mut data = self.file.dequantize(gguf_name)?;
+        if gguf_name.ends_with("attn_q.weight") {
+            data = unpermute_rows(&data, &shape, self.num_heads);
+        } else if gguf_name.ends_with("attn_k.weight") {
+            data = unpermute_rows(&data, &shape, self.num_kv_heads);
+        }
+        Ok(Tensor { shape, data })
+    }
+}
+
+/// llama.cpp's converter reorders each head's q/k rows from rotate-half pairs `(i, i + d/2)`
+/// to adjacent pairs `(2i, 2i + 1)`; this undoes it so one RoPE (rotate-half) serves both
+/// formats. GGUF row `h*d + 2i + j` is Hugging Face row `h*d + j*d/2 + i`.
+fn unpermute_rows(data: &[f32], shape: &[usize], n_heads: usize) -> Vec<f32> {
+    let (rows, cols) = (shape[0], shape.iter().skip(1).product::<usize>());
+    let head_dim = rows / n_heads;
+    let half = head_dim / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..n_heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = h * head_dim + 2 * i + j;
+                let dst = h * head_dim + j * half + i;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_llama_cpp_names() {
+        assert_eq!(hf_name("blk.12.attn_q.weight").unwrap(), "model.layers.12.self_attn.q_proj.weight");
+        assert_eq!(hf_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
+        assert_eq!(hf_name("blk.x.attn_q.weight"), None);
+        assert_eq!(hf_name("rope_freqs.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_inverts_the_converters_permutation() {
+        // One head of dim 4, one column: HF rows [a0 a1 b0 b1] were stored as [a0 b0 a1 b1].
+        let gguf = [10.0, 20.0, 11.0, 21.0];
+        assert_eq!(unpermute_rows(&gguf, &[4, 1], 1), vec![10.0, 11.0, 20.0, 21.0]);
+    }
+}

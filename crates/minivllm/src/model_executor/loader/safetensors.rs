@@ -1,0 +1,109 @@
+//! Safetensors weights, single file or sharded (`model.safetensors.index.json`), memory-mapped.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use super::weights::{Tensor, WeightSource};
+use super::LoadError;
+
+pub struct SafetensorsWeights {
+    shards: Vec<(PathBuf, Mmap)>,
+    /// Tensor name -> shard index.
+    index: HashMap<String, usize>,
+}
+
+impl SafetensorsWeights {
+    /// Opens the weights in a Hugging Face model folder.
+    pub fn open_dir(dir: &Path) -> Result<Self, LoadError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        if index_path.is_file() {
+            let json = super::read_json(&index_path)?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| LoadError::Config(format!("{} lacks weight_map", index_path.display())))?;
+            let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+            files.sort();
+            files.dedup();
+            Self::open_files(&files.iter().map(|f| dir.join(f)).collect::<Vec<_>>())
+        } else if single.is_file() {
+            Self::open_files(&[single])
+        } else {
+            Err(LoadError::Config(format!(
+                "{} has neither model.safetensors nor model.safetensors.index.json",
+                dir.display()
+            )))
+        }
+    }
+
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self, LoadError> {
+        let mut shards = Vec::with_capacity(paths.len());
+        let mut index = HashMap::new();
+        for (i, path) in paths.iter().enumerate() {
+            let io = |source| LoadError::Io { path: path.clone(), source };
+            let file = File::open(path).map_err(io)?;
+            // SAFETY: the file is opened read-only and the map lives as long as this
+            // value; a file changed underneath us would garble weights, not memory safety
+            // of the process beyond what any mmap-based loader accepts.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+            let st = SafeTensors::deserialize(&mmap).map_err(|e| LoadError::Config(format!(
+                "{}: not a valid safetensors file: {e}",
+                path.display()
+            )))?;
+            for name in st.names() {
+                index.insert(name.to_string(), i);
+            }
+            shards.push((path.clone(), mmap));
+        }
+        Ok(Self { shards, index })
+    }
+}
+
+impl WeightSource for SafetensorsWeights {
+    fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+        let &shard = self
+            .index
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))?;
+        let (path, mmap) = &self.shards[shard];
+        let st = SafeTensors::deserialize(mmap)
+            .map_err(|e| LoadError::Config(format!("{}: {e}", path.display())))?;
+        let view = st
+            .tensor(name)
+            .map_err(|_| LoadError::MissingTensor(name.to_string()))?;
+        let bytes = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(LoadError::UnsupportedTensorType {
+                    tensor: name.to_string(),
+                    type_name: format!("{other:?}"),
+                })
+            }
+        };
+        Ok(Tensor {
+            shape: view.shape().to_vec(),
+            data,
+        })
+    }
+}

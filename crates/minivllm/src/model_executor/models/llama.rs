@@ -1,0 +1,246 @@
+//! LLaMA-family decoder (Llama 2/3, Mistral, SmolLM2, TinyLlama): RMSNorm, GQA attention
+//! with RoPE over a paged KV cache, SwiGLU MLP, optionally tied embeddings.
+
+use minivllm_kernels::activation::silu_and_mul;
+use minivllm_kernels::attention::SeqAttn;
+
+use crate::config::ModelConfig;
+use crate::model_executor::input_metadata::{InputError, InputMetadata};
+use crate::model_executor::layers::attention::{LayerKvCache, PagedAttention};
+use crate::model_executor::layers::linear::Linear;
+use crate::model_executor::layers::norm::RmsNorm;
+use crate::model_executor::layers::rotary::RotaryEmbedding;
+use crate::model_executor::loader::{weights::WeightSource, LoadError};
+
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    /// q, k and v projections stacked: `[(heads + 2 kv_heads) * head_dim, hidden]`.
+    qkv_proj: Linear,
+    o_proj: Linear,
+    post_attention_layernorm: RmsNorm,
+    /// gate and up projections stacked: `[2 * intermediate, hidden]`.
+    gate_up_proj: Linear,
+    down_proj: Linear,
+}
+
+pub struct LlamaForCausalLM {
+    config: ModelConfig,
+    embed_tokens: Vec<f32>,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// `None` when tied to the embeddings.
+    lm_head: Option<Linear>,
+    rotary: RotaryEmbedding,
+}
+
+/// Activations of one forward pass, kept between passes so steady-state decoding
+/// allocates nothing: vectors only grow when a batch is larger than any before.
+#[derive(Default)]
+pub struct ForwardBuffers {
+    hidden: Vec<f32>,
+    residual: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn_out: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    last_hidden: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
+}
+
+impl LlamaForCausalLM {
+    pub fn load(config: &ModelConfig, src: &dyn WeightSource) -> Result<Self, LoadError> {
+        config.validate()?;
+        let c = config;
+        let h = c.hidden_size;
+        let embed_tokens = src
+            .load("model.embed_tokens.weight")?
+            .expect_shape("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| load_layer(c, src, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Some checkpoints that tie embeddings still ship lm_head; when the config says
+        // tied we follow it, as transformers does.
+        let lm_head = if c.tie_word_embeddings || !src.contains("lm_head.weight") {
+            if !c.tie_word_embeddings {
+                tracing::warn!("lm_head.weight absent: using the tied token embeddings");
+            }
+            None
+        } else {
+            Some(Linear::load(src, "lm_head.weight", h, c.vocab_size)?)
+        };
+        Ok(Self {
+            config: c.clone(),
+            embed_tokens,
+            layers,
+            norm: RmsNorm::load(src, "model.norm.weight", h, c.rms_norm_eps)?,
+            lm_head,
+            rotary: RotaryEmbedding::new(c),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Runs the flat batch described by `input`, writing its K/V into `kv_caches` (one per
+    /// layer, blocks of `block_size` tokens), and returns the logits of the positions in
+    /// `input.logits_indices`: `[logits_indices.len(), vocab_size]`.
+    pub fn forward<'b>(
+        &self,
+        input: &InputMetadata,
+        kv_caches: &mut [LayerKvCache],
+        block_size: usize,
+        buf: &'b mut ForwardBuffers,
+    ) -> Result<&'b [f32], InputError> {
+        let c = &self.config;
+        let num_blocks = kv_caches
+            .first()
+            .map_or(0, |kv| kv.key.len() / (block_size * c.kv_size()).max(1));
+        input.validate(block_size, num_blocks, c.vocab_size)?;
+        if kv_caches.len() != c.num_hidden_layers {
+            return Err(InputError::BadBatch(format!(
+                "{} KV caches for {} layers",
+                kv_caches.len(),
+                c.num_hidden_layers
+            )));
+        }
+        if let Some(p) = input.positions.iter().find(|&&p| p >= self.rotary.max_positions()) {
+            return Err(InputError::BadBatch(format!(
+                "position {p} is beyond the model's context ({} tokens)",
+                self.rotary.max_positions()
+            )));
+        }
+        let t = input.num_tokens();
+        let h = c.hidden_size;
+        let attn = PagedAttention::new(
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            block_size,
+        );
+        let seqs: Vec<SeqAttn<'_>> = (0..input.seqs.len()).map(|i| input.seq_attn(i)).collect();
+
+        let hidden = sized(&mut buf.hidden, t * h);
+        for (row, &tok) in hidden.chunks_exact_mut(h).zip(&input.token_ids) {
+            let tok = tok as usize;
+            row.copy_from_slice(&self.embed_tokens[tok * h..(tok + 1) * h]);
+        }
+        sized(&mut buf.residual, t * h);
+        for (i, layer) in self.layers.iter().enumerate() {
+            if i == 0 {
+                buf.residual.copy_from_slice(&buf.hidden);
+                layer.input_layernorm.forward(&buf.residual, &mut buf.hidden);
+            } else {
+                layer
+                    .input_layernorm
+                    .forward_fused_add(&mut buf.hidden, &mut buf.residual);
+            }
+            self.attention_block(layer, input, &seqs, &attn, &mut kv_caches[i], buf);
+            layer
+                .post_attention_layernorm
+                .forward_fused_add(&mut buf.hidden, &mut buf.residual);
+            self.mlp_block(layer, t, buf);
+        }
+        self.norm.forward_fused_add(&mut buf.hidden, &mut buf.residual);
+        Ok(self.compute_logits(&input.logits_indices, buf))
+    }
+
+    /// `hidden = o_proj(attention(rope(q), rope(k), v))`, from the normed `hidden`.
+    fn attention_block(
+        &self,
+        layer: &DecoderLayer,
+        input: &InputMetadata,
+        seqs: &[SeqAttn<'_>],
+        attn: &PagedAttention,
+        kv: &mut LayerKvCache,
+        buf: &mut ForwardBuffers,
+    ) {
+        let c = &self.config;
+        let t = input.num_tokens();
+        let (qs, kvs) = (c.q_size(), c.kv_size());
+        let qkv = sized(&mut buf.qkv, t * (qs + 2 * kvs));
+        layer.qkv_proj.forward(&buf.hidden, qkv, t);
+        let q = sized(&mut buf.q, t * qs);
+        let k = sized(&mut buf.k, t * kvs);
+        let v = sized(&mut buf.v, t * kvs);
+        for (i, row) in qkv.chunks_exact(qs + 2 * kvs).enumerate() {
+            q[i * qs..(i + 1) * qs].copy_from_slice(&row[..qs]);
+            k[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs..qs + kvs]);
+            v[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs + kvs..]);
+        }
+        self.rotary.forward(&input.positions, q, c.num_attention_heads);
+        self.rotary.forward(&input.positions, k, c.num_key_value_heads);
+        let out = sized(&mut buf.attn_out, t * qs);
+        attn.forward(q, k, v, kv, input, seqs, out);
+        layer.o_proj.forward(out, &mut buf.hidden, t);
+    }
+
+    /// `hidden = down(silu(gate(hidden)) * up(hidden))`.
+    fn mlp_block(&self, layer: &DecoderLayer, t: usize, buf: &mut ForwardBuffers) {
+        let inter = self.config.intermediate_size;
+        let gate_up = sized(&mut buf.gate_up, t * 2 * inter);
+        layer.gate_up_proj.forward(&buf.hidden, gate_up, t);
+        let act = sized(&mut buf.act, t * inter);
+        silu_and_mul(gate_up, act, inter);
+        layer.down_proj.forward(act, &mut buf.hidden, t);
+    }
+
+    /// Projects only the rows that need logits: a prompt of 500 tokens needs one row, and
+    /// the vocabulary projection is the largest matmul of the model.
+    fn compute_logits<'b>(&self, indices: &[usize], buf: &'b mut ForwardBuffers) -> &'b [f32] {
+        let h = self.config.hidden_size;
+        let vocab = self.config.vocab_size;
+        let n = indices.len();
+        let last = sized(&mut buf.last_hidden, n * h);
+        for (row, &i) in last.chunks_exact_mut(h).zip(indices) {
+            row.copy_from_slice(&buf.hidden[i * h..(i + 1) * h]);
+        }
+        let logits = sized(&mut buf.logits, n * vocab);
+        match &self.lm_head {
+            Some(head) => head.forward(last, logits, n),
+            None => minivllm_kernels::matmul::matmul(last, &self.embed_tokens, logits, n, h, vocab),
+        }
+        &buf.logits[..n * vocab]
+    }
+}
+
+fn load_layer(c: &ModelConfig, src: &dyn WeightSource, i: usize) -> Result<DecoderLayer, LoadError> {
+    let p = format!("model.layers.{i}");
+    let h = c.hidden_size;
+    let name = |s: &str| format!("{p}.{s}");
+    let (q, k, v) = (
+        name("self_attn.q_proj.weight"),
+        name("self_attn.k_proj.weight"),
+        name("self_attn.v_proj.weight"),
+    );
+    let (gate, up) = (name("mlp.gate_proj.weight"), name("mlp.up_proj.weight"));
+    Ok(DecoderLayer {
+        input_layernorm: RmsNorm::load(src, &name("input_layernorm.weight"), h, c.rms_norm_eps)?,
+        qkv_proj: Linear::load_merged(
+            src,
+            &[(&q, c.q_size()), (&k, c.kv_size()), (&v, c.kv_size())],
+            h,
+        )?,
+        o_proj: Linear::load(src, &name("self_attn.o_proj.weight"), c.q_size(), h)?,
+        post_attention_layernorm: RmsNorm::load(
+            src,
+            &name("post_attention_layernorm.weight"),
+            h,
+            c.rms_norm_eps,
+        )?,
+        gate_up_proj: Linear::load_merged(
+            src,
+            &[(&gate, c.intermediate_size), (&up, c.intermediate_size)],
+            h,
+        )?,
+        down_proj: Linear::load(src, &name("mlp.down_proj.weight"), c.intermediate_size, h)?,
+    })
+}

@@ -1,0 +1,37 @@
+//! Runs the model on one batch over the KV cache.
+
+use crate::model_executor::input_metadata::{InputError, InputMetadata};
+use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
+use crate::worker::cache_engine::CacheEngine;
+
+/// The model, its KV cache and the activation buffers reused from step to step.
+pub struct ModelRunner {
+    model: LlamaForCausalLM,
+    cache: CacheEngine,
+    buffers: ForwardBuffers,
+}
+
+impl ModelRunner {
+    pub fn new(model: LlamaForCausalLM, cache: CacheEngine) -> Self {
+        Self {
+            model,
+            cache,
+            buffers: ForwardBuffers::default(),
+        }
+    }
+
+    pub fn model(&self) -> &LlamaForCausalLM {
+        &self.model
+    }
+
+    pub fn cache(&self) -> &CacheEngine {
+        &self.cache
+    }
+
+    /// Logits `[input.logits_indices.len(), vocab_size]` for the batch.
+    pub fn execute(&mut self, input: &InputMetadata) -> Result<&[f32], InputError> {
+        let block_size = self.cache.block_size();
+        self.model
+            .forward(input, self.cache.layers_mut(), block_size, &mut self.buffers)
+    }
+}
