@@ -11,6 +11,39 @@ pub struct AttnShape {
     pub scale: f32,
 }
 
+impl AttnShape {
+    /// Query heads sharing one kv head.
+    fn group(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+
+    /// Offset in a cache of the `head_dim` values of `kv_head` at logical `pos` of `block_table`.
+    #[inline]
+    fn cache_offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
+        let block = block_table[pos / self.block_size] as usize;
+        ((block * self.num_kv_heads + kv_head) * self.block_size + pos % self.block_size)
+            * self.head_dim
+    }
+
+    fn check(&self) {
+        assert!(
+            self.num_kv_heads > 0 && self.num_heads.is_multiple_of(self.num_kv_heads),
+            "attention: num_heads {} is not a multiple of num_kv_heads {}",
+            self.num_heads,
+            self.num_kv_heads
+        );
+        assert!(
+            self.block_size > 0,
+            "attention: block_size must be positive"
+        );
+    }
+
+    /// Floats in one cache block.
+    fn block_len(&self) -> usize {
+        self.num_kv_heads * self.block_size * self.head_dim
+    }
+}
+
 /// One sequence's part of a flat batch.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqAttn<'a> {
@@ -29,25 +62,366 @@ pub struct SeqAttn<'a> {
 /// Writes each new token's key and value (`[num_tokens, num_kv_heads, head_dim]`) into the
 /// caches at `slot_mapping[t]` (slot = block_id * block_size + offset).
 pub fn reshape_and_cache(
-    _key: &[f32],
-    _value: &[f32],
-    _key_cache: &mut [f32],
-    _value_cache: &mut [f32],
-    _slot_mapping: &[usize],
-    _shape: &AttnShape,
+    key: &[f32],
+    value: &[f32],
+    key_cache: &mut [f32],
+    value_cache: &mut [f32],
+    slot_mapping: &[usize],
+    shape: &AttnShape,
 ) {
-    unimplemented!("kernels helper")
+    shape.check();
+    let row = shape.num_kv_heads * shape.head_dim;
+    assert_eq!(
+        key.len(),
+        slot_mapping.len() * row,
+        "reshape_and_cache: key must be [num_tokens, num_kv_heads, head_dim]"
+    );
+    assert_eq!(
+        value.len(),
+        key.len(),
+        "reshape_and_cache: key and value differ in length"
+    );
+    assert_eq!(
+        key_cache.len(),
+        value_cache.len(),
+        "reshape_and_cache: caches differ in length"
+    );
+    if row == 0 {
+        return;
+    }
+    for (t, &slot) in slot_mapping.iter().enumerate() {
+        let block = slot / shape.block_size;
+        assert!(
+            (block + 1) * shape.block_len() <= key_cache.len(),
+            "reshape_and_cache: slot {slot} is beyond the cache"
+        );
+        for h in 0..shape.num_kv_heads {
+            let src = (t * shape.num_kv_heads + h) * shape.head_dim;
+            let dst = ((block * shape.num_kv_heads + h) * shape.block_size
+                + slot % shape.block_size)
+                * shape.head_dim;
+            let n = shape.head_dim;
+            key_cache[dst..dst + n].copy_from_slice(&key[src..src + n]);
+            value_cache[dst..dst + n].copy_from_slice(&value[src..src + n]);
+        }
+    }
 }
 
 /// `out[t, h, :]` = attention of query `[t, h, :]` over its sequence's cached keys/values,
 /// with GQA (query head h reads kv head `h / (num_heads / num_kv_heads)`).
 pub fn paged_attention(
-    _out: &mut [f32],
-    _query: &[f32],
-    _key_cache: &[f32],
-    _value_cache: &[f32],
-    _seqs: &[SeqAttn<'_>],
-    _shape: &AttnShape,
+    out: &mut [f32],
+    query: &[f32],
+    key_cache: &[f32],
+    value_cache: &[f32],
+    seqs: &[SeqAttn<'_>],
+    shape: &AttnShape,
 ) {
-    unimplemented!("kernels helper")
+    paged_attention_scalar(out, query, key_cache, value_cache, seqs, shape);
+}
+
+fn check_batch(
+    out: &[f32],
+    query: &[f32],
+    key_cache: &[f32],
+    value_cache: &[f32],
+    seqs: &[SeqAttn<'_>],
+    shape: &AttnShape,
+) {
+    shape.check();
+    let row = shape.num_heads * shape.head_dim;
+    assert_eq!(
+        out.len(),
+        query.len(),
+        "paged_attention: out and query differ in length"
+    );
+    assert_eq!(
+        key_cache.len(),
+        value_cache.len(),
+        "paged_attention: caches differ in length"
+    );
+    let num_blocks = key_cache.len() / shape.block_len().max(1);
+    for (i, s) in seqs.iter().enumerate() {
+        assert!(
+            (s.query_start + s.query_len) * row <= query.len(),
+            "paged_attention: seq {i} queries lie beyond the batch"
+        );
+        assert!(
+            s.query_len <= s.context_len,
+            "paged_attention: seq {i} has query_len > context_len"
+        );
+        assert!(
+            s.block_table.len() * shape.block_size >= s.context_len,
+            "paged_attention: seq {i} block table is too short for context_len {}",
+            s.context_len
+        );
+        let used = s.context_len.div_ceil(shape.block_size);
+        assert!(
+            s.block_table[..used]
+                .iter()
+                .all(|&b| (b as usize) < num_blocks),
+            "paged_attention: seq {i} block table names a block beyond the cache"
+        );
+    }
+}
+
+/// Scalar twin of [`paged_attention`]: single-threaded, two-pass softmax.
+pub fn paged_attention_scalar(
+    out: &mut [f32],
+    query: &[f32],
+    key_cache: &[f32],
+    value_cache: &[f32],
+    seqs: &[SeqAttn<'_>],
+    shape: &AttnShape,
+) {
+    check_batch(out, query, key_cache, value_cache, seqs, shape);
+    let hd = shape.head_dim;
+    let mut scores = Vec::new();
+    for s in seqs {
+        for i in 0..s.query_len {
+            let t = s.query_start + i;
+            let last = s.context_len - s.query_len + i;
+            for h in 0..shape.num_heads {
+                let kvh = h / shape.group();
+                let q = &query[(t * shape.num_heads + h) * hd..][..hd];
+                scores.clear();
+                for pos in 0..=last {
+                    let k = &key_cache[shape.cache_offset(s.block_table, pos, kvh)..][..hd];
+                    let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+                    scores.push(dot * shape.scale);
+                }
+                crate::softmax::softmax_inplace_scalar(&mut scores);
+                let o = &mut out[(t * shape.num_heads + h) * hd..][..hd];
+                o.fill(0.0);
+                for (pos, &p) in scores.iter().enumerate() {
+                    let v = &value_cache[shape.cache_offset(s.block_table, pos, kvh)..][..hd];
+                    for (o, &v) in o.iter_mut().zip(v) {
+                        *o += p * v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+    use rand::seq::SliceRandom;
+
+    /// A batch with its logical (un-paged) keys/values, for the reference.
+    struct Batch {
+        shape: AttnShape,
+        query: Vec<f32>,
+        key_cache: Vec<f32>,
+        value_cache: Vec<f32>,
+        seqs: Vec<TestSeq>,
+    }
+
+    struct TestSeq {
+        query_start: usize,
+        query_len: usize,
+        context_len: usize,
+        block_table: Vec<u32>,
+        /// Logical `[context_len, num_kv_heads, head_dim]`.
+        keys: Vec<f32>,
+        values: Vec<f32>,
+    }
+
+    impl Batch {
+        fn seq_attn(&self) -> Vec<SeqAttn<'_>> {
+            self.seqs
+                .iter()
+                .map(|s| SeqAttn {
+                    query_start: s.query_start,
+                    query_len: s.query_len,
+                    context_len: s.context_len,
+                    block_table: &s.block_table,
+                })
+                .collect()
+        }
+    }
+
+    /// Builds a batch of `(query_len, context_len)` sequences whose blocks are shuffled
+    /// over the cache, filled through `reshape_and_cache`.
+    fn make_batch(seed: u64, shape: AttnShape, lens: &[(usize, usize)]) -> Batch {
+        let mut r = rng(seed);
+        let bs = shape.block_size;
+        let total_blocks: usize = lens.iter().map(|&(_, c)| c.div_ceil(bs)).sum::<usize>() + 3;
+        let mut free: Vec<u32> = (0..total_blocks as u32).collect();
+        free.shuffle(&mut r);
+        let cache_len = total_blocks * shape.block_len();
+        let mut key_cache = rand_vec(&mut r, cache_len); // garbage where nothing is written
+        let mut value_cache = rand_vec(&mut r, cache_len);
+        let kv_row = shape.num_kv_heads * shape.head_dim;
+        let mut seqs = Vec::new();
+        let mut start = 0;
+        for &(ql, cl) in lens {
+            let table: Vec<u32> = (0..cl.div_ceil(bs)).map(|_| free.pop().unwrap()).collect();
+            let k = rand_vec(&mut r, cl * kv_row);
+            let v = rand_vec(&mut r, cl * kv_row);
+            let slots: Vec<usize> = (0..cl)
+                .map(|p| table[p / bs] as usize * bs + p % bs)
+                .collect();
+            reshape_and_cache(&k, &v, &mut key_cache, &mut value_cache, &slots, &shape);
+            seqs.push(TestSeq {
+                query_start: start,
+                query_len: ql,
+                context_len: cl,
+                block_table: table,
+                keys: k,
+                values: v,
+            });
+            start += ql;
+        }
+        let query = rand_vec(&mut r, start * shape.num_heads * shape.head_dim);
+        Batch {
+            shape,
+            query,
+            key_cache,
+            value_cache,
+            seqs,
+        }
+    }
+
+    /// f64 attention over the logical keys/values.
+    fn reference(b: &Batch) -> Vec<f32> {
+        let AttnShape {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            scale,
+            ..
+        } = b.shape;
+        let mut out = vec![0.0; b.query.len()];
+        for s in &b.seqs {
+            let (qs, ql, cl, k, v) = (
+                s.query_start,
+                s.query_len,
+                s.context_len,
+                &s.keys,
+                &s.values,
+            );
+            for i in 0..ql {
+                let t = qs + i;
+                let last = cl - ql + i;
+                for h in 0..nh {
+                    let kvh = h / (nh / nkv);
+                    let q = &b.query[(t * nh + h) * hd..][..hd];
+                    let s: Vec<f64> = (0..=last)
+                        .map(|p| {
+                            let kr = &k[(p * nkv + kvh) * hd..][..hd];
+                            q.iter()
+                                .zip(kr)
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>()
+                                * scale as f64
+                        })
+                        .collect();
+                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        let acc: f64 = (0..=last)
+                            .map(|p| e[p] * v[(p * nkv + kvh) * hd + d] as f64)
+                            .sum();
+                        out[(t * nh + h) * hd + d] = (acc / z) as f32;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn shapes() -> Vec<(AttnShape, Vec<(usize, usize)>)> {
+        let s = |nh, nkv, hd: usize, bs| AttnShape {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            block_size: bs,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        vec![
+            // SmolLM2: GQA 9/3, mixed prefill (with and without a cached prefix) and decodes.
+            (
+                s(9, 3, 64, 16),
+                vec![(5, 5), (1, 37), (7, 40), (1, 1), (1, 16), (20, 20)],
+            ),
+            // Odd head_dim and block size, multi-query.
+            (s(4, 1, 13, 3), vec![(1, 10), (4, 4), (2, 9)]),
+            // Plain multi-head, one-token blocks.
+            (s(2, 2, 8, 1), vec![(3, 5), (1, 2)]),
+        ]
+    }
+
+    #[test]
+    fn scalar_matches_reference() {
+        for (i, (shape, lens)) in shapes().into_iter().enumerate() {
+            let b = make_batch(10 + i as u64, shape, &lens);
+            let mut out = vec![0.0; b.query.len()];
+            paged_attention_scalar(
+                &mut out,
+                &b.query,
+                &b.key_cache,
+                &b.value_cache,
+                &b.seq_attn(),
+                &shape,
+            );
+            assert_close(&out, &reference(&b), 1e-5, 1e-4, "paged_attention_scalar");
+        }
+    }
+
+    #[test]
+    fn dispatch_matches_reference() {
+        for (i, (shape, lens)) in shapes().into_iter().enumerate() {
+            let b = make_batch(20 + i as u64, shape, &lens);
+            let mut out = vec![0.0; b.query.len()];
+            paged_attention(
+                &mut out,
+                &b.query,
+                &b.key_cache,
+                &b.value_cache,
+                &b.seq_attn(),
+                &shape,
+            );
+            assert_close(&out, &reference(&b), 1e-5, 1e-4, "paged_attention");
+        }
+    }
+
+    #[test]
+    fn reshape_and_cache_places_rows() {
+        let shape = AttnShape {
+            num_heads: 2,
+            num_kv_heads: 2,
+            head_dim: 3,
+            block_size: 4,
+            scale: 1.0,
+        };
+        let mut kc = vec![0.0; 3 * shape.block_len()];
+        let mut vc = kc.clone();
+        let key: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let value: Vec<f32> = key.iter().map(|v| -v).collect();
+        // Token 0 -> block 2 offset 1, token 1 -> block 0 offset 3.
+        reshape_and_cache(&key, &value, &mut kc, &mut vc, &[9, 3], &shape);
+        let at = |b: usize, h: usize, o: usize| ((b * 2 + h) * 4 + o) * 3;
+        assert_eq!(&kc[at(2, 0, 1)..][..3], &[0.0, 1.0, 2.0]);
+        assert_eq!(&kc[at(2, 1, 1)..][..3], &[3.0, 4.0, 5.0]);
+        assert_eq!(&kc[at(0, 0, 3)..][..3], &[6.0, 7.0, 8.0]);
+        assert_eq!(&vc[at(0, 1, 3)..][..3], &[-9.0, -10.0, -11.0]);
+        assert_eq!(kc.iter().filter(|&&v| v != 0.0).count(), 11);
+    }
+
+    #[test]
+    fn empty_batch_is_noop() {
+        let shape = AttnShape {
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 4,
+            block_size: 2,
+            scale: 0.5,
+        };
+        paged_attention(&mut [], &[], &[], &[], &[], &shape);
+        reshape_and_cache(&[], &[], &mut [], &mut [], &[], &shape);
+    }
 }

@@ -19,3 +19,6 @@ pub mod quant;
 pub mod rope;
 pub mod softmax;
 pub mod threading;
+
+#[cfg(test)]
+pub(crate) mod testutil;

@@ -4,12 +4,130 @@
 /// in place. `cos_sin_cache` is `[max_position, rot_dim]`: for each position, `rot_dim / 2`
 /// cosines followed by `rot_dim / 2` sines (vLLM's layout). `positions[t]` is token t's position.
 pub fn rotary_embedding_neox(
-    _positions: &[usize],
-    _x: &mut [f32],
-    _num_heads: usize,
-    _head_dim: usize,
-    _rot_dim: usize,
-    _cos_sin_cache: &[f32],
+    positions: &[usize],
+    x: &mut [f32],
+    num_heads: usize,
+    head_dim: usize,
+    rot_dim: usize,
+    cos_sin_cache: &[f32],
 ) {
-    unimplemented!("kernels helper")
+    rotary_embedding_neox_scalar(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache);
+}
+
+fn check_shapes(
+    positions: &[usize],
+    x: &[f32],
+    num_heads: usize,
+    head_dim: usize,
+    rot_dim: usize,
+    cos_sin_cache: &[f32],
+) {
+    assert!(
+        rot_dim <= head_dim && rot_dim.is_multiple_of(2),
+        "rope: rot_dim {rot_dim} must be even and <= head_dim {head_dim}"
+    );
+    assert_eq!(
+        x.len(),
+        positions.len() * num_heads * head_dim,
+        "rope: x must be [num_tokens={}, num_heads={num_heads}, head_dim={head_dim}]",
+        positions.len()
+    );
+    if let Some(&max) = positions.iter().max() {
+        assert!(
+            (max + 1) * rot_dim <= cos_sin_cache.len(),
+            "rope: position {max} is beyond the cos/sin cache"
+        );
+    }
+}
+
+/// Scalar twin of [`rotary_embedding_neox`].
+pub fn rotary_embedding_neox_scalar(
+    positions: &[usize],
+    x: &mut [f32],
+    num_heads: usize,
+    head_dim: usize,
+    rot_dim: usize,
+    cos_sin_cache: &[f32],
+) {
+    check_shapes(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache);
+    if rot_dim == 0 || num_heads * head_dim == 0 {
+        return;
+    }
+    let half = rot_dim / 2;
+    for (&pos, tok) in positions
+        .iter()
+        .zip(x.chunks_exact_mut(num_heads * head_dim))
+    {
+        let (cos, sin) = cos_sin_cache[pos * rot_dim..(pos + 1) * rot_dim].split_at(half);
+        for head in tok.chunks_exact_mut(head_dim) {
+            let (x1, x2) = head[..rot_dim].split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * cos[i] - b * sin[i];
+                x2[i] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+}
+
+/// Builds the `[max_position, rot_dim]` cos|sin cache for `inv_freq[i] = base^(-2i/rot_dim)`.
+pub fn build_cos_sin_cache(max_position: usize, rot_dim: usize, base: f32) -> Vec<f32> {
+    let half = rot_dim / 2;
+    let mut cache = Vec::with_capacity(max_position * rot_dim);
+    for pos in 0..max_position {
+        // f64 so the angle of late positions keeps its precision before rounding to f32.
+        let angles: Vec<f64> = (0..half)
+            .map(|i| pos as f64 * (base as f64).powf(-2.0 * i as f64 / rot_dim as f64))
+            .collect();
+        cache.extend(angles.iter().map(|a| a.cos() as f32));
+        cache.extend(angles.iter().map(|a| a.sin() as f32));
+    }
+    cache
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+
+    /// Hugging Face's formulation: `x * cos + rotate_half(x) * sin` with duplicated cos/sin.
+    fn reference(pos: &[usize], x: &[f32], nh: usize, hd: usize, rd: usize, base: f32) -> Vec<f32> {
+        let half = rd / 2;
+        let mut out = x.to_vec();
+        for (t, &p) in pos.iter().enumerate() {
+            for h in 0..nh {
+                let o = (t * nh + h) * hd;
+                for i in 0..rd {
+                    let f = (base as f64).powf(-2.0 * (i % half) as f64 / rd as f64);
+                    let (c, s) = ((p as f64 * f).cos(), (p as f64 * f).sin());
+                    let rot = if i < half {
+                        -x[o + i + half]
+                    } else {
+                        x[o + i - half]
+                    };
+                    out[o + i] = (x[o + i] as f64 * c + rot as f64 * s) as f32;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn scalar_matches_reference() {
+        let mut r = rng(3);
+        for &(nh, hd, rd) in &[(9, 64, 64), (3, 10, 6), (1, 2, 2), (2, 8, 0)] {
+            let cache = build_cos_sin_cache(100, rd, 10000.0);
+            let pos = [0usize, 5, 99, 42];
+            let x = rand_vec(&mut r, pos.len() * nh * hd);
+            let mut y = x.clone();
+            rotary_embedding_neox_scalar(&pos, &mut y, nh, hd, rd, &cache);
+            assert_close(
+                &y,
+                &reference(&pos, &x, nh, hd, rd, 10000.0),
+                1e-5,
+                1e-5,
+                "rope",
+            );
+        }
+    }
 }

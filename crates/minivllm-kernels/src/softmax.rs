@@ -1,9 +1,101 @@
 //! Softmax and log-softmax over a vector.
 
-pub fn softmax_inplace(_x: &mut [f32]) {
-    unimplemented!("kernels helper")
+/// Softmax in place. Stable: the maximum is subtracted first. A vector of only `-inf`
+/// (everything masked) becomes uniform instead of NaN.
+pub fn softmax_inplace(x: &mut [f32]) {
+    softmax_inplace_scalar(x);
 }
 
-pub fn log_softmax_inplace(_x: &mut [f32]) {
-    unimplemented!("kernels helper")
+/// Log-softmax in place, with the same conventions as [`softmax_inplace`].
+pub fn log_softmax_inplace(x: &mut [f32]) {
+    log_softmax_inplace_scalar(x);
+}
+
+fn max_scalar(x: &[f32]) -> f32 {
+    x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Scalar twin of [`softmax_inplace`].
+pub fn softmax_inplace_scalar(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = max_scalar(x);
+    if max == f32::NEG_INFINITY {
+        x.fill(1.0 / x.len() as f32);
+        return;
+    }
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Scalar twin of [`log_softmax_inplace`].
+pub fn log_softmax_inplace_scalar(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = max_scalar(x);
+    if max == f32::NEG_INFINITY {
+        x.fill(-(x.len() as f32).ln());
+        return;
+    }
+    let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
+    let shift = max + sum.ln();
+    x.iter_mut().for_each(|v| *v -= shift);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+
+    fn reference(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
+        let p = x
+            .iter()
+            .map(|&v| ((v as f64 - max).exp() / sum) as f32)
+            .collect();
+        let lp = x
+            .iter()
+            .map(|&v| (v as f64 - max - sum.ln()) as f32)
+            .collect();
+        (p, lp)
+    }
+
+    #[test]
+    fn scalar_matches_reference() {
+        let mut r = rng(5);
+        for &n in &[1usize, 2, 7, 100, 1001] {
+            let mut x: Vec<f32> = rand_vec(&mut r, n).iter().map(|v| v * 50.0).collect();
+            x[0] = 1e4; // would overflow exp() without the max shift
+            let (p, lp) = reference(&x);
+            let mut y = x.clone();
+            softmax_inplace_scalar(&mut y);
+            assert_close(&y, &p, 1e-6, 1e-5, "softmax_inplace_scalar");
+            let mut y = x.clone();
+            log_softmax_inplace_scalar(&mut y);
+            assert_close(&y, &lp, 1e-3, 1e-6, "log_softmax_inplace_scalar");
+        }
+    }
+
+    #[test]
+    fn masked_and_empty() {
+        let mut x = [f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY];
+        softmax_inplace(&mut x);
+        assert_eq!(x, [0.0, 1.0, 0.0]);
+        let mut x = [f32::NEG_INFINITY; 4];
+        softmax_inplace(&mut x);
+        assert_eq!(x, [0.25; 4]);
+        let mut x = [f32::NEG_INFINITY, 0.0];
+        log_softmax_inplace(&mut x);
+        assert_eq!(x, [f32::NEG_INFINITY, 0.0]);
+        softmax_inplace(&mut []);
+        log_softmax_inplace(&mut []);
+    }
 }
