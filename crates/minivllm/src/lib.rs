@@ -5,6 +5,8 @@
 //! metadata and runs the model (`model_executor/`) over a paged KV cache, and the sampler
 //! picks the next tokens.
 
+pub use minivllm_kernels as kernels;
+
 pub mod config;
 pub mod core;
 pub mod engine;

@@ -128,7 +128,7 @@ impl<'a> GgufWeights<'a> {
 }
 
 /// llama.cpp's tensor names -> transformers' names.
-fn hf_name(gguf: &str) -> Option<String> {
+pub fn hf_name(gguf: &str) -> Option<String> {
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
         "output_norm.weight" => return Some("model.norm.weight".into()),

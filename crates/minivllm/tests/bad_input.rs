@@ -1,0 +1,74 @@
+//! Bad input gives an error that names the problem, never a panic.
+
+mod common;
+
+use std::io::Write;
+
+use minivllm::engine::greedy::generate_greedy;
+use minivllm::model_executor::model_loader::load_model;
+use minivllm::worker::cache_engine::CacheEngine;
+use minivllm::worker::model_runner::ModelRunner;
+
+fn load_err(spec: &str) -> String {
+    match load_model(spec) {
+        Ok(_) => panic!("{spec} loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn missing_file_is_named() {
+    let e = load_err("/definitely/not/here.gguf");
+    assert!(e.contains("/definitely/not/here.gguf") && e.contains("does not exist"), "{e}");
+}
+
+#[test]
+fn wrong_magic_is_reported() {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(b"GGML\x03\x00\x00\x00 certainly not a gguf file").unwrap();
+    let e = load_err(f.path().to_str().unwrap());
+    assert!(e.contains("not a GGUF file"), "{e}");
+}
+
+#[test]
+fn truncated_gguf_is_reported() {
+    let full = std::fs::read(common::test_model_path()).unwrap();
+    for cut in [6, 100, 4 << 20, full.len() - 1] {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&full[..cut]).unwrap();
+        let e = load_err(f.path().to_str().unwrap());
+        assert!(e.contains("malformed GGUF") || e.contains("truncated"), "cut at {cut}: {e}");
+    }
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = common::reference_dir().join("smollm2-hf/config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    config["architectures"] = serde_json::json!(["GPTNeoXForCausalLM"]);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let e = load_err(dir.path().to_str().unwrap());
+    assert!(e.contains("unsupported model architecture") && e.contains("GPTNeoXForCausalLM"), "{e}");
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_rejected() {
+    let m = load_model(common::test_model_path().to_str().unwrap()).unwrap();
+    let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 4));
+    let prompts = vec![vec![1, 2, 3], vec![5; 40]];
+    let e = generate_greedy(&mut runner, &prompts, 4, &[2], 32).unwrap_err().to_string();
+    assert!(e.contains("prompt 1 is 40 tokens") && e.contains("maximum model length of 32"), "{e}");
+    // The cache is checked too: 4 blocks of 16 cannot hold 40 + 40 tokens.
+    let e = generate_greedy(&mut runner, &prompts, 40, &[2], 8192).unwrap_err().to_string();
+    assert!(e.contains("KV blocks"), "{e}");
+}
+
+#[test]
+fn token_ids_outside_the_vocabulary_are_rejected() {
+    let m = load_model(common::test_model_path().to_str().unwrap()).unwrap();
+    let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 4));
+    let e = generate_greedy(&mut runner, &[vec![1, 999_999]], 1, &[2], 64).unwrap_err().to_string();
+    assert!(e.contains("999999") && e.contains("vocabulary"), "{e}");
+}

@@ -1,0 +1,112 @@
+//! One forward over many sequences (mixed prefill and decode, any block placement) must give
+//! each sequence the logits it gets alone.
+
+mod common;
+
+use minivllm::model_executor::input_metadata::InputMetadata;
+use minivllm::model_executor::model_loader::load_model;
+use minivllm::worker::cache_engine::CacheEngine;
+use minivllm::worker::model_runner::ModelRunner;
+
+const BLOCK_SIZE: usize = 16;
+const TOL: f32 = 1e-4;
+
+/// Deterministic pseudo-random token ids (no RNG crate needed for fixed test data).
+fn tokens(seed: u64, n: usize, vocab: u32) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+struct Seq {
+    tokens: Vec<u32>,
+    /// Tokens already in the cache before the batched step (0 = a prefill).
+    cached: usize,
+}
+
+fn runner(num_blocks: usize) -> ModelRunner {
+    minivllm::kernels::threading::init_threads(2);
+    let m = load_model(common::test_model_path().to_str().unwrap()).unwrap();
+    ModelRunner::new(m.model, CacheEngine::new(&m.config, BLOCK_SIZE, num_blocks))
+}
+
+/// Logits of each sequence's last token, computed alone: its cached part first (as an
+/// earlier step would have), then its new tokens.
+fn alone(runner: &mut ModelRunner, seq: &Seq) -> Vec<f32> {
+    let table: Vec<u32> = (0..seq.tokens.len().div_ceil(BLOCK_SIZE) as u32).collect();
+    let mut input = InputMetadata::default();
+    if seq.cached > 0 {
+        input.add_sequence(&seq.tokens[..seq.cached], seq.cached, &table, BLOCK_SIZE, false);
+        runner.execute(&input).unwrap();
+        input.clear();
+    }
+    let n = seq.tokens.len();
+    input.add_sequence(&seq.tokens[seq.cached..], n, &table, BLOCK_SIZE, true);
+    runner.execute(&input).unwrap().to_vec()
+}
+
+/// All sequences' cached parts filled first, then every new part in one forward, with each
+/// sequence's blocks taken from `block_order` (scattered and out of order when shuffled).
+fn batched(runner: &mut ModelRunner, seqs: &[Seq], block_order: &[u32]) -> Vec<Vec<f32>> {
+    let mut next_block = block_order.iter().copied();
+    let tables: Vec<Vec<u32>> = seqs
+        .iter()
+        .map(|s| next_block.by_ref().take(s.tokens.len().div_ceil(BLOCK_SIZE)).collect())
+        .collect();
+    let mut input = InputMetadata::default();
+    for (s, t) in seqs.iter().zip(&tables).filter(|(s, _)| s.cached > 0) {
+        input.add_sequence(&s.tokens[..s.cached], s.cached, t, BLOCK_SIZE, false);
+    }
+    if !input.seqs.is_empty() {
+        runner.execute(&input).unwrap();
+    }
+    input.clear();
+    for (s, t) in seqs.iter().zip(&tables) {
+        input.add_sequence(&s.tokens[s.cached..], s.tokens.len(), t, BLOCK_SIZE, true);
+    }
+    let logits = runner.execute(&input).unwrap();
+    logits.chunks_exact(logits.len() / seqs.len()).map(<[f32]>::to_vec).collect()
+}
+
+fn eight_sequences(vocab: u32) -> Vec<Seq> {
+    // (total length, cached before the step): prefills of odd lengths, decodes (one new
+    // token) and chunked prefills (several new tokens after a cached prefix).
+    let shapes = [(1, 0), (7, 0), (33, 32), (16, 15), (70, 0), (45, 40), (17, 16), (100, 64)];
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, cached))| Seq {
+            tokens: tokens(i as u64 + 1, n, vocab),
+            cached,
+        })
+        .collect()
+}
+
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    assert!(worst < TOL, "{what}: max |difference| {worst:e}");
+}
+
+#[test]
+fn batched_mixed_prefill_and_decode_matches_each_alone() {
+    let mut r = runner(64);
+    let vocab = r.model().config().vocab_size as u32;
+    let seqs = eight_sequences(vocab);
+    let solo: Vec<Vec<f32>> = seqs.iter().map(|s| alone(&mut r, s)).collect();
+
+    let in_order: Vec<u32> = (0..64).collect();
+    for (i, (b, s)) in batched(&mut r, &seqs, &in_order).iter().zip(&solo).enumerate() {
+        assert_close(b, s, &format!("sequence {i}, contiguous blocks"));
+    }
+    // Scattered, descending and interleaved block ids.
+    let scattered: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 64).rev().collect();
+    for (i, (b, s)) in batched(&mut r, &seqs, &scattered).iter().zip(&solo).enumerate() {
+        assert_close(b, s, &format!("sequence {i}, scattered blocks"));
+    }
+}

@@ -1,0 +1,89 @@
+//! Shared by the integration tests: where the test model and the reference outputs are.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The test model (SmolLM2-135M-Instruct Q4_1 GGUF). Missing is a failure, not a skip:
+/// a test that silently passes without its model guards nothing.
+pub fn test_model_path() -> PathBuf {
+    let path = std::env::var_os("MINIVLLM_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(
+        path.is_file(),
+        "test model {} is missing: run `cargo run -p minivllm-cli -- download-default-model` \
+         (or set MINIVLLM_TEST_MODEL)",
+        path.display()
+    );
+    path
+}
+
+/// `../shared/reference` beside the checkout, or `MINIVLLM_REFERENCE_DIR`.
+pub fn reference_dir() -> PathBuf {
+    let dir = std::env::var_os("MINIVLLM_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/reference"));
+    assert!(
+        dir.join("smollm2_greedy_hf.json").is_file(),
+        "reference outputs not found in {} (set MINIVLLM_REFERENCE_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+pub struct ReferenceStep {
+    pub chosen_id: u32,
+    pub chosen_logprob: f32,
+    pub margin: f32,
+    pub top5: Vec<(u32, f32)>,
+}
+
+pub struct ReferenceCase {
+    pub kind: String,
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub output_ids: Vec<u32>,
+    pub steps: Vec<ReferenceStep>,
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+pub fn reference_cases() -> Vec<ReferenceCase> {
+    let path = reference_dir().join("smollm2_greedy_hf.json");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    json["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| ReferenceCase {
+            kind: r["kind"].as_str().unwrap().to_string(),
+            prompt: r["prompt"].as_str().unwrap().to_string(),
+            prompt_ids: ids(&r["prompt_ids"]),
+            output_ids: ids(&r["output_ids"]),
+            steps: r["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| ReferenceStep {
+                    chosen_id: s["chosen_id"].as_u64().unwrap() as u32,
+                    chosen_logprob: s["chosen_logprob"].as_f64().unwrap() as f32,
+                    margin: s["top1_top2_logit_margin"].as_f64().unwrap() as f32,
+                    top5: s["top5"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|t| (t["id"].as_u64().unwrap() as u32, t["logprob"].as_f64().unwrap() as f32))
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect()
+}
