@@ -1,0 +1,320 @@
+//! Chat templates: the Jinja templates Hugging Face models ship to turn a conversation into
+//! one prompt string.
+//!
+//! Rendering follows transformers' `apply_chat_template`: `trim_blocks` and `lstrip_blocks`
+//! on, the trailing newline dropped, Python string/dict/list methods (`.strip()`,
+//! `.startswith()`, `.items()`, ...) available, a `raise_exception(msg)` function, and a
+//! `tojson` filter that writes JSON the way Python's `json.dumps` does.
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Why a conversation could not be turned into a prompt.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChatTemplateError {
+    #[error(
+        "this model has no chat template (none in tokenizer_config.json, chat_template.jinja \
+         or the GGUF metadata); send a plain completion prompt or supply a template"
+    )]
+    Missing,
+    #[error("chat template does not compile: {0}")]
+    Syntax(String),
+    /// The template itself rejected the conversation via `raise_exception`, e.g. roles that
+    /// do not alternate. The message is the template's own.
+    #[error("chat template rejected the conversation: {0}")]
+    Raised(String),
+    #[error("chat template failed to render: {0}")]
+    Render(String),
+}
+
+/// The special-token strings a template may refer to.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TemplateTokens<'a> {
+    pub bos_token: Option<&'a str>,
+    pub eos_token: Option<&'a str>,
+}
+
+/// Carried as the source of the minijinja error so a template's deliberate
+/// `raise_exception` can be told apart from a bug in the template.
+#[derive(Debug)]
+struct RaisedException(String);
+
+impl std::fmt::Display for RaisedException {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RaisedException {}
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// A compiled chat template.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+impl ChatTemplate {
+    pub fn new(source: impl Into<String>) -> Result<Self, ChatTemplateError> {
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .keep_trailing_newline(false)
+            .build()
+            .map_err(|e| ChatTemplateError::Syntax(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.into())
+            .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        Ok(Self { env })
+    }
+
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tokens: TemplateTokens<'_>,
+    ) -> Result<String, ChatTemplateError> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        let ctx = minijinja::context! {
+            messages => messages.iter().map(message_value).collect::<Vec<_>>(),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => tokens.bos_token.unwrap_or(""),
+            eos_token => tokens.eos_token.unwrap_or(""),
+        };
+        template.render(ctx).map_err(|e| classify(&e))
+    }
+}
+
+fn message_value(message: &ChatMessage) -> Value {
+    Value::from_pairs([
+        ("role", Value::from(message.role.as_str())),
+        ("content", Value::from(message.content.as_str())),
+    ])
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message.clone())
+        .with_source(RaisedException(message)))
+}
+
+/// minijinja's own `tojson` escapes `<`, `>`, `&` and `'` for HTML; transformers' does not,
+/// and templates that put tool schemas into the prompt must match it byte for byte.
+/// transformers also accepts `ensure_ascii`, which minijinja would reject as unknown.
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    let rest: Kwargs = kwargs
+        .args()
+        .filter(|k| *k != "ensure_ascii")
+        .map(|k| Ok((k.to_string(), kwargs.peek::<Value>(k)?)))
+        .collect::<Result<Vec<_>, Error>>()?
+        .into_iter()
+        .collect();
+    let json = minijinja::filters::tojson(value, indent, rest)?;
+    Ok(Value::from_safe_string(undo_html_escapes(
+        json.as_str().unwrap_or_default(),
+    )))
+}
+
+/// Turns the `\u003c`-style escapes minijinja adds back into the characters, leaving every
+/// other escape (notably `\\`) alone.
+fn undo_html_escapes(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let mut rest = json;
+    while let Some(pos) = rest.find('\\') {
+        out.push_str(&rest[..pos]);
+        let escape = &rest[pos..];
+        let plain = match escape.get(..6) {
+            Some("\\u003c") => Some('<'),
+            Some("\\u003e") => Some('>'),
+            Some("\\u0026") => Some('&'),
+            Some("\\u0027") => Some('\''),
+            _ => None,
+        };
+        match plain {
+            Some(c) => {
+                out.push(c);
+                rest = &escape[6..];
+            }
+            None => {
+                // Copy the backslash with the character it escapes, so an escaped backslash
+                // is never mistaken for the start of a `\u` escape.
+                let len = escape[1..].chars().next().map_or(0, char::len_utf8);
+                out.push_str(&escape[..1 + len]);
+                rest = &escape[1 + len..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// minijinja's display already names the template and line; the chain of sources adds the
+/// cause when a function or method failed.
+fn describe(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn classify(err: &Error) -> ChatTemplateError {
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        if let Some(raised) = s.downcast_ref::<RaisedException>() {
+            return ChatTemplateError::Raised(raised.0.clone());
+        }
+        source = s.source();
+    }
+    ChatTemplateError::Render(describe(err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    fn render(src: &str, messages: &[ChatMessage], gen: bool) -> Result<String, ChatTemplateError> {
+        ChatTemplate::new(src)?.render(
+            messages,
+            gen,
+            TemplateTokens {
+                bos_token: Some("<s>"),
+                eos_token: Some("</s>"),
+            },
+        )
+    }
+
+    #[test]
+    fn smollm2_template_adds_default_system_prompt() {
+        let out = render(
+            SMOLLM2_TEMPLATE,
+            &[ChatMessage::new("user", "What is the capital of France?")],
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn smollm2_template_keeps_given_system_prompt() {
+        let out = render(
+            SMOLLM2_TEMPLATE,
+            &[
+                ChatMessage::new("system", "Be terse."),
+                ChatMessage::new("user", "Hi"),
+            ],
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        );
+    }
+
+    const STRICT_TEMPLATE: &str = "\
+{{ bos_token }}
+{% for message in messages %}
+    {% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {% endif %}
+    {% if message.role.startswith('user') %}
+[INST] {{ message['content'].strip() }} [/INST]
+    {% else %}
+{{ message.content | trim }}{{ eos_token }}
+    {% endif %}
+{% endfor %}
+";
+
+    #[test]
+    fn python_methods_and_block_trimming_work() {
+        let out = render(
+            STRICT_TEMPLATE,
+            &[
+                ChatMessage::new("user", "  hello  "),
+                ChatMessage::new("assistant", " hi "),
+            ],
+            false,
+        )
+        .unwrap();
+        // trim_blocks eats the newline after each block tag and lstrip_blocks the indentation
+        // before it, so only the lines holding text survive.
+        assert_eq!(out, "<s>\n[INST] hello [/INST]\nhi</s>\n");
+    }
+
+    #[test]
+    fn raise_exception_is_reported_with_its_message() {
+        let err = render(
+            STRICT_TEMPLATE,
+            &[ChatMessage::new("user", "a"), ChatMessage::new("user", "b")],
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            ChatTemplateError::Raised(
+                "Conversation roles must alternate user/assistant/user/assistant/...".into()
+            )
+        );
+    }
+
+    #[test]
+    fn syntax_and_render_errors_are_typed() {
+        assert!(matches!(
+            ChatTemplate::new("{% for m in messages %}"),
+            Err(ChatTemplateError::Syntax(_))
+        ));
+        let err = render(
+            "{{ messages[0].content.nosuchmethod() }}",
+            &[ChatMessage::new("user", "x")],
+            false,
+        )
+        .unwrap_err();
+        assert!(matches!(err, ChatTemplateError::Render(_)), "{err:?}");
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let out = render(
+            "{{ {'a': '<b>&\\'', 'n': [1, 2], 'u': 'é\\\\u003c'} | tojson(ensure_ascii=False) }}",
+            &[],
+            false,
+        )
+        .unwrap();
+        assert_eq!(out, r#"{"a": "<b>&'", "n": [1, 2], "u": "é\\u003c"}"#);
+    }
+}
