@@ -91,8 +91,10 @@ pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec, LoadErr
         eos_token_id: id("eos_token_id"),
         unk_token_id: id("unknown_token_id"),
         pad_token_id: id("padding_token_id"),
+        eot_token_id: id("eot_token_id"),
         add_bos: flag("add_bos_token"),
         add_eos: flag("add_eos_token"),
+        add_space_prefix: flag("add_space_prefix"),
         chat_template: file
             .get("tokenizer.chat_template")
             .and_then(GgufValue::as_str)
