@@ -223,7 +223,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
         Q5_K => for_blocks(bytes, out, block_q5_k),
         Q6_K => for_blocks(bytes, out, block_q6_k),
         Q8_K => for_blocks(bytes, out, block_q8_k),
-        _ => unreachable!("can_dequantize() admitted {ty}"),
+        _ => return Err(QuantError::Unsupported(ty)),
     }
     Ok(())
 }

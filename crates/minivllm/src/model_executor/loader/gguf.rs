@@ -138,15 +138,16 @@ pub struct GgufTensorInfo {
 }
 
 impl GgufTensorInfo {
-    /// Number of elements (validated not to overflow when the file was opened).
+    /// Number of elements. Opening a file rejects counts that overflow; saturating keeps a
+    /// hand-built info from panicking (its data then never fits a file).
     pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims.iter().fold(1u64, |n, &d| n.saturating_mul(d))
     }
 
     /// Size of the tensor's data in bytes.
     pub fn n_bytes(&self) -> u64 {
         let ty = self.ggml_type;
-        self.n_elements() / ty.block_size() as u64 * ty.type_size() as u64
+        (self.n_elements() / ty.block_size() as u64).saturating_mul(ty.type_size() as u64)
     }
 
     /// The dims in PyTorch order (slowest-varying first), e.g. `[out, in]` for a weight.
