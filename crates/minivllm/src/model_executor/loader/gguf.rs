@@ -1,0 +1,1076 @@
+//! A GGUF (versions 2 and 3) reader over a memory-mapped file.
+//!
+//! Layout (all little-endian): magic `"GGUF"`, version u32, tensor count u64, metadata
+//! count u64, the metadata key/value pairs, one info record per tensor (name, n_dims u32,
+//! dims u64 each in ggml order, type u32, offset u64), padding to `general.alignment`
+//! (default 32), then the tensor data; each tensor offset is relative to that data section.
+//!
+//! Every length and count in the file is checked against the bytes that remain before
+//! anything is allocated from it, and every tensor's data range is checked against the file
+//! size at open time, so a malformed file yields a [`LoadError`], never a panic or a huge
+//! allocation.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use minivllm_kernels::quant::{self, GgmlType};
+
+use super::LoadError;
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// ggml's `GGML_MAX_DIMS`.
+const MAX_DIMS: u32 = 4;
+/// Real files never nest arrays; the cap keeps a hostile file from overflowing the stack.
+const MAX_ARRAY_DEPTH: u32 = 8;
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<GgufValue>),
+}
+
+impl GgufValue {
+    /// Any integer that is non-negative (writers disagree on which integer type a key uses).
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            GgufValue::U8(v) => Some(v.into()),
+            GgufValue::U16(v) => Some(v.into()),
+            GgufValue::U32(v) => Some(v.into()),
+            GgufValue::U64(v) => Some(v),
+            GgufValue::I8(v) => u64::try_from(v).ok(),
+            GgufValue::I16(v) => u64::try_from(v).ok(),
+            GgufValue::I32(v) => u64::try_from(v).ok(),
+            GgufValue::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// Any integer that fits an i64.
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            GgufValue::I8(v) => Some(v.into()),
+            GgufValue::I16(v) => Some(v.into()),
+            GgufValue::I32(v) => Some(v.into()),
+            GgufValue::I64(v) => Some(v),
+            _ => self.as_u64().and_then(|v| i64::try_from(v).ok()),
+        }
+    }
+
+    /// Either float type, or an integer (some converters store e.g. `rope.freq_base` as one).
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::F32(v) => Some(v.into()),
+            GgufValue::F64(v) => Some(v),
+            _ => self
+                .as_i64()
+                .map(|v| v as f64)
+                .or_else(|| self.as_u64().map(|v| v as f64)),
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The GGUF value-type id this value is stored as.
+    pub fn type_id(&self) -> u32 {
+        match self {
+            GgufValue::U8(_) => 0,
+            GgufValue::I8(_) => 1,
+            GgufValue::U16(_) => 2,
+            GgufValue::I16(_) => 3,
+            GgufValue::U32(_) => 4,
+            GgufValue::I32(_) => 5,
+            GgufValue::F32(_) => 6,
+            GgufValue::Bool(_) => 7,
+            GgufValue::String(_) => 8,
+            GgufValue::Array(_) => 9,
+            GgufValue::U64(_) => 10,
+            GgufValue::I64(_) => 11,
+            GgufValue::F64(_) => 12,
+        }
+    }
+}
+
+/// Where one tensor lives in the file and what it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// ggml order: `dims[0]` is the fastest-varying (row length), so a PyTorch
+    /// `[out_features, in_features]` weight is stored as `[in_features, out_features]`.
+    pub dims: Vec<u64>,
+    pub ggml_type: GgmlType,
+    /// Relative to the start of the data section.
+    pub offset: u64,
+}
+
+impl GgufTensorInfo {
+    /// Number of elements. Opening a file rejects counts that overflow; saturating keeps a
+    /// hand-built info from panicking (its data then never fits a file).
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().fold(1u64, |n, &d| n.saturating_mul(d))
+    }
+
+    /// Size of the tensor's data in bytes.
+    pub fn n_bytes(&self) -> u64 {
+        let ty = self.ggml_type;
+        (self.n_elements() / ty.block_size() as u64).saturating_mul(ty.type_size() as u64)
+    }
+
+    /// The dims in PyTorch order (slowest-varying first), e.g. `[out, in]` for a weight.
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+/// An open GGUF file: parsed metadata and tensor index over a read-only mapping.
+pub struct GgufFile {
+    pub version: u32,
+    pub metadata: BTreeMap<String, GgufValue>,
+    /// In file order.
+    pub tensors: Vec<GgufTensorInfo>,
+    /// The alignment of the data section and of every tensor offset.
+    pub alignment: u64,
+    /// Absolute file offset of the data section.
+    pub data_offset: u64,
+    path: PathBuf,
+    map: Mmap,
+    by_name: HashMap<String, usize>,
+}
+
+impl fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata_keys", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .field("alignment", &self.alignment)
+            .field("data_offset", &self.data_offset)
+            .finish()
+    }
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<GgufFile, LoadError> {
+        let io_err = |source| LoadError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => LoadError::NotFound {
+                path: path.to_owned(),
+            },
+            _ => io_err(e),
+        })?;
+        let len = file.metadata().map_err(io_err)?.len();
+        // mmap refuses empty files; an empty file is just the shortest truncation.
+        if len == 0 {
+            return Err(LoadError::BadGguf {
+                path: path.to_owned(),
+                reason: "truncated file: it is empty".into(),
+            });
+        }
+        // SAFETY: the mapping is read-only. Another process truncating or rewriting the file
+        // while it is mapped would be undefined behaviour; like llama.cpp and safetensors we
+        // accept that for model files, which nobody edits in place.
+        let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        let parsed = parse(path, &map)?;
+        let by_name = parsed
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(GgufFile {
+            version: parsed.version,
+            metadata: parsed.metadata,
+            tensors: parsed.tensors,
+            alignment: parsed.alignment,
+            data_offset: parsed.data_offset,
+            path: path.to_owned(),
+            map,
+            by_name,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.get(key)
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The raw bytes of a tensor of this file. An info that does not belong to this file
+    /// and points past its end gets an empty slice.
+    pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> &[u8] {
+        let range = self
+            .data_offset
+            .checked_add(info.offset)
+            .and_then(|start| Some(start..start.checked_add(info.n_bytes())?))
+            .and_then(|r| Some(usize::try_from(r.start).ok()?..usize::try_from(r.end).ok()?));
+        range.and_then(|r| self.map.get(r)).unwrap_or(&[])
+    }
+
+    /// Tensor `name` dequantised to f32, in ggml element order.
+    pub fn dequantize(&self, name: &str) -> Result<Vec<f32>, LoadError> {
+        let info = self
+            .tensor(name)
+            .ok_or_else(|| LoadError::MissingTensor(name.to_owned()))?;
+        self.dequantize_tensor(info)
+    }
+
+    /// Like [`GgufFile::dequantize`], for an info already looked up.
+    pub fn dequantize_tensor(&self, info: &GgufTensorInfo) -> Result<Vec<f32>, LoadError> {
+        let ty = info.ggml_type;
+        if !ty.can_dequantize() {
+            return Err(LoadError::UnsupportedTensorType {
+                tensor: info.name.clone(),
+                type_name: type_label(ty.name(), ty.id()),
+            });
+        }
+        let n = usize::try_from(info.n_elements())
+            .map_err(|_| self.bad(format!("tensor {} is too large", info.name)))?;
+        let mut out = vec![0.0f32; n];
+        quant::dequantize(ty, self.tensor_bytes(info), &mut out)
+            .map_err(|e| self.bad(format!("tensor {}: {e}", info.name)))?;
+        Ok(out)
+    }
+
+    fn bad(&self, reason: String) -> LoadError {
+        LoadError::BadGguf {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+}
+
+fn type_label(name: &str, id: u32) -> String {
+    format!("{name} (id {id})")
+}
+
+struct Parsed {
+    version: u32,
+    metadata: BTreeMap<String, GgufValue>,
+    tensors: Vec<GgufTensorInfo>,
+    alignment: u64,
+    data_offset: u64,
+}
+
+fn parse(path: &Path, data: &[u8]) -> Result<Parsed, LoadError> {
+    let bad = |reason: String| LoadError::BadGguf {
+        path: path.to_owned(),
+        reason,
+    };
+    let mut r = Cursor { data, pos: 0 };
+
+    let magic = r.take(4).map_err(|e| bad(format!("magic: {e}")))?;
+    if magic != MAGIC {
+        return Err(LoadError::BadMagic {
+            path: path.to_owned(),
+            found: [magic[0], magic[1], magic[2], magic[3]],
+        });
+    }
+    let version = r.u32().map_err(|e| bad(format!("version: {e}")))?;
+    if !(2..=3).contains(&version) {
+        return Err(LoadError::UnsupportedGgufVersion {
+            path: path.to_owned(),
+            version,
+        });
+    }
+    let tensor_count = r.u64().map_err(|e| bad(format!("tensor count: {e}")))?;
+    let kv_count = r.u64().map_err(|e| bad(format!("metadata count: {e}")))?;
+
+    // Smallest key/value: empty key (8-byte length), type (4), one-byte value.
+    r.check_count(kv_count, 8 + 4 + 1)
+        .map_err(|e| bad(format!("metadata count: {e}")))?;
+    let mut metadata = BTreeMap::new();
+    for i in 0..kv_count {
+        let key = r
+            .string()
+            .map_err(|e| bad(format!("metadata key #{i}: {e}")))?;
+        let value = r
+            .u32()
+            .and_then(|ty| r.value(ty, 0))
+            .map_err(|e| bad(format!("metadata value of {key:?}: {e}")))?;
+        if metadata.insert(key.clone(), value).is_some() {
+            return Err(bad(format!("duplicate metadata key {key:?}")));
+        }
+    }
+
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => match v.as_u64() {
+            Some(a) if a.is_power_of_two() => a,
+            _ => {
+                return Err(bad(format!(
+                    "general.alignment must be a power of two, got {v:?}"
+                )))
+            }
+        },
+    };
+
+    // Smallest tensor info: empty name (8), n_dims (4), type (4), offset (8).
+    r.check_count(tensor_count, 8 + 4 + 4 + 8)
+        .map_err(|e| bad(format!("tensor count: {e}")))?;
+    let mut tensors = Vec::with_capacity(tensor_count as usize);
+    let mut seen = HashMap::new();
+    for i in 0..tensor_count {
+        let info = r.tensor_info().map_err(|e| match e {
+            InfoError::Malformed(e) => bad(format!("tensor info #{i}: {e}")),
+            InfoError::UnknownType { name, id } => LoadError::UnsupportedTensorType {
+                tensor: name,
+                type_name: type_label("unknown", id),
+            },
+        })?;
+        if seen.insert(info.name.clone(), i).is_some() {
+            return Err(bad(format!("duplicate tensor name {:?}", info.name)));
+        }
+        tensors.push(info);
+    }
+
+    let data_offset = (r.pos as u64)
+        .checked_next_multiple_of(alignment)
+        .ok_or_else(|| bad(format!("alignment {alignment} overflows the data offset")))?;
+    let file_len = data.len() as u64;
+    for t in &tensors {
+        if !t.offset.is_multiple_of(alignment) {
+            return Err(bad(format!(
+                "tensor {}: offset {} is not a multiple of the alignment {alignment}",
+                t.name, t.offset
+            )));
+        }
+        // n_bytes() cannot overflow: tensor_info() bounded the element count.
+        let end = data_offset
+            .checked_add(t.offset)
+            .and_then(|start| start.checked_add(t.n_bytes()));
+        match end {
+            Some(end) if end <= file_len => {}
+            _ => {
+                return Err(bad(format!(
+                    "tensor {}: data ({} bytes at data offset {}) runs past the end of the file \
+                     ({file_len} bytes, data section at {data_offset}); the file is truncated",
+                    t.name,
+                    t.n_bytes(),
+                    t.offset
+                )))
+            }
+        }
+    }
+
+    Ok(Parsed {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    })
+}
+
+enum InfoError {
+    Malformed(String),
+    UnknownType { name: String, id: u32 },
+}
+
+impl From<String> for InfoError {
+    fn from(e: String) -> Self {
+        InfoError::Malformed(e)
+    }
+}
+
+/// Little-endian reads over the file; errors are reasons, to which callers add context.
+struct Cursor<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn remaining(&self) -> usize {
+        self.data.len() - self.pos
+    }
+
+    fn take(&mut self, n: u64) -> Result<&'a [u8], String> {
+        let left = self.remaining();
+        if n > left as u64 {
+            return Err(format!(
+                "truncated file: {n} bytes needed at offset {}, only {left} left",
+                self.pos
+            ));
+        }
+        let bytes = &self.data[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(bytes)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        Ok(self
+            .take(N as u64)?
+            .try_into()
+            .expect("take returned N bytes"))
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        self.array().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        self.array().map(u64::from_le_bytes)
+    }
+
+    /// Fails unless `count` items of at least `min_size` bytes each fit in what is left.
+    fn check_count(&self, count: u64, min_size: u64) -> Result<(), String> {
+        let left = self.remaining() as u64;
+        if count > left / min_size {
+            return Err(format!(
+                "{count} entries of at least {min_size} bytes cannot fit in the {left} bytes left \
+                 at offset {} (the file is truncated or the count corrupt)",
+                self.pos
+            ));
+        }
+        Ok(())
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        let len = self.u64()?;
+        let bytes = self
+            .take(len)
+            .map_err(|e| format!("string of {len} bytes: {e}"))?;
+        String::from_utf8(bytes.to_vec()).map_err(|e| format!("string is not UTF-8: {e}"))
+    }
+
+    fn value(&mut self, ty: u32, depth: u32) -> Result<GgufValue, String> {
+        Ok(match ty {
+            0 => GgufValue::U8(u8::from_le_bytes(self.array()?)),
+            1 => GgufValue::I8(i8::from_le_bytes(self.array()?)),
+            2 => GgufValue::U16(u16::from_le_bytes(self.array()?)),
+            3 => GgufValue::I16(i16::from_le_bytes(self.array()?)),
+            4 => GgufValue::U32(self.u32()?),
+            5 => GgufValue::I32(i32::from_le_bytes(self.array()?)),
+            6 => GgufValue::F32(f32::from_le_bytes(self.array()?)),
+            7 => match self.array::<1>()?[0] {
+                0 => GgufValue::Bool(false),
+                1 => GgufValue::Bool(true),
+                b => return Err(format!("bool byte is {b}, must be 0 or 1")),
+            },
+            8 => GgufValue::String(self.string()?),
+            9 => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(format!("arrays nested more than {MAX_ARRAY_DEPTH} deep"));
+                }
+                let elem_ty = self.u32()?;
+                let len = self.u64()?;
+                let min_size = min_value_size(elem_ty)
+                    .ok_or_else(|| format!("array of unknown value type {elem_ty}"))?;
+                self.check_count(len, min_size)
+                    .map_err(|e| format!("array length: {e}"))?;
+                let mut items = Vec::with_capacity(len as usize);
+                for i in 0..len {
+                    items.push(
+                        self.value(elem_ty, depth + 1)
+                            .map_err(|e| format!("array element {i}: {e}"))?,
+                    );
+                }
+                GgufValue::Array(items)
+            }
+            10 => GgufValue::U64(self.u64()?),
+            11 => GgufValue::I64(i64::from_le_bytes(self.array()?)),
+            12 => GgufValue::F64(f64::from_le_bytes(self.array()?)),
+            _ => return Err(format!("unknown metadata value type {ty}")),
+        })
+    }
+
+    fn tensor_info(&mut self) -> Result<GgufTensorInfo, InfoError> {
+        let name = self.string().map_err(|e| format!("name: {e}"))?;
+        let ctx = |e: String| InfoError::Malformed(format!("tensor {name:?}: {e}"));
+        let n_dims = self.u32().map_err(ctx)?;
+        if n_dims > MAX_DIMS {
+            return Err(ctx(format!(
+                "{n_dims} dimensions, at most {MAX_DIMS} allowed"
+            )));
+        }
+        let dims = (0..n_dims)
+            .map(|_| self.u64())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ctx)?;
+        let type_id = self.u32().map_err(ctx)?;
+        let offset = self.u64().map_err(ctx)?;
+        let Some(ggml_type) = GgmlType::from_id(type_id) else {
+            return Err(InfoError::UnknownType { name, id: type_id });
+        };
+        let block = ggml_type.block_size() as u64;
+        let row = dims.first().copied().unwrap_or(1);
+        if !row.is_multiple_of(block) {
+            return Err(ctx(format!(
+                "row length {row} is not a multiple of the {ggml_type} block size {block}"
+            )));
+        }
+        // Bounding elements by u64::MAX / 8 keeps n_bytes() in range for every type (no
+        // type stores more than 8 bytes per element) and matches ggml's own int64 limit.
+        let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+        if n_elements.is_none_or(|n| n > u64::MAX / 8) {
+            return Err(ctx(format!("dims {dims:?} overflow the element count")));
+        }
+        Ok(GgufTensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+        })
+    }
+}
+
+/// The fewest bytes a value of type `ty` takes, or `None` for an unknown type.
+fn min_value_size(ty: u32) -> Option<u64> {
+    Some(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        9 => 4 + 8,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put_str(buf: &mut Vec<u8>, s: &str) {
+        buf.extend((s.len() as u64).to_le_bytes());
+        buf.extend(s.as_bytes());
+    }
+
+    fn put_value(buf: &mut Vec<u8>, v: &GgufValue) {
+        match v {
+            GgufValue::U8(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::I8(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::U16(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::I16(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::U32(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::I32(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::U64(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::I64(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::F32(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::F64(x) => buf.extend(x.to_le_bytes()),
+            GgufValue::Bool(b) => buf.push(*b as u8),
+            GgufValue::String(s) => put_str(buf, s),
+            GgufValue::Array(items) => {
+                let elem = items.first().map_or(0, GgufValue::type_id);
+                buf.extend(elem.to_le_bytes());
+                buf.extend((items.len() as u64).to_le_bytes());
+                for item in items {
+                    assert_eq!(item.type_id(), elem, "GGUF arrays are homogeneous");
+                    put_value(buf, item);
+                }
+            }
+        }
+    }
+
+    /// Lays files out as gguf-py's writer does, with raw escape hatches for broken ones.
+    struct Writer {
+        version: u32,
+        alignment: usize,
+        kv: Vec<u8>,
+        n_kv: u64,
+        infos: Vec<u8>,
+        n_tensors: u64,
+        data: Vec<u8>,
+    }
+
+    impl Writer {
+        fn new() -> Self {
+            Writer {
+                version: 3,
+                alignment: 32,
+                kv: Vec::new(),
+                n_kv: 0,
+                infos: Vec::new(),
+                n_tensors: 0,
+                data: Vec::new(),
+            }
+        }
+
+        fn kv(self, key: &str, v: GgufValue) -> Self {
+            let mut raw = Vec::new();
+            put_value(&mut raw, &v);
+            self.raw_kv(key, v.type_id(), &raw)
+        }
+
+        fn raw_kv(mut self, key: &str, type_id: u32, raw: &[u8]) -> Self {
+            put_str(&mut self.kv, key);
+            self.kv.extend(type_id.to_le_bytes());
+            self.kv.extend(raw);
+            self.n_kv += 1;
+            self
+        }
+
+        fn alignment(mut self, a: u32) -> Self {
+            self.alignment = a as usize;
+            self.kv("general.alignment", GgufValue::U32(a))
+        }
+
+        fn info(mut self, name: &str, dims: &[u64], type_id: u32, offset: u64) -> Self {
+            put_str(&mut self.infos, name);
+            self.infos.extend((dims.len() as u32).to_le_bytes());
+            for d in dims {
+                self.infos.extend(d.to_le_bytes());
+            }
+            self.infos.extend(type_id.to_le_bytes());
+            self.infos.extend(offset.to_le_bytes());
+            self.n_tensors += 1;
+            self
+        }
+
+        /// Padding goes before each tensor, not after, so the file ends with the last byte of
+        /// data and cutting one byte truncates it.
+        fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType, bytes: &[u8]) -> Self {
+            self.data
+                .resize(self.data.len().next_multiple_of(self.alignment), 0);
+            let offset = self.data.len() as u64;
+            self.data.extend(bytes);
+            self.info(name, dims, ty.id(), offset)
+        }
+
+        fn build(&self) -> Vec<u8> {
+            let mut out = b"GGUF".to_vec();
+            out.extend(self.version.to_le_bytes());
+            out.extend(self.n_tensors.to_le_bytes());
+            out.extend(self.n_kv.to_le_bytes());
+            out.extend(&self.kv);
+            out.extend(&self.infos);
+            if !self.data.is_empty() {
+                out.resize(out.len().next_multiple_of(self.alignment), 0);
+                out.extend(&self.data);
+            }
+            out
+        }
+    }
+
+    fn open_bytes(bytes: &[u8]) -> (tempfile::TempDir, Result<GgufFile, LoadError>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("test.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        let file = GgufFile::open(&path);
+        (dir, file)
+    }
+
+    fn open_err(bytes: &[u8]) -> String {
+        open_bytes(bytes).1.unwrap_err().to_string()
+    }
+
+    #[track_caller]
+    fn assert_err(bytes: &[u8], needles: &[&str]) {
+        let msg = open_err(bytes);
+        for needle in needles {
+            assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+        }
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn s(x: &str) -> GgufValue {
+        GgufValue::String(x.into())
+    }
+
+    /// One F32 tensor after some metadata; the base for the corruption tests.
+    fn small_file() -> Writer {
+        Writer::new()
+            .kv("general.architecture", s("llama"))
+            .kv("tokens", GgufValue::Array(vec![s("a"), s("bc")]))
+            .tensor(
+                "w",
+                &[3, 2],
+                GgmlType::F32,
+                &f32_bytes(&[1., 2., 3., 4., 5., 6.]),
+            )
+    }
+
+    #[test]
+    fn every_value_type_round_trips() {
+        use GgufValue::*;
+        let values = vec![
+            ("u8", U8(200)),
+            ("i8", I8(-5)),
+            ("u16", U16(60000)),
+            ("i16", I16(-30000)),
+            ("u32", U32(4_000_000_000)),
+            ("i32", I32(-2_000_000_000)),
+            ("u64", U64(u64::MAX)),
+            ("i64", I64(i64::MIN)),
+            ("f32", F32(1e-5)),
+            ("f64", F64(-2.5e300)),
+            ("true", Bool(true)),
+            ("false", Bool(false)),
+            ("str", s("héllo, wörld")),
+            ("empty_str", s("")),
+            ("strings", Array(vec![s("<s>"), s(""), s("Ġthe")])),
+            ("ints", Array(vec![I32(-1), I32(7)])),
+            ("empty", Array(vec![])),
+            (
+                "nested",
+                Array(vec![
+                    Array(vec![U8(1), U8(2)]),
+                    Array(vec![]),
+                    Array(vec![U8(3)]),
+                ]),
+            ),
+            ("nested_strings", Array(vec![Array(vec![s("x"), s("y")])])),
+            ("floats", Array(vec![F64(0.5), F64(-0.25)])),
+            ("bools", Array(vec![Bool(true), Bool(false)])),
+        ];
+        let mut w = Writer::new();
+        for (k, v) in &values {
+            w = w.kv(k, v.clone());
+        }
+        let (_dir, file) = open_bytes(&w.build());
+        let file = file.unwrap();
+        assert_eq!(file.version, 3);
+        assert_eq!(file.metadata.len(), values.len());
+        for (k, v) in &values {
+            assert_eq!(file.get(k), Some(v), "{k}");
+        }
+        assert!(file.tensors.is_empty());
+        assert_eq!(file.get("missing"), None);
+
+        let get = |k: &str| file.get(k).unwrap();
+        assert_eq!(get("u8").as_u64(), Some(200));
+        assert_eq!(get("i32").as_u64(), None);
+        assert_eq!(get("i32").as_i64(), Some(-2_000_000_000));
+        assert_eq!(get("u64").as_i64(), None);
+        assert_eq!(get("u32").as_f64(), Some(4e9));
+        assert_eq!(get("f32").as_f64(), Some(1e-5f32 as f64));
+        assert_eq!(get("f32").as_u64(), None);
+        assert_eq!(get("str").as_str(), Some("héllo, wörld"));
+        assert_eq!(get("true").as_bool(), Some(true));
+        assert_eq!(get("u8").as_bool(), None);
+        assert_eq!(get("strings").as_array().map(<[_]>::len), Some(3));
+        assert_eq!(
+            get("nested").as_array().unwrap()[2].as_array(),
+            Some(&[U8(3)][..])
+        );
+    }
+
+    #[test]
+    fn tensors_default_alignment() {
+        let q8 = {
+            let mut b = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+            b.extend((0..32).map(|i| (i as i8 - 16) as u8));
+            b
+        };
+        // A 3-byte key leaves the tensor infos unaligned, so the data section needs padding.
+        let w = Writer::new()
+            .kv("odd", s("abc"))
+            .tensor(
+                "a",
+                &[3, 2],
+                GgmlType::F32,
+                &f32_bytes(&[1., 2., 3., 4., 5., 6.]),
+            )
+            .tensor("b.q8", &[32], GgmlType::Q8_0, &q8)
+            .tensor("c", &[2], GgmlType::F16, &[0x00, 0x3C, 0x00, 0xC0]);
+        let (_dir, file) = open_bytes(&w.build());
+        let file = file.unwrap();
+        assert_eq!(file.alignment, 32);
+        assert_eq!(file.data_offset % 32, 0);
+        assert_eq!(
+            file.tensors.iter().map(|t| &t.name[..]).collect::<Vec<_>>(),
+            ["a", "b.q8", "c"]
+        );
+        let a = file.tensor("a").unwrap();
+        assert_eq!(
+            (a.dims.clone(), a.shape(), a.n_elements(), a.n_bytes()),
+            (vec![3, 2], vec![2, 3], 6, 24)
+        );
+        assert_eq!(file.tensor_bytes(a), f32_bytes(&[1., 2., 3., 4., 5., 6.]));
+        assert_eq!(file.dequantize("a").unwrap(), [1., 2., 3., 4., 5., 6.]);
+        let b = file.tensor("b.q8").unwrap();
+        assert_eq!(
+            (b.ggml_type, b.offset, b.n_bytes()),
+            (GgmlType::Q8_0, 32, 34)
+        );
+        let want: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) * 0.5).collect();
+        assert_eq!(file.dequantize("b.q8").unwrap(), want);
+        assert_eq!(file.tensor("c").unwrap().offset, 96);
+        assert_eq!(file.dequantize("c").unwrap(), [1.0, -2.0]);
+        assert!(file.tensor("nope").is_none());
+    }
+
+    #[test]
+    fn custom_alignment_and_version_2() {
+        let mut w = Writer::new()
+            .alignment(64)
+            .tensor("a", &[4], GgmlType::F32, &f32_bytes(&[1., 2., 3., 4.]))
+            .tensor("b", &[1], GgmlType::F32, &f32_bytes(&[9.]));
+        w.version = 2;
+        let (_dir, file) = open_bytes(&w.build());
+        let file = file.unwrap();
+        assert_eq!((file.version, file.alignment), (2, 64));
+        assert_eq!(file.data_offset % 64, 0);
+        assert_eq!(file.tensor("b").unwrap().offset, 64);
+        assert_eq!(file.dequantize("b").unwrap(), [9.]);
+        assert_eq!(file.dequantize("a").unwrap(), [1., 2., 3., 4.]);
+    }
+
+    #[test]
+    fn missing_file() {
+        let path = Path::new("/nonexistent/dir/model.gguf");
+        let msg = GgufFile::open(path).unwrap_err().to_string();
+        assert!(
+            msg.contains("/nonexistent/dir/model.gguf") && msg.contains("does not exist"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn wrong_magic() {
+        let mut bytes = small_file().build();
+        bytes[..4].copy_from_slice(b"GGML");
+        assert_err(&bytes, &["is not a GGUF file", "[71, 71, 77, 76]"]);
+    }
+
+    #[test]
+    fn unsupported_versions() {
+        for version in [1, 4, 0x0300_0000] {
+            let mut w = small_file();
+            w.version = version;
+            assert_err(
+                &w.build(),
+                &[&format!("unsupported GGUF version {version}")],
+            );
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let bytes = small_file().build();
+        for len in 0..bytes.len() {
+            let msg = open_err(&bytes[..len]);
+            assert!(msg.contains("truncated"), "cut at {len}: {msg}");
+        }
+        assert_err(
+            &bytes[..6],
+            &[
+                "version",
+                "truncated file: 4 bytes needed at offset 4, only 2 left",
+            ],
+        );
+        let tail = bytes.len() - 1;
+        assert_err(
+            &bytes[..tail],
+            &["tensor w", "runs past the end of the file"],
+        );
+    }
+
+    #[test]
+    fn string_longer_than_file() {
+        let mut w = small_file();
+        w.kv.extend((1u64 << 40).to_le_bytes());
+        w.kv.extend(b"key");
+        w.n_kv += 1;
+        assert_err(
+            &w.build(),
+            &[
+                "metadata key #2",
+                "string of 1099511627776 bytes",
+                "truncated",
+            ],
+        );
+
+        let w = small_file().raw_kv("k", 8, &u64::MAX.to_le_bytes());
+        assert_err(
+            &w.build(),
+            &[
+                "metadata value of \"k\"",
+                "string of 18446744073709551615 bytes",
+            ],
+        );
+
+        let mut w = small_file();
+        w.infos.clear();
+        w.infos.extend(1_000_000u64.to_le_bytes());
+        assert_err(
+            &w.build(),
+            &["tensor info #0", "name", "string of 1000000 bytes"],
+        );
+    }
+
+    #[test]
+    fn absurd_counts() {
+        let bytes = small_file().build();
+        let mut b = bytes.clone();
+        b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_err(
+            &b,
+            &["tensor count", "18446744073709551615 entries", "cannot fit"],
+        );
+        let mut b = bytes;
+        b[16..24].copy_from_slice(&(1u64 << 62).to_le_bytes());
+        assert_err(&b, &["metadata count", "cannot fit"]);
+
+        let mut raw = 0u32.to_le_bytes().to_vec(); // array of u8
+        raw.extend((1u64 << 50).to_le_bytes());
+        assert_err(
+            &small_file().raw_kv("arr", 9, &raw).build(),
+            &["\"arr\"", "array length", "cannot fit"],
+        );
+        let mut raw = 8u32.to_le_bytes().to_vec(); // array of strings
+        raw.extend(u64::MAX.to_le_bytes());
+        assert_err(
+            &small_file().raw_kv("arr", 9, &raw).build(),
+            &["array length", "cannot fit"],
+        );
+    }
+
+    #[test]
+    fn unknown_value_types() {
+        let w = small_file().raw_kv("k", 13, &[0; 8]);
+        assert_err(
+            &w.build(),
+            &["metadata value of \"k\"", "unknown metadata value type 13"],
+        );
+        let mut raw = 99u32.to_le_bytes().to_vec();
+        raw.extend(0u64.to_le_bytes());
+        let w = small_file().raw_kv("k", 9, &raw);
+        assert_err(&w.build(), &["array of unknown value type 99"]);
+    }
+
+    #[test]
+    fn unknown_tensor_type() {
+        let w = small_file().info("blk.0.weird", &[32], 99, 0);
+        assert_err(
+            &w.build(),
+            &[
+                "tensor blk.0.weird",
+                "unsupported tensor type unknown (id 99)",
+            ],
+        );
+        let w = small_file().info("retired", &[32], 4, 0);
+        assert_err(&w.build(), &["tensor retired", "(id 4)"]);
+    }
+
+    #[test]
+    fn dequantize_errors() {
+        let w = small_file().tensor("iq", &[256], GgmlType::IQ2_XXS, &[0; 66]);
+        let (_dir, file) = open_bytes(&w.build());
+        let file = file.unwrap();
+        let msg = file.dequantize("nope").unwrap_err().to_string();
+        assert_eq!(msg, "missing tensor nope");
+        let msg = file.dequantize("iq").unwrap_err().to_string();
+        assert_eq!(msg, "tensor iq: unsupported tensor type IQ2_XXS (id 16)");
+        assert_eq!(file.tensor_bytes(file.tensor("iq").unwrap()).len(), 66);
+    }
+
+    #[test]
+    fn bad_alignment_values() {
+        for (v, shown) in [
+            (GgufValue::U32(0), "U32(0)"),
+            (GgufValue::U32(48), "U32(48)"),
+            (s("32"), "String"),
+        ] {
+            let w = Writer::new().kv("general.alignment", v);
+            assert_err(
+                &w.build(),
+                &["general.alignment must be a power of two", shown],
+            );
+        }
+        // Any integer type is accepted.
+        let w = Writer::new()
+            .kv("general.alignment", GgufValue::U64(16))
+            .tensor("a", &[1], GgmlType::F32, &[0; 4]);
+        assert_eq!(open_bytes(&w.build()).1.unwrap().alignment, 16);
+    }
+
+    #[test]
+    fn malformed_tensor_infos() {
+        let w = small_file().info("x", &[4], GgmlType::F32.id(), 8);
+        assert_err(
+            &w.build(),
+            &["tensor x", "offset 8 is not a multiple of the alignment 32"],
+        );
+        let w = small_file().info("x", &[1, 1, 1, 1, 1], 0, 0);
+        assert_err(&w.build(), &["tensor \"x\"", "5 dimensions, at most 4"]);
+        let w = small_file().info("x", &[33], GgmlType::Q4_0.id(), 0);
+        assert_err(
+            &w.build(),
+            &["row length 33 is not a multiple of the Q4_0 block size 32"],
+        );
+        let w = small_file().info("x", &[1 << 32, 1 << 32], 0, 0);
+        assert_err(&w.build(), &["overflow the element count"]);
+        let w = small_file().info("x", &[1 << 30, 1 << 30], 0, 0);
+        assert_err(&w.build(), &["tensor x", "runs past the end of the file"]);
+        let w = small_file().info("w", &[1], 0, 0);
+        assert_err(&w.build(), &["duplicate tensor name \"w\""]);
+        let w = small_file().info("x", &[1], 0, u64::MAX - 31);
+        assert_err(&w.build(), &["tensor x", "runs past the end of the file"]);
+    }
+
+    #[test]
+    fn malformed_values() {
+        assert_err(
+            &small_file().raw_kv("b", 7, &[2]).build(),
+            &["\"b\"", "bool byte is 2"],
+        );
+        let mut raw = 2u64.to_le_bytes().to_vec();
+        raw.extend([0xFF, 0xFE]);
+        assert_err(
+            &small_file().raw_kv("u", 8, &raw).build(),
+            &["\"u\"", "not UTF-8"],
+        );
+        let w = small_file().kv("tokens", s("again"));
+        assert_err(&w.build(), &["duplicate metadata key \"tokens\""]);
+
+        let mut deep = GgufValue::Array(vec![]);
+        for _ in 0..MAX_ARRAY_DEPTH {
+            deep = GgufValue::Array(vec![deep]);
+        }
+        assert_err(
+            &small_file().kv("deep", deep.clone()).build(),
+            &["nested more than 8 deep"],
+        );
+        let GgufValue::Array(mut inner) = deep else {
+            unreachable!()
+        };
+        let ok = small_file().kv("deep", inner.pop().unwrap()).build();
+        assert!(open_bytes(&ok).1.is_ok());
+    }
+}
