@@ -55,7 +55,10 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let mut rt = args.model.load()?;
     let total = args.input_len + args.output_len;
     if total > rt.max_model_len {
-        bail!("input + output length {total} exceeds the maximum model length {}", rt.max_model_len);
+        bail!(
+            "input + output length {total} exceeds the maximum model length {}",
+            rt.max_model_len
+        );
     }
     let block_size = rt.runner.cache().block_size();
     let per_seq = total.div_ceil(block_size);
@@ -68,7 +71,9 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         .map(|_| {
             (0..args.input_len)
                 .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     ((seed >> 33) % vocab) as u32
                 })
                 .collect()
@@ -78,10 +83,24 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
         .collect();
     for _ in 0..args.num_iters_warmup {
-        run_once(&mut rt.runner, &prompts, &tables, args.output_len, block_size)?;
+        run_once(
+            &mut rt.runner,
+            &prompts,
+            &tables,
+            args.output_len,
+            block_size,
+        )?;
     }
     let mut runs: Vec<Timing> = (0..args.num_iters)
-        .map(|_| run_once(&mut rt.runner, &prompts, &tables, args.output_len, block_size))
+        .map(|_| {
+            run_once(
+                &mut rt.runner,
+                &prompts,
+                &tables,
+                args.output_len,
+                block_size,
+            )
+        })
         .collect::<anyhow::Result<_>>()?;
     runs.sort_by_key(|t| t.prefill + t.decode);
     let t = &runs[runs.len() / 2];

@@ -51,7 +51,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         });
     }
     let eos = rt.tokenizer.eos_token_ids().to_vec();
-    let outputs = generate_greedy(&mut rt.runner, &ids, args.max_tokens, &eos, rt.max_model_len)?;
+    let outputs = generate_greedy(
+        &mut rt.runner,
+        &ids,
+        args.max_tokens,
+        &eos,
+        rt.max_model_len,
+    )?;
     for (i, out) in outputs.iter().enumerate() {
         let text = rt.tokenizer.decode(&out.token_ids, true)?;
         if outputs.len() > 1 {
@@ -67,10 +73,15 @@ fn collect_prompts(args: &GenerateArgs) -> anyhow::Result<Vec<Prompt>> {
     if let Some(path) = &args.prompts_file {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read prompts file {}", path.display()))?;
-        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            prompts.push(parse_prompt_line(line).with_context(|| {
-                format!("{}:{}: bad prompt line", path.display(), n + 1)
-            })?);
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            prompts.push(
+                parse_prompt_line(line)
+                    .with_context(|| format!("{}:{}: bad prompt line", path.display(), n + 1))?,
+            );
         }
     }
     if prompts.is_empty() {

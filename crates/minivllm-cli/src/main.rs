@@ -10,7 +10,11 @@ use clap::{Parser, Subcommand};
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Parser)]
-#[command(name = "minivllm", version, about = "LLM inference engine in the line of vLLM")]
+#[command(
+    name = "minivllm",
+    version,
+    about = "LLM inference engine in the line of vLLM"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -96,13 +100,14 @@ impl ModelArgs {
         let context = loaded.config.max_position_embeddings;
         let max_model_len = match self.max_model_len {
             Some(0) => anyhow::bail!("--max-model-len must be positive"),
-            Some(n) if n > context => anyhow::bail!(
-                "--max-model-len {n} exceeds the model's context length of {context}"
-            ),
+            Some(n) if n > context => {
+                anyhow::bail!("--max-model-len {n} exceeds the model's context length of {context}")
+            }
             Some(n) => n,
             None => context,
         };
-        let cache = CacheEngine::with_budget(&loaded.config, self.block_size, self.kv_cache_memory)?;
+        let cache =
+            CacheEngine::with_budget(&loaded.config, self.block_size, self.kv_cache_memory)?;
         Ok(Runtime {
             runner: ModelRunner::new(loaded.model, cache),
             tokenizer: loaded.tokenizer,

@@ -4,10 +4,16 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn model() -> String {
-    let path = std::env::var_os("MINIVLLM_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
-    assert!(path.is_file(), "test model missing: run `minivllm download-default-model`");
+    let path = std::env::var_os("MINIVLLM_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.is_file(),
+        "test model missing: run `minivllm download-default-model`"
+    );
     path.to_str().unwrap().to_string()
 }
 
@@ -29,7 +35,15 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn generate_completes_the_capital_of_france() {
     let m = model();
-    let out = minivllm(&["generate", "--model", &m, "--prompt", "The capital of France is", "--max-tokens", "16"]);
+    let out = minivllm(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "16",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).starts_with(" Paris."), "{:?}", stdout(&out));
 }
@@ -38,7 +52,14 @@ fn generate_completes_the_capital_of_france() {
 fn generate_with_chat_template() {
     let m = model();
     let out = minivllm(&[
-        "generate", "--model", &m, "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "12",
+        "generate",
+        "--model",
+        &m,
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "12",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     // The reference's greedy chat answer, ended by <|im_end|> (a special token, not printed).
@@ -55,7 +76,15 @@ fn prompts_file_runs_as_one_batch_in_input_order() {
         "The capital of France is\n{\"prompt_token_ids\": [504, 3575, 282, 4649, 314]}\n{\"prompt\": \"def factorial(n):\"}\n",
     )
     .unwrap();
-    let out = minivllm(&["generate", "--model", &m, "--prompts-file", file.to_str().unwrap(), "--max-tokens", "3"]);
+    let out = minivllm(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompts-file",
+        file.to_str().unwrap(),
+        "--max-tokens",
+        "3",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     let parts: Vec<&str> = text.split("--- completion ").collect();
@@ -66,19 +95,39 @@ fn prompts_file_runs_as_one_batch_in_input_order() {
 
 #[test]
 fn missing_model_is_a_clear_error() {
-    let out = minivllm(&["generate", "--model", "/no/such/model.gguf", "--prompt", "hi"]);
+    let out = minivllm(&[
+        "generate",
+        "--model",
+        "/no/such/model.gguf",
+        "--prompt",
+        "hi",
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("/no/such/model.gguf does not exist"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/no/such/model.gguf does not exist"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
 fn prompt_longer_than_max_model_len_is_a_clear_error() {
     let m = model();
     let out = minivllm(&[
-        "generate", "--model", &m, "--prompt", "The capital of France is", "--max-model-len", "3",
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "The capital of France is",
+        "--max-model-len",
+        "3",
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("longer than the maximum model length of 3"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("longer than the maximum model length of 3"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

@@ -10,7 +10,9 @@ use crate::model_executor::loader::LoadError;
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor` (Hugging Face `rope_type: "linear"`).
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1's frequency-dependent scaling.
     Llama3 {
         factor: f32,
@@ -65,7 +67,10 @@ impl ModelConfig {
             ));
         }
         if self.head_dim % 2 != 0 {
-            return bad(format!("head_dim ({}) must be even for RoPE", self.head_dim));
+            return bad(format!(
+                "head_dim ({}) must be even for RoPE",
+                self.head_dim
+            ));
         }
         if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
             if f.len() != self.head_dim / 2 {
@@ -148,10 +153,9 @@ impl ModelConfig {
 fn opt_usize(json: &Value, key: &str) -> Result<Option<usize>, LoadError> {
     match json.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(|n| Some(n as usize))
-            .ok_or_else(|| LoadError::Config(format!("{key} must be a non-negative integer, got {v}"))),
+        Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+            LoadError::Config(format!("{key} must be a non-negative integer, got {v}"))
+        }),
     }
 }
 

@@ -11,5 +11,7 @@ pub mod config;
 pub mod core;
 pub mod engine;
 pub mod model_executor;
+#[doc(hidden)]
+pub mod testing;
 pub mod utils;
 pub mod worker;

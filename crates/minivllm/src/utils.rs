@@ -37,6 +37,8 @@ mod tests {
         assert_eq!(parse_byte_size("1.5GB").unwrap(), 1_500_000_000);
         assert_eq!(parse_byte_size("1000").unwrap(), 1000);
         assert!(parse_byte_size("lots").unwrap_err().contains("lots"));
-        assert!(parse_byte_size("3 parsecs").unwrap_err().contains("parsecs"));
+        assert!(parse_byte_size("3 parsecs")
+            .unwrap_err()
+            .contains("parsecs"));
     }
 }

@@ -19,13 +19,17 @@ fn load_err(spec: &str) -> String {
 #[test]
 fn missing_file_is_named() {
     let e = load_err("/definitely/not/here.gguf");
-    assert!(e.contains("/definitely/not/here.gguf") && e.contains("does not exist"), "{e}");
+    assert!(
+        e.contains("/definitely/not/here.gguf") && e.contains("does not exist"),
+        "{e}"
+    );
 }
 
 #[test]
 fn wrong_magic_is_reported() {
     let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(b"GGML\x03\x00\x00\x00 certainly not a gguf file").unwrap();
+    f.write_all(b"GGML\x03\x00\x00\x00 certainly not a gguf file")
+        .unwrap();
     let e = load_err(f.path().to_str().unwrap());
     assert!(e.contains("not a GGUF file"), "{e}");
 }
@@ -37,7 +41,10 @@ fn truncated_gguf_is_reported() {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(&full[..cut]).unwrap();
         let e = load_err(f.path().to_str().unwrap());
-        assert!(e.contains("malformed GGUF") || e.contains("truncated"), "cut at {cut}: {e}");
+        assert!(
+            e.contains("malformed GGUF") || e.contains("truncated"),
+            "cut at {cut}: {e}"
+        );
     }
 }
 
@@ -50,7 +57,10 @@ fn unsupported_architecture_is_named() {
     config["architectures"] = serde_json::json!(["GPTNeoXForCausalLM"]);
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let e = load_err(dir.path().to_str().unwrap());
-    assert!(e.contains("unsupported model architecture") && e.contains("GPTNeoXForCausalLM"), "{e}");
+    assert!(
+        e.contains("unsupported model architecture") && e.contains("GPTNeoXForCausalLM"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -58,10 +68,17 @@ fn prompt_longer_than_the_context_is_rejected() {
     let m = load_model(common::test_model_path().to_str().unwrap()).unwrap();
     let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 4));
     let prompts = vec![vec![1, 2, 3], vec![5; 40]];
-    let e = generate_greedy(&mut runner, &prompts, 4, &[2], 32).unwrap_err().to_string();
-    assert!(e.contains("prompt 1 is 40 tokens") && e.contains("maximum model length of 32"), "{e}");
+    let e = generate_greedy(&mut runner, &prompts, 4, &[2], 32)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("prompt 1 is 40 tokens") && e.contains("maximum model length of 32"),
+        "{e}"
+    );
     // The cache is checked too: 4 blocks of 16 cannot hold 40 + 40 tokens.
-    let e = generate_greedy(&mut runner, &prompts, 40, &[2], 8192).unwrap_err().to_string();
+    let e = generate_greedy(&mut runner, &prompts, 40, &[2], 8192)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("KV blocks"), "{e}");
 }
 
@@ -69,6 +86,8 @@ fn prompt_longer_than_the_context_is_rejected() {
 fn token_ids_outside_the_vocabulary_are_rejected() {
     let m = load_model(common::test_model_path().to_str().unwrap()).unwrap();
     let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 4));
-    let e = generate_greedy(&mut runner, &[vec![1, 999_999]], 1, &[2], 64).unwrap_err().to_string();
+    let e = generate_greedy(&mut runner, &[vec![1, 999_999]], 1, &[2], 64)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("999999") && e.contains("vocabulary"), "{e}");
 }

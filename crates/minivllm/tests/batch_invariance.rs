@@ -42,7 +42,13 @@ fn alone(runner: &mut ModelRunner, seq: &Seq) -> Vec<f32> {
     let table: Vec<u32> = (0..seq.tokens.len().div_ceil(BLOCK_SIZE) as u32).collect();
     let mut input = InputMetadata::default();
     if seq.cached > 0 {
-        input.add_sequence(&seq.tokens[..seq.cached], seq.cached, &table, BLOCK_SIZE, false);
+        input.add_sequence(
+            &seq.tokens[..seq.cached],
+            seq.cached,
+            &table,
+            BLOCK_SIZE,
+            false,
+        );
         runner.execute(&input).unwrap();
         input.clear();
     }
@@ -57,7 +63,12 @@ fn batched(runner: &mut ModelRunner, seqs: &[Seq], block_order: &[u32]) -> Vec<V
     let mut next_block = block_order.iter().copied();
     let tables: Vec<Vec<u32>> = seqs
         .iter()
-        .map(|s| next_block.by_ref().take(s.tokens.len().div_ceil(BLOCK_SIZE)).collect())
+        .map(|s| {
+            next_block
+                .by_ref()
+                .take(s.tokens.len().div_ceil(BLOCK_SIZE))
+                .collect()
+        })
         .collect();
     let mut input = InputMetadata::default();
     for (s, t) in seqs.iter().zip(&tables).filter(|(s, _)| s.cached > 0) {
@@ -71,13 +82,25 @@ fn batched(runner: &mut ModelRunner, seqs: &[Seq], block_order: &[u32]) -> Vec<V
         input.add_sequence(&s.tokens[s.cached..], s.tokens.len(), t, BLOCK_SIZE, true);
     }
     let logits = runner.execute(&input).unwrap();
-    logits.chunks_exact(logits.len() / seqs.len()).map(<[f32]>::to_vec).collect()
+    logits
+        .chunks_exact(logits.len() / seqs.len())
+        .map(<[f32]>::to_vec)
+        .collect()
 }
 
 fn eight_sequences(vocab: u32) -> Vec<Seq> {
     // (total length, cached before the step): prefills of odd lengths, decodes (one new
     // token) and chunked prefills (several new tokens after a cached prefix).
-    let shapes = [(1, 0), (7, 0), (33, 32), (16, 15), (70, 0), (45, 40), (17, 16), (100, 64)];
+    let shapes = [
+        (1, 0),
+        (7, 0),
+        (33, 32),
+        (16, 15),
+        (70, 0),
+        (45, 40),
+        (17, 16),
+        (100, 64),
+    ];
     shapes
         .iter()
         .enumerate()
@@ -89,7 +112,11 @@ fn eight_sequences(vocab: u32) -> Vec<Seq> {
 }
 
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
     assert!(worst < TOL, "{what}: max |difference| {worst:e}");
 }
 
@@ -101,12 +128,20 @@ fn batched_mixed_prefill_and_decode_matches_each_alone() {
     let solo: Vec<Vec<f32>> = seqs.iter().map(|s| alone(&mut r, s)).collect();
 
     let in_order: Vec<u32> = (0..64).collect();
-    for (i, (b, s)) in batched(&mut r, &seqs, &in_order).iter().zip(&solo).enumerate() {
+    for (i, (b, s)) in batched(&mut r, &seqs, &in_order)
+        .iter()
+        .zip(&solo)
+        .enumerate()
+    {
         assert_close(b, s, &format!("sequence {i}, contiguous blocks"));
     }
     // Scattered, descending and interleaved block ids.
     let scattered: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 64).rev().collect();
-    for (i, (b, s)) in batched(&mut r, &seqs, &scattered).iter().zip(&solo).enumerate() {
+    for (i, (b, s)) in batched(&mut r, &seqs, &scattered)
+        .iter()
+        .zip(&solo)
+        .enumerate()
+    {
         assert_close(b, s, &format!("sequence {i}, scattered blocks"));
     }
 }

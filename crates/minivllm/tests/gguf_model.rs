@@ -10,23 +10,8 @@ use std::time::Instant;
 use minivllm::model_executor::loader::gguf::GgufFile;
 use minivllm_kernels::quant::GgmlType;
 
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
 fn model_path() -> PathBuf {
-    let path = match std::env::var_os("MINIVLLM_TEST_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../models")
-            .join(MODEL_FILE),
-    };
-    // Passing without the model would hide that nothing was tested.
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run the model download (put {MODEL_FILE} in <workspace>/models/) \
-         or set MINIVLLM_TEST_MODEL to its path",
-        path.display()
-    );
-    path
+    minivllm::testing::test_model_path()
 }
 
 #[track_caller]

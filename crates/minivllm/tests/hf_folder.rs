@@ -30,12 +30,20 @@ fn write_hf_folder(dir: &std::path::Path) {
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
         .map(|(n, (shape, bytes))| {
-            (n.clone(), TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap())
+            (
+                n.clone(),
+                TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap(),
+            )
         })
         .collect();
     safetensors::tensor::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
     let src = common::reference_dir().join("smollm2-hf");
-    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
 }
@@ -58,7 +66,11 @@ fn hf_folder_and_gguf_give_the_same_logits() {
     let from_gguf = logits_for(common::test_model_path().to_str().unwrap(), &tokens);
     let from_hf = logits_for(dir.path().to_str().unwrap(), &tokens);
     assert_eq!(from_gguf.len(), from_hf.len());
-    let worst = from_gguf.iter().zip(&from_hf).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let worst = from_gguf
+        .iter()
+        .zip(&from_hf)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     assert!(worst <= 1e-5, "max |logit difference| {worst:e}");
     // Same tokenizer behaviour from both sources.
     let a = load_model(dir.path().to_str().unwrap()).unwrap().tokenizer;

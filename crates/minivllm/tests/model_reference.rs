@@ -25,11 +25,19 @@ fn runner() -> ModelRunner {
 }
 
 /// Log-probabilities of every position of `tokens` after the prompt, fed in one forward.
-fn teacher_forced_logprobs(runner: &mut ModelRunner, prompt_len: usize, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let blocks: Vec<u32> = (0..tokens.len().div_ceil(BLOCK_SIZE) as u32).rev().collect();
+fn teacher_forced_logprobs(
+    runner: &mut ModelRunner,
+    prompt_len: usize,
+    tokens: &[u32],
+) -> Vec<Vec<f32>> {
+    let blocks: Vec<u32> = (0..tokens.len().div_ceil(BLOCK_SIZE) as u32)
+        .rev()
+        .collect();
     let mut input = InputMetadata::default();
     input.add_sequence(tokens, tokens.len(), &blocks, BLOCK_SIZE, false);
-    input.logits_indices.extend(prompt_len - 1..tokens.len() - 1);
+    input
+        .logits_indices
+        .extend(prompt_len - 1..tokens.len() - 1);
     let logits = runner.execute(&input).unwrap();
     let vocab = logits.len() / input.logits_indices.len();
     logits
@@ -54,14 +62,23 @@ fn teacher_forced_logprobs_match_transformers() {
     let mut runner = runner();
     let mut worst = 0.0f32;
     for case in common::reference_cases() {
-        let tokens: Vec<u32> = case.prompt_ids.iter().chain(&case.output_ids).copied().collect();
+        let tokens: Vec<u32> = case
+            .prompt_ids
+            .iter()
+            .chain(&case.output_ids)
+            .copied()
+            .collect();
         let lps = teacher_forced_logprobs(&mut runner, case.prompt_ids.len(), &tokens);
         for (pos, (step, lp)) in case.steps.iter().zip(&lps).enumerate() {
             let ctx = format!("prompt {:?} step {pos}", case.prompt);
             for &(id, ref_lp) in &step.top5 {
                 let d = (lp[id as usize] - ref_lp).abs();
                 worst = worst.max(d);
-                assert!(d < LOGPROB_TOL, "{ctx}: token {id} logprob {} vs {ref_lp}", lp[id as usize]);
+                assert!(
+                    d < LOGPROB_TOL,
+                    "{ctx}: token {id} logprob {} vs {ref_lp}",
+                    lp[id as usize]
+                );
             }
             let d = (lp[step.chosen_id as usize] - step.chosen_logprob).abs();
             assert!(d < LOGPROB_TOL, "{ctx}: chosen token logprob off by {d}");
@@ -70,12 +87,16 @@ fn teacher_forced_logprobs_match_transformers() {
                 let theirs: Vec<u32> = step.top5.iter().map(|t| t.0).collect();
                 assert_eq!(ours[0], theirs[0], "{ctx}: top-1 differs");
                 // The 5th and 6th may legitimately swap when they are themselves tied.
-                let boundary_tie = (lp[ours[4] as usize] - lp[ours[5] as usize]).abs() < LOGPROB_TOL;
+                let boundary_tie =
+                    (lp[ours[4] as usize] - lp[ours[5] as usize]).abs() < LOGPROB_TOL;
                 let mut a = ours[..5].to_vec();
                 let mut b = theirs.clone();
                 a.sort();
                 b.sort();
-                assert!(a == b || boundary_tie, "{ctx}: top-5 {ours:?} vs {theirs:?}");
+                assert!(
+                    a == b || boundary_tie,
+                    "{ctx}: top-5 {ours:?} vs {theirs:?}"
+                );
             }
         }
     }

@@ -135,7 +135,10 @@ pub fn generate_greedy(
             }
         }
     }
-    Ok(outputs.into_iter().map(|o| o.expect("every prompt finishes")).collect())
+    Ok(outputs
+        .into_iter()
+        .map(|o| o.expect("every prompt finishes"))
+        .collect())
 }
 
 /// One forward over every active sequence's uncomputed tokens, appending the argmax.
@@ -148,7 +151,13 @@ fn step(
 ) -> Result<(), GenerateError> {
     input.clear();
     for a in active.iter() {
-        input.add_sequence(&a.tokens[a.computed..], a.tokens.len(), &a.table, block_size, true);
+        input.add_sequence(
+            &a.tokens[a.computed..],
+            a.tokens.len(),
+            &a.table,
+            block_size,
+            true,
+        );
     }
     let logits = runner.execute(input)?;
     let vocab = logits.len() / active.len();

@@ -664,11 +664,5 @@ fn merges_from_scores(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(
 /// Where the shared reference data lives: `$MINIVLLM_REFERENCE_DIR`, else `shared/reference`
 /// beside the repository.
 #[cfg(test)]
-pub(crate) fn reference_dir() -> std::path::PathBuf {
-    std::env::var_os("MINIVLLM_REFERENCE_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference"))
-}
-
 #[cfg(test)]
 mod tests;

@@ -83,7 +83,8 @@ impl InputMetadata {
         for pos in first_pos..context_len {
             self.positions.push(pos);
             let block = block_table[pos / block_size] as usize;
-            self.slot_mapping.push(block * block_size + pos % block_size);
+            self.slot_mapping
+                .push(block * block_size + pos % block_size);
         }
         if want_logits && !tokens.is_empty() {
             self.logits_indices.push(query_start + tokens.len() - 1);
@@ -140,7 +141,9 @@ impl InputMetadata {
             }
             let table = &self.block_tables[s.blocks_start..s.blocks_start + s.num_blocks];
             if let Some(b) = table.iter().find(|&&b| b as usize >= num_blocks) {
-                return Err(bad(format!("block {b} outside the cache ({num_blocks} blocks)")));
+                return Err(bad(format!(
+                    "block {b} outside the cache ({num_blocks} blocks)"
+                )));
             }
         }
         if next != n {
@@ -149,7 +152,9 @@ impl InputMetadata {
             )));
         }
         if let Some(i) = self.logits_indices.iter().find(|&&i| i >= n) {
-            return Err(InputError::BadBatch(format!("logits index {i} past the batch")));
+            return Err(InputError::BadBatch(format!(
+                "logits index {i} past the batch"
+            )));
         }
         Ok(())
     }

@@ -1,4 +1,5 @@
 pub mod input_metadata;
 pub mod layers;
 pub mod loader;
+pub mod model_loader;
 pub mod models;

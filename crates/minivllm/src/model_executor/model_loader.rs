@@ -65,7 +65,11 @@ pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec, LoadErr
     let strings = |k: &str| -> Vec<String> {
         get(k)
             .and_then(GgufValue::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let id = |k: &str| get(k).and_then(GgufValue::as_u64).map(|v| v as u32);
@@ -80,11 +84,19 @@ pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec, LoadErr
         tokens: strings("tokens"),
         token_types: get("token_type")
             .and_then(GgufValue::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_u64().map(|x| x as i32)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_u64().map(|x| x as i32))
+                    .collect()
+            })
             .unwrap_or_default(),
         scores: get("scores")
             .and_then(GgufValue::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_f64().map(|x| x as f32)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_f64().map(|x| x as f32))
+                    .collect()
+            })
             .unwrap_or_default(),
         merges: strings("merges"),
         bos_token_id: id("bos_token_id"),

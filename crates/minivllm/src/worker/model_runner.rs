@@ -31,7 +31,11 @@ impl ModelRunner {
     /// Logits `[input.logits_indices.len(), vocab_size]` for the batch.
     pub fn execute(&mut self, input: &InputMetadata) -> Result<&[f32], InputError> {
         let block_size = self.cache.block_size();
-        self.model
-            .forward(input, self.cache.layers_mut(), block_size, &mut self.buffers)
+        self.model.forward(
+            input,
+            self.cache.layers_mut(),
+            block_size,
+            &mut self.buffers,
+        )
     }
 }

@@ -1,41 +1,9 @@
 //! Shared by the integration tests: where the test model and the reference outputs are.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-
 use serde_json::Value;
 
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The test model (SmolLM2-135M-Instruct Q4_1 GGUF). Missing is a failure, not a skip:
-/// a test that silently passes without its model guards nothing.
-pub fn test_model_path() -> PathBuf {
-    let path = std::env::var_os("MINIVLLM_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run `cargo run -p minivllm-cli -- download-default-model` \
-         (or set MINIVLLM_TEST_MODEL)",
-        path.display()
-    );
-    path
-}
-
-/// `../shared/reference` beside the checkout, or `MINIVLLM_REFERENCE_DIR`.
-pub fn reference_dir() -> PathBuf {
-    let dir = std::env::var_os("MINIVLLM_REFERENCE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("../shared/reference"));
-    assert!(
-        dir.join("smollm2_greedy_hf.json").is_file(),
-        "reference outputs not found in {} (set MINIVLLM_REFERENCE_DIR)",
-        dir.display()
-    );
-    dir
-}
+pub use minivllm::testing::{reference_dir, test_model_path};
 
 pub struct ReferenceStep {
     pub chosen_id: u32,
@@ -53,7 +21,11 @@ pub struct ReferenceCase {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 pub fn reference_cases() -> Vec<ReferenceCase> {
@@ -80,7 +52,12 @@ pub fn reference_cases() -> Vec<ReferenceCase> {
                         .as_array()
                         .unwrap()
                         .iter()
-                        .map(|t| (t["id"].as_u64().unwrap() as u32, t["logprob"].as_f64().unwrap() as f32))
+                        .map(|t| {
+                            (
+                                t["id"].as_u64().unwrap() as u32,
+                                t["logprob"].as_f64().unwrap() as f32,
+                            )
+                        })
                         .collect(),
                 })
                 .collect(),

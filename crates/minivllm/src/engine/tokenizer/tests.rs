@@ -6,31 +6,15 @@ const SMOLLM2_SYSTEM: &str =
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
 
 fn smollm2_hf_dir() -> Option<std::path::PathBuf> {
-    let dir = reference_dir().join("smollm2-hf");
-    if dir.join("tokenizer.json").exists() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping: no SmolLM2 reference folder at {} (set MINIVLLM_REFERENCE_DIR)",
-            dir.display()
-        );
-        None
-    }
+    Some(crate::testing::reference_dir().join("smollm2-hf"))
 }
 
-// TODO(integration): build from GgufFile (the real GGUF reader) instead of a JSON dump.
-// For now the spec comes from a JSON file named by MINIVLLM_GGUF_SPEC_JSON whose keys are
-// GgufTokenizerSpec's fields, dumped with the `gguf` Python package from
-// SmolLM2-135M-Instruct.Q4_1.gguf (`tokenizer.ggml.tokens` -> tokens, `token_type` ->
-// token_types, `unknown_token_id` -> unk_token_id, `padding_token_id` -> pad_token_id,
-// `add_bos_token` -> add_bos, `tokenizer.chat_template` -> chat_template, ...).
+/// The tokenizer spec read from the real GGUF's `tokenizer.ggml.*` metadata.
 fn smollm2_gguf_spec() -> Option<GgufTokenizerSpec> {
-    let Some(path) = std::env::var_os("MINIVLLM_GGUF_SPEC_JSON") else {
-        eprintln!("skipping: MINIVLLM_GGUF_SPEC_JSON is not set (GGUF tokenizer spec dump)");
-        return None;
-    };
-    let text = std::fs::read_to_string(&path).expect("read MINIVLLM_GGUF_SPEC_JSON");
-    Some(serde_json::from_str(&text).expect("parse GGUF tokenizer spec JSON"))
+    let file =
+        crate::model_executor::loader::gguf::GgufFile::open(&crate::testing::test_model_path())
+            .unwrap();
+    Some(crate::model_executor::model_loader::gguf_tokenizer_spec(&file).unwrap())
 }
 
 #[derive(Deserialize)]
@@ -57,7 +41,7 @@ fn smollm2_hf_folder_reproduces_reference_prompt_ids() {
     assert!(!tok.add_bos() && !tok.add_eos());
     assert_eq!(tok.vocab_size(), 49152);
 
-    let path = reference_dir().join("smollm2_greedy_hf.json");
+    let path = crate::testing::reference_dir().join("smollm2_greedy_hf.json");
     let reference: Reference =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert!(!reference.results.is_empty());

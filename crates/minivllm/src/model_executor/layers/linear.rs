@@ -11,7 +11,11 @@ pub struct Linear {
 
 impl Linear {
     pub fn from_weight(weight: Vec<f32>, in_features: usize, out_features: usize) -> Self {
-        assert_eq!(weight.len(), in_features * out_features, "linear weight size");
+        assert_eq!(
+            weight.len(),
+            in_features * out_features,
+            "linear weight size"
+        );
         Self {
             weight,
             in_features,

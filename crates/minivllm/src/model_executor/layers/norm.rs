@@ -9,7 +9,12 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    pub fn load(src: &dyn WeightSource, name: &str, dim: usize, eps: f32) -> Result<Self, LoadError> {
+    pub fn load(
+        src: &dyn WeightSource,
+        name: &str,
+        dim: usize,
+        eps: f32,
+    ) -> Result<Self, LoadError> {
         let weight = src.load(name)?.expect_shape(name, &[dim])?;
         Ok(Self { weight, eps })
     }

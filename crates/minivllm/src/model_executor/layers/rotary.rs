@@ -76,8 +76,8 @@ pub fn inverse_frequencies(theta: f32, head_dim: usize, scaling: &RopeScaling) -
                     } else if wavelen > low_freq_wavelen {
                         f / factor
                     } else {
-                        let smooth =
-                            (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (old_ctx / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * f / factor + smooth * f
                     }
                 })

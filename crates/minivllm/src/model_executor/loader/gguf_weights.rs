@@ -33,7 +33,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let req = |k: &str| {
         uint(k)?.ok_or_else(|| LoadError::Config(format!("GGUF lacks metadata {}", key(k))))
     };
-    let float = |k: &str| file.get(&key(k)).and_then(GgufValue::as_f64).map(|f| f as f32);
+    let float = |k: &str| {
+        file.get(&key(k))
+            .and_then(GgufValue::as_f64)
+            .map(|f| f as f32)
+    };
 
     let hidden_size = req("embedding_length")?;
     let num_attention_heads = req("attention.head_count")?;
@@ -87,7 +91,9 @@ fn rope_scaling_from_gguf(
         }
         return Ok(RopeScaling::FreqFactors(factors));
     }
-    let kind = file.get(&key("rope.scaling.type")).and_then(GgufValue::as_str);
+    let kind = file
+        .get(&key("rope.scaling.type"))
+        .and_then(GgufValue::as_str);
     let factor = file
         .get(&key("rope.scaling.factor"))
         .and_then(GgufValue::as_f64)
@@ -192,7 +198,8 @@ fn unpermute_rows(data: &[f32], shape: &[usize], n_heads: usize) -> Vec<f32> {
             for j in 0..2 {
                 let src = h * head_dim + 2 * i + j;
                 let dst = h * head_dim + j * half + i;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&data[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -205,8 +212,14 @@ mod tests {
 
     #[test]
     fn maps_llama_cpp_names() {
-        assert_eq!(hf_name("blk.12.attn_q.weight").unwrap(), "model.layers.12.self_attn.q_proj.weight");
-        assert_eq!(hf_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
+        assert_eq!(
+            hf_name("blk.12.attn_q.weight").unwrap(),
+            "model.layers.12.self_attn.q_proj.weight"
+        );
+        assert_eq!(
+            hf_name("token_embd.weight").unwrap(),
+            "model.embed_tokens.weight"
+        );
         assert_eq!(hf_name("blk.x.attn_q.weight"), None);
         assert_eq!(hf_name("rope_freqs.weight"), None);
     }
@@ -215,6 +228,9 @@ mod tests {
     fn unpermute_inverts_the_converters_permutation() {
         // One head of dim 4, one column: HF rows [a0 a1 b0 b1] were stored as [a0 b0 a1 b1].
         let gguf = [10.0, 20.0, 11.0, 21.0];
-        assert_eq!(unpermute_rows(&gguf, &[4, 1], 1), vec![10.0, 11.0, 20.0, 21.0]);
+        assert_eq!(
+            unpermute_rows(&gguf, &[4, 1], 1),
+            vec![10.0, 11.0, 20.0, 21.0]
+        );
     }
 }

@@ -61,7 +61,8 @@ fn looks_like_repo_id(spec: &str) -> bool {
         && parts.iter().all(|p| {
             !p.is_empty()
                 && !p.starts_with('.')
-                && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         })
 }
 
@@ -73,7 +74,9 @@ pub fn hub_cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("HF_HOME") {
         return PathBuf::from(p).join("hub");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
     home.join(".cache/huggingface/hub")
 }
 
@@ -133,13 +136,23 @@ mod tests {
     #[test]
     fn uncached_repo_id_says_it_cannot_download() {
         let cache = tempfile::tempdir().unwrap();
-        let e = resolve_repo_id("org/absent", cache.path()).unwrap_err().to_string();
-        assert!(e.contains("org/absent") && e.contains("not in the Hugging Face cache"), "{e}");
+        let e = resolve_repo_id("org/absent", cache.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("org/absent") && e.contains("not in the Hugging Face cache"),
+            "{e}"
+        );
     }
 
     #[test]
     fn missing_path_is_named() {
-        let e = resolve_model("/no/such/model.gguf").unwrap_err().to_string();
-        assert!(e.contains("/no/such/model.gguf") && e.contains("does not exist"), "{e}");
+        let e = resolve_model("/no/such/model.gguf")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/no/such/model.gguf") && e.contains("does not exist"),
+            "{e}"
+        );
     }
 }

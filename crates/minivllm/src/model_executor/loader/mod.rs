@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 pub mod gguf;
+pub mod gguf_weights;
 
 pub mod hf;
 pub mod safetensors;

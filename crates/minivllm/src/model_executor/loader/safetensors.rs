@@ -26,8 +26,13 @@ impl SafetensorsWeights {
             let map = json
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| LoadError::Config(format!("{} lacks weight_map", index_path.display())))?;
-            let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+                .ok_or_else(|| {
+                    LoadError::Config(format!("{} lacks weight_map", index_path.display()))
+                })?;
+            let mut files: Vec<String> = map
+                .values()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect();
             files.sort();
             files.dedup();
             Self::open_files(&files.iter().map(|f| dir.join(f)).collect::<Vec<_>>())
@@ -45,16 +50,21 @@ impl SafetensorsWeights {
         let mut shards = Vec::with_capacity(paths.len());
         let mut index = HashMap::new();
         for (i, path) in paths.iter().enumerate() {
-            let io = |source| LoadError::Io { path: path.clone(), source };
+            let io = |source| LoadError::Io {
+                path: path.clone(),
+                source,
+            };
             let file = File::open(path).map_err(io)?;
             // SAFETY: the file is opened read-only and the map lives as long as this
             // value; a file changed underneath us would garble weights, not memory safety
             // of the process beyond what any mmap-based loader accepts.
             let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-            let st = SafeTensors::deserialize(&mmap).map_err(|e| LoadError::Config(format!(
-                "{}: not a valid safetensors file: {e}",
-                path.display()
-            )))?;
+            let st = SafeTensors::deserialize(&mmap).map_err(|e| {
+                LoadError::Config(format!(
+                    "{}: not a valid safetensors file: {e}",
+                    path.display()
+                ))
+            })?;
             for name in st.names() {
                 index.insert(name.to_string(), i);
             }

@@ -112,7 +112,11 @@ impl LlamaForCausalLM {
                 c.num_hidden_layers
             )));
         }
-        if let Some(p) = input.positions.iter().find(|&&p| p >= self.rotary.max_positions()) {
+        if let Some(p) = input
+            .positions
+            .iter()
+            .find(|&&p| p >= self.rotary.max_positions())
+        {
             return Err(InputError::BadBatch(format!(
                 "position {p} is beyond the model's context ({} tokens)",
                 self.rotary.max_positions()
@@ -137,7 +141,9 @@ impl LlamaForCausalLM {
         for (i, layer) in self.layers.iter().enumerate() {
             if i == 0 {
                 buf.residual.copy_from_slice(&buf.hidden);
-                layer.input_layernorm.forward(&buf.residual, &mut buf.hidden);
+                layer
+                    .input_layernorm
+                    .forward(&buf.residual, &mut buf.hidden);
             } else {
                 layer
                     .input_layernorm
@@ -149,7 +155,8 @@ impl LlamaForCausalLM {
                 .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             self.mlp_block(layer, t, buf);
         }
-        self.norm.forward_fused_add(&mut buf.hidden, &mut buf.residual);
+        self.norm
+            .forward_fused_add(&mut buf.hidden, &mut buf.residual);
         Ok(self.compute_logits(&input.logits_indices, buf))
     }
 
@@ -176,8 +183,10 @@ impl LlamaForCausalLM {
             k[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs..qs + kvs]);
             v[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs + kvs..]);
         }
-        self.rotary.forward(&input.positions, q, c.num_attention_heads);
-        self.rotary.forward(&input.positions, k, c.num_key_value_heads);
+        self.rotary
+            .forward(&input.positions, q, c.num_attention_heads);
+        self.rotary
+            .forward(&input.positions, k, c.num_key_value_heads);
         let out = sized(&mut buf.attn_out, t * qs);
         attn.forward(q, k, v, kv, input, seqs, out);
         layer.o_proj.forward(out, &mut buf.hidden, t);
@@ -212,7 +221,11 @@ impl LlamaForCausalLM {
     }
 }
 
-fn load_layer(c: &ModelConfig, src: &dyn WeightSource, i: usize) -> Result<DecoderLayer, LoadError> {
+fn load_layer(
+    c: &ModelConfig,
+    src: &dyn WeightSource,
+    i: usize,
+) -> Result<DecoderLayer, LoadError> {
     let p = format!("model.layers.{i}");
     let h = c.hidden_size;
     let name = |s: &str| format!("{p}.{s}");

@@ -1,0 +1,37 @@
+//! Where the tests find the test model and the reference outputs; shared by unit and
+//! integration tests (not part of the engine's API).
+
+use std::path::PathBuf;
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The test model (SmolLM2-135M-Instruct Q4_1 GGUF), from `MINIVLLM_TEST_MODEL` or
+/// `<workspace>/models/`. Missing is a failure, not a skip: a test that passes without its
+/// model guards nothing.
+pub fn test_model_path() -> PathBuf {
+    let path = std::env::var_os("MINIVLLM_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(
+        path.is_file(),
+        "test model {} is missing: run `cargo run -p minivllm-cli -- download-default-model` \
+         (or set MINIVLLM_TEST_MODEL)",
+        path.display()
+    );
+    path
+}
+
+/// `../shared/reference` beside the checkout, or `MINIVLLM_REFERENCE_DIR`; missing fails.
+pub fn reference_dir() -> PathBuf {
+    let dir = std::env::var_os("MINIVLLM_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/reference"));
+    assert!(
+        dir.join("smollm2_greedy_hf.json").is_file(),
+        "reference outputs not found in {} (set MINIVLLM_REFERENCE_DIR)",
+        dir.display()
+    );
+    dir
+}
