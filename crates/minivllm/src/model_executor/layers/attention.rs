@@ -2,6 +2,21 @@ use minivllm_kernels::attention::{paged_attention, reshape_and_cache, AttnShape,
 
 use crate::model_executor::input_metadata::InputMetadata;
 
+/// The attention kernels' view of a batch, built once per forward and shared by all layers.
+pub struct AttentionMetadata<'a> {
+    pub slot_mapping: &'a [usize],
+    pub seqs: Vec<SeqAttn<'a>>,
+}
+
+impl<'a> AttentionMetadata<'a> {
+    pub fn new(input: &'a InputMetadata) -> Self {
+        Self {
+            slot_mapping: &input.slot_mapping,
+            seqs: (0..input.seqs.len()).map(|i| input.seq_attn(i)).collect(),
+        }
+    }
+}
+
 /// One layer's paged KV cache: keys and values, each `[num_blocks, num_kv_heads, block_size, head_dim]`.
 pub struct LayerKvCache {
     pub key: Vec<f32>,
@@ -27,15 +42,14 @@ impl PagedAttention {
     }
 
     /// Writes this step's keys and values into their slots, then attends every query over its
-    /// sequence's context. `seqs` is the batch's per-sequence view (built once per forward).
+    /// sequence's context.
     pub fn forward(
         &self,
         q: &[f32],
         k: &[f32],
         v: &[f32],
         cache: &mut LayerKvCache,
-        input: &InputMetadata,
-        seqs: &[SeqAttn<'_>],
+        meta: &AttentionMetadata<'_>,
         out: &mut [f32],
     ) {
         reshape_and_cache(
@@ -43,9 +57,9 @@ impl PagedAttention {
             v,
             &mut cache.key,
             &mut cache.value,
-            &input.slot_mapping,
+            meta.slot_mapping,
             &self.shape,
         );
-        paged_attention(out, q, &cache.key, &cache.value, seqs, &self.shape);
+        paged_attention(out, q, &cache.key, &cache.value, &meta.seqs, &self.shape);
     }
 }

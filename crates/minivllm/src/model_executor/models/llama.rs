@@ -2,11 +2,10 @@
 //! with RoPE over a paged KV cache, SwiGLU MLP, optionally tied embeddings.
 
 use minivllm_kernels::activation::silu_and_mul;
-use minivllm_kernels::attention::SeqAttn;
 
 use crate::config::ModelConfig;
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
-use crate::model_executor::layers::attention::{LayerKvCache, PagedAttention};
+use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
 use crate::model_executor::layers::linear::Linear;
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::rotary::RotaryEmbedding;
@@ -130,7 +129,7 @@ impl LlamaForCausalLM {
             c.head_dim,
             block_size,
         );
-        let seqs: Vec<SeqAttn<'_>> = (0..input.seqs.len()).map(|i| input.seq_attn(i)).collect();
+        let meta = AttentionMetadata::new(input);
 
         let hidden = sized(&mut buf.hidden, t * h);
         for (row, &tok) in hidden.chunks_exact_mut(h).zip(&input.token_ids) {
@@ -149,7 +148,7 @@ impl LlamaForCausalLM {
                     .input_layernorm
                     .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             }
-            self.attention_block(layer, input, &seqs, &attn, &mut kv_caches[i], buf);
+            self.attention_block(layer, input, &meta, &attn, &mut kv_caches[i], buf);
             layer
                 .post_attention_layernorm
                 .forward_fused_add(&mut buf.hidden, &mut buf.residual);
@@ -165,7 +164,7 @@ impl LlamaForCausalLM {
         &self,
         layer: &DecoderLayer,
         input: &InputMetadata,
-        seqs: &[SeqAttn<'_>],
+        meta: &AttentionMetadata<'_>,
         attn: &PagedAttention,
         kv: &mut LayerKvCache,
         buf: &mut ForwardBuffers,
@@ -188,7 +187,7 @@ impl LlamaForCausalLM {
         self.rotary
             .forward(&input.positions, k, c.num_key_value_heads);
         let out = sized(&mut buf.attn_out, t * qs);
-        attn.forward(q, k, v, kv, input, seqs, out);
+        attn.forward(q, k, v, kv, meta, out);
         layer.o_proj.forward(out, &mut buf.hidden, t);
     }
 
