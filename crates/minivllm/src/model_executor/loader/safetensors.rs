@@ -117,3 +117,84 @@ impl WeightSource for SafetensorsWeights {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    fn write(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+        let views: Vec<(&str, TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::tensor::serialize_to_file(views, None, path).unwrap();
+    }
+
+    #[test]
+    fn sharded_f16_and_bf16_weights_load_as_f32() {
+        let dir = tempfile::tempdir().unwrap();
+        let vals = [1.5f32, -2.25, 0.0, 1024.0, 3.0e-3, -7.0];
+        let f16: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect();
+        let bf16: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let f32b: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        write(
+            &dir.path().join("model-00001-of-00002.safetensors"),
+            &[
+                ("a.weight", Dtype::F16, vec![2, 3], f16),
+                ("b.weight", Dtype::BF16, vec![6], bf16),
+            ],
+        );
+        write(
+            &dir.path().join("model-00002-of-00002.safetensors"),
+            &[("c.weight", Dtype::F32, vec![3, 2], f32b)],
+        );
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            r#"{"metadata": {}, "weight_map": {"a.weight": "model-00001-of-00002.safetensors",
+                "b.weight": "model-00001-of-00002.safetensors", "c.weight": "model-00002-of-00002.safetensors"}}"#,
+        )
+        .unwrap();
+        let w = SafetensorsWeights::open_dir(dir.path()).unwrap();
+        let a = w.load("a.weight").unwrap();
+        assert_eq!(a.shape, vec![2, 3]);
+        for (got, want) in a.data.iter().zip(vals) {
+            assert!((got - want).abs() <= want.abs() * 1e-3, "{got} vs {want}");
+        }
+        let b = w.load("b.weight").unwrap();
+        for (got, want) in b.data.iter().zip(vals) {
+            assert!((got - want).abs() <= want.abs() * 1e-2, "{got} vs {want}");
+        }
+        assert_eq!(w.load("c.weight").unwrap().data, vals);
+        let e = w.load("d.weight").unwrap_err().to_string();
+        assert!(e.contains("missing tensor d.weight"), "{e}");
+    }
+
+    #[test]
+    fn folder_without_weights_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = SafetensorsWeights::open_dir(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("neither model.safetensors"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_dtype_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            &dir.path().join("model.safetensors"),
+            &[("x", Dtype::I32, vec![1], vec![0; 4])],
+        );
+        let w = SafetensorsWeights::open_dir(dir.path()).unwrap();
+        let e = w.load("x").unwrap_err().to_string();
+        assert!(e.contains("tensor x") && e.contains("I32"), "{e}");
+    }
+}
