@@ -17,6 +17,7 @@ pub mod matmul;
 pub mod norm;
 pub mod quant;
 pub mod rope;
+mod simd;
 pub mod softmax;
 pub mod threading;
 
