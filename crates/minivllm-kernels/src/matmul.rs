@@ -232,7 +232,11 @@ unsafe fn micro<S: Simd, const R: usize, const C: usize>(s: S, g: Gemm, accumula
     // SAFETY (all accesses below): p + LANES <= k in the loop, q < k in the tail, i < R,
     // j < C, which the contract covers.
     while p < kv {
-        let xv: [S::V; R] = std::array::from_fn(|i| unsafe { s.load(xr[i].wrapping_add(p)) });
+        // Not `array::from_fn`: its closure would not get the caller's target features.
+        let mut xv = [s.zero(); R];
+        for i in 0..R {
+            xv[i] = unsafe { s.load(xr[i].wrapping_add(p)) };
+        }
         for j in 0..C {
             let wv = unsafe { s.load(wr[j].wrapping_add(p)) };
             for i in 0..R {

@@ -41,62 +41,54 @@ fn rope_generic<S: Simd>(
     rot_dim: usize,
     cos_sin_cache: &[f32],
 ) {
-    for_each_half(
-        positions,
-        x,
-        num_heads,
-        head_dim,
-        rot_dim,
-        cos_sin_cache,
-        |x1, x2, cos, sin| {
-            let n = x1.len();
-            let mut i = 0;
-            while i + S::LANES <= n {
-                // SAFETY: i + LANES <= n, the length of all four slices.
-                unsafe {
-                    let (p1, p2) = (
-                        x1.as_mut_ptr().wrapping_add(i),
-                        x2.as_mut_ptr().wrapping_add(i),
-                    );
-                    let (a, b) = (s.load(p1), s.load(p2));
-                    let c = s.load(cos.as_ptr().wrapping_add(i));
-                    let sn = s.load(sin.as_ptr().wrapping_add(i));
-                    s.store(p1, s.sub(s.mul(a, c), s.mul(b, sn)));
-                    s.store(p2, s.fma(a, sn, s.mul(b, c)));
-                }
-                i += S::LANES;
+    // A loop over an iterator, not a callback: a closure would be compiled without the
+    // caller's target features.
+    for (x1, x2, cos, sin) in halves(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache) {
+        let n = x1.len();
+        let mut i = 0;
+        while i + S::LANES <= n {
+            // SAFETY: i + LANES <= n, the length of all four slices.
+            unsafe {
+                let (p1, p2) = (
+                    x1.as_mut_ptr().wrapping_add(i),
+                    x2.as_mut_ptr().wrapping_add(i),
+                );
+                let (a, b) = (s.load(p1), s.load(p2));
+                let c = s.load(cos.as_ptr().wrapping_add(i));
+                let sn = s.load(sin.as_ptr().wrapping_add(i));
+                s.store(p1, s.sub(s.mul(a, c), s.mul(b, sn)));
+                s.store(p2, s.fma(a, sn, s.mul(b, c)));
             }
-            rotate_scalar(&mut x1[i..], &mut x2[i..], &cos[i..], &sin[i..]);
-        },
-    );
+            i += S::LANES;
+        }
+        rotate_scalar(&mut x1[i..], &mut x2[i..], &cos[i..], &sin[i..]);
+    }
 }
 
-/// Calls `f(x1, x2, cos, sin)` for the two rotated halves of every head, with the cos/sin of
-/// its token's position.
+/// The two rotated halves `(x1, x2)` of every head, with the `(cos, sin)` of its token's
+/// position.
 #[inline(always)]
-fn for_each_half(
-    positions: &[usize],
-    x: &mut [f32],
+fn halves<'a>(
+    positions: &'a [usize],
+    x: &'a mut [f32],
     num_heads: usize,
     head_dim: usize,
     rot_dim: usize,
-    cos_sin_cache: &[f32],
-    mut f: impl FnMut(&mut [f32], &mut [f32], &[f32], &[f32]),
-) {
-    if rot_dim == 0 || num_heads * head_dim == 0 {
-        return;
-    }
+    cos_sin_cache: &'a [f32],
+) -> impl Iterator<Item = (&'a mut [f32], &'a mut [f32], &'a [f32], &'a [f32])> {
     let half = rot_dim / 2;
-    for (&pos, tok) in positions
+    // `max(1)`: with no dims `x` is empty, and chunks of 0 would panic.
+    let row = (num_heads * head_dim).max(1);
+    positions
         .iter()
-        .zip(x.chunks_exact_mut(num_heads * head_dim))
-    {
-        let (cos, sin) = cos_sin_cache[pos * rot_dim..(pos + 1) * rot_dim].split_at(half);
-        for head in tok.chunks_exact_mut(head_dim) {
-            let (x1, x2) = head[..rot_dim].split_at_mut(half);
-            f(x1, x2, cos, sin);
-        }
-    }
+        .zip(x.chunks_exact_mut(row))
+        .flat_map(move |(&pos, tok)| {
+            let (cos, sin) = cos_sin_cache[pos * rot_dim..(pos + 1) * rot_dim].split_at(half);
+            tok.chunks_exact_mut(head_dim.max(1)).map(move |head| {
+                let (x1, x2) = head[..rot_dim].split_at_mut(half);
+                (x1, x2, cos, sin)
+            })
+        })
 }
 
 fn rotate_scalar(x1: &mut [f32], x2: &mut [f32], cos: &[f32], sin: &[f32]) {
@@ -141,15 +133,9 @@ pub fn rotary_embedding_neox_scalar(
     cos_sin_cache: &[f32],
 ) {
     check_shapes(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache);
-    for_each_half(
-        positions,
-        x,
-        num_heads,
-        head_dim,
-        rot_dim,
-        cos_sin_cache,
-        rotate_scalar,
-    );
+    for (x1, x2, cos, sin) in halves(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache) {
+        rotate_scalar(x1, x2, cos, sin);
+    }
 }
 
 /// Builds the `[max_position, rot_dim]` cos|sin cache for `inv_freq[i] = base^(-2i/rot_dim)`.

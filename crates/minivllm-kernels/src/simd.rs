@@ -428,16 +428,21 @@ macro_rules! simd_dispatch {
 }
 pub(crate) use simd_dispatch;
 
-/// Calls `body(i)` for each full vector at `i` (a multiple of `S::LANES`) of `0..n`, and
-/// returns where the scalar tail starts.
-#[inline(always)]
-fn for_each_vector<S: Simd>(n: usize, mut body: impl FnMut(usize)) -> usize {
-    let mut i = 0;
-    while i + S::LANES <= n {
-        body(i);
-        i += S::LANES;
-    }
-    i
+/// Runs `body` with `i` at each full vector (a multiple of `LANES`) of `0..n` and evaluates
+/// to where the scalar tail starts.
+///
+/// A macro rather than a function taking a closure: a closure is compiled without the
+/// caller's target features, so the intrinsics inside it would not inline.
+macro_rules! vector_loop {
+    ($s:ty, $n:expr, |$i:ident| $body:block) => {{
+        let n: usize = $n;
+        let mut $i = 0;
+        while $i + <$s as Simd>::LANES <= n {
+            $body
+            $i += <$s as Simd>::LANES;
+        }
+        $i
+    }};
 }
 
 /// `Σ a[i]·b[i]` over the shorter of the two.
@@ -462,7 +467,7 @@ pub(crate) fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
         }
         i += 4 * l;
     }
-    let tail = i + for_each_vector::<S>(n - i, |j| {
+    let tail = i + vector_loop!(S, n - i, |j| {
         // SAFETY: i + j + l <= n.
         unsafe {
             acc[0] = s.fma(
@@ -481,7 +486,7 @@ pub(crate) fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
 pub(crate) fn axpy<S: Simd>(s: S, y: &mut [f32], a: f32, x: &[f32]) {
     let n = y.len().min(x.len());
     let av = s.splat(a);
-    let tail = for_each_vector::<S>(n, |i| {
+    let tail = vector_loop!(S, n, |i| {
         // SAFETY: i + LANES <= n, the length of both slices.
         unsafe {
             let p = y.as_mut_ptr().wrapping_add(i);
@@ -498,7 +503,7 @@ pub(crate) fn axpy<S: Simd>(s: S, y: &mut [f32], a: f32, x: &[f32]) {
 pub(crate) fn scale<S: Simd>(s: S, y: &mut [f32], a: f32) {
     let av = s.splat(a);
     let n = y.len();
-    let tail = for_each_vector::<S>(n, |i| {
+    let tail = vector_loop!(S, n, |i| {
         // SAFETY: i + LANES <= n.
         unsafe {
             let p = y.as_mut_ptr().wrapping_add(i);
@@ -512,7 +517,7 @@ pub(crate) fn scale<S: Simd>(s: S, y: &mut [f32], a: f32) {
 #[inline(always)]
 pub(crate) fn max<S: Simd>(s: S, x: &[f32]) -> f32 {
     let mut m = s.splat(f32::NEG_INFINITY);
-    let tail = for_each_vector::<S>(x.len(), |i| {
+    let tail = vector_loop!(S, x.len(), |i| {
         // SAFETY: i + LANES <= x.len().
         unsafe { m = s.max(m, s.load(x.as_ptr().wrapping_add(i))) }
     });
@@ -525,7 +530,7 @@ pub(crate) fn exp_shifted<S: Simd, const STORE: bool>(s: S, x: &mut [f32], shift
     let sv = s.splat(shift);
     let mut sum = s.zero();
     let n = x.len();
-    let tail = for_each_vector::<S>(n, |i| {
+    let tail = vector_loop!(S, n, |i| {
         // SAFETY: i + LANES <= n.
         unsafe {
             let p = x.as_mut_ptr().wrapping_add(i);
@@ -547,12 +552,71 @@ pub(crate) fn exp_shifted<S: Simd, const STORE: bool>(s: S, x: &mut [f32], shift
     total
 }
 
+/// `out += Σ_j weights[j] · rows[j]`, where `rows` holds `weights.len()` contiguous rows of
+/// `out.len()`. Accumulates in registers, touching `out` once per column group rather than
+/// once per row.
+#[inline(always)]
+pub(crate) fn add_weighted_rows<S: Simd>(s: S, out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    let d = out.len();
+    assert!(
+        rows.len() >= weights.len() * d,
+        "add_weighted_rows: rows too short"
+    );
+    let l = S::LANES;
+    let mut c = 0;
+    while c + 4 * l <= d {
+        add_weighted_columns::<S, 4>(s, out, weights, rows, c);
+        c += 4 * l;
+    }
+    while c + l <= d {
+        add_weighted_columns::<S, 1>(s, out, weights, rows, c);
+        c += l;
+    }
+    for (j, &w) in weights.iter().enumerate() {
+        for (o, &v) in out[c..].iter_mut().zip(&rows[j * d + c..(j + 1) * d]) {
+            *o += w * v;
+        }
+    }
+}
+
+/// Columns `c..c + V·LANES` of [`add_weighted_rows`].
+#[inline(always)]
+fn add_weighted_columns<S: Simd, const V: usize>(
+    s: S,
+    out: &mut [f32],
+    weights: &[f32],
+    rows: &[f32],
+    c: usize,
+) {
+    let d = out.len();
+    debug_assert!(c + V * S::LANES <= d && rows.len() >= weights.len() * d);
+    let o = out.as_mut_ptr().wrapping_add(c);
+    // SAFETY: c + V·LANES <= d (callers' loop bounds) and row j < weights.len() lies inside
+    // `rows` (asserted by `add_weighted_rows`).
+    unsafe {
+        let mut acc = [s.zero(); V];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            *acc = s.load(o.wrapping_add(i * S::LANES));
+        }
+        for (j, &w) in weights.iter().enumerate() {
+            let r = rows.as_ptr().wrapping_add(j * d + c);
+            let wv = s.splat(w);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                *acc = s.fma(wv, s.load(r.wrapping_add(i * S::LANES)), *acc);
+            }
+        }
+        for (i, &acc) in acc.iter().enumerate() {
+            s.store(o.wrapping_add(i * S::LANES), acc);
+        }
+    }
+}
+
 /// `x[i] += c`.
 #[inline(always)]
 pub(crate) fn add_scalar<S: Simd>(s: S, x: &mut [f32], c: f32) {
     let cv = s.splat(c);
     let n = x.len();
-    let tail = for_each_vector::<S>(n, |i| {
+    let tail = vector_loop!(S, n, |i| {
         // SAFETY: i + LANES <= n.
         unsafe {
             let p = x.as_mut_ptr().wrapping_add(i);
@@ -567,7 +631,7 @@ pub(crate) fn add_scalar<S: Simd>(s: S, x: &mut [f32], c: f32) {
 pub(crate) fn mul_scaled<S: Simd>(s: S, out: &mut [f32], a: &[f32], b: &[f32], c: f32) {
     let n = out.len().min(a.len()).min(b.len());
     let cv = s.splat(c);
-    let tail = for_each_vector::<S>(n, |i| {
+    let tail = vector_loop!(S, n, |i| {
         // SAFETY: i + LANES <= n, within all three slices.
         unsafe {
             let v = s.mul(
@@ -610,6 +674,13 @@ mod tests {
             add_scalar(s, &mut y, -1.5);
             let want: Vec<f32> = want.iter().map(|v| v - 1.5).collect();
             assert_close(&y, &want, 0.0, 0.0, "add_scalar");
+            let rows = rand_vec(&mut r, 3 * n);
+            let mut acc = b.clone();
+            add_weighted_rows(s, &mut acc, &[0.5, -2.0, 0.25], &rows);
+            let want: Vec<f32> = (0..n)
+                .map(|i| b[i] + 0.5 * rows[i] - 2.0 * rows[n + i] + 0.25 * rows[2 * n + i])
+                .collect();
+            assert_close(&acc, &want, 1e-6, 1e-6, "add_weighted_rows");
             mul_scaled(s, &mut y, &a, &b, 3.0);
             let want: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a * 3.0 * b).collect();
             assert_close(&y, &want, 0.0, 1e-6, "mul_scaled");
