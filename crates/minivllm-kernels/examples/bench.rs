@@ -1,7 +1,9 @@
 //! Throughput of the main kernels at SmolLM2-135M shapes (not a timed test).
 //!
 //! `cargo run --release -p minivllm-kernels --example bench [threads]`; set `MINIVLLM_ISA`
-//! to compare instruction sets.
+//! to compare instruction sets. `bench THREADS matmul M K N ITERS` runs one product a fixed
+//! number of times, to be timed by CPU time (`/usr/bin/time`): on a machine shared with
+//! other work, CPU seconds say more than wall-clock ones.
 
 use minivllm_kernels::attention::{paged_attention, reshape_and_cache, AttnShape, SeqAttn};
 use minivllm_kernels::matmul::matmul;
@@ -99,11 +101,23 @@ fn bench_attention(label: &str, lens: &[(usize, usize)]) {
 }
 
 fn main() {
-    let threads = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(2);
+    let args: Vec<String> = std::env::args().collect();
+    let threads = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2);
     threading::init_threads(threads);
+    if args.get(2).map(String::as_str) == Some("matmul") {
+        let num: Vec<usize> = args[3..7]
+            .iter()
+            .map(|a| a.parse().expect("M K N ITERS"))
+            .collect();
+        let (m, k, n, iters) = (num[0], num[1], num[2], num[3]);
+        let (x, w) = (filled(m * k, 1), filled(n * k, 2));
+        let mut out = vec![0.0; m * n];
+        for _ in 0..iters {
+            matmul(black_box(&x), black_box(&w), &mut out, m, k, n);
+        }
+        println!("{} flops", 2 * m * k * n * iters);
+        return;
+    }
     println!("isa {:?}, {} threads", cpu::isa(), threading::num_threads());
     for &(k, n) in &[(576, 1536), (1536, 576), (576, 960), (576, 49152)] {
         for &m in &[1, 4, 512] {

@@ -6,9 +6,15 @@
 //! block. Loop order keeps the `NR` weight rows in L1 while every row of an `MC`-row block
 //! of `x` (in L2) passes over them, so decode streams each weight row from memory once and
 //! prefill reuses it `MC` times.
+//!
+//! From `PACK_MIN_M` rows of `x` on (prefill), the weights are first copied into
+//! `PKC × (PV·LANES)` column panels (`w` transposed), so the micro-kernel can broadcast one
+//! `x` value against whole vectors of output columns: no lane sums, and every panel is
+//! reused from L1 by all the rows of an `x` block.
 
 use crate::simd::{simd_dispatch, Simd};
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// Rows of `x` per micro-tile.
 const MR: usize = 3;
@@ -18,6 +24,18 @@ const NR: usize = 4;
 const MC: usize = 72;
 /// Longest `k` run per pass; longer rows are split so an `MC × KC` block of `x` fits in L2.
 const KC: usize = 1024;
+/// Rows of `x` per packed micro-tile.
+const PR: usize = 6;
+/// Vectors of output columns per packed micro-tile: `PR·PV` accumulators.
+const PV: usize = 2;
+/// `k` per packed panel: one `PKC × PV·LANES` panel (16 KiB with AVX2) stays in L1.
+const PKC: usize = 256;
+/// Rows of `x` per L2 block in the packed path (a multiple of `PR`).
+const PMC: usize = 120;
+/// From this many rows of `x` on, copying the weights into panels pays for itself.
+const PACK_MIN_M: usize = 32;
+/// Task widths are a multiple of this, the widest panel (AVX-512), so panels are full.
+const TASK_ALIGN: usize = 32;
 /// Below this many multiply-adds, waking other threads costs more than it saves.
 const PAR_MIN_WORK: usize = 1 << 17;
 /// Fewest weight rows per task, so that each task streams a worthwhile amount of memory.
@@ -30,7 +48,7 @@ pub fn matmul(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usiz
     let rows = rows_per_task(m, k, n, rayon::current_num_threads());
     if rows >= n {
         // SAFETY: the shapes were checked above.
-        unsafe { gemm_nt(whole) };
+        unsafe { gemm_nt_any(whole) };
         return;
     }
     let whole = SendGemm(whole);
@@ -38,8 +56,27 @@ pub fn matmul(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usiz
         let j0 = t * rows;
         // SAFETY: shapes were checked; task t writes only columns j0..j0 + rows of every
         // output row, which no other task touches, and nothing else uses `out` meanwhile.
-        unsafe { gemm_nt(whole.get().window(0, m, j0, rows.min(n - j0), 0, k)) };
+        unsafe { gemm_nt_any(whole.get().window(0, m, j0, rows.min(n - j0), 0, k)) };
     });
+}
+
+thread_local! {
+    /// Packed weight panels, kept between calls so that prefill does not allocate.
+    static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The packed or the dot-product kernel, whichever suits `g.m`.
+///
+/// # Safety
+/// As [`gemm_nt`].
+unsafe fn gemm_nt_any(g: Gemm) {
+    if g.m >= PACK_MIN_M {
+        // SAFETY: forwarded contract.
+        PANELS.with_borrow_mut(|panels| unsafe { gemm_nt_packed(g, panels) });
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { gemm_nt(g) };
+    }
 }
 
 /// Weight rows per parallel task (`>= n` means: run on the calling thread).
@@ -49,7 +86,7 @@ fn rows_per_task(m: usize, k: usize, n: usize, threads: usize) -> usize {
     }
     // A few tasks per thread evens out threads that other work slows down.
     let rows = n.div_ceil(4 * threads).max(PAR_MIN_ROWS);
-    rows.next_multiple_of(NR)
+    rows.next_multiple_of(TASK_ALIGN)
 }
 
 /// A [`Gemm`] that may cross to rayon's threads; users guarantee disjoint writes.
@@ -257,6 +294,172 @@ unsafe fn micro<S: Simd, const R: usize, const C: usize>(s: S, g: Gemm, accumula
     }
 }
 
+simd_dispatch! {
+    /// Single-threaded [`Gemm`] through packed weight panels (`panels` is scratch).
+    ///
+    /// # Safety
+    /// As [`gemm_nt`].
+    unsafe fn gemm_nt_packed(g: Gemm, panels: &mut Vec<f32>);
+    generic = gemm_nt_packed_generic;
+    avx512 = crate::simd::Avx512;
+    scalar = gemm_nt_packed_portable;
+}
+
+/// # Safety
+/// As [`gemm_nt`].
+unsafe fn gemm_nt_packed_portable(g: Gemm, panels: &mut Vec<f32>) {
+    // SAFETY: forwarded contract.
+    unsafe { gemm_nt_packed_generic(crate::simd::Scalar, g, panels) }
+}
+
+/// # Safety
+/// As [`gemm_nt`].
+#[inline(always)]
+unsafe fn gemm_nt_packed_generic<S: Simd>(s: S, g: Gemm, panels: &mut Vec<f32>) {
+    if g.k == 0 || g.m == 0 || g.n == 0 {
+        // SAFETY: forwarded contract.
+        return unsafe { gemm_nt_generic(s, g) };
+    }
+    let width = PV * S::LANES;
+    let num_panels = g.n.div_ceil(width);
+    let kc = g.k.div_ceil(g.k.div_ceil(PKC));
+    // Every element is rewritten by `pack`, so old contents need no clearing.
+    panels.resize(num_panels * kc * width, 0.0);
+    let mut p0 = 0;
+    while p0 < g.k {
+        let kl = kc.min(g.k - p0);
+        // SAFETY: rows 0..n of `w`, k range p0..p0 + kl, are inside `g`.
+        unsafe { pack(g, p0, kl, width, panels) };
+        for i0 in (0..g.m).step_by(PMC) {
+            let mc = PMC.min(g.m - i0);
+            for (jp, panel) in panels.chunks_exact(kl * width).take(num_panels).enumerate() {
+                let j = jp * width;
+                let mut i = i0;
+                while i < i0 + mc {
+                    let r = PR.min(i0 + mc - i);
+                    let t = g.window(i, r, j, width.min(g.n - j), p0, kl);
+                    // SAFETY: the window lies inside `g`; `panel` holds kl × width floats.
+                    unsafe { packed_tile(s, t, panel.as_ptr(), p0 > 0) };
+                    i += r;
+                }
+            }
+        }
+        p0 += kl;
+    }
+}
+
+/// Copies `w` rows `0..g.n`, k range `p0..p0 + kl`, into panels of `width` columns:
+/// panel `jp` holds `[kl][width]` with column `c` = row `jp·width + c` of `w` (zero past `n`).
+///
+/// # Safety
+/// `g.w` must hold `g.n` readable rows of at least `p0 + kl` at stride `g.ldw`.
+#[inline(always)]
+unsafe fn pack(g: Gemm, p0: usize, kl: usize, width: usize, panels: &mut [f32]) {
+    let num_panels = g.n.div_ceil(width);
+    for (jp, panel) in panels
+        .chunks_exact_mut(kl * width)
+        .take(num_panels)
+        .enumerate()
+    {
+        let j0 = jp * width;
+        let cols = width.min(g.n - j0);
+        // Writes run sequentially through the panel while `cols` row streams are read in
+        // step, which caches and prefetchers handle better than strided writes.
+        let base = g.w.wrapping_add(j0 * g.ldw + p0);
+        for (p, dst) in panel.chunks_exact_mut(width).enumerate() {
+            for (c, d) in dst[..cols].iter_mut().enumerate() {
+                // SAFETY: row j0 + c < n, element p0 + p < p0 + kl, by the contract.
+                *d = unsafe { *base.wrapping_add(c * g.ldw + p) };
+            }
+            dst[cols..].fill(0.0);
+        }
+    }
+}
+
+/// Picks the packed micro-kernel for a tile of `g.m <= PR` rows.
+///
+/// # Safety
+/// As [`packed_micro`].
+#[inline(always)]
+unsafe fn packed_tile<S: Simd>(s: S, g: Gemm, panel: *const f32, accumulate: bool) {
+    macro_rules! go {
+        ($r:literal) => {
+            // SAFETY: forwarded contract.
+            unsafe { packed_micro::<S, $r>(s, g, panel, accumulate) }
+        };
+    }
+    match g.m {
+        6 => go!(6),
+        5 => go!(5),
+        4 => go!(4),
+        3 => go!(3),
+        2 => go!(2),
+        _ => go!(1),
+    }
+}
+
+/// `R` rows of `x` against one panel: `out[i, 0..g.n] (+)= Σ_p x[i, p] · panel[p, ..]`.
+///
+/// # Safety
+/// `g.x`: `R` readable rows of `g.k` at stride `g.ldx`; `panel`: `g.k × PV·LANES` floats;
+/// `g.out`: `R` writable rows of `g.n <= PV·LANES` at stride `g.ldo`.
+#[inline(always)]
+unsafe fn packed_micro<S: Simd, const R: usize>(
+    s: S,
+    g: Gemm,
+    panel: *const f32,
+    accumulate: bool,
+) {
+    let l = S::LANES;
+    let width = PV * l;
+    let mut xr = [g.x; R];
+    for (i, xr) in xr.iter_mut().enumerate() {
+        *xr = g.x.wrapping_add(i * g.ldx);
+    }
+    // The output tile is read at the end: start fetching it now, behind the FMAs.
+    for i in 0..R {
+        let o = g.out.wrapping_add(i * g.ldo);
+        s.prefetch(o);
+        s.prefetch(o.wrapping_add(width - 1));
+    }
+    let mut acc = [[s.zero(); PV]; R];
+    let mut wp = panel;
+    // SAFETY (all accesses below): p < k, v < PV, i < R, c < g.n, within the contract.
+    for p in 0..g.k {
+        let mut wv = [s.zero(); PV];
+        for (v, wv) in wv.iter_mut().enumerate() {
+            *wv = unsafe { s.load(wp.wrapping_add(v * l)) };
+        }
+        for i in 0..R {
+            let xb = s.splat(unsafe { *xr[i].wrapping_add(p) });
+            for v in 0..PV {
+                acc[i][v] = s.fma(xb, wv[v], acc[i][v]);
+            }
+        }
+        wp = wp.wrapping_add(width);
+    }
+    for (i, acc) in acc.iter().enumerate() {
+        let o = g.out.wrapping_add(i * g.ldo);
+        if g.n == width {
+            for (v, &a) in acc.iter().enumerate() {
+                let po = o.wrapping_add(v * l);
+                unsafe { s.store(po, if accumulate { s.add(s.load(po), a) } else { a }) };
+            }
+        } else {
+            // The last, narrower panel: spill and copy only the columns that exist.
+            let mut tmp = [0.0f32; 64];
+            debug_assert!(width <= tmp.len());
+            for (v, &a) in acc.iter().enumerate() {
+                unsafe { s.store(tmp.as_mut_ptr().wrapping_add(v * l), a) };
+            }
+            for (c, &t) in tmp[..g.n].iter().enumerate() {
+                let dst = unsafe { &mut *o.add(c) };
+                *dst = if accumulate { *dst + t } else { t };
+            }
+        }
+    }
+}
+
 /// Single-threaded reference for [`matmul`].
 pub fn matmul_scalar(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
     check_shapes(x, w, out, m, k, n);
@@ -322,6 +525,8 @@ mod tests {
         (150, 40, 11),
         (6, 1100, 257),
         (33, 300, 1000),
+        (64, 576, 96),
+        (37, 513, 70),
     ];
 
     /// Runs `f` on every shape and compares with [`matmul_scalar`] within float-reordering
@@ -374,6 +579,26 @@ mod tests {
     }
 
     #[test]
+    fn packed_kernels_match_scalar() {
+        fn run<S: Simd>(s: S) {
+            // A panel buffer reused across shapes, as the thread-local one is.
+            let panels = RefCell::new(Vec::new());
+            check_against_scalar(15, "gemm_nt_packed_generic", |x, w, out, m, k, n| unsafe {
+                gemm_nt_packed_generic(s, Gemm::dense(x, w, out, m, k, n), &mut panels.borrow_mut())
+            });
+        }
+        run(crate::simd::Scalar);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(s) = crate::simd::Avx2::new() {
+            run(s);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(s) = crate::simd::Avx512::new() {
+            run(s);
+        }
+    }
+
+    #[test]
     fn strided_operands() {
         // A 3×5 window of out (stride 9) from x and w windows with padded strides.
         let mut r = rng(14);
@@ -411,8 +636,13 @@ mod tests {
         assert_eq!(rows_per_task(1, 10, 10, 2), 10);
         assert_eq!(rows_per_task(512, 576, 1536, 1), 1536);
         let rows = rows_per_task(512, 576, 1536, 2);
-        assert!(rows.is_multiple_of(NR) && rows >= PAR_MIN_ROWS && 1536usize.div_ceil(rows) >= 4);
+        assert!(
+            rows.is_multiple_of(TASK_ALIGN)
+                && rows >= PAR_MIN_ROWS
+                && 1536usize.div_ceil(rows) >= 4
+        );
         assert_eq!(rows_per_task(1, 576, 1536, 2), 192);
+        assert_eq!(rows_per_task(1, 576, 960, 2), 128);
     }
 
     #[test]

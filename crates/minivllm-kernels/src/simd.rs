@@ -29,6 +29,11 @@ pub(crate) trait Simd: Copy + Send + Sync {
     fn hmax(self, v: Self::V) -> f32;
     /// `e^x`, within a few ulp of `f32::exp` over the range where it is finite and normal.
     fn exp(self, x: Self::V) -> Self::V;
+    /// Hints that the cache line holding `p` will be read soon. Any address is allowed.
+    #[inline(always)]
+    fn prefetch(self, p: *const f32) {
+        let _ = p;
+    }
 }
 
 /// The portable fallback: one lane, exactly the scalar arithmetic.
@@ -167,6 +172,11 @@ mod x86 {
         type V = __m256;
         const LANES: usize = 8;
         #[inline(always)]
+        fn prefetch(self, p: *const f32) {
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        }
+        #[inline(always)]
         fn zero(self) -> __m256 {
             unsafe { _mm256_setzero_ps() }
         }
@@ -279,6 +289,11 @@ mod x86 {
     impl Simd for Avx512 {
         type V = __m512;
         const LANES: usize = 16;
+        #[inline(always)]
+        fn prefetch(self, p: *const f32) {
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        }
         #[inline(always)]
         fn zero(self) -> __m512 {
             unsafe { _mm512_setzero_ps() }
