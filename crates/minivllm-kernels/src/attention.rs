@@ -142,8 +142,30 @@ pub fn paged_attention(
 }
 
 /// Signature of [`attend_group`], so tests can run the batch driver over other variants.
-type AttendFn =
-    fn(&mut [f32], &[f32], &[f32], &[f32], &[u32], usize, usize, &AttnShape, &mut Vec<f32>);
+type AttendFn = fn(&mut [f32], &[f32], &KvView<'_>, &mut Vec<f32>);
+
+/// The keys and values one (token, kv head) item attends over.
+#[derive(Clone, Copy)]
+struct KvView<'a> {
+    key_cache: &'a [f32],
+    value_cache: &'a [f32],
+    block_table: &'a [u32],
+    /// Positions `0..context` are attended.
+    context: usize,
+    kv_head: usize,
+    shape: &'a AttnShape,
+}
+
+impl<'a> KvView<'a> {
+    /// The rows of `cache` for this kv head in the block starting at position `p0`
+    /// (`[len, head_dim]`, contiguous in the cache layout), and `len`.
+    #[inline(always)]
+    fn block_rows(&self, cache: &'a [f32], p0: usize) -> (&'a [f32], usize) {
+        let len = self.shape.block_size.min(self.context - p0);
+        let off = self.shape.cache_offset(self.block_table, p0, self.kv_head);
+        (&cache[off..off + len * self.shape.head_dim], len)
+    }
+}
 
 /// [`paged_attention`] with `attend` doing each (token, kv head) item.
 fn paged_attention_with(
@@ -174,19 +196,15 @@ fn paged_attention_with(
         let Some(s) = seqs.get(owner[t] as usize) else {
             return;
         };
-        let context = s.context_len - s.query_len + (t - s.query_start) + 1;
-        let q = &query[idx * item..][..item];
-        attend(
-            o,
-            q,
+        let kv = KvView {
             key_cache,
             value_cache,
-            s.block_table,
-            context,
-            idx % nkv,
+            block_table: s.block_table,
+            context: s.context_len - s.query_len + (t - s.query_start) + 1,
+            kv_head: idx % nkv,
             shape,
-            scores,
-        );
+        };
+        attend(o, &query[idx * item..][..item], &kv, scores);
     };
     if work < PAR_MIN_WORK || rayon::current_num_threads() == 1 {
         let mut scores = Vec::new();
@@ -201,82 +219,40 @@ fn paged_attention_with(
 }
 
 simd_dispatch! {
-    /// Attention of the `group` query heads `q` (`[group, head_dim]`) sharing `kv_head`
-    /// over positions `0..context` of `block_table`, into `out` (`[group, head_dim]`).
-    /// `scores` is scratch.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_group(
-        out: &mut [f32],
-        q: &[f32],
-        key_cache: &[f32],
-        value_cache: &[f32],
-        block_table: &[u32],
-        context: usize,
-        kv_head: usize,
-        shape: &AttnShape,
-        scores: &mut Vec<f32>,
-    );
+    /// Attention of the `group` query heads `q` (`[group, head_dim]`) that share `kv`'s
+    /// head, into `out` (`[group, head_dim]`). `scores` is scratch.
+    fn attend_group(out: &mut [f32], q: &[f32], kv: &KvView<'_>, scores: &mut Vec<f32>);
     generic = attend_group_generic;
     avx512 = crate::simd::Avx2;
     scalar = attend_group_portable;
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attend_group_portable(
-    out: &mut [f32],
-    q: &[f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
-    block_table: &[u32],
-    context: usize,
-    kv_head: usize,
-    shape: &AttnShape,
-    scores: &mut Vec<f32>,
-) {
-    let s = simd::Scalar;
-    attend_group_generic(
-        s,
-        out,
-        q,
-        key_cache,
-        value_cache,
-        block_table,
-        context,
-        kv_head,
-        shape,
-        scores,
-    )
+fn attend_group_portable(out: &mut [f32], q: &[f32], kv: &KvView<'_>, scores: &mut Vec<f32>) {
+    attend_group_generic(simd::Scalar, out, q, kv, scores)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_group_generic<'c, S: Simd>(
+fn attend_group_generic<S: Simd>(
     s: S,
     out: &mut [f32],
     q: &[f32],
-    key_cache: &'c [f32],
-    value_cache: &'c [f32],
-    block_table: &[u32],
-    context: usize,
-    kv_head: usize,
-    shape: &AttnShape,
+    kv: &KvView<'_>,
     scores: &mut Vec<f32>,
 ) {
-    let (hd, bs, group) = (shape.head_dim, shape.block_size, shape.group());
+    let (hd, bs, group, context) = (
+        kv.shape.head_dim,
+        kv.shape.block_size,
+        kv.shape.group(),
+        kv.context,
+    );
     assert!(
         q.len() == group * hd && out.len() == group * hd,
         "attend_group: bad q/out"
     );
-    // The cache rows of one block for one kv head are contiguous: `[block_size, head_dim]`.
-    let block_rows = |cache: &'c [f32], p0: usize| -> (&'c [f32], usize) {
-        let len = bs.min(context - p0);
-        let off = shape.cache_offset(block_table, p0, kv_head);
-        (&cache[off..off + len * hd], len)
-    };
     scores.clear();
     scores.resize(group * context, 0.0);
     for p0 in (0..context).step_by(bs) {
-        let (keys, len) = block_rows(key_cache, p0);
+        let (keys, len) = kv.block_rows(kv.key_cache, p0);
         let g = Gemm {
             x: q.as_ptr(),
             ldx: hd,
@@ -293,14 +269,14 @@ fn attend_group_generic<'c, S: Simd>(
         unsafe { gemm_nt_generic(s, g) };
     }
     for row in scores.chunks_exact_mut(context) {
-        simd::scale(s, row, shape.scale);
+        simd::scale(s, row, kv.shape.scale);
         let max = simd::max(s, row);
         let sum = simd::exp_shifted::<S, true>(s, row, max);
         simd::scale(s, row, 1.0 / sum);
     }
     out.fill(0.0);
     for p0 in (0..context).step_by(bs) {
-        let (values, len) = block_rows(value_cache, p0);
+        let (values, len) = kv.block_rows(kv.value_cache, p0);
         for (o, p) in out.chunks_exact_mut(hd).zip(scores.chunks_exact(context)) {
             simd::add_weighted_rows(s, o, &p[p0..p0 + len], values);
         }
