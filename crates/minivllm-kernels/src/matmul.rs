@@ -32,6 +32,8 @@ const PV: usize = 2;
 const PKC: usize = 256;
 /// Rows of `x` per L2 block in the packed path (a multiple of `PR`).
 const PMC: usize = 120;
+/// Columns packed at a time: `PACK_NC × PKC` floats (256 KiB) of panels.
+const PACK_NC: usize = 256;
 /// From this many rows of `x` on, copying the weights into panels pays for itself.
 const PACK_MIN_M: usize = 32;
 /// Task widths are a multiple of this, the widest panel (AVX-512), so panels are full.
@@ -71,8 +73,14 @@ thread_local! {
 /// As [`gemm_nt`].
 unsafe fn gemm_nt_any(g: Gemm) {
     if g.m >= PACK_MIN_M {
-        // SAFETY: forwarded contract.
-        PANELS.with_borrow_mut(|panels| unsafe { gemm_nt_packed(g, panels) });
+        PANELS.with_borrow_mut(|panels| {
+            // Column blocks bound the panel buffer (and keep it in L2) however wide `w` is.
+            for j0 in (0..g.n).step_by(PACK_NC) {
+                let block = g.window(0, g.m, j0, PACK_NC.min(g.n - j0), 0, g.k);
+                // SAFETY: forwarded contract; the block lies inside `g`.
+                unsafe { gemm_nt_packed(block, panels) };
+            }
+        });
     } else {
         // SAFETY: forwarded contract.
         unsafe { gemm_nt(g) };
@@ -527,6 +535,7 @@ mod tests {
         (33, 300, 1000),
         (64, 576, 96),
         (37, 513, 70),
+        (40, 20, 600),
     ];
 
     /// Runs `f` on every shape and compares with [`matmul_scalar`] within float-reordering
@@ -553,6 +562,14 @@ mod tests {
     #[test]
     fn dispatch_matches_scalar() {
         check_against_scalar(11, "matmul", matmul);
+    }
+
+    #[test]
+    fn single_thread_driver_matches_scalar() {
+        // Wide shapes here cross several PACK_NC column blocks on one thread.
+        check_against_scalar(16, "gemm_nt_any", |x, w, out, m, k, n| unsafe {
+            gemm_nt_any(Gemm::dense(x, w, out, m, k, n))
+        });
     }
 
     #[test]
@@ -652,5 +669,9 @@ mod tests {
         assert!(out.iter().all(|&v| v == 0.0));
         matmul(&[], &[0.0; 4], &mut [], 0, 2, 2);
         matmul(&[0.0; 4], &[], &mut [], 2, 2, 0);
+        // The packed path (m >= PACK_MIN_M) with nothing to sum.
+        let mut out = vec![1.0; 40 * 3];
+        matmul(&[], &[], &mut out, 40, 0, 3);
+        assert!(out.iter().all(|&v| v == 0.0));
     }
 }
