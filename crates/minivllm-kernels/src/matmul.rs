@@ -337,7 +337,7 @@ unsafe fn gemm_nt_packed_generic<S: Simd>(s: S, g: Gemm, panels: &mut Vec<f32>) 
     while p0 < g.k {
         let kl = kc.min(g.k - p0);
         // SAFETY: rows 0..n of `w`, k range p0..p0 + kl, are inside `g`.
-        unsafe { pack(g, p0, kl, width, panels) };
+        unsafe { pack(s, g, p0, kl, width, panels) };
         for i0 in (0..g.m).step_by(PMC) {
             let mc = PMC.min(g.m - i0);
             for (jp, panel) in panels.chunks_exact(kl * width).take(num_panels).enumerate() {
@@ -362,7 +362,7 @@ unsafe fn gemm_nt_packed_generic<S: Simd>(s: S, g: Gemm, panels: &mut Vec<f32>) 
 /// # Safety
 /// `g.w` must hold `g.n` readable rows of at least `p0 + kl` at stride `g.ldw`.
 #[inline(always)]
-unsafe fn pack(g: Gemm, p0: usize, kl: usize, width: usize, panels: &mut [f32]) {
+unsafe fn pack<S: Simd>(s: S, g: Gemm, p0: usize, kl: usize, width: usize, panels: &mut [f32]) {
     let num_panels = g.n.div_ceil(width);
     for (jp, panel) in panels
         .chunks_exact_mut(kl * width)
@@ -371,11 +371,26 @@ unsafe fn pack(g: Gemm, p0: usize, kl: usize, width: usize, panels: &mut [f32]) 
     {
         let j0 = jp * width;
         let cols = width.min(g.n - j0);
-        // Writes run sequentially through the panel while `cols` row streams are read in
-        // step, which caches and prefetchers handle better than strided writes.
         let base = g.w.wrapping_add(j0 * g.ldw + p0);
+        // 8 × 8 blocks transposed in registers, then the ragged edges one by one.
+        let (c8, p8) = (cols - cols % 8, kl - kl % 8);
+        for p in (0..p8).step_by(8) {
+            for c in (0..c8).step_by(8) {
+                // SAFETY: rows j0 + c..j0 + c + 8 <= n and elements p0 + p..p0 + p + 8 <= p0 + kl
+                // by the contract; the panel holds kl × width floats.
+                unsafe {
+                    s.transpose8(
+                        base.wrapping_add(c * g.ldw + p),
+                        g.ldw,
+                        panel.as_mut_ptr().wrapping_add(p * width + c),
+                        width,
+                    )
+                };
+            }
+        }
         for (p, dst) in panel.chunks_exact_mut(width).enumerate() {
-            for (c, d) in dst[..cols].iter_mut().enumerate() {
+            let first = if p < p8 { c8 } else { 0 };
+            for (c, d) in dst[..cols].iter_mut().enumerate().skip(first) {
                 // SAFETY: row j0 + c < n, element p0 + p < p0 + kl, by the contract.
                 *d = unsafe { *base.wrapping_add(c * g.ldw + p) };
             }

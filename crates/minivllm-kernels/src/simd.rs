@@ -34,6 +34,28 @@ pub(crate) trait Simd: Copy + Send + Sync {
     fn prefetch(self, p: *const f32) {
         let _ = p;
     }
+    /// Transposes an 8 × 8 block: `dst[q·dst_stride + r] = src[r·src_stride + q]`.
+    ///
+    /// # Safety
+    /// Rows `0..8` of 8 floats must be readable at `src` and writable at `dst` with the
+    /// given strides, and not overlap.
+    #[inline(always)]
+    unsafe fn transpose8(
+        self,
+        src: *const f32,
+        src_stride: usize,
+        dst: *mut f32,
+        dst_stride: usize,
+    ) {
+        for r in 0..8 {
+            for q in 0..8 {
+                // SAFETY: the caller's.
+                unsafe {
+                    *dst.wrapping_add(q * dst_stride + r) = *src.wrapping_add(r * src_stride + q)
+                };
+            }
+        }
+    }
 }
 
 /// The portable fallback: one lane, exactly the scalar arithmetic.
@@ -148,6 +170,47 @@ mod x86 {
         0.5,
     ];
 
+    /// AVX2 8 × 8 transpose (unpack, shuffle, then swap 128-bit halves).
+    ///
+    /// # Safety
+    /// As [`Simd::transpose8`], on a CPU with AVX.
+    #[inline(always)]
+    unsafe fn transpose8_avx(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+        // SAFETY: the caller's.
+        unsafe {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (i, r) in r.iter_mut().enumerate() {
+                *r = load_unaligned(src.wrapping_add(i * src_stride));
+            }
+            let t: [__m256; 8] = [
+                _mm256_unpacklo_ps(r[0], r[1]),
+                _mm256_unpackhi_ps(r[0], r[1]),
+                _mm256_unpacklo_ps(r[2], r[3]),
+                _mm256_unpackhi_ps(r[2], r[3]),
+                _mm256_unpacklo_ps(r[4], r[5]),
+                _mm256_unpackhi_ps(r[4], r[5]),
+                _mm256_unpacklo_ps(r[6], r[7]),
+                _mm256_unpackhi_ps(r[6], r[7]),
+            ];
+            let u: [__m256; 8] = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            for q in 0..4 {
+                let lo = _mm256_permute2f128_ps::<0x20>(u[q], u[q + 4]);
+                let hi = _mm256_permute2f128_ps::<0x31>(u[q], u[q + 4]);
+                store_unaligned(dst.wrapping_add(q * dst_stride), lo);
+                store_unaligned(dst.wrapping_add((q + 4) * dst_stride), hi);
+            }
+        }
+    }
+
     /// Proof that AVX2 and FMA are available.
     #[derive(Clone, Copy, Debug)]
     pub(crate) struct Avx2(());
@@ -171,6 +234,17 @@ mod x86 {
     impl Simd for Avx2 {
         type V = __m256;
         const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn transpose8(
+            self,
+            src: *const f32,
+            src_stride: usize,
+            dst: *mut f32,
+            dst_stride: usize,
+        ) {
+            // SAFETY: the caller's; AVX is implied by this token.
+            unsafe { transpose8_avx(src, src_stride, dst, dst_stride) }
+        }
         #[inline(always)]
         fn prefetch(self, p: *const f32) {
             // SAFETY: a prefetch never faults, whatever the address.
@@ -289,6 +363,17 @@ mod x86 {
     impl Simd for Avx512 {
         type V = __m512;
         const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn transpose8(
+            self,
+            src: *const f32,
+            src_stride: usize,
+            dst: *mut f32,
+            dst_stride: usize,
+        ) {
+            // SAFETY: the caller's; AVX is implied by this token.
+            unsafe { transpose8_avx(src, src_stride, dst, dst_stride) }
+        }
         #[inline(always)]
         fn prefetch(self, p: *const f32) {
             // SAFETY: a prefetch never faults, whatever the address.
