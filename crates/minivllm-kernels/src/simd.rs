@@ -170,6 +170,28 @@ mod x86 {
         0.5,
     ];
 
+    /// The [`Simd`] methods both x86 tokens implement the same way (both imply AVX2).
+    macro_rules! shared_x86_methods {
+        () => {
+            #[inline(always)]
+            unsafe fn transpose8(
+                self,
+                src: *const f32,
+                src_stride: usize,
+                dst: *mut f32,
+                dst_stride: usize,
+            ) {
+                // SAFETY: the caller's; AVX is implied by this token.
+                unsafe { transpose8_avx(src, src_stride, dst, dst_stride) }
+            }
+            #[inline(always)]
+            fn prefetch(self, p: *const f32) {
+                // SAFETY: a prefetch never faults, whatever the address.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+            }
+        };
+    }
+
     /// AVX2 8 × 8 transpose (unpack, shuffle, then swap 128-bit halves).
     ///
     /// # Safety
@@ -234,22 +256,7 @@ mod x86 {
     impl Simd for Avx2 {
         type V = __m256;
         const LANES: usize = 8;
-        #[inline(always)]
-        unsafe fn transpose8(
-            self,
-            src: *const f32,
-            src_stride: usize,
-            dst: *mut f32,
-            dst_stride: usize,
-        ) {
-            // SAFETY: the caller's; AVX is implied by this token.
-            unsafe { transpose8_avx(src, src_stride, dst, dst_stride) }
-        }
-        #[inline(always)]
-        fn prefetch(self, p: *const f32) {
-            // SAFETY: a prefetch never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
-        }
+        shared_x86_methods!();
         #[inline(always)]
         fn zero(self) -> __m256 {
             unsafe { _mm256_setzero_ps() }
@@ -363,22 +370,7 @@ mod x86 {
     impl Simd for Avx512 {
         type V = __m512;
         const LANES: usize = 16;
-        #[inline(always)]
-        unsafe fn transpose8(
-            self,
-            src: *const f32,
-            src_stride: usize,
-            dst: *mut f32,
-            dst_stride: usize,
-        ) {
-            // SAFETY: the caller's; AVX is implied by this token.
-            unsafe { transpose8_avx(src, src_stride, dst, dst_stride) }
-        }
-        #[inline(always)]
-        fn prefetch(self, p: *const f32) {
-            // SAFETY: a prefetch never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
-        }
+        shared_x86_methods!();
         #[inline(always)]
         fn zero(self) -> __m512 {
             unsafe { _mm512_setzero_ps() }
