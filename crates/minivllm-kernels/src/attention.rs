@@ -1,4 +1,17 @@
 //! Paged attention over a block-structured KV cache.
+//!
+//! The work splits into (token, kv head) items: the query heads sharing a kv head are
+//! contiguous in both `query` and `out`, so each item owns a disjoint slice of the output
+//! and reads each key and value once for the whole group. Scores for one block of keys are a
+//! small matrix product (`group × block_size`) done by the matmul micro-kernel; softmax is
+//! two-pass over a per-thread scratch row.
+
+use crate::matmul::{gemm_nt_generic, Gemm};
+use crate::simd::{self, simd_dispatch, Simd};
+use rayon::prelude::*;
+
+/// Below this many multiply-adds in a batch, attention stays on the calling thread.
+const PAR_MIN_WORK: usize = 1 << 15;
 
 /// Shapes shared by the attention kernels of one layer.
 #[derive(Debug, Clone, Copy)]
@@ -117,7 +130,157 @@ pub fn paged_attention(
     seqs: &[SeqAttn<'_>],
     shape: &AttnShape,
 ) {
-    paged_attention_scalar(out, query, key_cache, value_cache, seqs, shape);
+    paged_attention_with(
+        attend_group,
+        out,
+        query,
+        key_cache,
+        value_cache,
+        seqs,
+        shape,
+    );
+}
+
+/// Signature of [`attend_group`], so tests can run the batch driver over other variants.
+type AttendFn = fn(&mut [f32], &[f32], &KvView<'_>, &mut Vec<f32>);
+
+/// The keys and values one (token, kv head) item attends over.
+#[derive(Clone, Copy)]
+struct KvView<'a> {
+    key_cache: &'a [f32],
+    value_cache: &'a [f32],
+    block_table: &'a [u32],
+    /// Positions `0..context` are attended.
+    context: usize,
+    kv_head: usize,
+    shape: &'a AttnShape,
+}
+
+impl<'a> KvView<'a> {
+    /// The rows of `cache` for this kv head in the block starting at position `p0`
+    /// (`[len, head_dim]`, contiguous in the cache layout), and `len`.
+    #[inline(always)]
+    fn block_rows(&self, cache: &'a [f32], p0: usize) -> (&'a [f32], usize) {
+        let len = self.shape.block_size.min(self.context - p0);
+        let off = self.shape.cache_offset(self.block_table, p0, self.kv_head);
+        (&cache[off..off + len * self.shape.head_dim], len)
+    }
+}
+
+/// [`paged_attention`] with `attend` doing each (token, kv head) item.
+fn paged_attention_with(
+    attend: AttendFn,
+    out: &mut [f32],
+    query: &[f32],
+    key_cache: &[f32],
+    value_cache: &[f32],
+    seqs: &[SeqAttn<'_>],
+    shape: &AttnShape,
+) {
+    check_batch(out, query, key_cache, value_cache, seqs, shape);
+    let (hd, nkv) = (shape.head_dim, shape.num_kv_heads);
+    let item = shape.group() * hd;
+    if item == 0 {
+        return;
+    }
+    let num_tokens = query.len() / (shape.num_heads * hd);
+    // Which sequence each token of the flat batch belongs to (u32::MAX: none, left alone).
+    let mut owner = vec![u32::MAX; num_tokens];
+    let mut work = 0;
+    for (i, s) in seqs.iter().enumerate() {
+        owner[s.query_start..s.query_start + s.query_len].fill(i as u32);
+        work += s.query_len * s.context_len * shape.num_heads * hd;
+    }
+    let run = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
+        let t = idx / nkv;
+        let Some(s) = seqs.get(owner[t] as usize) else {
+            return;
+        };
+        let kv = KvView {
+            key_cache,
+            value_cache,
+            block_table: s.block_table,
+            context: s.context_len - s.query_len + (t - s.query_start) + 1,
+            kv_head: idx % nkv,
+            shape,
+        };
+        attend(o, &query[idx * item..][..item], &kv, scores);
+    };
+    if work < PAR_MIN_WORK || rayon::current_num_threads() == 1 {
+        let mut scores = Vec::new();
+        out.chunks_mut(item)
+            .enumerate()
+            .for_each(|it| run(&mut scores, it));
+    } else {
+        out.par_chunks_mut(item)
+            .enumerate()
+            .for_each_init(Vec::new, run);
+    }
+}
+
+simd_dispatch! {
+    /// Attention of the `group` query heads `q` (`[group, head_dim]`) that share `kv`'s
+    /// head, into `out` (`[group, head_dim]`). `scores` is scratch.
+    fn attend_group(out: &mut [f32], q: &[f32], kv: &KvView<'_>, scores: &mut Vec<f32>);
+    generic = attend_group_generic;
+    avx512 = crate::simd::Avx2;
+    scalar = attend_group_portable;
+}
+
+fn attend_group_portable(out: &mut [f32], q: &[f32], kv: &KvView<'_>, scores: &mut Vec<f32>) {
+    attend_group_generic(simd::Scalar, out, q, kv, scores)
+}
+
+#[inline(always)]
+fn attend_group_generic<S: Simd>(
+    s: S,
+    out: &mut [f32],
+    q: &[f32],
+    kv: &KvView<'_>,
+    scores: &mut Vec<f32>,
+) {
+    let (hd, bs, group, context) = (
+        kv.shape.head_dim,
+        kv.shape.block_size,
+        kv.shape.group(),
+        kv.context,
+    );
+    assert!(
+        q.len() == group * hd && out.len() == group * hd,
+        "attend_group: bad q/out"
+    );
+    scores.clear();
+    scores.resize(group * context, 0.0);
+    for p0 in (0..context).step_by(bs) {
+        let (keys, len) = kv.block_rows(kv.key_cache, p0);
+        let g = Gemm {
+            x: q.as_ptr(),
+            ldx: hd,
+            w: keys.as_ptr(),
+            ldw: hd,
+            out: scores.as_mut_ptr().wrapping_add(p0),
+            ldo: context,
+            m: group,
+            n: len,
+            k: hd,
+        };
+        // SAFETY: q holds `group` rows of hd, `keys` `len` rows of hd, and rows of `scores`
+        // (stride `context`) have room for columns p0..p0 + len.
+        unsafe { gemm_nt_generic(s, g) };
+    }
+    for row in scores.chunks_exact_mut(context) {
+        simd::scale(s, row, kv.shape.scale);
+        let max = simd::max(s, row);
+        let sum = simd::exp_shifted::<S, true>(s, row, max);
+        simd::scale(s, row, 1.0 / sum);
+    }
+    out.fill(0.0);
+    for p0 in (0..context).step_by(bs) {
+        let (values, len) = kv.block_rows(kv.value_cache, p0);
+        for (o, p) in out.chunks_exact_mut(hd).zip(scores.chunks_exact(context)) {
+            simd::add_weighted_rows(s, o, &p[p0..p0 + len], values);
+        }
+    }
 }
 
 fn check_batch(
@@ -372,21 +535,45 @@ mod tests {
         }
     }
 
+    fn check_with(seed: u64, what: &str, attend: AttendFn) {
+        for (i, (shape, lens)) in shapes().into_iter().enumerate() {
+            let b = make_batch(seed + i as u64, shape, &lens);
+            let mut out = vec![0.0; b.query.len()];
+            let seqs = b.seq_attn();
+            let (q, kc, vc) = (&b.query, &b.key_cache, &b.value_cache);
+            paged_attention_with(attend, &mut out, q, kc, vc, &seqs, &shape);
+            assert_close(&out, &reference(&b), 1e-5, 1e-4, what);
+        }
+    }
+
     #[test]
     fn dispatch_matches_reference() {
-        for (i, (shape, lens)) in shapes().into_iter().enumerate() {
-            let b = make_batch(20 + i as u64, shape, &lens);
-            let mut out = vec![0.0; b.query.len()];
-            paged_attention(
-                &mut out,
-                &b.query,
-                &b.key_cache,
-                &b.value_cache,
-                &b.seq_attn(),
-                &shape,
-            );
-            assert_close(&out, &reference(&b), 1e-5, 1e-4, "paged_attention");
-        }
+        check_with(20, "paged_attention", attend_group);
+    }
+
+    #[test]
+    fn portable_matches_reference() {
+        check_with(30, "attend_group_portable", attend_group_portable);
+    }
+
+    #[test]
+    fn tokens_outside_seqs_are_untouched() {
+        let (shape, _) = shapes().remove(0);
+        let b = make_batch(40, shape, &[(3, 9), (1, 20)]);
+        let mut seqs = b.seq_attn();
+        // Leave tokens 1 and 2 (the end of the first prefill) out, and list the seqs backwards.
+        seqs[0].query_len = 1;
+        seqs[0].context_len = 7;
+        seqs.swap(0, 1);
+        let row = shape.num_heads * shape.head_dim;
+        let (q, kc, vc) = (&b.query, &b.key_cache, &b.value_cache);
+        let mut want = vec![0.0; q.len()];
+        paged_attention_scalar(&mut want, q, kc, vc, &seqs, &shape);
+        let mut got = vec![0.0; q.len()];
+        paged_attention(&mut got, q, kc, vc, &seqs, &shape);
+        assert_close(&got, &want, 1e-5, 1e-4, "partial batch");
+        assert!(got[row..3 * row].iter().all(|&v| v == 0.0));
+        assert!(got[..row].iter().any(|&v| v != 0.0));
     }
 
     #[test]

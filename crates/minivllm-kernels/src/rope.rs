@@ -1,5 +1,7 @@
 //! Rotary position embedding, GPT-NeoX style (rotate-half), as Hugging Face LLaMA applies it.
 
+use crate::simd::{simd_dispatch, Simd};
+
 /// Rotates the first `rot_dim` dims of every head of `x` (`[num_tokens, num_heads, head_dim]`)
 /// in place. `cos_sin_cache` is `[max_position, rot_dim]`: for each position, `rot_dim / 2`
 /// cosines followed by `rot_dim / 2` sines (vLLM's layout). `positions[t]` is token t's position.
@@ -11,7 +13,88 @@ pub fn rotary_embedding_neox(
     rot_dim: usize,
     cos_sin_cache: &[f32],
 ) {
-    rotary_embedding_neox_scalar(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache);
+    check_shapes(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache);
+    rope_dispatch(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache);
+}
+
+simd_dispatch! {
+    fn rope_dispatch(
+        positions: &[usize],
+        x: &mut [f32],
+        num_heads: usize,
+        head_dim: usize,
+        rot_dim: usize,
+        cos_sin_cache: &[f32],
+    );
+    generic = rope_generic;
+    avx512 = crate::simd::Avx2;
+    scalar = rotary_embedding_neox_scalar;
+}
+
+#[inline(always)]
+fn rope_generic<S: Simd>(
+    s: S,
+    positions: &[usize],
+    x: &mut [f32],
+    num_heads: usize,
+    head_dim: usize,
+    rot_dim: usize,
+    cos_sin_cache: &[f32],
+) {
+    // A loop over an iterator, not a callback: a closure would be compiled without the
+    // caller's target features.
+    for (x1, x2, cos, sin) in halves(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache) {
+        let n = x1.len();
+        let mut i = 0;
+        while i + S::LANES <= n {
+            // SAFETY: i + LANES <= n, the length of all four slices.
+            unsafe {
+                let (p1, p2) = (
+                    x1.as_mut_ptr().wrapping_add(i),
+                    x2.as_mut_ptr().wrapping_add(i),
+                );
+                let (a, b) = (s.load(p1), s.load(p2));
+                let c = s.load(cos.as_ptr().wrapping_add(i));
+                let sn = s.load(sin.as_ptr().wrapping_add(i));
+                s.store(p1, s.sub(s.mul(a, c), s.mul(b, sn)));
+                s.store(p2, s.fma(a, sn, s.mul(b, c)));
+            }
+            i += S::LANES;
+        }
+        rotate_scalar(&mut x1[i..], &mut x2[i..], &cos[i..], &sin[i..]);
+    }
+}
+
+/// The two rotated halves `(x1, x2)` of every head, with the `(cos, sin)` of its token's
+/// position.
+#[inline(always)]
+fn halves<'a>(
+    positions: &'a [usize],
+    x: &'a mut [f32],
+    num_heads: usize,
+    head_dim: usize,
+    rot_dim: usize,
+    cos_sin_cache: &'a [f32],
+) -> impl Iterator<Item = (&'a mut [f32], &'a mut [f32], &'a [f32], &'a [f32])> {
+    let half = rot_dim / 2;
+    // `max(1)`: with no dims `x` is empty, and chunks of 0 would panic.
+    let row = (num_heads * head_dim).max(1);
+    positions
+        .iter()
+        .zip(x.chunks_exact_mut(row))
+        .flat_map(move |(&pos, tok)| {
+            let (cos, sin) = cos_sin_cache[pos * rot_dim..(pos + 1) * rot_dim].split_at(half);
+            tok.chunks_exact_mut(head_dim.max(1)).map(move |head| {
+                let (x1, x2) = head[..rot_dim].split_at_mut(half);
+                (x1, x2, cos, sin)
+            })
+        })
+}
+
+fn rotate_scalar(x1: &mut [f32], x2: &mut [f32], cos: &[f32], sin: &[f32]) {
+    for (((a, b), &c), &s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {
+        (*a, *b) = (*a * c - *b * s, *b * c + *a * s);
+    }
 }
 
 fn check_shapes(
@@ -50,23 +133,8 @@ pub fn rotary_embedding_neox_scalar(
     cos_sin_cache: &[f32],
 ) {
     check_shapes(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache);
-    if rot_dim == 0 || num_heads * head_dim == 0 {
-        return;
-    }
-    let half = rot_dim / 2;
-    for (&pos, tok) in positions
-        .iter()
-        .zip(x.chunks_exact_mut(num_heads * head_dim))
-    {
-        let (cos, sin) = cos_sin_cache[pos * rot_dim..(pos + 1) * rot_dim].split_at(half);
-        for head in tok.chunks_exact_mut(head_dim) {
-            let (x1, x2) = head[..rot_dim].split_at_mut(half);
-            for i in 0..half {
-                let (a, b) = (x1[i], x2[i]);
-                x1[i] = a * cos[i] - b * sin[i];
-                x2[i] = b * cos[i] + a * sin[i];
-            }
-        }
+    for (x1, x2, cos, sin) in halves(positions, x, num_heads, head_dim, rot_dim, cos_sin_cache) {
+        rotate_scalar(x1, x2, cos, sin);
     }
 }
 
@@ -112,22 +180,36 @@ mod tests {
         out
     }
 
-    #[test]
-    fn scalar_matches_reference() {
-        let mut r = rng(3);
-        for &(nh, hd, rd) in &[(9, 64, 64), (3, 10, 6), (1, 2, 2), (2, 8, 0)] {
+    type Rope = fn(&[usize], &mut [f32], usize, usize, usize, &[f32]);
+
+    fn check(seed: u64, rope: Rope, what: &str) {
+        let mut r = rng(seed);
+        let shapes = [
+            (9, 64, 64),
+            (3, 10, 6),
+            (1, 2, 2),
+            (2, 8, 0),
+            (2, 40, 36),
+            (1, 128, 64),
+        ];
+        for &(nh, hd, rd) in &shapes {
             let cache = build_cos_sin_cache(100, rd, 10000.0);
             let pos = [0usize, 5, 99, 42];
             let x = rand_vec(&mut r, pos.len() * nh * hd);
             let mut y = x.clone();
-            rotary_embedding_neox_scalar(&pos, &mut y, nh, hd, rd, &cache);
-            assert_close(
-                &y,
-                &reference(&pos, &x, nh, hd, rd, 10000.0),
-                1e-5,
-                1e-5,
-                "rope",
-            );
+            rope(&pos, &mut y, nh, hd, rd, &cache);
+            let want = reference(&pos, &x, nh, hd, rd, 10000.0);
+            assert_close(&y, &want, 1e-5, 1e-5, what);
         }
+    }
+
+    #[test]
+    fn scalar_matches_reference() {
+        check(3, rotary_embedding_neox_scalar, "rope scalar");
+    }
+
+    #[test]
+    fn dispatch_matches_reference() {
+        check(31, rotary_embedding_neox, "rope");
     }
 }

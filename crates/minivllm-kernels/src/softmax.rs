@@ -1,14 +1,42 @@
 //! Softmax and log-softmax over a vector.
 
-/// Softmax in place. Stable: the maximum is subtracted first. A vector of only `-inf`
-/// (everything masked) becomes uniform instead of NaN.
-pub fn softmax_inplace(x: &mut [f32]) {
-    softmax_inplace_scalar(x);
+use crate::simd::{self, simd_dispatch, Simd};
+
+simd_dispatch! {
+    /// Softmax in place. Stable: the maximum is subtracted first. A vector of only `-inf`
+    /// (everything masked) becomes uniform instead of NaN.
+    pub fn softmax_inplace(x: &mut [f32]);
+    generic = softmax_generic;
+    avx512 = crate::simd::Avx2;
+    scalar = softmax_inplace_scalar;
 }
 
-/// Log-softmax in place, with the same conventions as [`softmax_inplace`].
-pub fn log_softmax_inplace(x: &mut [f32]) {
-    log_softmax_inplace_scalar(x);
+simd_dispatch! {
+    /// Log-softmax in place, with the same conventions as [`softmax_inplace`].
+    pub fn log_softmax_inplace(x: &mut [f32]);
+    generic = log_softmax_generic;
+    avx512 = crate::simd::Avx2;
+    scalar = log_softmax_inplace_scalar;
+}
+
+#[inline(always)]
+fn softmax_generic<S: Simd>(s: S, x: &mut [f32]) {
+    let max = simd::max(s, x);
+    if max == f32::NEG_INFINITY {
+        return softmax_inplace_scalar(x);
+    }
+    let sum = simd::exp_shifted::<S, true>(s, x, max);
+    simd::scale(s, x, 1.0 / sum);
+}
+
+#[inline(always)]
+fn log_softmax_generic<S: Simd>(s: S, x: &mut [f32]) {
+    let max = simd::max(s, x);
+    if max == f32::NEG_INFINITY {
+        return log_softmax_inplace_scalar(x);
+    }
+    let sum = simd::exp_shifted::<S, false>(s, x, max);
+    simd::add_scalar(s, x, -(max + sum.ln()));
 }
 
 fn max_scalar(x: &[f32]) -> f32 {
@@ -81,6 +109,23 @@ mod tests {
             let mut y = x.clone();
             log_softmax_inplace_scalar(&mut y);
             assert_close(&y, &lp, 1e-3, 1e-6, "log_softmax_inplace_scalar");
+        }
+    }
+
+    #[test]
+    fn dispatch_matches_scalar() {
+        let mut r = rng(51);
+        for &n in &[1usize, 2, 7, 8, 9, 100, 1001, 49152] {
+            let mut x: Vec<f32> = rand_vec(&mut r, n).iter().map(|v| v * 50.0).collect();
+            x[n / 2] = f32::NEG_INFINITY;
+            let (mut want, mut got) = (x.clone(), x.clone());
+            softmax_inplace_scalar(&mut want);
+            softmax_inplace(&mut got);
+            assert_close(&got, &want, 1e-9, 1e-5, "softmax_inplace");
+            let (mut want, mut got) = (x.clone(), x.clone());
+            log_softmax_inplace_scalar(&mut want);
+            log_softmax_inplace(&mut got);
+            assert_close(&got, &want, 1e-4, 1e-6, "log_softmax_inplace");
         }
     }
 

@@ -18,7 +18,7 @@ pub fn assert_close(a: &[f32], b: &[f32], atol: f32, rtol: f32, what: &str) {
     for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
         let tol = atol + rtol * y.abs();
         assert!(
-            (x - y).abs() <= tol || (x.is_nan() && y.is_nan()),
+            x == y || (x - y).abs() <= tol || (x.is_nan() && y.is_nan()),
             "{what}: element {i}: {x} vs {y} (tol {tol})"
         );
     }

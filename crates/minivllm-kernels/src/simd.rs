@@ -1,0 +1,839 @@
+//! SIMD building blocks shared by the kernels.
+//!
+//! Kernels are written once, generic over [`Simd`], and instantiated inside
+//! `#[target_feature]` wrappers made by [`simd_dispatch!`]: every helper here is
+//! `#[inline(always)]`, so it is compiled into the wrapper with that wrapper's instruction set.
+//! A token type (`Avx2`, `Avx512`) can only be obtained where its features are known to
+//! exist, which is what makes the safe methods of the trait sound.
+
+/// One register of `LANES` f32 lanes and the operations the kernels need on it.
+pub(crate) trait Simd: Copy + Send + Sync {
+    type V: Copy;
+    const LANES: usize;
+    fn zero(self) -> Self::V;
+    fn splat(self, x: f32) -> Self::V;
+    /// # Safety
+    /// `p..p + LANES` must be readable.
+    unsafe fn load(self, p: *const f32) -> Self::V;
+    /// # Safety
+    /// `p..p + LANES` must be writable.
+    unsafe fn store(self, p: *mut f32, v: Self::V);
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    fn sub(self, a: Self::V, b: Self::V) -> Self::V;
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    fn div(self, a: Self::V, b: Self::V) -> Self::V;
+    fn max(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b + c`.
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    fn hsum(self, v: Self::V) -> f32;
+    fn hmax(self, v: Self::V) -> f32;
+    /// `e^x`, within a few ulp of `f32::exp` over the range where it is finite and normal.
+    fn exp(self, x: Self::V) -> Self::V;
+    /// Hints that the cache line holding `p` will be read soon. Any address is allowed.
+    #[inline(always)]
+    fn prefetch(self, p: *const f32) {
+        let _ = p;
+    }
+    /// Transposes an 8 × 8 block: `dst[q·dst_stride + r] = src[r·src_stride + q]`.
+    ///
+    /// # Safety
+    /// Rows `0..8` of 8 floats must be readable at `src` and writable at `dst` with the
+    /// given strides, and not overlap.
+    #[inline(always)]
+    unsafe fn transpose8(
+        self,
+        src: *const f32,
+        src_stride: usize,
+        dst: *mut f32,
+        dst_stride: usize,
+    ) {
+        for r in 0..8 {
+            for q in 0..8 {
+                // SAFETY: the caller's.
+                unsafe {
+                    *dst.wrapping_add(q * dst_stride + r) = *src.wrapping_add(r * src_stride + q)
+                };
+            }
+        }
+    }
+}
+
+/// The portable fallback: one lane, exactly the scalar arithmetic.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scalar;
+
+impl Simd for Scalar {
+    type V = f32;
+    const LANES: usize = 1;
+    #[inline(always)]
+    fn zero(self) -> f32 {
+        0.0
+    }
+    #[inline(always)]
+    fn splat(self, x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> f32 {
+        // SAFETY: the caller guarantees one readable f32.
+        unsafe { *p }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: f32) {
+        // SAFETY: the caller guarantees one writable f32.
+        unsafe { *p = v }
+    }
+    #[inline(always)]
+    fn add(self, a: f32, b: f32) -> f32 {
+        a + b
+    }
+    #[inline(always)]
+    fn sub(self, a: f32, b: f32) -> f32 {
+        a - b
+    }
+    #[inline(always)]
+    fn mul(self, a: f32, b: f32) -> f32 {
+        a * b
+    }
+    #[inline(always)]
+    fn div(self, a: f32, b: f32) -> f32 {
+        a / b
+    }
+    #[inline(always)]
+    fn max(self, a: f32, b: f32) -> f32 {
+        a.max(b)
+    }
+    #[inline(always)]
+    fn fma(self, a: f32, b: f32, c: f32) -> f32 {
+        // A plain multiply-add: `mul_add` is a slow libm call where FMA is not available.
+        a * b + c
+    }
+    #[inline(always)]
+    fn hsum(self, v: f32) -> f32 {
+        v
+    }
+    #[inline(always)]
+    fn hmax(self, v: f32) -> f32 {
+        v
+    }
+    #[inline(always)]
+    fn exp(self, x: f32) -> f32 {
+        x.exp()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::{Avx2, Avx512};
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Simd;
+    use std::arch::x86_64::*;
+
+    /// A vector read or written at any alignment.
+    ///
+    /// `_mm256_loadu_ps` and friends go through `ptr::copy_nonoverlapping`, whose debug
+    /// precondition checks (dev builds keep debug assertions) cost more than the FMA they
+    /// feed; a packed-struct access is the same `vmovups` with nothing around it.
+    #[repr(C, packed)]
+    struct Unaligned<T>(T);
+
+    /// # Safety
+    /// `p` must be valid for reading a `T`, at any alignment.
+    #[inline(always)]
+    unsafe fn load_unaligned<T: Copy>(p: *const f32) -> T {
+        // SAFETY: the caller's; `Unaligned` has alignment 1.
+        unsafe { (*p.cast::<Unaligned<T>>()).0 }
+    }
+
+    /// # Safety
+    /// `p` must be valid for writing a `T`, at any alignment.
+    #[inline(always)]
+    unsafe fn store_unaligned<T: Copy>(p: *mut f32, v: T) {
+        // SAFETY: the caller's; `Unaligned` has alignment 1.
+        unsafe { *p.cast::<Unaligned<T>>() = Unaligned(v) }
+    }
+
+    // Cephes' expf: e^x = 2^n · e^r with |r| <= ln2/2, e^r by a degree-6 polynomial.
+    const EXP_HI: f32 = 88.376_26;
+    const EXP_LO: f32 = -88.376_26;
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in two so that `x - n·ln2` is exact for the n that occur.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const EXP_P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ];
+
+    /// The [`Simd`] methods both x86 tokens implement the same way (both imply AVX2).
+    macro_rules! shared_x86_methods {
+        () => {
+            #[inline(always)]
+            unsafe fn transpose8(
+                self,
+                src: *const f32,
+                src_stride: usize,
+                dst: *mut f32,
+                dst_stride: usize,
+            ) {
+                // SAFETY: the caller's; AVX is implied by this token.
+                unsafe { transpose8_avx(src, src_stride, dst, dst_stride) }
+            }
+            #[inline(always)]
+            fn prefetch(self, p: *const f32) {
+                // SAFETY: a prefetch never faults, whatever the address.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+            }
+        };
+    }
+
+    /// AVX2 8 × 8 transpose (unpack, shuffle, then swap 128-bit halves).
+    ///
+    /// # Safety
+    /// As [`Simd::transpose8`], on a CPU with AVX.
+    #[inline(always)]
+    unsafe fn transpose8_avx(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+        // SAFETY: the caller's.
+        unsafe {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (i, r) in r.iter_mut().enumerate() {
+                *r = load_unaligned(src.wrapping_add(i * src_stride));
+            }
+            let t: [__m256; 8] = [
+                _mm256_unpacklo_ps(r[0], r[1]),
+                _mm256_unpackhi_ps(r[0], r[1]),
+                _mm256_unpacklo_ps(r[2], r[3]),
+                _mm256_unpackhi_ps(r[2], r[3]),
+                _mm256_unpacklo_ps(r[4], r[5]),
+                _mm256_unpackhi_ps(r[4], r[5]),
+                _mm256_unpacklo_ps(r[6], r[7]),
+                _mm256_unpackhi_ps(r[6], r[7]),
+            ];
+            let u: [__m256; 8] = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            for q in 0..4 {
+                let lo = _mm256_permute2f128_ps::<0x20>(u[q], u[q + 4]);
+                let hi = _mm256_permute2f128_ps::<0x31>(u[q], u[q + 4]);
+                store_unaligned(dst.wrapping_add(q * dst_stride), lo);
+                store_unaligned(dst.wrapping_add((q + 4) * dst_stride), hi);
+            }
+        }
+    }
+
+    /// Proof that AVX2 and FMA are available.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Avx2(());
+
+    impl Avx2 {
+        /// # Safety
+        /// The CPU must support `avx2` and `fma`.
+        #[inline(always)]
+        pub(crate) unsafe fn new_unchecked() -> Self {
+            Avx2(())
+        }
+
+        #[cfg(test)]
+        pub(crate) fn new() -> Option<Self> {
+            (crate::cpu::detected() >= crate::cpu::Isa::Avx2).then_some(Avx2(()))
+        }
+    }
+
+    // SAFETY (for every `unsafe` block in this impl): an `Avx2` exists only where avx2 and
+    // fma are available, so the intrinsics are supported; pointer validity is the caller's.
+    impl Simd for Avx2 {
+        type V = __m256;
+        const LANES: usize = 8;
+        shared_x86_methods!();
+        #[inline(always)]
+        fn zero(self) -> __m256 {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        fn splat(self, x: f32) -> __m256 {
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn load(self, p: *const f32) -> __m256 {
+            unsafe { load_unaligned(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32, v: __m256) {
+            unsafe { store_unaligned(p, v) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn sub(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn div(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_div_ps(a, b) }
+        }
+        #[inline(always)]
+        fn max(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_max_ps(a, b) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn hsum(self, v: __m256) -> f32 {
+            unsafe {
+                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+                _mm_cvtss_f32(s)
+            }
+        }
+        #[inline(always)]
+        fn hmax(self, v: __m256) -> f32 {
+            unsafe {
+                let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+                _mm_cvtss_f32(s)
+            }
+        }
+        #[inline(always)]
+        fn exp(self, x: __m256) -> __m256 {
+            unsafe {
+                let x = _mm256_min_ps(
+                    _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
+                    _mm256_set1_ps(EXP_HI),
+                );
+                let n = _mm256_round_ps(
+                    _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+                );
+                let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+                let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+                let mut p = _mm256_set1_ps(EXP_P[0]);
+                for &c in &EXP_P[1..] {
+                    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+                }
+                let p = _mm256_fmadd_ps(
+                    p,
+                    _mm256_mul_ps(r, r),
+                    _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+                );
+                // 2^n through the exponent field; n is in [-127, 127], so n + 127 never overflows.
+                let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                    23,
+                ));
+                _mm256_mul_ps(p, pow2n)
+            }
+        }
+    }
+
+    /// Proof that AVX-512F (and AVX2/FMA, which the tails use) are available.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Avx512(());
+
+    impl Avx512 {
+        /// # Safety
+        /// The CPU must support `avx512f`, `avx2` and `fma`.
+        #[inline(always)]
+        pub(crate) unsafe fn new_unchecked() -> Self {
+            Avx512(())
+        }
+
+        #[cfg(test)]
+        pub(crate) fn new() -> Option<Self> {
+            (crate::cpu::detected() >= crate::cpu::Isa::Avx512).then_some(Avx512(()))
+        }
+    }
+
+    // SAFETY (for every `unsafe` block in this impl): an `Avx512` exists only where avx512f
+    // is available; pointer validity is the caller's.
+    impl Simd for Avx512 {
+        type V = __m512;
+        const LANES: usize = 16;
+        shared_x86_methods!();
+        #[inline(always)]
+        fn zero(self) -> __m512 {
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        fn splat(self, x: f32) -> __m512 {
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn load(self, p: *const f32) -> __m512 {
+            unsafe { load_unaligned(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32, v: __m512) {
+            unsafe { store_unaligned(p, v) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn sub(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn div(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_div_ps(a, b) }
+        }
+        #[inline(always)]
+        fn max(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_max_ps(a, b) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn hsum(self, v: __m512) -> f32 {
+            unsafe { _mm512_reduce_add_ps(v) }
+        }
+        #[inline(always)]
+        fn hmax(self, v: __m512) -> f32 {
+            unsafe { _mm512_reduce_max_ps(v) }
+        }
+        #[inline(always)]
+        fn exp(self, x: __m512) -> __m512 {
+            unsafe {
+                let x = _mm512_min_ps(
+                    _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
+                    _mm512_set1_ps(EXP_HI),
+                );
+                let n = _mm512_roundscale_ps(
+                    _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+                );
+                let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+                let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+                let mut p = _mm512_set1_ps(EXP_P[0]);
+                for &c in &EXP_P[1..] {
+                    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+                }
+                let p = _mm512_fmadd_ps(
+                    p,
+                    _mm512_mul_ps(r, r),
+                    _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+                );
+                let pow2n = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)),
+                    23,
+                ));
+                _mm512_mul_ps(p, pow2n)
+            }
+        }
+    }
+}
+
+/// Defines a function that runs a kernel generic over [`Simd`] compiled for the ISA that
+/// [`crate::cpu::isa`] picks:
+///
+/// ```text
+/// simd_dispatch! {
+///     fn name(a: &[f32], b: f32) -> f32;
+///     generic = impl_fn;            // fn impl_fn<S: Simd>(s: S, a: &[f32], b: f32) -> f32
+///     avx512 = crate::simd::Avx2;   // token to run with on AVX-512 machines
+///     scalar = fallback_fn;         // fn fallback_fn(a: &[f32], b: f32) -> f32
+/// }
+/// ```
+///
+/// `unsafe fn` is accepted too, for kernels over raw pointers; `generic` and `scalar` are
+/// then unsafe with the same contract.
+///
+/// Threading belongs outside: a closure does not inherit the target features of the
+/// function it is written in, so a rayon task must call a dispatched function itself.
+macro_rules! simd_dispatch {
+    (
+        $(#[$attr:meta])*
+        $vis:vis fn $($rest:tt)*
+    ) => {
+        $crate::simd::simd_dispatch!(@def [$(#[$attr])* $vis] [] $($rest)*);
+    };
+    (
+        $(#[$attr:meta])*
+        $vis:vis unsafe fn $($rest:tt)*
+    ) => {
+        $crate::simd::simd_dispatch!(@def [$(#[$attr])* $vis] [unsafe] $($rest)*);
+    };
+    (
+        @def [$($head:tt)*] [$($unsafety:tt)?]
+        $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;
+        generic = $imp:path;
+        avx512 = $t512:ty;
+        scalar = $fallback:expr;
+    ) => {
+        #[allow(unused_unsafe)]
+        $($head)* $($unsafety)? fn $name($($arg: $ty),*) $(-> $ret)? {
+            match $crate::cpu::isa() {
+                #[cfg(target_arch = "x86_64")]
+                $crate::cpu::Isa::Avx512 => {
+                    #[target_feature(enable = "avx512f,avx2,fma")]
+                    $($unsafety)? fn run($($arg: $ty),*) $(-> $ret)? {
+                        // SAFETY: this function is compiled for, and only called with, these
+                        // features; the rest of the contract is the caller's.
+                        unsafe { $imp(<$t512>::new_unchecked(), $($arg),*) }
+                    }
+                    // SAFETY: `isa()` says Avx512 only where avx512f, avx2 and fma exist.
+                    unsafe { run($($arg),*) }
+                }
+                #[cfg(target_arch = "x86_64")]
+                $crate::cpu::Isa::Avx2 => {
+                    #[target_feature(enable = "avx2,fma")]
+                    $($unsafety)? fn run($($arg: $ty),*) $(-> $ret)? {
+                        // SAFETY: as above, for avx2 and fma.
+                        unsafe { $imp($crate::simd::Avx2::new_unchecked(), $($arg),*) }
+                    }
+                    // SAFETY: `isa()` says Avx2 only where avx2 and fma exist.
+                    unsafe { run($($arg),*) }
+                }
+                // SAFETY: the caller's contract, where the function is unsafe.
+                _ => unsafe { $fallback($($arg),*) },
+            }
+        }
+    };
+}
+pub(crate) use simd_dispatch;
+
+/// Runs `body` with `i` at each full vector (a multiple of `LANES`) of `0..n` and evaluates
+/// to where the scalar tail starts.
+///
+/// A macro rather than a function taking a closure: a closure is compiled without the
+/// caller's target features, so the intrinsics inside it would not inline.
+macro_rules! vector_loop {
+    ($s:ty, $n:expr, |$i:ident| $body:block) => {{
+        let n: usize = $n;
+        let mut $i = 0;
+        while $i + <$s as Simd>::LANES <= n {
+            $body
+            $i += <$s as Simd>::LANES;
+        }
+        $i
+    }};
+}
+
+/// `Σ a[i]·b[i]` over the shorter of the two.
+#[inline(always)]
+pub(crate) fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let l = S::LANES;
+    // Four independent chains hide the FMA latency.
+    let mut acc = [s.zero(); 4];
+    let mut i = 0;
+    while i + 4 * l <= n {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: i + (j + 1)·l <= n, the length of both slices.
+            unsafe {
+                *acc = s.fma(
+                    s.load(a.as_ptr().wrapping_add(i + j * l)),
+                    s.load(b.as_ptr().wrapping_add(i + j * l)),
+                    *acc,
+                );
+            }
+        }
+        i += 4 * l;
+    }
+    let tail = i + vector_loop!(S, n - i, |j| {
+        // SAFETY: i + j + l <= n.
+        unsafe {
+            acc[0] = s.fma(
+                s.load(a.as_ptr().wrapping_add(i + j)),
+                s.load(b.as_ptr().wrapping_add(i + j)),
+                acc[0],
+            )
+        }
+    });
+    let acc = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
+    s.hsum(acc) + crate::matmul::dot_scalar(&a[tail..], &b[tail..])
+}
+
+/// `y[i] += a · x[i]`.
+#[inline(always)]
+pub(crate) fn axpy<S: Simd>(s: S, y: &mut [f32], a: f32, x: &[f32]) {
+    let n = y.len().min(x.len());
+    let av = s.splat(a);
+    let tail = vector_loop!(S, n, |i| {
+        // SAFETY: i + LANES <= n, the length of both slices.
+        unsafe {
+            let p = y.as_mut_ptr().wrapping_add(i);
+            s.store(p, s.fma(av, s.load(x.as_ptr().wrapping_add(i)), s.load(p)));
+        }
+    });
+    for (y, &x) in y[tail..n].iter_mut().zip(&x[tail..n]) {
+        *y += a * x;
+    }
+}
+
+/// `y[i] *= a`.
+#[inline(always)]
+pub(crate) fn scale<S: Simd>(s: S, y: &mut [f32], a: f32) {
+    let av = s.splat(a);
+    let n = y.len();
+    let tail = vector_loop!(S, n, |i| {
+        // SAFETY: i + LANES <= n.
+        unsafe {
+            let p = y.as_mut_ptr().wrapping_add(i);
+            s.store(p, s.mul(av, s.load(p)));
+        }
+    });
+    y[tail..].iter_mut().for_each(|y| *y *= a);
+}
+
+/// `max x[i]`, `-inf` for an empty slice.
+#[inline(always)]
+pub(crate) fn max<S: Simd>(s: S, x: &[f32]) -> f32 {
+    let mut m = s.splat(f32::NEG_INFINITY);
+    let tail = vector_loop!(S, x.len(), |i| {
+        // SAFETY: i + LANES <= x.len().
+        unsafe { m = s.max(m, s.load(x.as_ptr().wrapping_add(i))) }
+    });
+    x[tail..].iter().copied().fold(s.hmax(m), f32::max)
+}
+
+/// `Σ e^(x[i] - shift)`; with `STORE`, also `x[i] = e^(x[i] - shift)`.
+#[inline(always)]
+pub(crate) fn exp_shifted<S: Simd, const STORE: bool>(s: S, x: &mut [f32], shift: f32) -> f32 {
+    let sv = s.splat(shift);
+    let mut sum = s.zero();
+    let n = x.len();
+    let tail = vector_loop!(S, n, |i| {
+        // SAFETY: i + LANES <= n.
+        unsafe {
+            let p = x.as_mut_ptr().wrapping_add(i);
+            let e = s.exp(s.sub(s.load(p), sv));
+            if STORE {
+                s.store(p, e);
+            }
+            sum = s.add(sum, e);
+        }
+    });
+    let mut total = s.hsum(sum);
+    for v in &mut x[tail..] {
+        let e = (*v - shift).exp();
+        if STORE {
+            *v = e;
+        }
+        total += e;
+    }
+    total
+}
+
+/// `out += Σ_j weights[j] · rows[j]`, where `rows` holds `weights.len()` contiguous rows of
+/// `out.len()`. Accumulates in registers, touching `out` once per column group rather than
+/// once per row.
+#[inline(always)]
+pub(crate) fn add_weighted_rows<S: Simd>(s: S, out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    let d = out.len();
+    assert!(
+        rows.len() >= weights.len() * d,
+        "add_weighted_rows: rows too short"
+    );
+    let l = S::LANES;
+    let mut c = 0;
+    while c + 4 * l <= d {
+        add_weighted_columns::<S, 4>(s, out, weights, rows, c);
+        c += 4 * l;
+    }
+    while c + l <= d {
+        add_weighted_columns::<S, 1>(s, out, weights, rows, c);
+        c += l;
+    }
+    for (j, &w) in weights.iter().enumerate() {
+        for (o, &v) in out[c..].iter_mut().zip(&rows[j * d + c..(j + 1) * d]) {
+            *o += w * v;
+        }
+    }
+}
+
+/// Columns `c..c + V·LANES` of [`add_weighted_rows`].
+#[inline(always)]
+fn add_weighted_columns<S: Simd, const V: usize>(
+    s: S,
+    out: &mut [f32],
+    weights: &[f32],
+    rows: &[f32],
+    c: usize,
+) {
+    let d = out.len();
+    debug_assert!(c + V * S::LANES <= d && rows.len() >= weights.len() * d);
+    let o = out.as_mut_ptr().wrapping_add(c);
+    // SAFETY: c + V·LANES <= d (callers' loop bounds) and row j < weights.len() lies inside
+    // `rows` (asserted by `add_weighted_rows`).
+    unsafe {
+        let mut acc = [s.zero(); V];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            *acc = s.load(o.wrapping_add(i * S::LANES));
+        }
+        for (j, &w) in weights.iter().enumerate() {
+            let r = rows.as_ptr().wrapping_add(j * d + c);
+            let wv = s.splat(w);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                *acc = s.fma(wv, s.load(r.wrapping_add(i * S::LANES)), *acc);
+            }
+        }
+        for (i, &acc) in acc.iter().enumerate() {
+            s.store(o.wrapping_add(i * S::LANES), acc);
+        }
+    }
+}
+
+/// `x[i] += c`.
+#[inline(always)]
+pub(crate) fn add_scalar<S: Simd>(s: S, x: &mut [f32], c: f32) {
+    let cv = s.splat(c);
+    let n = x.len();
+    let tail = vector_loop!(S, n, |i| {
+        // SAFETY: i + LANES <= n.
+        unsafe {
+            let p = x.as_mut_ptr().wrapping_add(i);
+            s.store(p, s.add(s.load(p), cv));
+        }
+    });
+    x[tail..].iter_mut().for_each(|v| *v += c);
+}
+
+/// `out[i] = a[i] · b[i] · c` over the shortest of the three.
+#[inline(always)]
+pub(crate) fn mul_scaled<S: Simd>(s: S, out: &mut [f32], a: &[f32], b: &[f32], c: f32) {
+    let n = out.len().min(a.len()).min(b.len());
+    let cv = s.splat(c);
+    let tail = vector_loop!(S, n, |i| {
+        // SAFETY: i + LANES <= n, within all three slices.
+        unsafe {
+            let v = s.mul(
+                s.mul(s.load(a.as_ptr().wrapping_add(i)), cv),
+                s.load(b.as_ptr().wrapping_add(i)),
+            );
+            s.store(out.as_mut_ptr().wrapping_add(i), v);
+        }
+    });
+    for ((o, &a), &b) in out[tail..n].iter_mut().zip(&a[tail..n]).zip(&b[tail..n]) {
+        *o = a * c * b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+
+    fn check_helpers<S: Simd>(s: S) {
+        let mut r = rng(7);
+        for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 64, 100] {
+            let a = rand_vec(&mut r, n);
+            let b = rand_vec(&mut r, n);
+            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            let tol = 1e-6 * (n as f32).sqrt().max(1.0);
+            assert!((dot(s, &a, &b) - want).abs() <= tol, "dot n={n}");
+            assert_eq!(
+                max(s, &a),
+                a.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+            );
+
+            let mut y = b.clone();
+            axpy(s, &mut y, 0.5, &a);
+            let want: Vec<f32> = b.iter().zip(&a).map(|(y, x)| y + 0.5 * x).collect();
+            assert_close(&y, &want, 1e-7, 1e-6, "axpy");
+            scale(s, &mut y, 2.0);
+            let want: Vec<f32> = want.iter().map(|v| v * 2.0).collect();
+            assert_close(&y, &want, 0.0, 0.0, "scale");
+            add_scalar(s, &mut y, -1.5);
+            let want: Vec<f32> = want.iter().map(|v| v - 1.5).collect();
+            assert_close(&y, &want, 0.0, 0.0, "add_scalar");
+            let rows = rand_vec(&mut r, 3 * n);
+            let mut acc = b.clone();
+            add_weighted_rows(s, &mut acc, &[0.5, -2.0, 0.25], &rows);
+            let want: Vec<f32> = (0..n)
+                .map(|i| b[i] + 0.5 * rows[i] - 2.0 * rows[n + i] + 0.25 * rows[2 * n + i])
+                .collect();
+            assert_close(&acc, &want, 1e-6, 1e-6, "add_weighted_rows");
+            mul_scaled(s, &mut y, &a, &b, 3.0);
+            let want: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a * 3.0 * b).collect();
+            assert_close(&y, &want, 0.0, 1e-6, "mul_scaled");
+
+            let mut e: Vec<f32> = a.iter().map(|v| v * 80.0).collect();
+            let want: Vec<f32> = e.iter().map(|v| (v - 3.0f32).exp()).collect();
+            let mut unchanged = e.clone();
+            let peek = exp_shifted::<S, false>(s, &mut unchanged, 3.0);
+            let sum = exp_shifted::<S, true>(s, &mut e, 3.0);
+            assert_eq!(peek, sum);
+            assert_eq!(unchanged, a.iter().map(|v| v * 80.0).collect::<Vec<_>>());
+            assert_close(&e, &want, 1e-37, 1e-6, "exp_shifted");
+            let want_sum: f32 = want.iter().sum();
+            assert!(
+                (sum - want_sum).abs() <= 1e-5 * want_sum.abs() + 1e-30,
+                "exp sum n={n}"
+            );
+        }
+    }
+
+    /// The exponential over its whole finite range, the clamps and the extremes.
+    fn check_exp<S: Simd>(s: S) {
+        let mut x: Vec<f32> = (-8800..=8800).map(|i| i as f32 * 0.01).collect();
+        x.extend([-1000.0, -87.5, -88.0, 88.3, 1000.0, 0.0, -0.0, 1e-30]);
+        let want: Vec<f32> = x.iter().map(|v| v.exp()).collect();
+        let mut got = x.clone();
+        exp_shifted::<S, true>(s, &mut got, 0.0);
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let x = x[i];
+            if x < -87.33 {
+                // Below this e^x is subnormal; the fast path flushes towards zero.
+                assert!((0.0..=1.2e-38).contains(&g), "exp({x}) = {g}");
+            } else if x > 88.3 {
+                assert!(g > 2e38, "exp({x}) = {g}");
+            } else {
+                assert!((g - w).abs() <= 4e-7 * w, "exp({x}) = {g}, want {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_helpers() {
+        check_helpers(Scalar);
+        check_exp(Scalar);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_helpers() {
+        if let Some(s) = Avx2::new() {
+            check_helpers(s);
+            check_exp(s);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_helpers() {
+        if let Some(s) = Avx512::new() {
+            check_helpers(s);
+            check_exp(s);
+        }
+    }
+}
