@@ -291,8 +291,19 @@ unsafe fn micro<S: Simd, const R: usize, const C: usize>(s: S, g: Gemm, accumula
         p = p.wrapping_add(S::LANES);
     }
     for i in 0..R {
-        for j in 0..C {
-            let mut v = s.hsum(acc[i][j]);
+        let mut sums = [0.0f32; C];
+        if C == 4 {
+            // One combined reduction instead of four: with short rows (attention's head_dim)
+            // the lane sums are a real share of the work.
+            let four = s.hsum4([acc[i][0], acc[i][1 % C], acc[i][2 % C], acc[i][3 % C]]);
+            sums.copy_from_slice(&four[..C]);
+        } else {
+            for j in 0..C {
+                sums[j] = s.hsum(acc[i][j]);
+            }
+        }
+        for (j, &sum) in sums.iter().enumerate() {
+            let mut v = sum;
             for q in kv..k {
                 v += unsafe { *xr[i].add(q) * *wr[j].add(q) };
             }
