@@ -3,7 +3,8 @@
 //! `cargo run --release -p minivllm-kernels --example bench [threads]`; set `MINIVLLM_ISA`
 //! to compare instruction sets. `bench THREADS matmul M K N ITERS` runs one product a fixed
 //! number of times, to be timed by CPU time (`/usr/bin/time`): on a machine shared with
-//! other work, CPU seconds say more than wall-clock ones.
+//! other work, CPU seconds say more than wall-clock ones. `bench THREADS prefill` repeats the
+//! 512-token prefill attention, for profilers.
 
 use minivllm_kernels::attention::{paged_attention, reshape_and_cache, AttnShape, SeqAttn};
 use minivllm_kernels::matmul::matmul;
@@ -116,6 +117,13 @@ fn main() {
             matmul(black_box(&x), black_box(&w), &mut out, m, k, n);
         }
         println!("{} flops", 2 * m * k * n * iters);
+        return;
+    }
+    if args.get(2).map(String::as_str) == Some("prefill") {
+        // A long run of one attention case, for profilers.
+        for _ in 0..10 {
+            bench_attention("prefill 512", &[(512, 512)]);
+        }
         return;
     }
     println!("isa {:?}, {} threads", cpu::isa(), threading::num_threads());

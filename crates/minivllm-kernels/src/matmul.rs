@@ -28,11 +28,12 @@ const KC: usize = 1024;
 const PR: usize = 6;
 /// Vectors of output columns per packed micro-tile: `PR·PV` accumulators.
 const PV: usize = 2;
-/// `k` per packed panel: one `PKC × PV·LANES` panel (16 KiB with AVX2) stays in L1.
-const PKC: usize = 256;
+/// `k` per packed panel: one `PKC × PV·LANES` panel (24 KiB with AVX2) stays in L1; longer
+/// panels would mean fewer read-modify-write passes over `out`, but L1 misses.
+const PKC: usize = 384;
 /// Rows of `x` per L2 block in the packed path (a multiple of `PR`).
 const PMC: usize = 120;
-/// Columns packed at a time: `PACK_NC × PKC` floats (256 KiB) of panels.
+/// Columns packed at a time: `PACK_NC × PKC` floats (384 KiB) of panels, within L2.
 const PACK_NC: usize = 256;
 /// From this many rows of `x` on, copying the weights into panels pays for itself.
 const PACK_MIN_M: usize = 32;
@@ -291,8 +292,19 @@ unsafe fn micro<S: Simd, const R: usize, const C: usize>(s: S, g: Gemm, accumula
         p = p.wrapping_add(S::LANES);
     }
     for i in 0..R {
-        for j in 0..C {
-            let mut v = s.hsum(acc[i][j]);
+        let mut sums = [0.0f32; C];
+        if C == 4 {
+            // One combined reduction instead of four: with short rows (attention's head_dim)
+            // the lane sums are a real share of the work.
+            let four = s.hsum4([acc[i][0], acc[i][1 % C], acc[i][2 % C], acc[i][3 % C]]);
+            sums.copy_from_slice(&four[..C]);
+        } else {
+            for j in 0..C {
+                sums[j] = s.hsum(acc[i][j]);
+            }
+        }
+        for (j, &sum) in sums.iter().enumerate() {
+            let mut v = sum;
             for q in kv..k {
                 v += unsafe { *xr[i].add(q) * *wr[j].add(q) };
             }

@@ -27,6 +27,17 @@ pub(crate) trait Simd: Copy + Send + Sync {
     fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     fn hsum(self, v: Self::V) -> f32;
     fn hmax(self, v: Self::V) -> f32;
+    /// `[hsum(v[0]), .., hsum(v[3])]`.
+    #[inline(always)]
+    fn hsum4(self, v: [Self::V; 4]) -> [f32; 4] {
+        // Not `map`: a closure would not get the caller's target features.
+        [
+            self.hsum(v[0]),
+            self.hsum(v[1]),
+            self.hsum(v[2]),
+            self.hsum(v[3]),
+        ]
+    }
     /// `e^x`, within a few ulp of `f32::exp` over the range where it is finite and normal.
     fn exp(self, x: Self::V) -> Self::V;
     /// Hints that the cache line holding `p` will be read soon. Any address is allowed.
@@ -304,6 +315,20 @@ mod x86 {
                 let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
                 let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
                 _mm_cvtss_f32(s)
+            }
+        }
+        #[inline(always)]
+        fn hsum4(self, v: [__m256; 4]) -> [f32; 4] {
+            unsafe {
+                // Pairwise adds leave lane sums of a, b, c, d in each 128-bit half.
+                let ab = _mm256_hadd_ps(v[0], v[1]);
+                let cd = _mm256_hadd_ps(v[2], v[3]);
+                let abcd = _mm256_hadd_ps(ab, cd);
+                let sum = _mm_add_ps(
+                    _mm256_castps256_ps128(abcd),
+                    _mm256_extractf128_ps::<1>(abcd),
+                );
+                std::mem::transmute::<__m128, [f32; 4]>(sum)
             }
         }
         #[inline(always)]
@@ -745,6 +770,14 @@ mod tests {
 
     fn check_helpers<S: Simd>(s: S) {
         let mut r = rng(7);
+        let v: Vec<f32> = rand_vec(&mut r, 4 * S::LANES);
+        let regs: [S::V; 4] =
+            std::array::from_fn(|i| unsafe { s.load(v[i * S::LANES..].as_ptr()) });
+        let sums = s.hsum4(regs);
+        for (i, sum) in sums.iter().enumerate() {
+            let want: f32 = v[i * S::LANES..(i + 1) * S::LANES].iter().sum();
+            assert!((sum - want).abs() < 1e-5, "hsum4 lane {i}: {sum} vs {want}");
+        }
         for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 64, 100] {
             let a = rand_vec(&mut r, n);
             let b = rand_vec(&mut r, n);
