@@ -5,3 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo run --quiet -p minivllm-cli -- download-default-model >/dev/null
 cargo test --workspace "$@"
+# The scalar kernels end to end: the same reference checks with SIMD switched off.
+MINIVLLM_ISA=scalar cargo test -p minivllm --test model_reference
