@@ -18,6 +18,27 @@ pub struct BenchArgs {
 enum BenchKind {
     /// Time one batch: a prefill of `--input-len` tokens per sequence, then `--output-len` decode steps.
     Latency(LatencyArgs),
+    /// Offline throughput through the engine: many requests at once, like `vllm bench throughput`.
+    Throughput(ThroughputArgs),
+}
+
+#[derive(clap::Args)]
+struct ThroughputArgs {
+    #[command(flatten)]
+    engine: crate::EngineFlags,
+    #[arg(long, default_value_t = 64)]
+    num_prompts: usize,
+    /// Tokens per (random) prompt.
+    #[arg(long, default_value_t = 128)]
+    input_len: usize,
+    /// Tokens generated per prompt (EOS ignored, so every request makes exactly this many).
+    #[arg(long, default_value_t = 128)]
+    output_len: usize,
+    #[arg(long)]
+    progress: bool,
+    /// Print the results as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -40,7 +61,73 @@ struct LatencyArgs {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.kind {
         BenchKind::Latency(a) => latency(a),
+        BenchKind::Throughput(a) => throughput(a),
     }
+}
+
+/// Deterministic pseudo-random token ids, so runs and peers see the same prompts.
+fn random_prompts(n: usize, len: usize, vocab: u64) -> Vec<Vec<u32>> {
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((seed >> 33) % vocab) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
+    use minivllm::entrypoints::llm::LLM;
+    use minivllm::sampling_params::SamplingParams;
+    if args.num_prompts == 0 || args.input_len == 0 || args.output_len == 0 {
+        bail!("--num-prompts, --input-len and --output-len must be positive");
+    }
+    let mut llm = LLM::new(&args.engine.engine_args()?)?;
+    let vocab = llm.engine().tokenizer().vocab_size() as u64;
+    let prompts = random_prompts(args.num_prompts, args.input_len, vocab);
+    let params = SamplingParams {
+        temperature: 0.0,
+        ignore_eos: true,
+        max_tokens: Some(args.output_len),
+        ..SamplingParams::default()
+    };
+    let start = Instant::now();
+    let outs = llm.generate(prompts, &params, args.progress)?;
+    let secs = start.elapsed().as_secs_f64();
+    let output_tokens: usize = outs.iter().map(|o| o.outputs[0].token_ids.len()).sum();
+    let total_tokens = output_tokens + args.num_prompts * args.input_len;
+    let stats = llm.engine().stats();
+    let report = serde_json::json!({
+        "elapsed_time": secs,
+        "num_requests": args.num_prompts,
+        "requests_per_second": args.num_prompts as f64 / secs,
+        "output_tokens_per_second": output_tokens as f64 / secs,
+        "tokens_per_second": total_tokens as f64 / secs,
+        "num_preemptions": stats.num_preemptions,
+        "num_steps": stats.num_steps,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{} requests x ({} in + {} out) in {secs:.2} s: {:.2} requests/s, {:.1} output tokens/s, {:.1} total tokens/s ({} steps, {} preemptions)",
+            args.num_prompts,
+            args.input_len,
+            args.output_len,
+            args.num_prompts as f64 / secs,
+            output_tokens as f64 / secs,
+            total_tokens as f64 / secs,
+            stats.num_steps,
+            stats.num_preemptions
+        );
+    }
+    Ok(())
 }
 
 struct Timing {
@@ -66,19 +153,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         bail!("the KV cache is too small for this batch: raise --kv-cache-memory");
     }
     let vocab = rt.runner.model().config().vocab_size as u64;
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let prompts: Vec<Vec<u32>> = (0..args.batch_size)
-        .map(|_| {
-            (0..args.input_len)
-                .map(|_| {
-                    seed = seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((seed >> 33) % vocab) as u32
-                })
-                .collect()
-        })
-        .collect();
+    let prompts = random_prompts(args.batch_size, args.input_len, vocab);
     let tables: Vec<Vec<u32>> = (0..args.batch_size)
         .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
         .collect();

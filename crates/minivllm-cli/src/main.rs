@@ -50,6 +50,61 @@ pub struct ModelArgs {
     pub kv_cache_memory: u64,
 }
 
+/// Engine options beyond the model: scheduling and caching, with vLLM's flag names.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineFlags {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Most tokens per step (default 2048 with chunked prefill).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Reuse the KV of shared prompt prefixes (on by default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+    /// Split long prompts across steps, sharing them with decodes (on by default).
+    #[arg(long, overrides_with = "no_enable_chunked_prefill")]
+    pub enable_chunked_prefill: bool,
+    #[arg(long, overrides_with = "enable_chunked_prefill")]
+    pub no_enable_chunked_prefill: bool,
+    /// `fcfs` or `priority` (lower value first).
+    #[arg(long, default_value = "fcfs")]
+    pub scheduling_policy: minivllm::core::policy::Policy,
+}
+
+impl EngineFlags {
+    pub fn engine_args(&self) -> anyhow::Result<minivllm::engine::llm_engine::EngineArgs> {
+        let m = &self.model;
+        check_default_model(&m.model)?;
+        Ok(minivllm::engine::llm_engine::EngineArgs {
+            model: m.model.clone(),
+            max_model_len: m.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            block_size: m.block_size,
+            kv_cache_memory: m.kv_cache_memory,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
+            enable_chunked_prefill: !self.no_enable_chunked_prefill,
+            scheduling_policy: self.scheduling_policy,
+            threads: m.threads,
+        })
+    }
+}
+
+fn check_default_model(model: &str) -> anyhow::Result<()> {
+    if model == DEFAULT_MODEL && !std::path::Path::new(DEFAULT_MODEL).exists() {
+        anyhow::bail!(
+            "the default model {DEFAULT_MODEL} is not downloaded yet: run \
+             `minivllm download-default-model` first, or pass --model"
+        );
+    }
+    Ok(())
+}
+
 fn parse_bytes(s: &str) -> Result<u64, String> {
     minivllm::utils::parse_byte_size(s)
 }
@@ -89,12 +144,7 @@ impl ModelArgs {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         minivllm::kernels::threading::init_threads(threads.max(1));
-        if self.model == DEFAULT_MODEL && !std::path::Path::new(DEFAULT_MODEL).exists() {
-            anyhow::bail!(
-                "the default model {DEFAULT_MODEL} is not downloaded yet: run \
-                 `minivllm download-default-model` first, or pass --model"
-            );
-        }
+        check_default_model(&self.model)?;
         let loaded = minivllm::model_executor::model_loader::load_model(&self.model)
             .with_context(|| format!("cannot load model {}", self.model))?;
         let context = loaded.config.max_position_embeddings;

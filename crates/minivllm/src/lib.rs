@@ -10,7 +10,9 @@ pub use minivllm_kernels as kernels;
 pub mod config;
 pub mod core;
 pub mod engine;
+pub mod entrypoints;
 pub mod model_executor;
+pub mod outputs;
 pub mod sequence;
 #[doc(hidden)]
 pub mod testing;

@@ -52,3 +52,66 @@ pub enum StopReason {
     Token(TokenId),
     String(String),
 }
+
+/// Where a sequence is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceStatus {
+    /// Not started, or preempted and waiting to be recomputed.
+    Waiting,
+    Running,
+    Finished(FinishReason),
+}
+
+/// The scheduler's view of one sequence: its tokens and how many have K/V in the cache.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt then generated tokens.
+    pub token_ids: Vec<TokenId>,
+    pub prompt_len: usize,
+    /// Tokens whose K/V are in the cache; the rest are fed to the model in coming steps.
+    pub num_computed_tokens: usize,
+    pub status: SequenceStatus,
+    /// Lower runs first under the priority policy.
+    pub priority: i32,
+    /// Request arrival order; ties within a request broken by `id`.
+    pub arrival: u64,
+    /// Compute the whole prompt even when the prefix cache holds part of it (its logits are
+    /// needed, e.g. for prompt logprobs).
+    pub skip_prefix_cache: bool,
+}
+
+impl Sequence {
+    pub fn new(id: SeqId, prompt: Vec<TokenId>, priority: i32, arrival: u64) -> Self {
+        Self {
+            id,
+            prompt_len: prompt.len(),
+            token_ids: prompt,
+            num_computed_tokens: 0,
+            status: SequenceStatus::Waiting,
+            priority,
+            arrival,
+            skip_prefix_cache: false,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+
+    pub fn output_ids(&self) -> &[TokenId] {
+        &self.token_ids[self.prompt_len..]
+    }
+
+    pub fn num_uncomputed(&self) -> usize {
+        self.token_ids.len() - self.num_computed_tokens
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(self.status, SequenceStatus::Finished(_))
+    }
+}

@@ -1,3 +1,5 @@
 pub mod chat_template;
+pub mod detokenizer;
 pub mod greedy;
+pub mod llm_engine;
 pub mod tokenizer;

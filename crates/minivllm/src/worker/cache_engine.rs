@@ -1,12 +1,15 @@
 //! The KV cache memory: every layer's key and value blocks.
 
 use crate::config::ModelConfig;
+use crate::core::block_pool::BlockId;
 use crate::model_executor::layers::attention::LayerKvCache;
 
 /// Owns the paged KV cache: `num_blocks` blocks of `block_size` tokens in every layer.
 pub struct CacheEngine {
     block_size: usize,
     num_blocks: usize,
+    /// Floats per block in one layer's key (or value) cache.
+    block_len: usize,
     layers: Vec<LayerKvCache>,
 }
 
@@ -73,6 +76,7 @@ impl CacheEngine {
         Self {
             block_size,
             num_blocks,
+            block_len: block_size * config.kv_size(),
             layers,
         }
     }
@@ -83,6 +87,20 @@ impl CacheEngine {
 
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
+    }
+
+    /// Copies whole blocks (`src` to `dst`, every layer, keys and values): the data side of
+    /// copy-on-write when a shared block is about to be written.
+    pub fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) {
+        let block_len = self.block_len;
+        for layer in &mut self.layers {
+            for cache in [&mut layer.key, &mut layer.value] {
+                for &(src, dst) in pairs {
+                    let (s, d) = (src.0 as usize * block_len, dst.0 as usize * block_len);
+                    cache.copy_within(s..s + block_len, d);
+                }
+            }
+        }
     }
 
     pub fn layers_mut(&mut self) -> &mut [LayerKvCache] {

@@ -28,6 +28,12 @@ impl ModelRunner {
         &self.cache
     }
 
+    pub fn copy_blocks(&mut self, pairs: &[(crate::core::block_pool::BlockId, crate::core::block_pool::BlockId)]) {
+        if !pairs.is_empty() {
+            self.cache.copy_blocks(pairs);
+        }
+    }
+
     /// Logits `[input.logits_indices.len(), vocab_size]` for the batch.
     pub fn execute(&mut self, input: &InputMetadata) -> Result<&[f32], InputError> {
         let block_size = self.cache.block_size();

@@ -1,0 +1,142 @@
+//! `LLM`: vLLM's offline API. Give it prompts, get every completion back in input order.
+
+use std::time::Instant;
+
+use crate::engine::llm_engine::{EngineArgs, EngineError, LLMEngine, PromptInput};
+use crate::outputs::RequestOutput;
+use crate::sampling_params::SamplingParams;
+
+pub struct LLM {
+    engine: LLMEngine,
+    next_request: u64,
+}
+
+/// The sampling parameters of a `generate` call: one for all prompts, or one per prompt.
+pub enum ParamsArg<'a> {
+    One(&'a SamplingParams),
+    PerPrompt(&'a [SamplingParams]),
+}
+
+impl<'a> From<&'a SamplingParams> for ParamsArg<'a> {
+    fn from(p: &'a SamplingParams) -> Self {
+        ParamsArg::One(p)
+    }
+}
+
+impl<'a> From<&'a [SamplingParams]> for ParamsArg<'a> {
+    fn from(p: &'a [SamplingParams]) -> Self {
+        ParamsArg::PerPrompt(p)
+    }
+}
+
+impl<'a> From<&'a Vec<SamplingParams>> for ParamsArg<'a> {
+    fn from(p: &'a Vec<SamplingParams>) -> Self {
+        ParamsArg::PerPrompt(p)
+    }
+}
+
+impl LLM {
+    pub fn new(args: &EngineArgs) -> Result<Self, EngineError> {
+        Ok(Self::from_engine(LLMEngine::from_engine_args(args)?))
+    }
+
+    pub fn from_engine(engine: LLMEngine) -> Self {
+        Self {
+            engine,
+            next_request: 0,
+        }
+    }
+
+    pub fn engine(&self) -> &LLMEngine {
+        &self.engine
+    }
+
+    pub fn engine_mut(&mut self) -> &mut LLMEngine {
+        &mut self.engine
+    }
+
+    /// Runs all prompts to completion, batched together, and returns their outputs in input
+    /// order. An invalid request fails the call before anything runs.
+    pub fn generate<P: Into<PromptInput>>(
+        &mut self,
+        prompts: impl IntoIterator<Item = P>,
+        params: impl Into<ParamsArg<'_>>,
+        progress: bool,
+    ) -> Result<Vec<RequestOutput>, EngineError> {
+        let prompts: Vec<PromptInput> = prompts.into_iter().map(Into::into).collect();
+        let params = params.into();
+        if let ParamsArg::PerPrompt(p) = params {
+            if p.len() != prompts.len() {
+                return Err(EngineError::Config(format!(
+                    "{} sampling parameter sets for {} prompts",
+                    p.len(),
+                    prompts.len()
+                )));
+            }
+        }
+        let base = self.next_request;
+        self.next_request += prompts.len() as u64;
+        let mut added = Vec::with_capacity(prompts.len());
+        for (i, prompt) in prompts.into_iter().enumerate() {
+            let p = match params {
+                ParamsArg::One(p) => p,
+                ParamsArg::PerPrompt(ps) => &ps[i],
+            };
+            let id = (base + i as u64).to_string();
+            if let Err(e) = self.engine.add_request(id.clone(), prompt, p.clone(), 0) {
+                for earlier in &added {
+                    self.engine.abort_request(earlier);
+                }
+                return Err(e);
+            }
+            added.push(id);
+        }
+        self.run_to_completion(base, added.len(), progress)
+    }
+
+    fn run_to_completion(&mut self, base: u64, n: usize, progress: bool) -> Result<Vec<RequestOutput>, EngineError> {
+        let mut results: Vec<Option<RequestOutput>> = vec![None; n];
+        let bar = progress.then(|| progress_bar(n));
+        let start = Instant::now();
+        let mut done = 0;
+        let mut generated = 0usize;
+        while self.engine.has_unfinished_requests() {
+            let outs = self.engine.step()?;
+            if outs.is_empty() {
+                // Nothing could be scheduled and nothing is running: waiting cannot help.
+                return Err(EngineError::Config(
+                    "no request can be scheduled: the KV cache is too small for them".into(),
+                ));
+            }
+            for out in outs {
+                if !out.finished {
+                    continue;
+                }
+                let i = out.request_id.parse::<u64>().ok().and_then(|id| id.checked_sub(base));
+                if let Some(i) = i.filter(|&i| (i as usize) < n) {
+                    generated += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
+                    results[i as usize] = Some(out);
+                    done += 1;
+                    if let Some(bar) = &bar {
+                        bar.set_position(done as u64);
+                        let secs = start.elapsed().as_secs_f64().max(1e-9);
+                        bar.set_message(format!("{:.1} output tokens/s", generated as f64 / secs));
+                    }
+                }
+            }
+        }
+        if let Some(bar) = bar {
+            bar.finish();
+        }
+        Ok(results.into_iter().map(|r| r.expect("every request finishes")).collect())
+    }
+}
+
+fn progress_bar(n: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(n as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("Processed prompts {pos}/{len} [{elapsed_precise}] {bar:30} {msg}")
+            .expect("valid template"),
+    );
+    bar
+}

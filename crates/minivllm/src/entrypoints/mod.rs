@@ -1,0 +1,3 @@
+//! How callers reach the engine: the library API (and, next, the HTTP server).
+
+pub mod llm;

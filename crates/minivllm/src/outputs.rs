@@ -1,0 +1,106 @@
+//! What callers get back: vLLM's `RequestOutput` and `CompletionOutput`.
+
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+
+use crate::sequence::{FinishReason, StopReason, TokenId};
+
+/// Log-probabilities at one position: the chosen (or actual) token first, then the top-k,
+/// serialised as a JSON object keyed by token id, like vLLM's `{token_id: logprob}` maps.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenLogprobs(pub Vec<(TokenId, f32)>);
+
+impl TokenLogprobs {
+    pub fn get(&self, token: TokenId) -> Option<f32> {
+        self.0.iter().find(|(t, _)| *t == token).map(|(_, lp)| *lp)
+    }
+}
+
+impl Serialize for TokenLogprobs {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (token, lp) in &self.0 {
+            map.serialize_entry(&token.to_string(), lp)?;
+        }
+        map.end()
+    }
+}
+
+/// One completion of a request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompletionOutput {
+    pub index: usize,
+    pub text: String,
+    pub token_ids: Vec<TokenId>,
+    pub cumulative_logprob: Option<f64>,
+    /// Per generated token, when the request asked for `logprobs`.
+    pub logprobs: Option<Vec<TokenLogprobs>>,
+    #[serde(serialize_with = "ser_finish_reason")]
+    pub finish_reason: Option<FinishReason>,
+    #[serde(serialize_with = "ser_stop_reason")]
+    pub stop_reason: Option<StopReason>,
+}
+
+impl CompletionOutput {
+    pub fn finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+}
+
+/// The state of one request after a step: everything generated so far (usable for streaming).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestOutput {
+    pub request_id: String,
+    pub prompt: Option<String>,
+    pub prompt_token_ids: Vec<TokenId>,
+    /// Per prompt position: `None` for the first, then the actual token's logprob and the top-k.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    pub outputs: Vec<CompletionOutput>,
+    pub finished: bool,
+}
+
+fn ser_finish_reason<S: Serializer>(r: &Option<FinishReason>, s: S) -> Result<S::Ok, S::Error> {
+    match r {
+        Some(r) => s.serialize_str(r.as_str()),
+        None => s.serialize_none(),
+    }
+}
+
+fn ser_stop_reason<S: Serializer>(r: &Option<StopReason>, s: S) -> Result<S::Ok, S::Error> {
+    match r {
+        Some(StopReason::Token(t)) => s.serialize_u32(*t),
+        Some(StopReason::String(t)) => s.serialize_str(t),
+        None => s.serialize_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serialises_with_vllm_field_names() {
+        let out = RequestOutput {
+            request_id: "0".into(),
+            prompt: Some("Hi".into()),
+            prompt_token_ids: vec![5, 6],
+            prompt_logprobs: Some(vec![None, Some(TokenLogprobs(vec![(6, -0.5)]))]),
+            outputs: vec![CompletionOutput {
+                index: 0,
+                text: " there".into(),
+                token_ids: vec![7],
+                cumulative_logprob: Some(-0.25),
+                logprobs: Some(vec![TokenLogprobs(vec![(7, -0.25), (8, -2.0)])]),
+                finish_reason: Some(FinishReason::Stop),
+                stop_reason: Some(StopReason::String("\n".into())),
+            }],
+            finished: true,
+        };
+        let v = serde_json::to_value(&out).unwrap();
+        assert_eq!(v["prompt_logprobs"][0], serde_json::Value::Null);
+        assert_eq!(v["prompt_logprobs"][1]["6"], -0.5);
+        assert_eq!(v["outputs"][0]["logprobs"][0]["8"], -2.0);
+        assert_eq!(v["outputs"][0]["finish_reason"], "stop");
+        assert_eq!(v["outputs"][0]["stop_reason"], "\n");
+    }
+}

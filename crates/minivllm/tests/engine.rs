@@ -1,0 +1,328 @@
+//! The engine end to end on the test model: batching must not change greedy results, whatever
+//! the schedule (chunked, preempted, prefix-cached), and nothing may leak.
+
+mod common;
+
+use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
+use minivllm::entrypoints::llm::LLM;
+use minivllm::outputs::RequestOutput;
+use minivllm::sampling_params::SamplingParams;
+use minivllm::sequence::FinishReason;
+
+const TEXT: &str = "The history of the city begins with a small settlement on the river bank, \
+where fishermen and traders met to exchange goods. Over the centuries the village grew into a \
+market town, then into a busy port with ships arriving from distant lands. Merchants built \
+warehouses along the water, and churches rose above the roofs. In the modern era, factories \
+and railways transformed the landscape, and the population grew rapidly as people moved from \
+the countryside in search of work. Today the city is known for its museums, its universities, \
+and its parks, which attract visitors from around the world every year. def fibonacci(n):\n    \
+if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\nprint([fibonacci(i) \
+for i in range(10)])\nQuestion: What is the capital of France? Answer: The capital of France is \
+Paris, a city famous for the Eiffel Tower, the Louvre museum and its cafes along the Seine. ";
+
+fn engine_args() -> EngineArgs {
+    EngineArgs {
+        model: common::test_model_path().to_str().unwrap().to_string(),
+        max_model_len: Some(512),
+        kv_cache_memory: 256 << 20,
+        threads: Some(2),
+        ..EngineArgs::default()
+    }
+}
+
+fn llm(args: &EngineArgs) -> LLM {
+    LLM::new(args).expect("engine starts")
+}
+
+/// 32 prompts of 5 to 300 tokens cut from varied text, so greedy decisions are not near-ties.
+fn varied_prompts(llm: &LLM) -> Vec<Vec<u32>> {
+    let ids = llm.engine().tokenizer().encode(TEXT, false).unwrap();
+    (0..32)
+        .map(|i| {
+            let len = 5 + (i * 97) % 296;
+            let start = (i * 13) % 40;
+            (0..len).map(|j| ids[(start + j) % ids.len()]).collect()
+        })
+        .collect()
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+fn token_ids(outs: &[RequestOutput]) -> Vec<Vec<u32>> {
+    outs.iter().map(|o| o.outputs[0].token_ids.clone()).collect()
+}
+
+fn assert_all_blocks_free(engine: &LLMEngine) {
+    assert!(!engine.has_unfinished_requests());
+    assert_eq!(engine.num_free_blocks(), engine.num_total_blocks(), "blocks leaked");
+}
+
+#[test]
+fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
+    let args = engine_args();
+    let mut solo = llm(&args);
+    let prompts = varied_prompts(&solo);
+    let params = greedy(6);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| token_ids(&solo.generate([p.clone()], &params, false).unwrap()).remove(0))
+        .collect();
+    assert_all_blocks_free(solo.engine());
+
+    let variants: Vec<(&str, EngineArgs)> = vec![
+        ("batched", args.clone()),
+        (
+            "no prefix caching",
+            EngineArgs {
+                enable_prefix_caching: false,
+                ..args.clone()
+            },
+        ),
+        (
+            "chunked prefill, 64-token budget",
+            EngineArgs {
+                max_num_batched_tokens: Some(64),
+                ..args.clone()
+            },
+        ),
+        (
+            "tiny KV cache",
+            EngineArgs {
+                // 40 blocks of 16 tokens: room for two or three of the prompts at a time.
+                kv_cache_memory: 40 * 16 * 30 * 2 * 3 * 64 * 4,
+                ..args.clone()
+            },
+        ),
+    ];
+    for (name, variant) in variants {
+        let mut batched = llm(&variant);
+        let outs = batched.generate(prompts.clone(), &params, false).unwrap();
+        assert_eq!(outs.len(), prompts.len(), "{name}: requests lost");
+        assert!(outs.iter().all(|o| o.finished), "{name}: unfinished request");
+        for (i, (got, want)) in token_ids(&outs).iter().zip(&alone).enumerate() {
+            assert_eq!(got, want, "{name}: prompt {i} ({} tokens)", prompts[i].len());
+        }
+        let stats = batched.engine().stats();
+        if name == "tiny KV cache" {
+            assert!(stats.num_preemptions > 0, "{name}: expected preemptions, got none");
+        }
+        assert_all_blocks_free(batched.engine());
+    }
+}
+
+#[test]
+fn shared_prefixes_hit_the_prefix_cache_with_identical_outputs() {
+    let mut llm = llm(&engine_args());
+    let prefix = llm.engine().tokenizer().encode(TEXT, false).unwrap()[..200].to_vec();
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|i| prefix.iter().copied().chain([504 + i, 3575]).collect())
+        .collect();
+    let params = greedy(4);
+    let first = llm.generate([prompts[0].clone()], &params, false).unwrap();
+    let before = llm.engine().stats();
+    let rest = llm.generate(prompts[1..].to_vec(), &params, false).unwrap();
+    let after = llm.engine().stats();
+    assert!(after.prefix_cache_hits > before.prefix_cache_hits, "no prefix cache hit");
+    // Three prompts of 202 tokens; with 192 cached tokens each, only a handful are computed.
+    let computed = after.num_computed_tokens - before.num_computed_tokens;
+    assert!(computed < 3 * 60, "computed {computed} tokens for three cached prompts");
+
+    let mut cold = LLM::new(&EngineArgs {
+        enable_prefix_caching: false,
+        ..engine_args()
+    })
+    .unwrap();
+    let uncached = cold.generate(prompts.clone(), &params, false).unwrap();
+    let mut cached = token_ids(&first);
+    cached.extend(token_ids(&rest));
+    assert_eq!(cached, token_ids(&uncached));
+    assert_all_blocks_free(llm.engine());
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_across_runs_and_batches() {
+    let mut llm = llm(&engine_args());
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        seed: Some(1234),
+        max_tokens: Some(12),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let prompt = "Once upon a time";
+    let alone = token_ids(&llm.generate([prompt], &sampled, false).unwrap());
+    let again = token_ids(&llm.generate([prompt], &sampled, false).unwrap());
+    assert_eq!(alone, again);
+    // In a batch with other (unseeded and seeded) requests, the same tokens come out.
+    let others = SamplingParams {
+        seed: None,
+        ..sampled.clone()
+    };
+    let params = vec![others.clone(), sampled.clone(), others];
+    let batch = llm
+        .generate(["The weather today", prompt, "def main():"], &params, false)
+        .unwrap();
+    assert_eq!(token_ids(&batch)[1], alone[0]);
+}
+
+#[test]
+fn n_completions_share_the_prompt_blocks() {
+    let mut llm = llm(&engine_args());
+    let engine = llm.engine_mut();
+    let params = SamplingParams {
+        n: 3,
+        temperature: 1.0,
+        seed: Some(7),
+        max_tokens: Some(5),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let prompt: Vec<u32> = (0..40).map(|i| 100 + i).collect(); // 3 blocks of 16 (last partial)
+    engine
+        .add_request("r", PromptInput::TokenIds(prompt), params, 0)
+        .unwrap();
+    let total = engine.num_total_blocks();
+    engine.step().unwrap(); // prefill, then fork into 3
+    engine.step().unwrap(); // each writes its first token: copy-on-write of the partial block
+    let used = total - engine.num_free_blocks();
+    // Shared: 2 full prompt blocks; own: 3 copies of the partial last block.
+    assert_eq!(used, 2 + 3, "blocks in use with 3 completions sharing a 40-token prompt");
+    let mut last = None;
+    while engine.has_unfinished_requests() {
+        for o in engine.step().unwrap() {
+            last = Some(o);
+        }
+    }
+    let out = last.unwrap();
+    assert!(out.finished);
+    assert_eq!(out.outputs.len(), 3);
+    assert!(out.outputs.iter().all(|o| o.token_ids.len() == 5));
+    assert_eq!(engine.num_free_blocks(), total);
+}
+
+#[test]
+fn stop_strings_are_trimmed_and_reported() {
+    let mut llm = llm(&engine_args());
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(16),
+        stop: vec!["answer".to_string()],
+        ..SamplingParams::default()
+    };
+    // Greedy continues " Paris.\n\nThe answer is: ..." (the reference output).
+    let out = llm.generate(["The capital of France is"], &params, false).unwrap();
+    let c = &out[0].outputs[0];
+    assert_eq!(c.text, " Paris.\n\nThe ");
+    assert_eq!(c.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(
+        c.stop_reason,
+        Some(minivllm::sequence::StopReason::String("answer".into()))
+    );
+    let keep = SamplingParams {
+        include_stop_str_in_output: true,
+        ..params
+    };
+    let out = llm.generate(["The capital of France is"], &keep, false).unwrap();
+    assert_eq!(out[0].outputs[0].text, " Paris.\n\nThe answer");
+}
+
+#[test]
+fn bad_requests_fail_alone_and_the_engine_keeps_serving() {
+    let mut llm = llm(&engine_args());
+    let engine = llm.engine_mut();
+    engine
+        .add_request("good", PromptInput::Text("The capital of France is".into()), greedy(4), 0)
+        .unwrap();
+    let bad_temp = SamplingParams {
+        temperature: -1.0,
+        ..greedy(4)
+    };
+    let e = engine
+        .add_request("bad1", PromptInput::Text("hi".into()), bad_temp, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("temperature"), "{e}");
+    let e = engine
+        .add_request("bad2", PromptInput::TokenIds(vec![5; 600]), greedy(4), 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("length 600") && e.contains("maximum model length of 512"), "{e}");
+    let e = engine
+        .add_request("good", PromptInput::Text("again".into()), greedy(4), 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already in use"), "{e}");
+    let mut outs = Vec::new();
+    while engine.has_unfinished_requests() {
+        outs.extend(engine.step().unwrap());
+    }
+    let last = outs.last().unwrap();
+    assert_eq!(last.request_id, "good");
+    assert_eq!(last.outputs[0].text, " Paris.\n\n");
+}
+
+#[test]
+fn aborted_requests_free_their_blocks() {
+    let mut llm = llm(&engine_args());
+    let engine = llm.engine_mut();
+    for i in 0..4 {
+        engine
+            .add_request(format!("r{i}"), PromptInput::Text(TEXT.into()), greedy(50), 0)
+            .unwrap();
+    }
+    engine.step().unwrap();
+    engine.step().unwrap();
+    assert!(engine.num_free_blocks() < engine.num_total_blocks());
+    engine.abort_request("r1");
+    engine.abort_request("r3");
+    engine.abort_request("unknown");
+    while engine.has_unfinished_requests() {
+        for o in engine.step().unwrap() {
+            assert!(o.request_id == "r0" || o.request_id == "r2");
+        }
+    }
+    assert_all_blocks_free(engine);
+}
+
+#[test]
+fn logprobs_and_prompt_logprobs_match_the_reference() {
+    let mut llm = llm(&engine_args());
+    let case = &common::reference_cases()[0];
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(4),
+        logprobs: Some(5),
+        prompt_logprobs: Some(2),
+        ..SamplingParams::default()
+    };
+    let out = llm
+        .generate([case.prompt_ids.clone()], &params, false)
+        .unwrap()
+        .remove(0);
+    let c = &out.outputs[0];
+    let lps = c.logprobs.as_ref().unwrap();
+    for (i, (lp, step)) in lps.iter().zip(&case.steps).enumerate() {
+        assert_eq!(c.token_ids[i], step.chosen_id);
+        let got = lp.get(step.chosen_id).unwrap();
+        assert!((got - step.chosen_logprob).abs() < 2e-3, "step {i}: {got} vs {}", step.chosen_logprob);
+        assert_eq!(lp.0.len(), 5, "chosen token is in the top 5");
+    }
+    let cum: f64 = lps.iter().zip(&c.token_ids).map(|(lp, t)| lp.get(*t).unwrap() as f64).sum();
+    assert!((c.cumulative_logprob.unwrap() - cum).abs() < 1e-4);
+    let plp = out.prompt_logprobs.as_ref().unwrap();
+    assert_eq!(plp.len(), case.prompt_ids.len());
+    assert!(plp[0].is_none());
+    for (i, entry) in plp.iter().enumerate().skip(1) {
+        let entry = entry.as_ref().unwrap();
+        let lp = entry.get(case.prompt_ids[i]).unwrap();
+        assert!(lp <= 0.0 && lp.is_finite());
+    }
+}
