@@ -1,3 +1,4 @@
 pub mod chat_template;
+pub mod detokenizer;
 pub mod greedy;
 pub mod tokenizer;
