@@ -1,3 +1,4 @@
 //! Scheduling and KV-block bookkeeping.
 
+pub mod block_manager;
 pub mod block_pool;
