@@ -702,4 +702,245 @@ mod tests {
         assert!(m.reset_prefix_cache());
         assert_eq!(m.get_computed_tokens(&t), 0);
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::HashSet;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Add(Vec<u32>),
+            Append(usize, Vec<u32>),
+            Fork(usize),
+            Free(usize),
+            Cache(usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            // A three-token vocabulary, so prompts share prefixes and blocks repeat.
+            let tokens = |max| prop::collection::vec(0u32..3, 1..max);
+            prop_oneof![
+                3 => tokens(20).prop_map(Op::Add),
+                4 => (any::<usize>(), tokens(6)).prop_map(|(i, t)| Op::Append(i, t)),
+                1 => any::<usize>().prop_map(Op::Fork),
+                2 => any::<usize>().prop_map(Op::Free),
+                3 => any::<usize>().prop_map(Op::Cache),
+            ]
+        }
+
+        /// Collides constantly, so only the stored-token and parent checks keep hits right.
+        fn weak_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
+            (parent.unwrap_or(7) + tokens.iter().map(|&t| t as u64).sum::<u64>()) % 5
+        }
+
+        struct Seq {
+            id: SeqId,
+            tokens: Vec<u32>,
+            computed: usize,
+        }
+
+        /// The scheduler's side: live sequences, and what each block's K/V were computed
+        /// from (the writing sequence's tokens up to the block's last written position).
+        #[derive(Default)]
+        struct Model {
+            seqs: Vec<Seq>,
+            kv: HashMap<BlockId, Vec<u32>>,
+            next_id: u64,
+        }
+
+        impl Model {
+            fn pick(&self, i: usize) -> Option<usize> {
+                (!self.seqs.is_empty()).then(|| i % self.seqs.len())
+            }
+
+            fn new_id(&mut self) -> SeqId {
+                self.next_id += 1;
+                SeqId(self.next_id)
+            }
+
+            /// Runs the model over positions `from..to` of sequence `s`.
+            fn write(&mut self, m: &BlockManager, s: usize, from: usize, to: usize) {
+                let bs = m.block_size();
+                let seq = &self.seqs[s];
+                let table = m.block_table(seq.id);
+                for j in from / bs..to.div_ceil(bs) {
+                    assert_eq!(m.ref_count(table[j]), 1, "{} writes a shared block", seq.id);
+                    let end = ((j + 1) * bs).min(to);
+                    self.kv.insert(table[j], seq.tokens[..end].to_vec());
+                }
+            }
+        }
+
+        fn apply(m: &mut BlockManager, model: &mut Model, op: Op) {
+            let bs = m.block_size();
+            match op {
+                Op::Add(tokens) => {
+                    let id = model.new_id();
+                    let free = m.num_free_blocks();
+                    let computed = m.get_computed_tokens(&tokens);
+                    assert!(computed.is_multiple_of(bs));
+                    assert!(computed <= (tokens.len() - 1) / bs * bs);
+                    let new = tokens.len() - computed;
+                    let Some(copies) = m.allocate_slots(id, &tokens, computed, new) else {
+                        assert!(m.block_table(id).is_empty());
+                        assert_eq!(m.num_free_blocks(), free);
+                        return;
+                    };
+                    assert!(copies.is_empty());
+                    let table = m.block_table(id);
+                    assert_eq!(table.len(), tokens.len().div_ceil(bs));
+                    for (j, b) in table[..computed / bs].iter().enumerate() {
+                        assert_eq!(model.kv[b], tokens[..(j + 1) * bs], "false hit on {b}");
+                    }
+                    model.seqs.push(Seq {
+                        id,
+                        tokens,
+                        computed,
+                    });
+                    let s = model.seqs.len() - 1;
+                    let len = model.seqs[s].tokens.len();
+                    model.write(m, s, computed, len);
+                    model.seqs[s].computed = len;
+                }
+                Op::Append(i, new) => {
+                    let Some(s) = model.pick(i) else { return };
+                    let seq = &model.seqs[s];
+                    let before = m.block_table(seq.id).to_vec();
+                    let free = m.num_free_blocks();
+                    let tokens: Vec<u32> = seq.tokens.iter().chain(&new).copied().collect();
+                    let Some(copies) = m.allocate_slots(seq.id, &tokens, seq.computed, new.len())
+                    else {
+                        assert_eq!(m.block_table(seq.id), before);
+                        assert_eq!(m.num_free_blocks(), free);
+                        return;
+                    };
+                    let after = m.block_table(seq.id);
+                    assert_eq!(after.len(), tokens.len().div_ceil(bs));
+                    for (src, dst) in copies {
+                        let j = before
+                            .iter()
+                            .position(|&b| b == src)
+                            .expect("copied own block");
+                        assert_eq!(after[j], dst);
+                        assert_ne!(src, dst);
+                        let data = model.kv[&src].clone();
+                        model.kv.insert(dst, data);
+                    }
+                    let from = seq.computed;
+                    model.seqs[s].tokens = tokens;
+                    model.write(m, s, from, from + new.len());
+                    model.seqs[s].computed += new.len();
+                }
+                Op::Fork(i) => {
+                    let Some(s) = model.pick(i) else { return };
+                    let child = model.new_id();
+                    m.fork(model.seqs[s].id, child);
+                    let seq = Seq {
+                        id: child,
+                        tokens: model.seqs[s].tokens.clone(),
+                        computed: model.seqs[s].computed,
+                    };
+                    model.seqs.push(seq);
+                }
+                Op::Free(i) => {
+                    let Some(s) = model.pick(i) else { return };
+                    m.free(model.seqs.swap_remove(s).id);
+                }
+                Op::Cache(i) => {
+                    let Some(s) = model.pick(i) else { return };
+                    let seq = &model.seqs[s];
+                    m.cache_full_blocks(seq.id, &seq.tokens, seq.computed);
+                }
+            }
+        }
+
+        fn check(m: &BlockManager, model: &Model) {
+            let bs = m.block_size();
+            let mut refs: HashMap<BlockId, u32> = HashMap::new();
+            for seq in &model.seqs {
+                let table = m.block_table(seq.id);
+                assert_eq!(table.len(), seq.computed.div_ceil(bs));
+                for (j, b) in table.iter().enumerate() {
+                    *refs.entry(*b).or_default() += 1;
+                    // Every computed position holds this sequence's own K/V.
+                    if j * bs < seq.computed {
+                        let end = ((j + 1) * bs).min(seq.computed);
+                        assert_eq!(model.kv[b][..end], seq.tokens[..end], "{} {b}", seq.id);
+                    }
+                }
+            }
+            let free = m.pool.free_queue();
+            assert_eq!(free.len(), m.num_free_blocks());
+            assert_eq!(free.iter().collect::<HashSet<_>>().len(), free.len());
+            assert_eq!(m.num_free_blocks() + refs.len(), m.num_blocks());
+            let mut num_cached = 0;
+            for i in 0..m.num_blocks() as u32 {
+                let b = BlockId(i);
+                let held = refs.get(&b).copied().unwrap_or(0);
+                assert_eq!(m.ref_count(b), held, "{b}");
+                assert_eq!(held == 0, free.contains(&b), "{b}");
+                num_cached += usize::from(m.pool.cached(b).is_some());
+            }
+            assert_eq!(num_cached, m.pool.num_cached());
+            let by_id: HashMap<u64, BlockId> = m
+                .pool
+                .cache_index()
+                .map(|(_, b)| (m.pool.cached(b).unwrap().id, b))
+                .collect();
+            for (hash, b) in m.pool.cache_index() {
+                let c = m.pool.cached(b).expect("indexed blocks are cached");
+                assert_eq!(c.hash, hash);
+                let kv = &model.kv[&b];
+                assert!(kv.len().is_multiple_of(bs) && !kv.is_empty());
+                assert_eq!(*c.tokens, kv[kv.len() - bs..], "{b} holds other tokens");
+                match c.parent {
+                    None => assert_eq!(kv.len(), bs),
+                    Some(p) => {
+                        if let Some(pb) = by_id.get(&p) {
+                            assert_eq!(model.kv[pb], kv[..kv.len() - bs], "{b}'s parent");
+                        }
+                    }
+                }
+            }
+            let stats = m.prefix_cache_stats();
+            assert!(stats.hits <= stats.queries);
+        }
+
+        proptest! {
+            #[test]
+            fn random_workloads_keep_the_books_straight(
+                num_blocks in 4usize..24,
+                block_size in prop::sample::select(vec![1usize, 2, 4]),
+                enable_prefix_caching in prop::bool::weighted(0.8),
+                watermark in prop::sample::select(vec![0.0f32, 0.1]),
+                weak in any::<bool>(),
+                ops in prop::collection::vec(op(), 1..60),
+            ) {
+                let cfg = BlockManagerConfig {
+                    num_blocks,
+                    block_size,
+                    enable_prefix_caching,
+                    watermark,
+                };
+                let mut m = if weak {
+                    BlockManager::with_hasher(cfg, weak_hash)
+                } else {
+                    BlockManager::new(cfg)
+                };
+                let mut model = Model::default();
+                for op in ops {
+                    apply(&mut m, &mut model, op);
+                    check(&m, &model);
+                }
+                for seq in model.seqs.drain(..) {
+                    m.free(seq.id);
+                }
+                check(&m, &model);
+                prop_assert_eq!(m.num_free_blocks(), m.num_blocks());
+                prop_assert!(m.reset_prefix_cache());
+                prop_assert_eq!(m.pool.num_cached(), 0);
+            }
+        }
+    }
 }
