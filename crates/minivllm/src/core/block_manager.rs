@@ -764,10 +764,15 @@ mod tests {
                 let bs = m.block_size();
                 let seq = &self.seqs[s];
                 let table = m.block_table(seq.id);
-                for j in from / bs..to.div_ceil(bs) {
-                    assert_eq!(m.ref_count(table[j]), 1, "{} writes a shared block", seq.id);
+                let written = table
+                    .iter()
+                    .enumerate()
+                    .take(to.div_ceil(bs))
+                    .skip(from / bs);
+                for (j, &b) in written {
+                    assert_eq!(m.ref_count(b), 1, "{} writes a shared {b}", seq.id);
                     let end = ((j + 1) * bs).min(to);
-                    self.kv.insert(table[j], seq.tokens[..end].to_vec());
+                    self.kv.insert(b, seq.tokens[..end].to_vec());
                 }
             }
         }
