@@ -1,0 +1,951 @@
+//! The paged KV block manager: per-sequence block tables over a shared [`BlockPool`], prefix
+//! caching (vLLM v1 `KVCacheManager` semantics) and fork with copy-on-write for `n > 1`.
+//!
+//! A block's K/V depend on every token before it, so a cached block is keyed by a chained
+//! hash of its parent block's hash and its own token ids, and found by walking a new
+//! prompt's full blocks from the start. Only full, computed blocks are cached.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use super::block_pool::{BlockId, BlockPool};
+use crate::sequence::SeqId;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockManagerConfig {
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    pub enable_prefix_caching: bool,
+    /// fraction of blocks kept free when admitting NEW sequences (vLLM watermark, default 0.01)
+    pub watermark: f32,
+}
+
+impl BlockManagerConfig {
+    /// Prefix caching on and vLLM's default watermark.
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self {
+            num_blocks,
+            block_size,
+            enable_prefix_caching: true,
+            watermark: 0.01,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Tokens looked up.
+    pub queries: u64,
+    /// Tokens found.
+    pub hits: u64,
+}
+
+/// Chained block hash: (parent block's hash, this block's token ids) -> hash.
+pub type BlockHasher = fn(Option<u64>, &[u32]) -> u64;
+
+/// `DefaultHasher::new()` has fixed keys, so hashes agree across sequences and runs.
+fn default_block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
+    let mut h = DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+/// A full block of a sequence whose hash is known.
+#[derive(Debug, Clone, Copy)]
+struct HashedBlock {
+    hash: u64,
+    /// Cache entry id of this content (its own or that of an equal block registered first);
+    /// None after a hash collision, which leaves it and its descendants uncacheable.
+    entry: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct SeqBlocks {
+    table: Vec<BlockId>,
+    /// One per leading full block already hashed: cache_full_blocks resumes after them.
+    hashed: Vec<HashedBlock>,
+}
+
+/// A cached block found for a prefix.
+struct Hit {
+    block: BlockId,
+    hashed: HashedBlock,
+}
+
+#[derive(Debug)]
+pub struct BlockManager {
+    pool: BlockPool,
+    block_size: usize,
+    enable_prefix_caching: bool,
+    watermark_blocks: usize,
+    seqs: HashMap<SeqId, SeqBlocks>,
+    stats: PrefixCacheStats,
+    hasher: BlockHasher,
+}
+
+impl BlockManager {
+    pub fn new(cfg: BlockManagerConfig) -> Self {
+        Self::with_hasher(cfg, default_block_hash)
+    }
+
+    /// With a given block hash, so tests can force collisions.
+    pub fn with_hasher(cfg: BlockManagerConfig, hasher: BlockHasher) -> Self {
+        assert!(cfg.block_size > 0, "block_size must be positive");
+        Self {
+            pool: BlockPool::new(cfg.num_blocks),
+            block_size: cfg.block_size,
+            enable_prefix_caching: cfg.enable_prefix_caching,
+            // Rounded down like vLLM's int(watermark * num_gpu_blocks).
+            watermark_blocks: (cfg.watermark.max(0.0) * cfg.num_blocks as f32) as usize,
+            seqs: HashMap::new(),
+            stats: PrefixCacheStats::default(),
+            hasher,
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Prefix-cache lookup for a sequence about to start (or restart after preemption): the
+    /// longest run of full blocks of `token_ids` already cached, never covering the last token
+    /// (so there are logits to sample). Returns the number of cached tokens, a multiple of the
+    /// block size; 0 with prefix caching off. Takes no references: `allocate_slots` with this
+    /// as `num_computed_tokens`, before anything else allocates, commits them.
+    pub fn get_computed_tokens(&mut self, token_ids: &[u32]) -> usize {
+        if !self.enable_prefix_caching {
+            return 0;
+        }
+        let max_blocks = token_ids.len().saturating_sub(1) / self.block_size;
+        let tokens = self.find_cached(token_ids, max_blocks).len() * self.block_size;
+        self.stats.queries += token_ids.len() as u64;
+        self.stats.hits += tokens as u64;
+        tokens
+    }
+
+    /// Ensures `seq` has blocks for `num_computed_tokens + num_new_tokens` tokens, and returns
+    /// the (src, dst) block copies the caller must make first (copy-on-write of blocks shared
+    /// after a fork that the new tokens write into).
+    ///
+    /// A sequence without blocks first takes the cached blocks for its first
+    /// `num_computed_tokens` tokens (as `get_computed_tokens` found them) and is admitted only
+    /// if the watermark's worth of blocks stays free. All or nothing: `None` changes nothing,
+    /// whether blocks are short or the cached prefix was evicted since the lookup.
+    /// `token_ids` are all the sequence's known tokens, for hashing.
+    pub fn allocate_slots(
+        &mut self,
+        seq: SeqId,
+        token_ids: &[u32],
+        num_computed_tokens: usize,
+        num_new_tokens: usize,
+    ) -> Option<Vec<(BlockId, BlockId)>> {
+        let bs = self.block_size;
+        let required = (num_computed_tokens + num_new_tokens).div_ceil(bs);
+        if self.block_table(seq).is_empty() {
+            self.allocate_new(seq, token_ids, num_computed_tokens, required)?;
+            return Some(Vec::new());
+        }
+        let state = self.seqs.get_mut(&seq).expect("non-empty table");
+        // Only blocks the new tokens land in may need a private copy; cached prefix blocks
+        // are full and never written.
+        let written = if num_new_tokens == 0 {
+            0..0
+        } else {
+            num_computed_tokens / bs..required.min(state.table.len())
+        };
+        let shared: Vec<usize> = written
+            .filter(|&i| self.pool.ref_count(state.table[i]) > 1)
+            .collect();
+        let fresh_needed = required.saturating_sub(state.table.len()) + shared.len();
+        let mut fresh = self.pool.allocate(fresh_needed)?.into_iter();
+        let mut copies = Vec::new();
+        for &i in &shared {
+            let src = state.table[i];
+            let dst = fresh.next().expect("allocated");
+            // A block with no computed tokens yet has nothing to copy.
+            if i * bs < num_computed_tokens {
+                copies.push((src, dst));
+            }
+            state.table[i] = dst;
+            // Still referenced by whoever shares it: never reaches the free queue here.
+            self.pool.free([src]);
+            state.hashed.truncate(i);
+        }
+        state.table.extend(fresh);
+        Some(copies)
+    }
+
+    fn allocate_new(
+        &mut self,
+        seq: SeqId,
+        token_ids: &[u32],
+        num_computed_tokens: usize,
+        required: usize,
+    ) -> Option<()> {
+        let bs = self.block_size;
+        let whole_blocks = num_computed_tokens.is_multiple_of(bs);
+        debug_assert!(
+            whole_blocks,
+            "{seq}: {num_computed_tokens} computed tokens is not a whole number of blocks"
+        );
+        let hit_blocks = num_computed_tokens / bs;
+        let hits = if hit_blocks == 0 {
+            Vec::new()
+        } else {
+            self.find_cached(token_ids, hit_blocks)
+        };
+        if hits.len() < hit_blocks || !whole_blocks {
+            return None;
+        }
+        let revived = hits
+            .iter()
+            .filter(|h| self.pool.ref_count(h.block) == 0)
+            .count();
+        let fresh_needed = required.saturating_sub(hits.len());
+        let taken = revived + fresh_needed;
+        if taken + self.watermark_blocks > self.pool.num_free() {
+            return None;
+        }
+        // Revive the hits before allocating, or allocation could evict them.
+        for h in &hits {
+            self.pool.touch(h.block);
+        }
+        let fresh = self.pool.allocate(fresh_needed).expect("counted above");
+        let state = self.seqs.entry(seq).or_default();
+        state.table = hits.iter().map(|h| h.block).chain(fresh).collect();
+        state.hashed = hits.iter().map(|h| h.hashed).collect();
+        Some(())
+    }
+
+    /// The cached blocks for the longest prefix of `token_ids`' full blocks, at most
+    /// `max_blocks`. A hash hit counts only if the stored tokens and the parent entry match,
+    /// so a hash collision can never serve another prefix's K/V.
+    fn find_cached(&self, token_ids: &[u32], max_blocks: usize) -> Vec<Hit> {
+        let mut hits = Vec::new();
+        if !self.enable_prefix_caching {
+            return hits;
+        }
+        let mut parent: Option<HashedBlock> = None;
+        for tokens in token_ids.chunks_exact(self.block_size).take(max_blocks) {
+            let hash = (self.hasher)(parent.map(|p| p.hash), tokens);
+            let Some((block, c)) = self.pool.lookup(hash) else {
+                break;
+            };
+            if *c.tokens != *tokens || c.parent != parent.and_then(|p| p.entry) {
+                break;
+            }
+            let hashed = HashedBlock {
+                hash,
+                entry: Some(c.id),
+            };
+            hits.push(Hit { block, hashed });
+            parent = Some(hashed);
+        }
+        hits
+    }
+
+    /// Registers `seq`'s full blocks among its first `num_computed_tokens` tokens in the
+    /// prefix cache (their K/V are now complete). A block whose content is already cached in
+    /// another block is left uncached: the first registration wins, as in vLLM.
+    pub fn cache_full_blocks(&mut self, seq: SeqId, token_ids: &[u32], num_computed_tokens: usize) {
+        if !self.enable_prefix_caching {
+            return;
+        }
+        let Some(state) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        let bs = self.block_size;
+        let num_full = (num_computed_tokens.min(token_ids.len()) / bs).min(state.table.len());
+        for i in state.hashed.len()..num_full {
+            let tokens = &token_ids[i * bs..(i + 1) * bs];
+            let parent = i.checked_sub(1).map(|p| state.hashed[p]);
+            let parent_entry = parent.and_then(|p| p.entry);
+            let hash = (self.hasher)(parent.map(|p| p.hash), tokens);
+            let block = state.table[i];
+            let entry = if let Some(c) = self.pool.cached(block) {
+                // Shared with the sequence that registered it (prefix hit or fork).
+                debug_assert!(*c.tokens == *tokens, "{seq}: {block} holds other tokens");
+                Some(c.id)
+            } else if parent.is_some() && parent_entry.is_none() {
+                // Its parent's content is unknown to the cache, so nothing could find it.
+                None
+            } else if let Some((_, c)) = self.pool.lookup(hash) {
+                let same = *c.tokens == *tokens && c.parent == parent_entry;
+                same.then_some(c.id)
+            } else {
+                Some(self.pool.register(block, hash, parent_entry, tokens))
+            };
+            state.hashed.push(HashedBlock { hash, entry });
+        }
+    }
+
+    /// The child shares all of the parent's blocks (one more reference each).
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) {
+        debug_assert!(
+            !self.seqs.contains_key(&child),
+            "{child} already has blocks"
+        );
+        self.free(child);
+        let Some(state) = self.seqs.get(&parent).cloned() else {
+            return;
+        };
+        for &b in &state.table {
+            self.pool.touch(b);
+        }
+        self.seqs.insert(child, state);
+    }
+
+    /// Drops the sequence's references. Its blocks are freed tail first so that, among its
+    /// cached blocks, the tail is evicted before the prefix more sequences are likely to share.
+    pub fn free(&mut self, seq: SeqId) {
+        if let Some(state) = self.seqs.remove(&seq) {
+            self.pool.free(state.table.into_iter().rev());
+        }
+    }
+
+    /// Empty for an unknown sequence.
+    pub fn block_table(&self, seq: SeqId) -> &[BlockId] {
+        self.seqs.get(&seq).map_or(&[], |s| &s.table)
+    }
+
+    /// Blocks with no references, cached or not.
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free()
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.pool.num_blocks()
+    }
+
+    /// Fraction of blocks in use.
+    pub fn usage(&self) -> f32 {
+        match self.num_blocks() {
+            0 => 0.0,
+            n => 1.0 - self.num_free_blocks() as f32 / n as f32,
+        }
+    }
+
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    /// Forgets all cached blocks; only while no block is in use (false otherwise).
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if !self.pool.reset_cache() {
+            return false;
+        }
+        for s in self.seqs.values_mut() {
+            s.hashed.clear();
+        }
+        true
+    }
+
+    /// References held on `block` (by sequences; forks count each).
+    pub fn ref_count(&self, block: BlockId) -> u32 {
+        self.pool.ref_count(block)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mgr(num_blocks: usize, block_size: usize) -> BlockManager {
+        BlockManager::new(BlockManagerConfig {
+            watermark: 0.0,
+            ..BlockManagerConfig::new(num_blocks, block_size)
+        })
+    }
+
+    fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
+        range.collect()
+    }
+
+    /// Admits `seq` with its cached prefix, computes all of `tokens`, and caches its blocks,
+    /// as the scheduler would over a prefill; returns the cached-token count it started from.
+    fn prefill(m: &mut BlockManager, seq: u64, tokens: &[u32]) -> usize {
+        let computed = m.get_computed_tokens(tokens);
+        m.allocate_slots(SeqId(seq), tokens, computed, tokens.len() - computed)
+            .expect("room");
+        m.cache_full_blocks(SeqId(seq), tokens, tokens.len());
+        computed
+    }
+
+    #[test]
+    fn allocates_whole_blocks_and_frees_them() {
+        let mut m = mgr(8, 4);
+        let t = toks(0..10);
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 10), Some(vec![]));
+        assert_eq!(m.block_table(SeqId(1)).len(), 3);
+        assert_eq!(m.num_free_blocks(), 5);
+        assert_eq!(m.usage(), 3.0 / 8.0);
+        // Decode steps fill the last block before taking another.
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 10, 2), Some(vec![]));
+        assert_eq!(m.block_table(SeqId(1)).len(), 3);
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 12, 1), Some(vec![]));
+        assert_eq!(m.block_table(SeqId(1)).len(), 4);
+        m.free(SeqId(1));
+        assert!(m.block_table(SeqId(1)).is_empty());
+        assert_eq!(m.num_free_blocks(), 8);
+    }
+
+    #[test]
+    fn allocation_is_all_or_nothing() {
+        let mut m = mgr(4, 4);
+        let t = toks(0..20);
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 12), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 12, 8), None);
+        assert_eq!(m.block_table(SeqId(1)).len(), 3);
+        assert_eq!(m.allocate_slots(SeqId(2), &t, 0, 8), None);
+        assert!(m.block_table(SeqId(2)).is_empty());
+        assert_eq!(m.num_free_blocks(), 1);
+    }
+
+    #[test]
+    fn second_sequence_reuses_a_shared_prefix() {
+        let mut m = mgr(16, 16);
+        let prefix = toks(1000..1040);
+        let a: Vec<u32> = prefix.iter().copied().chain([1, 2, 3]).collect();
+        let b: Vec<u32> = prefix.iter().copied().chain([7, 8]).collect();
+        assert_eq!(prefill(&mut m, 1, &a), 0);
+        assert_eq!(m.get_computed_tokens(&b), 32);
+        m.allocate_slots(SeqId(2), &b, 32, b.len() - 32).unwrap();
+        let (ta, tb) = (m.block_table(SeqId(1)), m.block_table(SeqId(2)));
+        assert_eq!(ta[..2], tb[..2]);
+        assert_ne!(ta[2], tb[2]);
+        assert_eq!(m.ref_count(ta[0]), 2);
+        assert_eq!(m.ref_count(ta[2]), 1);
+        assert_eq!(
+            m.prefix_cache_stats(),
+            PrefixCacheStats {
+                queries: (a.len() + b.len()) as u64,
+                hits: 32
+            }
+        );
+    }
+
+    #[test]
+    fn the_last_token_is_always_recomputed() {
+        let mut m = mgr(16, 16);
+        let t = toks(0..48);
+        prefill(&mut m, 1, &t);
+        // floor((len - 1) / bs) blocks at most.
+        assert_eq!(m.get_computed_tokens(&t[..48]), 32);
+        assert_eq!(m.get_computed_tokens(&t[..33]), 32);
+        assert_eq!(m.get_computed_tokens(&t[..32]), 16);
+        assert_eq!(m.get_computed_tokens(&t[..17]), 16);
+        assert_eq!(m.get_computed_tokens(&t[..16]), 0);
+        assert_eq!(m.get_computed_tokens(&[]), 0);
+    }
+
+    #[test]
+    fn a_hit_on_a_freed_block_revives_it_from_the_free_queue() {
+        let mut m = mgr(4, 4);
+        let t = toks(0..9);
+        prefill(&mut m, 1, &t);
+        let cached = m.block_table(SeqId(1))[..2].to_vec();
+        m.free(SeqId(1));
+        assert_eq!(m.num_free_blocks(), 4);
+        assert_eq!(prefill(&mut m, 2, &t), 8);
+        assert_eq!(m.block_table(SeqId(2))[..2], cached);
+        assert_eq!(m.num_free_blocks(), 1);
+        m.free(SeqId(2));
+        assert_eq!(m.num_free_blocks(), 4);
+    }
+
+    #[test]
+    fn a_prefix_evicted_between_lookup_and_allocation_is_refused() {
+        let mut m = mgr(4, 4);
+        let t = toks(0..9);
+        prefill(&mut m, 1, &t);
+        m.free(SeqId(1));
+        assert_eq!(m.get_computed_tokens(&t), 8);
+        // Takes the free uncached blocks, then the second cached block (the tail goes first).
+        m.allocate_slots(SeqId(2), &toks(100..112), 0, 12).unwrap();
+        m.free(SeqId(2));
+        assert_eq!(m.allocate_slots(SeqId(3), &t, 8, 1), None);
+        assert!(m.block_table(SeqId(3)).is_empty());
+        assert_eq!(m.num_free_blocks(), 4);
+        assert_eq!(m.get_computed_tokens(&t), 4);
+    }
+
+    #[test]
+    fn prefix_caching_off_finds_nothing() {
+        let mut m = BlockManager::new(BlockManagerConfig {
+            enable_prefix_caching: false,
+            ..BlockManagerConfig::new(8, 4)
+        });
+        let t = toks(0..9);
+        prefill(&mut m, 1, &t);
+        assert_eq!(m.get_computed_tokens(&t), 0);
+        assert_eq!(m.prefix_cache_stats(), PrefixCacheStats::default());
+    }
+
+    #[test]
+    fn fork_then_append_copies_the_shared_partial_block() {
+        let mut m = mgr(8, 4);
+        let t = toks(0..6);
+        prefill(&mut m, 1, &t);
+        m.fork(SeqId(1), SeqId(2));
+        let parent = m.block_table(SeqId(1)).to_vec();
+        assert_eq!(m.block_table(SeqId(2)), parent);
+        assert!(parent.iter().all(|&b| m.ref_count(b) == 2));
+
+        let child_tokens: Vec<u32> = t.iter().copied().chain([99]).collect();
+        let copies = m.allocate_slots(SeqId(2), &child_tokens, 6, 1).unwrap();
+        let child = m.block_table(SeqId(2)).to_vec();
+        assert_eq!(copies, vec![(parent[1], child[1])]);
+        assert_eq!(child[0], parent[0]);
+        assert_eq!(m.block_table(SeqId(1)), parent);
+        assert_eq!(m.ref_count(parent[0]), 2);
+        assert_eq!(m.ref_count(parent[1]), 1);
+        assert_eq!(m.ref_count(child[1]), 1);
+
+        // The parent now owns its block alone and writes in place.
+        let parent_tokens: Vec<u32> = t.iter().copied().chain([42]).collect();
+        assert_eq!(
+            m.allocate_slots(SeqId(1), &parent_tokens, 6, 1),
+            Some(vec![])
+        );
+        assert_eq!(m.block_table(SeqId(1)), parent);
+        m.free(SeqId(1));
+        m.free(SeqId(2));
+        assert_eq!(m.num_free_blocks(), 8);
+    }
+
+    #[test]
+    fn fork_with_a_full_last_block_appends_without_copying() {
+        let mut m = mgr(8, 4);
+        let t = toks(0..8);
+        prefill(&mut m, 1, &t);
+        m.fork(SeqId(1), SeqId(2));
+        let child_tokens: Vec<u32> = t.iter().copied().chain([99]).collect();
+        assert_eq!(
+            m.allocate_slots(SeqId(2), &child_tokens, 8, 1),
+            Some(vec![])
+        );
+        let child = m.block_table(SeqId(2));
+        assert_eq!(child.len(), 3);
+        assert_eq!(child[..2], *m.block_table(SeqId(1)));
+    }
+
+    #[test]
+    fn cow_is_all_or_nothing() {
+        let mut m = mgr(2, 4);
+        let t = toks(0..6);
+        prefill(&mut m, 1, &t);
+        m.fork(SeqId(1), SeqId(2));
+        assert_eq!(m.num_free_blocks(), 0);
+        assert_eq!(m.allocate_slots(SeqId(2), &toks(0..7), 6, 1), None);
+        assert_eq!(m.block_table(SeqId(2)), m.block_table(SeqId(1)));
+        assert_eq!(m.ref_count(m.block_table(SeqId(1))[1]), 2);
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_freed_and_forgets_it() {
+        let mut m = mgr(5, 2);
+        let prompts: Vec<[u32; 3]> = (0..4u32).map(|s| [s * 10, s * 10 + 1, 7]).collect();
+        for (s, t) in prompts.iter().enumerate() {
+            prefill(&mut m, s as u64, t);
+            m.free(SeqId(s as u64));
+        }
+        let found = |m: &mut BlockManager| -> Vec<usize> {
+            prompts.iter().map(|t| m.get_computed_tokens(t)).collect()
+        };
+        assert_eq!(found(&mut m), [2, 2, 2, 2]);
+        // The free uncached block goes first, then cached ones in the order they were freed.
+        m.allocate_slots(SeqId(9), &[500], 0, 1).unwrap();
+        assert_eq!(found(&mut m), [2, 2, 2, 2]);
+        m.allocate_slots(SeqId(9), &[500, 501, 502], 1, 2).unwrap();
+        assert_eq!(found(&mut m), [0, 2, 2, 2]);
+        m.allocate_slots(SeqId(9), &[500, 501, 502, 503, 504], 3, 2)
+            .unwrap();
+        assert_eq!(found(&mut m), [0, 0, 2, 2]);
+    }
+
+    #[test]
+    fn a_freed_sequence_loses_its_tail_blocks_first() {
+        let mut m = mgr(4, 2);
+        let t = toks(0..7);
+        prefill(&mut m, 1, &t);
+        m.free(SeqId(1));
+        assert_eq!(m.get_computed_tokens(&t), 6);
+        m.allocate_slots(SeqId(2), &[900], 0, 1).unwrap();
+        assert_eq!(m.get_computed_tokens(&t), 6);
+        m.allocate_slots(SeqId(2), &[900, 901, 902], 1, 2).unwrap();
+        assert_eq!(m.get_computed_tokens(&t), 4);
+    }
+
+    #[test]
+    fn a_duplicate_block_is_not_cached_again() {
+        let mut m = mgr(8, 4);
+        let t = toks(0..9);
+        // Both compute the same prompt before either caches it.
+        m.allocate_slots(SeqId(1), &t, 0, 9).unwrap();
+        m.allocate_slots(SeqId(2), &t, 0, 9).unwrap();
+        m.cache_full_blocks(SeqId(1), &t, 9);
+        m.cache_full_blocks(SeqId(2), &t, 9);
+        let first = m.block_table(SeqId(1))[..2].to_vec();
+        m.free(SeqId(2));
+        m.free(SeqId(1));
+        assert_eq!(prefill(&mut m, 3, &t), 8);
+        assert_eq!(m.block_table(SeqId(3))[..2], first);
+    }
+
+    #[test]
+    fn a_block_after_a_duplicate_is_still_cached_under_the_same_chain() {
+        let mut m = mgr(8, 4);
+        let short = toks(0..5);
+        let long = toks(0..13);
+        m.allocate_slots(SeqId(1), &short, 0, 5).unwrap();
+        m.allocate_slots(SeqId(2), &long, 0, 13).unwrap();
+        m.cache_full_blocks(SeqId(1), &short, 5);
+        m.cache_full_blocks(SeqId(2), &long, 13);
+        // Block 0 comes from seq 1, blocks 1 and 2 from seq 2.
+        assert_eq!(m.get_computed_tokens(&long), 12);
+    }
+
+    fn constant_hash(_: Option<u64>, _: &[u32]) -> u64 {
+        7
+    }
+
+    #[test]
+    fn a_hash_collision_is_never_a_hit() {
+        let mut m = BlockManager::with_hasher(BlockManagerConfig::new(8, 4), constant_hash);
+        prefill(&mut m, 1, &toks(0..5));
+        assert_eq!(m.get_computed_tokens(&toks(0..5)), 4);
+        assert_eq!(m.get_computed_tokens(&toks(10..15)), 0);
+        // The colliding block stays uncached rather than replacing the first.
+        prefill(&mut m, 2, &toks(10..15));
+        assert_eq!(m.get_computed_tokens(&toks(10..15)), 0);
+        assert_eq!(m.get_computed_tokens(&toks(0..5)), 4);
+    }
+
+    /// Hashes only the block position, so every first block collides, as does every second.
+    fn position_hash(parent: Option<u64>, _: &[u32]) -> u64 {
+        parent.map_or(0, |p| p + 1)
+    }
+
+    #[test]
+    fn a_child_of_a_colliding_block_is_not_cached() {
+        let mut m = BlockManager::with_hasher(BlockManagerConfig::new(8, 4), position_hash);
+        let a: Vec<u32> = [1, 1, 1, 1, 5, 5, 5, 5, 0].into();
+        let b: Vec<u32> = [2, 2, 2, 2, 5, 5, 5, 5, 0].into();
+        prefill(&mut m, 1, &a[..5]);
+        prefill(&mut m, 2, &b);
+        assert_eq!(m.get_computed_tokens(&a), 4);
+        assert_eq!(m.get_computed_tokens(&b), 0);
+    }
+
+    #[test]
+    fn a_parent_replaced_under_the_same_hash_does_not_vouch_for_old_children() {
+        let mut m = mgr(8, 4);
+        m.hasher = position_hash;
+        let a: Vec<u32> = [1, 1, 1, 1, 5, 5, 5, 5, 0].into();
+        let b: Vec<u32> = [2, 2, 2, 2, 5, 5, 5, 5, 0].into();
+        // Seq 1 caches b's first block; seq 2, computed alongside, caches b's second block as
+        // its child. Seq 1's block is then evicted while seq 2 keeps running.
+        m.allocate_slots(SeqId(1), &b[..5], 0, 5).unwrap();
+        m.allocate_slots(SeqId(2), &b, 0, 9).unwrap();
+        m.cache_full_blocks(SeqId(1), &b[..5], 5);
+        m.cache_full_blocks(SeqId(2), &b, 9);
+        m.free(SeqId(1));
+        m.allocate_slots(SeqId(99), &toks(0..20), 0, 20).unwrap();
+        m.free(SeqId(99));
+        // a's first block takes the freed hash; b's second block has a's second block's
+        // tokens and hash, but was computed after other tokens.
+        assert_eq!(prefill(&mut m, 3, &a), 0);
+        assert_eq!(m.get_computed_tokens(&a), 4);
+    }
+
+    #[test]
+    fn the_watermark_holds_back_new_sequences_only() {
+        let mut m = BlockManager::new(BlockManagerConfig {
+            watermark: 0.25,
+            ..BlockManagerConfig::new(8, 4)
+        });
+        let t = toks(0..40);
+        // 8 blocks, 2 kept free: a new 7-block sequence is refused, 6 are admitted.
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 25), None);
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 24), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(2), &t, 0, 1), None);
+        // A running sequence may use the reserve.
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 24, 8), Some(vec![]));
+        assert_eq!(m.num_free_blocks(), 0);
+    }
+
+    #[test]
+    fn the_watermark_counts_revived_cached_blocks() {
+        let mut m = BlockManager::new(BlockManagerConfig {
+            watermark: 0.25,
+            ..BlockManagerConfig::new(8, 4)
+        });
+        let t = toks(0..21);
+        prefill(&mut m, 1, &t);
+        m.free(SeqId(1));
+        // 5 cached blocks to revive and 1 fresh leaves 2 free: admitted.
+        assert_eq!(m.get_computed_tokens(&t), 20);
+        assert_eq!(m.allocate_slots(SeqId(2), &t, 20, 1), Some(vec![]));
+        assert_eq!(m.num_free_blocks(), 2);
+    }
+
+    #[test]
+    fn reset_prefix_cache_only_when_idle() {
+        let mut m = mgr(8, 4);
+        let t = toks(0..9);
+        prefill(&mut m, 1, &t);
+        assert!(!m.reset_prefix_cache());
+        m.free(SeqId(1));
+        assert_eq!(m.get_computed_tokens(&t), 8);
+        assert!(m.reset_prefix_cache());
+        assert_eq!(m.get_computed_tokens(&t), 0);
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::HashSet;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Add(Vec<u32>),
+            Append(usize, Vec<u32>),
+            Fork(usize),
+            Free(usize),
+            Cache(usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            // A three-token vocabulary, so prompts share prefixes and blocks repeat.
+            let tokens = |max| prop::collection::vec(0u32..3, 1..max);
+            prop_oneof![
+                3 => tokens(20).prop_map(Op::Add),
+                4 => (any::<usize>(), tokens(6)).prop_map(|(i, t)| Op::Append(i, t)),
+                1 => any::<usize>().prop_map(Op::Fork),
+                2 => any::<usize>().prop_map(Op::Free),
+                3 => any::<usize>().prop_map(Op::Cache),
+            ]
+        }
+
+        /// Collides constantly, so only the stored-token and parent checks keep hits right.
+        fn weak_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
+            (parent.unwrap_or(7) + tokens.iter().map(|&t| t as u64).sum::<u64>()) % 5
+        }
+
+        struct Seq {
+            id: SeqId,
+            tokens: Vec<u32>,
+            computed: usize,
+        }
+
+        /// The scheduler's side: live sequences, and what each block's K/V were computed
+        /// from (the writing sequence's tokens up to the block's last written position).
+        #[derive(Default)]
+        struct Model {
+            seqs: Vec<Seq>,
+            kv: HashMap<BlockId, Vec<u32>>,
+            next_id: u64,
+        }
+
+        impl Model {
+            fn pick(&self, i: usize) -> Option<usize> {
+                (!self.seqs.is_empty()).then(|| i % self.seqs.len())
+            }
+
+            fn new_id(&mut self) -> SeqId {
+                self.next_id += 1;
+                SeqId(self.next_id)
+            }
+
+            /// Runs the model over positions `from..to` of sequence `s`.
+            fn write(&mut self, m: &BlockManager, s: usize, from: usize, to: usize) {
+                let bs = m.block_size();
+                let seq = &self.seqs[s];
+                let table = m.block_table(seq.id);
+                let written = table
+                    .iter()
+                    .enumerate()
+                    .take(to.div_ceil(bs))
+                    .skip(from / bs);
+                for (j, &b) in written {
+                    assert_eq!(m.ref_count(b), 1, "{} writes a shared {b}", seq.id);
+                    let end = ((j + 1) * bs).min(to);
+                    self.kv.insert(b, seq.tokens[..end].to_vec());
+                }
+            }
+        }
+
+        fn apply(m: &mut BlockManager, model: &mut Model, op: Op) {
+            let bs = m.block_size();
+            match op {
+                Op::Add(tokens) => {
+                    let id = model.new_id();
+                    let free = m.num_free_blocks();
+                    let computed = m.get_computed_tokens(&tokens);
+                    assert!(computed.is_multiple_of(bs));
+                    assert!(computed <= (tokens.len() - 1) / bs * bs);
+                    let new = tokens.len() - computed;
+                    let Some(copies) = m.allocate_slots(id, &tokens, computed, new) else {
+                        assert!(m.block_table(id).is_empty());
+                        assert_eq!(m.num_free_blocks(), free);
+                        return;
+                    };
+                    assert!(copies.is_empty());
+                    let table = m.block_table(id);
+                    assert_eq!(table.len(), tokens.len().div_ceil(bs));
+                    for (j, b) in table[..computed / bs].iter().enumerate() {
+                        assert_eq!(model.kv[b], tokens[..(j + 1) * bs], "false hit on {b}");
+                    }
+                    model.seqs.push(Seq {
+                        id,
+                        tokens,
+                        computed,
+                    });
+                    let s = model.seqs.len() - 1;
+                    let len = model.seqs[s].tokens.len();
+                    model.write(m, s, computed, len);
+                    model.seqs[s].computed = len;
+                }
+                Op::Append(i, new) => {
+                    let Some(s) = model.pick(i) else { return };
+                    let seq = &model.seqs[s];
+                    let before = m.block_table(seq.id).to_vec();
+                    let free = m.num_free_blocks();
+                    let tokens: Vec<u32> = seq.tokens.iter().chain(&new).copied().collect();
+                    let Some(copies) = m.allocate_slots(seq.id, &tokens, seq.computed, new.len())
+                    else {
+                        assert_eq!(m.block_table(seq.id), before);
+                        assert_eq!(m.num_free_blocks(), free);
+                        return;
+                    };
+                    let after = m.block_table(seq.id);
+                    assert_eq!(after.len(), tokens.len().div_ceil(bs));
+                    for (src, dst) in copies {
+                        let j = before
+                            .iter()
+                            .position(|&b| b == src)
+                            .expect("copied own block");
+                        assert_eq!(after[j], dst);
+                        assert_ne!(src, dst);
+                        let data = model.kv[&src].clone();
+                        model.kv.insert(dst, data);
+                    }
+                    let from = seq.computed;
+                    model.seqs[s].tokens = tokens;
+                    model.write(m, s, from, from + new.len());
+                    model.seqs[s].computed += new.len();
+                }
+                Op::Fork(i) => {
+                    let Some(s) = model.pick(i) else { return };
+                    let child = model.new_id();
+                    m.fork(model.seqs[s].id, child);
+                    let seq = Seq {
+                        id: child,
+                        tokens: model.seqs[s].tokens.clone(),
+                        computed: model.seqs[s].computed,
+                    };
+                    model.seqs.push(seq);
+                }
+                Op::Free(i) => {
+                    let Some(s) = model.pick(i) else { return };
+                    m.free(model.seqs.swap_remove(s).id);
+                }
+                Op::Cache(i) => {
+                    let Some(s) = model.pick(i) else { return };
+                    let seq = &model.seqs[s];
+                    m.cache_full_blocks(seq.id, &seq.tokens, seq.computed);
+                }
+            }
+        }
+
+        fn check(m: &BlockManager, model: &Model) {
+            let bs = m.block_size();
+            let mut refs: HashMap<BlockId, u32> = HashMap::new();
+            for seq in &model.seqs {
+                let table = m.block_table(seq.id);
+                assert_eq!(table.len(), seq.computed.div_ceil(bs));
+                for (j, b) in table.iter().enumerate() {
+                    *refs.entry(*b).or_default() += 1;
+                    // Every computed position holds this sequence's own K/V.
+                    if j * bs < seq.computed {
+                        let end = ((j + 1) * bs).min(seq.computed);
+                        assert_eq!(model.kv[b][..end], seq.tokens[..end], "{} {b}", seq.id);
+                    }
+                }
+            }
+            let free = m.pool.free_queue();
+            assert_eq!(free.len(), m.num_free_blocks());
+            assert_eq!(free.iter().collect::<HashSet<_>>().len(), free.len());
+            assert_eq!(m.num_free_blocks() + refs.len(), m.num_blocks());
+            let mut num_cached = 0;
+            for i in 0..m.num_blocks() as u32 {
+                let b = BlockId(i);
+                let held = refs.get(&b).copied().unwrap_or(0);
+                assert_eq!(m.ref_count(b), held, "{b}");
+                assert_eq!(held == 0, free.contains(&b), "{b}");
+                num_cached += usize::from(m.pool.cached(b).is_some());
+            }
+            assert_eq!(num_cached, m.pool.num_cached());
+            let by_id: HashMap<u64, BlockId> = m
+                .pool
+                .cache_index()
+                .map(|(_, b)| (m.pool.cached(b).unwrap().id, b))
+                .collect();
+            for (hash, b) in m.pool.cache_index() {
+                let c = m.pool.cached(b).expect("indexed blocks are cached");
+                assert_eq!(c.hash, hash);
+                let kv = &model.kv[&b];
+                assert!(kv.len().is_multiple_of(bs) && !kv.is_empty());
+                assert_eq!(*c.tokens, kv[kv.len() - bs..], "{b} holds other tokens");
+                match c.parent {
+                    None => assert_eq!(kv.len(), bs),
+                    Some(p) => {
+                        if let Some(pb) = by_id.get(&p) {
+                            assert_eq!(model.kv[pb], kv[..kv.len() - bs], "{b}'s parent");
+                        }
+                    }
+                }
+            }
+            let stats = m.prefix_cache_stats();
+            assert!(stats.hits <= stats.queries);
+        }
+
+        proptest! {
+            #[test]
+            fn random_workloads_keep_the_books_straight(
+                num_blocks in 4usize..24,
+                block_size in prop::sample::select(vec![1usize, 2, 4]),
+                enable_prefix_caching in prop::bool::weighted(0.8),
+                watermark in prop::sample::select(vec![0.0f32, 0.1]),
+                weak in any::<bool>(),
+                ops in prop::collection::vec(op(), 1..60),
+            ) {
+                let cfg = BlockManagerConfig {
+                    num_blocks,
+                    block_size,
+                    enable_prefix_caching,
+                    watermark,
+                };
+                let mut m = if weak {
+                    BlockManager::with_hasher(cfg, weak_hash)
+                } else {
+                    BlockManager::new(cfg)
+                };
+                let mut model = Model::default();
+                for op in ops {
+                    apply(&mut m, &mut model, op);
+                    check(&m, &model);
+                }
+                for seq in model.seqs.drain(..) {
+                    m.free(seq.id);
+                }
+                check(&m, &model);
+                prop_assert_eq!(m.num_free_blocks(), m.num_blocks());
+                prop_assert!(m.reset_prefix_cache());
+                prop_assert_eq!(m.pool.num_cached(), 0);
+            }
+        }
+    }
+}
