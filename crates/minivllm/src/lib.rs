@@ -11,6 +11,7 @@ pub mod config;
 pub mod core;
 pub mod engine;
 pub mod model_executor;
+pub mod sampling_params;
 pub mod sequence;
 #[doc(hidden)]
 pub mod testing;
