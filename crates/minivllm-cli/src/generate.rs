@@ -174,11 +174,16 @@ fn write_jsonl(outputs: &[RequestOutput], path: Option<&std::path::Path>) -> any
 }
 
 fn collect_prompts(args: &GenerateArgs) -> anyhow::Result<Vec<PromptInput>> {
-    let mut prompts: Vec<PromptInput> = args.prompt.iter().cloned().map(PromptInput::Text).collect();
+    let mut prompts: Vec<PromptInput> =
+        args.prompt.iter().cloned().map(PromptInput::Text).collect();
     if let Some(path) = &args.prompts_file {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read prompts file {}", path.display()))?;
-        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
             prompts.push(
                 parse_prompt_line(line)
                     .with_context(|| format!("{}:{}: bad prompt line", path.display(), n + 1))?,

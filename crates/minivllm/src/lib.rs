@@ -13,6 +13,7 @@ pub mod engine;
 pub mod entrypoints;
 pub mod model_executor;
 pub mod outputs;
+pub mod sampling_params;
 pub mod sequence;
 #[doc(hidden)]
 pub mod testing;

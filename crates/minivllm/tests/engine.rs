@@ -56,12 +56,18 @@ fn greedy(max_tokens: usize) -> SamplingParams {
 }
 
 fn token_ids(outs: &[RequestOutput]) -> Vec<Vec<u32>> {
-    outs.iter().map(|o| o.outputs[0].token_ids.clone()).collect()
+    outs.iter()
+        .map(|o| o.outputs[0].token_ids.clone())
+        .collect()
 }
 
 fn assert_all_blocks_free(engine: &LLMEngine) {
     assert!(!engine.has_unfinished_requests());
-    assert_eq!(engine.num_free_blocks(), engine.num_total_blocks(), "blocks leaked");
+    assert_eq!(
+        engine.num_free_blocks(),
+        engine.num_total_blocks(),
+        "blocks leaked"
+    );
 }
 
 #[test]
@@ -105,13 +111,24 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
         let mut batched = llm(&variant);
         let outs = batched.generate(prompts.clone(), &params, false).unwrap();
         assert_eq!(outs.len(), prompts.len(), "{name}: requests lost");
-        assert!(outs.iter().all(|o| o.finished), "{name}: unfinished request");
+        assert!(
+            outs.iter().all(|o| o.finished),
+            "{name}: unfinished request"
+        );
         for (i, (got, want)) in token_ids(&outs).iter().zip(&alone).enumerate() {
-            assert_eq!(got, want, "{name}: prompt {i} ({} tokens)", prompts[i].len());
+            assert_eq!(
+                got,
+                want,
+                "{name}: prompt {i} ({} tokens)",
+                prompts[i].len()
+            );
         }
         let stats = batched.engine().stats();
         if name == "tiny KV cache" {
-            assert!(stats.num_preemptions > 0, "{name}: expected preemptions, got none");
+            assert!(
+                stats.num_preemptions > 0,
+                "{name}: expected preemptions, got none"
+            );
         }
         assert_all_blocks_free(batched.engine());
     }
@@ -129,10 +146,16 @@ fn shared_prefixes_hit_the_prefix_cache_with_identical_outputs() {
     let before = llm.engine().stats();
     let rest = llm.generate(prompts[1..].to_vec(), &params, false).unwrap();
     let after = llm.engine().stats();
-    assert!(after.prefix_cache_hits > before.prefix_cache_hits, "no prefix cache hit");
+    assert!(
+        after.prefix_cache_hits > before.prefix_cache_hits,
+        "no prefix cache hit"
+    );
     // Three prompts of 202 tokens; with 192 cached tokens each, only a handful are computed.
     let computed = after.num_computed_tokens - before.num_computed_tokens;
-    assert!(computed < 3 * 60, "computed {computed} tokens for three cached prompts");
+    assert!(
+        computed < 3 * 60,
+        "computed {computed} tokens for three cached prompts"
+    );
 
     let mut cold = LLM::new(&EngineArgs {
         enable_prefix_caching: false,
@@ -194,7 +217,11 @@ fn n_completions_share_the_prompt_blocks() {
     engine.step().unwrap(); // each writes its first token: copy-on-write of the partial block
     let used = total - engine.num_free_blocks();
     // Shared: 2 full prompt blocks; own: 3 copies of the partial last block.
-    assert_eq!(used, 2 + 3, "blocks in use with 3 completions sharing a 40-token prompt");
+    assert_eq!(
+        used,
+        2 + 3,
+        "blocks in use with 3 completions sharing a 40-token prompt"
+    );
     let mut last = None;
     while engine.has_unfinished_requests() {
         for o in engine.step().unwrap() {
@@ -218,7 +245,9 @@ fn stop_strings_are_trimmed_and_reported() {
         ..SamplingParams::default()
     };
     // Greedy continues " Paris.\n\nThe answer is: ..." (the reference output).
-    let out = llm.generate(["The capital of France is"], &params, false).unwrap();
+    let out = llm
+        .generate(["The capital of France is"], &params, false)
+        .unwrap();
     let c = &out[0].outputs[0];
     assert_eq!(c.text, " Paris.\n\nThe ");
     assert_eq!(c.finish_reason, Some(FinishReason::Stop));
@@ -230,7 +259,9 @@ fn stop_strings_are_trimmed_and_reported() {
         include_stop_str_in_output: true,
         ..params
     };
-    let out = llm.generate(["The capital of France is"], &keep, false).unwrap();
+    let out = llm
+        .generate(["The capital of France is"], &keep, false)
+        .unwrap();
     assert_eq!(out[0].outputs[0].text, " Paris.\n\nThe answer");
 }
 
@@ -239,7 +270,12 @@ fn bad_requests_fail_alone_and_the_engine_keeps_serving() {
     let mut llm = llm(&engine_args());
     let engine = llm.engine_mut();
     engine
-        .add_request("good", PromptInput::Text("The capital of France is".into()), greedy(4), 0)
+        .add_request(
+            "good",
+            PromptInput::Text("The capital of France is".into()),
+            greedy(4),
+            0,
+        )
         .unwrap();
     let bad_temp = SamplingParams {
         temperature: -1.0,
@@ -254,7 +290,10 @@ fn bad_requests_fail_alone_and_the_engine_keeps_serving() {
         .add_request("bad2", PromptInput::TokenIds(vec![5; 600]), greedy(4), 0)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("length 600") && e.contains("maximum model length of 512"), "{e}");
+    assert!(
+        e.contains("length 600") && e.contains("maximum model length of 512"),
+        "{e}"
+    );
     let e = engine
         .add_request("good", PromptInput::Text("again".into()), greedy(4), 0)
         .unwrap_err()
@@ -275,7 +314,12 @@ fn aborted_requests_free_their_blocks() {
     let engine = llm.engine_mut();
     for i in 0..4 {
         engine
-            .add_request(format!("r{i}"), PromptInput::Text(TEXT.into()), greedy(50), 0)
+            .add_request(
+                format!("r{i}"),
+                PromptInput::Text(TEXT.into()),
+                greedy(50),
+                0,
+            )
             .unwrap();
     }
     engine.step().unwrap();
@@ -312,10 +356,18 @@ fn logprobs_and_prompt_logprobs_match_the_reference() {
     for (i, (lp, step)) in lps.iter().zip(&case.steps).enumerate() {
         assert_eq!(c.token_ids[i], step.chosen_id);
         let got = lp.get(step.chosen_id).unwrap();
-        assert!((got - step.chosen_logprob).abs() < 2e-3, "step {i}: {got} vs {}", step.chosen_logprob);
+        assert!(
+            (got - step.chosen_logprob).abs() < 2e-3,
+            "step {i}: {got} vs {}",
+            step.chosen_logprob
+        );
         assert_eq!(lp.0.len(), 5, "chosen token is in the top 5");
     }
-    let cum: f64 = lps.iter().zip(&c.token_ids).map(|(lp, t)| lp.get(*t).unwrap() as f64).sum();
+    let cum: f64 = lps
+        .iter()
+        .zip(&c.token_ids)
+        .map(|(lp, t)| lp.get(*t).unwrap() as f64)
+        .sum();
     assert!((c.cumulative_logprob.unwrap() - cum).abs() < 1e-4);
     let plp = out.prompt_logprobs.as_ref().unwrap();
     assert_eq!(plp.len(), case.prompt_ids.len());

@@ -169,9 +169,9 @@ impl Scheduler {
             let computed = seq.num_computed_tokens;
             loop {
                 let seq = &self.seqs[&id];
-                let alloc = self
-                    .block_manager
-                    .allocate_slots(id, &seq.token_ids, computed, num_new);
+                let alloc =
+                    self.block_manager
+                        .allocate_slots(id, &seq.token_ids, computed, num_new);
                 if let Some(copies) = alloc {
                     out.block_copies.extend(copies);
                     out.scheduled.push(ScheduledSeq {
@@ -210,9 +210,9 @@ impl Scheduler {
                 break;
             }
             let num_new = remaining.min(*budget);
-            let Some(copies) = self
-                .block_manager
-                .allocate_slots(id, &seq.token_ids, cached, num_new)
+            let Some(copies) =
+                self.block_manager
+                    .allocate_slots(id, &seq.token_ids, cached, num_new)
             else {
                 break;
             };

@@ -189,14 +189,19 @@ impl LLMEngine {
     }
 
     /// Builds an engine around an already loaded model.
-    pub fn new(model: LlamaForCausalLM, tokenizer: Tokenizer, args: &EngineArgs) -> Result<Self, EngineError> {
+    pub fn new(
+        model: LlamaForCausalLM,
+        tokenizer: Tokenizer,
+        args: &EngineArgs,
+    ) -> Result<Self, EngineError> {
         let config: ModelConfig = model.config().clone();
         let max_model_len = resolve_max_model_len(args.max_model_len, &config)?;
         let cache = CacheEngine::with_budget(&config, args.block_size, args.kv_cache_memory)?;
         // A new sequence is admitted only while 1% of blocks stay free (the watermark), so
         // a prompt of max_model_len must fit in the rest or it could never start.
         let watermark_blocks = (cache.num_blocks() as f32 * WATERMARK).ceil() as usize;
-        let capacity = (cache.num_blocks() - watermark_blocks.min(cache.num_blocks())) * args.block_size;
+        let capacity =
+            (cache.num_blocks() - watermark_blocks.min(cache.num_blocks())) * args.block_size;
         if capacity < max_model_len {
             return Err(EngineError::Config(format!(
                 "the KV cache holds {capacity} tokens, fewer than max_model_len {max_model_len}: \
@@ -301,7 +306,10 @@ impl LLMEngine {
         let seq_id = self.new_seq_id();
         let arrival = self.next_arrival;
         self.next_arrival += 1;
-        self.seqs.insert(seq_id, self.new_seq_state(&request_id, &prompt_ids, &params, 0));
+        self.seqs.insert(
+            seq_id,
+            self.new_seq_state(&request_id, &prompt_ids, &params, 0),
+        );
         let mut seq = Sequence::new(seq_id, prompt_ids.clone(), priority, arrival);
         // Cached prefix blocks have no logits to score, so such prompts are computed whole.
         seq.skip_prefix_cache = params.prompt_logprobs.is_some();
@@ -403,7 +411,8 @@ impl LLMEngine {
         // the parent's computed prompt.
         for plan in &plans {
             let id = plan.sched.id;
-            self.scheduler.update_seq(id, plan.sched.num_new_tokens, None);
+            self.scheduler
+                .update_seq(id, plan.sched.num_new_tokens, None);
             push_unique(&mut touched, &self.seqs[&id].request);
         }
         let samples = self.sample(&plans);
@@ -426,10 +435,21 @@ impl LLMEngine {
             let seq = self.scheduler.seq(s.id).expect("scheduled seq exists");
             let end = s.num_computed + s.num_new_tokens;
             table.clear();
-            table.extend(self.scheduler.block_manager().block_table(s.id).iter().map(|b| b.0));
+            table.extend(
+                self.scheduler
+                    .block_manager()
+                    .block_table(s.id)
+                    .iter()
+                    .map(|b| b.0),
+            );
             let start_row = self.input.num_tokens();
-            self.input
-                .add_sequence(&seq.token_ids[s.num_computed..end], end, &table, block_size, false);
+            self.input.add_sequence(
+                &seq.token_ids[s.num_computed..end],
+                end,
+                &table,
+                block_size,
+                false,
+            );
             let mut plan = RowPlan {
                 sched: *s,
                 prompt_rows: Vec::new(),
@@ -440,13 +460,18 @@ impl LLMEngine {
             // is recorded once, on the first pass (a recompute after preemption skips them).
             if let Some(recorded) = req.prompt_logprobs.as_ref().map(Vec::len) {
                 for pos in s.num_computed.max(recorded - 1)..end.min(seq.prompt_len - 1) {
-                    plan.prompt_rows.push((self.input.logits_indices.len(), pos));
-                    self.input.logits_indices.push(start_row + pos - s.num_computed);
+                    plan.prompt_rows
+                        .push((self.input.logits_indices.len(), pos));
+                    self.input
+                        .logits_indices
+                        .push(start_row + pos - s.num_computed);
                 }
             }
             if end == seq.len() {
                 plan.sample_row = Some(self.input.logits_indices.len());
-                self.input.logits_indices.push(start_row + s.num_new_tokens - 1);
+                self.input
+                    .logits_indices
+                    .push(start_row + s.num_new_tokens - 1);
             }
             plans.push(plan);
         }
@@ -464,7 +489,8 @@ impl LLMEngine {
             let out = req.prompt_logprobs.as_mut().expect("asked for");
             for &(row, pos) in &plan.prompt_rows {
                 let next = req.prompt_ids[pos + 1];
-                let (lp, top) = logprobs_for(&self.step_logits[row * vocab..(row + 1) * vocab], next, k);
+                let (lp, top) =
+                    logprobs_for(&self.step_logits[row * vocab..(row + 1) * vocab], next, k);
                 out.push(Some(with_chosen(next, lp, top)));
             }
         }
@@ -532,7 +558,11 @@ impl LLMEngine {
         let seq = Sequence::new(child, p.token_ids.clone(), p.priority, p.arrival);
         self.scheduler.fork_seq(parent, seq);
         self.seqs.insert(child, state);
-        self.requests.get_mut(req_id).expect("request").seq_ids.push(child);
+        self.requests
+            .get_mut(req_id)
+            .expect("request")
+            .seq_ids
+            .push(child);
         child
     }
 
@@ -543,7 +573,8 @@ impl LLMEngine {
         st.output_ids.push(s.token_id);
         st.cumulative_logprob += s.logprob as f64;
         if req.params.logprobs.is_some() {
-            st.logprobs.push(with_chosen(s.token_id, s.logprob, s.top_logprobs));
+            st.logprobs
+                .push(with_chosen(s.token_id, s.logprob, s.top_logprobs));
         }
         let stop_str = st.detok.push(&self.tokenizer, s.token_id)?;
         let p = &req.params;
@@ -581,7 +612,11 @@ impl LLMEngine {
             .map(|(index, id)| {
                 let st = &self.seqs[id];
                 let finished = st.finish.is_some();
-                let text = if finished { st.detok.output_text() } else { st.detok.visible_text() };
+                let text = if finished {
+                    st.detok.output_text()
+                } else {
+                    st.detok.visible_text()
+                };
                 let out = CompletionOutput {
                     index,
                     text: text.to_string(),
@@ -648,7 +683,10 @@ fn resolve_max_model_len(asked: Option<usize>, config: &ModelConfig) -> Result<u
     }
 }
 
-fn scheduler_config(args: &EngineArgs, max_model_len: usize) -> Result<SchedulerConfig, EngineError> {
+fn scheduler_config(
+    args: &EngineArgs,
+    max_model_len: usize,
+) -> Result<SchedulerConfig, EngineError> {
     if args.max_num_seqs == 0 {
         return Err(EngineError::Config("max_num_seqs must be positive".into()));
     }
@@ -659,7 +697,9 @@ fn scheduler_config(args: &EngineArgs, max_model_len: usize) -> Result<Scheduler
     };
     let max_num_batched_tokens = args.max_num_batched_tokens.unwrap_or(default_tokens);
     if max_num_batched_tokens == 0 {
-        return Err(EngineError::Config("max_num_batched_tokens must be positive".into()));
+        return Err(EngineError::Config(
+            "max_num_batched_tokens must be positive".into(),
+        ));
     }
     if !args.enable_chunked_prefill && max_num_batched_tokens < max_model_len {
         return Err(EngineError::Config(format!(

@@ -57,10 +57,10 @@ impl LLM {
 
     /// Runs all prompts to completion, batched together, and returns their outputs in input
     /// order. An invalid request fails the call before anything runs.
-    pub fn generate<P: Into<PromptInput>>(
+    pub fn generate<'p, P: Into<PromptInput>>(
         &mut self,
         prompts: impl IntoIterator<Item = P>,
-        params: impl Into<ParamsArg<'_>>,
+        params: impl Into<ParamsArg<'p>>,
         progress: bool,
     ) -> Result<Vec<RequestOutput>, EngineError> {
         let prompts: Vec<PromptInput> = prompts.into_iter().map(Into::into).collect();
@@ -76,7 +76,7 @@ impl LLM {
         }
         let base = self.next_request;
         self.next_request += prompts.len() as u64;
-        let mut added = Vec::with_capacity(prompts.len());
+        let mut added: Vec<String> = Vec::with_capacity(prompts.len());
         for (i, prompt) in prompts.into_iter().enumerate() {
             let p = match params {
                 ParamsArg::One(p) => p,
@@ -94,7 +94,12 @@ impl LLM {
         self.run_to_completion(base, added.len(), progress)
     }
 
-    fn run_to_completion(&mut self, base: u64, n: usize, progress: bool) -> Result<Vec<RequestOutput>, EngineError> {
+    fn run_to_completion(
+        &mut self,
+        base: u64,
+        n: usize,
+        progress: bool,
+    ) -> Result<Vec<RequestOutput>, EngineError> {
         let mut results: Vec<Option<RequestOutput>> = vec![None; n];
         let bar = progress.then(|| progress_bar(n));
         let start = Instant::now();
@@ -112,7 +117,11 @@ impl LLM {
                 if !out.finished {
                     continue;
                 }
-                let i = out.request_id.parse::<u64>().ok().and_then(|id| id.checked_sub(base));
+                let i = out
+                    .request_id
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|id| id.checked_sub(base));
                 if let Some(i) = i.filter(|&i| (i as usize) < n) {
                     generated += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
                     results[i as usize] = Some(out);
@@ -128,15 +137,20 @@ impl LLM {
         if let Some(bar) = bar {
             bar.finish();
         }
-        Ok(results.into_iter().map(|r| r.expect("every request finishes")).collect())
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every request finishes"))
+            .collect())
     }
 }
 
 fn progress_bar(n: usize) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(n as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("Processed prompts {pos}/{len} [{elapsed_precise}] {bar:30} {msg}")
-            .expect("valid template"),
+        indicatif::ProgressStyle::with_template(
+            "Processed prompts {pos}/{len} [{elapsed_precise}] {bar:30} {msg}",
+        )
+        .expect("valid template"),
     );
     bar
 }

@@ -28,7 +28,13 @@ impl ModelRunner {
         &self.cache
     }
 
-    pub fn copy_blocks(&mut self, pairs: &[(crate::core::block_pool::BlockId, crate::core::block_pool::BlockId)]) {
+    pub fn copy_blocks(
+        &mut self,
+        pairs: &[(
+            crate::core::block_pool::BlockId,
+            crate::core::block_pool::BlockId,
+        )],
+    ) {
         if !pairs.is_empty() {
             self.cache.copy_blocks(pairs);
         }

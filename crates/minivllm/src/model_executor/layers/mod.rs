@@ -4,3 +4,4 @@ pub mod attention;
 pub mod linear;
 pub mod norm;
 pub mod rotary;
+pub mod sampler;

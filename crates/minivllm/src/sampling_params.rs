@@ -1,0 +1,740 @@
+//! Per-request sampling parameters, with vLLM's names, defaults and validation messages.
+//!
+//! The messages are vLLM's word for word (floats printed as Python prints them) so that
+//! clients written against vLLM see the same errors from the HTTP server.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::sequence::TokenId;
+
+/// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
+pub const SAMPLING_EPS: f32 = 1e-5;
+
+/// A sampling parameter out of range: vLLM's message, and the parameter at fault where
+/// there is one (the OpenAI error's `param`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ValidationError {
+    param: Option<&'static str>,
+    message: String,
+}
+
+impl ValidationError {
+    pub fn new(param: Option<&'static str>, message: impl Into<String>) -> Self {
+        Self {
+            param,
+            message: message.into(),
+        }
+    }
+
+    fn of(param: &'static str, message: impl Into<String>) -> Self {
+        Self::new(Some(param), message)
+    }
+
+    pub fn param(&self) -> Option<&'static str> {
+        self.param
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// How to sample the completions of one request (vLLM's `SamplingParams`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Completions to return.
+    pub n: usize,
+    /// Completions to generate, of which the `n` best are returned (`None`: `n`).
+    pub best_of: Option<usize>,
+    /// Subtracted once from every token already in the output.
+    pub presence_penalty: f32,
+    /// Subtracted from every token once per occurrence in the output.
+    pub frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of tokens in the prompt or output.
+    pub repetition_penalty: f32,
+    /// Below [`SAMPLING_EPS`]: greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 or -1: off.
+    pub top_k: i32,
+    pub min_p: f32,
+    /// Makes the request's samples reproducible, whatever else shares its batches.
+    pub seed: Option<u64>,
+    /// Strings that end a completion (JSON: one string or a list).
+    #[serde(deserialize_with = "string_or_list")]
+    pub stop: Vec<String>,
+    #[serde(deserialize_with = "null_as_default")]
+    pub stop_token_ids: Vec<TokenId>,
+    /// Keep generating past EOS.
+    pub ignore_eos: bool,
+    /// `None`: up to the model's context length.
+    pub max_tokens: Option<usize>,
+    /// EOS and stop tokens are banned until this many tokens have been generated.
+    pub min_tokens: usize,
+    /// Log-probabilities of this many most likely tokens per output token (plus the chosen one).
+    pub logprobs: Option<usize>,
+    /// The same for every prompt token.
+    pub prompt_logprobs: Option<usize>,
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
+    pub spaces_between_special_tokens: bool,
+    /// Added to the logits of these tokens before anything else.
+    #[serde(deserialize_with = "null_as_default")]
+    pub logit_bias: BTreeMap<TokenId, f32>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            n: 1,
+            best_of: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            max_tokens: Some(16),
+            min_tokens: 0,
+            logprobs: None,
+            prompt_logprobs: None,
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            spaces_between_special_tokens: true,
+            logit_bias: BTreeMap::new(),
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Defaults, but temperature 0.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < SAMPLING_EPS
+    }
+
+    /// How many sequences the request forks into.
+    pub fn best_of_or_n(&self) -> usize {
+        self.best_of.unwrap_or(self.n)
+    }
+
+    /// `top_k` as a count, `None` when off.
+    pub fn top_k(&self) -> Option<usize> {
+        (self.top_k > 0).then_some(self.top_k as usize)
+    }
+
+    /// vLLM's `_verify_args` (and `_verify_greedy_sampling`): the checks that need no model.
+    /// Negative counts (n, min_tokens, logprobs) are rejected by the types already.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.n < 1 {
+            return Err(ValidationError::of(
+                "n",
+                format!("n must be at least 1, got {}.", self.n),
+            ));
+        }
+        if let Some(best_of) = self.best_of {
+            if best_of < self.n {
+                return Err(ValidationError::of(
+                    "best_of",
+                    format!(
+                        "best_of must be greater than or equal to n, got n={} and best_of={best_of}.",
+                        self.n
+                    ),
+                ));
+            }
+        }
+        for (name, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            // Written so that NaN fails, as `not -2 <= x <= 2` does in Python.
+            if !(-2.0..=2.0).contains(&value) {
+                return Err(ValidationError::of(
+                    name,
+                    format!("{name} must be in [-2, 2], got {}.", py_float(value)),
+                ));
+            }
+        }
+        let rp = self.repetition_penalty;
+        if !rp.is_finite() {
+            return Err(ValidationError::of(
+                "repetition_penalty",
+                format!(
+                    "repetition_penalty must be a finite number, got {}.",
+                    py_float(rp)
+                ),
+            ));
+        }
+        if rp <= 0.0 {
+            return Err(ValidationError::of(
+                "repetition_penalty",
+                format!(
+                    "repetition_penalty must be greater than zero, got {}.",
+                    py_float(rp)
+                ),
+            ));
+        }
+        let t = self.temperature;
+        if !t.is_finite() {
+            return Err(ValidationError::of(
+                "temperature",
+                format!("temperature must be a finite number, got {}.", py_float(t)),
+            ));
+        }
+        if t < 0.0 {
+            return Err(ValidationError::of(
+                "temperature",
+                format!("temperature must be non-negative, got {}.", py_float(t)),
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(ValidationError::of(
+                "top_p",
+                format!("top_p must be in (0, 1], got {}.", py_float(self.top_p)),
+            ));
+        }
+        // vLLM quietly accepts -1 as "off" too, but names only 0.
+        if self.top_k < -1 {
+            return Err(ValidationError::of(
+                "top_k",
+                format!(
+                    "top_k must be 0 (disable), or at least 1, got {}.",
+                    self.top_k
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(ValidationError::of(
+                "min_p",
+                format!("min_p must be in [0, 1], got {}.", py_float(self.min_p)),
+            ));
+        }
+        if let Some(max_tokens) = self.max_tokens {
+            if max_tokens < 1 {
+                return Err(ValidationError::of(
+                    "max_tokens",
+                    format!("max_tokens must be at least 1, got {max_tokens}."),
+                ));
+            }
+            if self.min_tokens > max_tokens {
+                return Err(ValidationError::of(
+                    "min_tokens",
+                    format!(
+                        "min_tokens must be less than or equal to max_tokens={max_tokens}, got {}.",
+                        self.min_tokens
+                    ),
+                ));
+            }
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(ValidationError::of(
+                "stop",
+                "stop cannot contain an empty string.",
+            ));
+        }
+        if self.is_greedy() {
+            if let Some(best_of) = self.best_of.filter(|&b| b > 1) {
+                return Err(ValidationError::of(
+                    "best_of",
+                    format!("best_of must be 1 when using greedy sampling, got {best_of}."),
+                ));
+            }
+            if self.n > 1 {
+                return Err(ValidationError::of(
+                    "n",
+                    format!("n must be 1 when using greedy sampling, got {}.", self.n),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks that need the model: token ids inside the vocabulary, `top_k` and the
+    /// logprob counts no larger than allowed. Call after [`validate`](Self::validate).
+    pub fn validate_for_model(
+        &self,
+        vocab_size: usize,
+        max_logprobs: usize,
+    ) -> Result<(), ValidationError> {
+        if let Some(k) = self.top_k() {
+            if k > vocab_size {
+                return Err(ValidationError::of(
+                    "top_k",
+                    format!(
+                        "top_k cannot be greater than vocabulary size({vocab_size}), but got {k}."
+                    ),
+                ));
+            }
+        }
+        for (name, what, requested) in [
+            ("logprobs", "sample", self.logprobs),
+            ("prompt_logprobs", "prompt", self.prompt_logprobs),
+        ] {
+            if let Some(n) = requested.filter(|&n| n > max_logprobs) {
+                return Err(ValidationError::of(
+                    name,
+                    format!(
+                        "Requested {what} logprobs of {n}, which is greater than max allowed: {max_logprobs}"
+                    ),
+                ));
+            }
+        }
+        let out_of_vocab = |ids: &mut dyn Iterator<Item = TokenId>| -> Vec<TokenId> {
+            ids.filter(|&id| id as usize >= vocab_size).collect()
+        };
+        for (name, bad) in [
+            (
+                "stop_token_ids",
+                out_of_vocab(&mut self.stop_token_ids.iter().copied()),
+            ),
+            (
+                "logit_bias",
+                out_of_vocab(&mut self.logit_bias.keys().copied()),
+            ),
+        ] {
+            if !bad.is_empty() {
+                return Err(ValidationError::of(
+                    name,
+                    format!(
+                        "token_id(s) {bad:?} in {name} contain out-of-vocab token ids. Vocabulary size: {vocab_size}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The output budget for a prompt of `prompt_len` tokens: `max_tokens`, or with `None`
+    /// whatever the context leaves. Errors as vLLM's OpenAI server when the prompt fills the
+    /// context or `max_tokens` does not fit beside it.
+    pub fn max_tokens_for(
+        &self,
+        prompt_len: usize,
+        max_model_len: usize,
+    ) -> Result<usize, ValidationError> {
+        if prompt_len >= max_model_len {
+            return Err(ValidationError::new(
+                None,
+                format!(
+                    "This model's maximum context length is {max_model_len} tokens. However, your \
+                     request has {prompt_len} input tokens. Please reduce the length of the input \
+                     messages."
+                ),
+            ));
+        }
+        let room = max_model_len - prompt_len;
+        match self.max_tokens {
+            None => Ok(room),
+            Some(max_tokens) if max_tokens > room => Err(ValidationError::of(
+                "max_tokens",
+                format!(
+                    "'max_tokens' is too large: {max_tokens}. This model's maximum context length \
+                     is {max_model_len} tokens and your request has {prompt_len} input tokens \
+                     ({max_tokens} > {max_model_len} - {prompt_len})."
+                ),
+            )),
+            Some(max_tokens) => Ok(max_tokens),
+        }
+    }
+}
+
+/// A float as Python's `repr` writes it (`3.0`, `nan`, `1e+20`), for vLLM's messages.
+fn py_float(x: f32) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let s = format!("{x:?}");
+    match s.split_once('e') {
+        Some((mantissa, exp)) => {
+            let exp: i32 = exp.parse().unwrap_or(0);
+            let sign = if exp < 0 { '-' } else { '+' };
+            format!("{mantissa}e{sign}{:02}", exp.abs())
+        }
+        None => s,
+    }
+}
+
+/// OpenAI's `stop` is a string or a list of strings, and may be null.
+fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match Option::<OneOrMany>::deserialize(d)? {
+        None => Vec::new(),
+        Some(OneOrMany::One(s)) => vec![s],
+        Some(OneOrMany::Many(v)) => v,
+    })
+}
+
+/// Clients send `null` for "not set".
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(p: SamplingParams) -> (Option<&'static str>, String) {
+        let e = p.validate().unwrap_err();
+        (e.param(), e.to_string())
+    }
+
+    #[test]
+    fn sampling_params_defaults_are_vllms() {
+        let p = SamplingParams::default();
+        assert_eq!(p.n, 1);
+        assert_eq!(p.best_of, None);
+        assert_eq!(p.repetition_penalty, 1.0);
+        assert_eq!(p.temperature, 1.0);
+        assert_eq!(p.top_p, 1.0);
+        assert_eq!(p.top_k, 0);
+        assert_eq!(p.max_tokens, Some(16));
+        assert!(p.skip_special_tokens && p.spaces_between_special_tokens);
+        assert!(!p.ignore_eos && !p.include_stop_str_in_output);
+        assert!(!p.is_greedy());
+        assert_eq!(p.best_of_or_n(), 1);
+        assert_eq!(p.top_k(), None);
+        p.validate().unwrap();
+        assert!(SamplingParams::greedy().is_greedy());
+        SamplingParams::greedy().validate().unwrap();
+        let tiny = SamplingParams {
+            temperature: 0.9e-5,
+            ..Default::default()
+        };
+        assert!(tiny.is_greedy());
+    }
+
+    #[test]
+    fn sampling_params_validation_messages() {
+        let d = SamplingParams::default;
+        let cases: Vec<(SamplingParams, &str, &str)> = vec![
+            (
+                SamplingParams { n: 0, ..d() },
+                "n",
+                "n must be at least 1, got 0.",
+            ),
+            (
+                SamplingParams {
+                    n: 2,
+                    best_of: Some(1),
+                    ..d()
+                },
+                "best_of",
+                "best_of must be greater than or equal to n, got n=2 and best_of=1.",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: 3.0,
+                    ..d()
+                },
+                "presence_penalty",
+                "presence_penalty must be in [-2, 2], got 3.0.",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: -2.5,
+                    ..d()
+                },
+                "frequency_penalty",
+                "frequency_penalty must be in [-2, 2], got -2.5.",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: f32::NAN,
+                    ..d()
+                },
+                "frequency_penalty",
+                "frequency_penalty must be in [-2, 2], got nan.",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 0.0,
+                    ..d()
+                },
+                "repetition_penalty",
+                "repetition_penalty must be greater than zero, got 0.0.",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: f32::INFINITY,
+                    ..d()
+                },
+                "repetition_penalty",
+                "repetition_penalty must be a finite number, got inf.",
+            ),
+            (
+                SamplingParams {
+                    temperature: -1.0,
+                    ..d()
+                },
+                "temperature",
+                "temperature must be non-negative, got -1.0.",
+            ),
+            (
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..d()
+                },
+                "temperature",
+                "temperature must be a finite number, got nan.",
+            ),
+            (
+                SamplingParams { top_p: 1.5, ..d() },
+                "top_p",
+                "top_p must be in (0, 1], got 1.5.",
+            ),
+            (
+                SamplingParams { top_p: 0.0, ..d() },
+                "top_p",
+                "top_p must be in (0, 1], got 0.0.",
+            ),
+            (
+                SamplingParams { top_k: -5, ..d() },
+                "top_k",
+                "top_k must be 0 (disable), or at least 1, got -5.",
+            ),
+            (
+                SamplingParams { min_p: 2.0, ..d() },
+                "min_p",
+                "min_p must be in [0, 1], got 2.0.",
+            ),
+            (
+                SamplingParams {
+                    max_tokens: Some(0),
+                    ..d()
+                },
+                "max_tokens",
+                "max_tokens must be at least 1, got 0.",
+            ),
+            (
+                SamplingParams {
+                    max_tokens: Some(4),
+                    min_tokens: 5,
+                    ..d()
+                },
+                "min_tokens",
+                "min_tokens must be less than or equal to max_tokens=4, got 5.",
+            ),
+            (
+                SamplingParams {
+                    stop: vec!["a".into(), String::new()],
+                    ..d()
+                },
+                "stop",
+                "stop cannot contain an empty string.",
+            ),
+            (
+                SamplingParams {
+                    n: 3,
+                    ..SamplingParams::greedy()
+                },
+                "n",
+                "n must be 1 when using greedy sampling, got 3.",
+            ),
+            (
+                SamplingParams {
+                    best_of: Some(2),
+                    ..SamplingParams::greedy()
+                },
+                "best_of",
+                "best_of must be 1 when using greedy sampling, got 2.",
+            ),
+        ];
+        for (params, param, message) in cases {
+            assert_eq!(err(params), (Some(param), message.to_string()));
+        }
+    }
+
+    #[test]
+    fn sampling_params_valid_edges_pass() {
+        let d = SamplingParams::default;
+        for p in [
+            SamplingParams { top_k: -1, ..d() },
+            SamplingParams { top_k: 1, ..d() },
+            SamplingParams {
+                top_p: 1.0,
+                min_p: 1.0,
+                ..d()
+            },
+            SamplingParams {
+                presence_penalty: -2.0,
+                frequency_penalty: 2.0,
+                ..d()
+            },
+            SamplingParams {
+                max_tokens: None,
+                min_tokens: 100,
+                ..d()
+            },
+            SamplingParams {
+                max_tokens: Some(5),
+                min_tokens: 5,
+                ..d()
+            },
+            SamplingParams {
+                n: 2,
+                best_of: Some(4),
+                ..d()
+            },
+            SamplingParams {
+                logprobs: Some(0),
+                prompt_logprobs: Some(5),
+                ..d()
+            },
+        ] {
+            p.validate().unwrap();
+        }
+        assert_eq!(
+            SamplingParams {
+                n: 2,
+                best_of: Some(4),
+                ..d()
+            }
+            .best_of_or_n(),
+            4
+        );
+        assert_eq!(SamplingParams { n: 3, ..d() }.best_of_or_n(), 3);
+        assert_eq!(SamplingParams { top_k: -1, ..d() }.top_k(), None);
+        assert_eq!(SamplingParams { top_k: 7, ..d() }.top_k(), Some(7));
+    }
+
+    #[test]
+    fn sampling_params_model_checks() {
+        let d = SamplingParams::default;
+        d().validate_for_model(100, 20).unwrap();
+        let cases = [
+            (
+                SamplingParams { top_k: 101, ..d() },
+                "top_k",
+                "top_k cannot be greater than vocabulary size(100), but got 101.",
+            ),
+            (
+                SamplingParams {
+                    logprobs: Some(21),
+                    ..d()
+                },
+                "logprobs",
+                "Requested sample logprobs of 21, which is greater than max allowed: 20",
+            ),
+            (
+                SamplingParams {
+                    prompt_logprobs: Some(30),
+                    ..d()
+                },
+                "prompt_logprobs",
+                "Requested prompt logprobs of 30, which is greater than max allowed: 20",
+            ),
+            (
+                SamplingParams {
+                    stop_token_ids: vec![3, 100, 200],
+                    ..d()
+                },
+                "stop_token_ids",
+                "token_id(s) [100, 200] in stop_token_ids contain out-of-vocab token ids. \
+                 Vocabulary size: 100",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: [(100, 1.0)].into_iter().collect(),
+                    ..d()
+                },
+                "logit_bias",
+                "token_id(s) [100] in logit_bias contain out-of-vocab token ids. \
+                 Vocabulary size: 100",
+            ),
+        ];
+        for (params, param, message) in cases {
+            let e = params.validate_for_model(100, 20).unwrap_err();
+            assert_eq!(
+                (e.param(), e.to_string()),
+                (Some(param), message.to_string())
+            );
+        }
+    }
+
+    #[test]
+    fn sampling_params_max_tokens_against_context() {
+        let with = |max_tokens| SamplingParams {
+            max_tokens,
+            ..Default::default()
+        };
+        assert_eq!(with(Some(16)).max_tokens_for(10, 100), Ok(16));
+        assert_eq!(with(None).max_tokens_for(10, 100), Ok(90));
+        assert_eq!(with(Some(90)).max_tokens_for(10, 100), Ok(90));
+        let e = with(Some(91)).max_tokens_for(10, 100).unwrap_err();
+        assert_eq!(e.param(), Some("max_tokens"));
+        assert_eq!(
+            e.to_string(),
+            "'max_tokens' is too large: 91. This model's maximum context length is 100 tokens \
+             and your request has 10 input tokens (91 > 100 - 10)."
+        );
+        let e = with(None).max_tokens_for(100, 100).unwrap_err();
+        assert_eq!(e.param(), None);
+        assert_eq!(
+            e.to_string(),
+            "This model's maximum context length is 100 tokens. However, your request has 100 \
+             input tokens. Please reduce the length of the input messages."
+        );
+    }
+
+    #[test]
+    fn sampling_params_serde() {
+        let p: SamplingParams = serde_json::from_str(
+            r#"{"n": 2, "temperature": 0.7, "stop": "\n", "logit_bias": {"42": -100, "7": 2.5},
+                "seed": null, "stop_token_ids": null, "max_tokens": null}"#,
+        )
+        .unwrap();
+        assert_eq!(p.n, 2);
+        assert_eq!(p.temperature, 0.7);
+        assert_eq!(p.stop, vec!["\n".to_string()]);
+        assert_eq!(p.logit_bias.get(&42), Some(&-100.0));
+        assert_eq!(p.logit_bias.get(&7), Some(&2.5));
+        assert_eq!(p.max_tokens, None);
+        assert_eq!(p.top_p, 1.0);
+        assert!(p.skip_special_tokens);
+        let p: SamplingParams = serde_json::from_str(r#"{"stop": ["a", "b"]}"#).unwrap();
+        assert_eq!(p.stop, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(p.max_tokens, Some(16));
+        let back: SamplingParams =
+            serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+        let empty: SamplingParams = serde_json::from_str("{}").unwrap();
+        assert_eq!(empty, SamplingParams::default());
+    }
+
+    #[test]
+    fn sampling_params_py_float() {
+        assert_eq!(py_float(3.0), "3.0");
+        assert_eq!(py_float(-0.5), "-0.5");
+        assert_eq!(py_float(0.1), "0.1");
+        assert_eq!(py_float(1e20), "1e+20");
+        assert_eq!(py_float(1e-7), "1e-07");
+        assert_eq!(py_float(f32::NEG_INFINITY), "-inf");
+    }
+}
