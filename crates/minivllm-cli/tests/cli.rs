@@ -89,8 +89,8 @@ fn prompts_file_runs_as_one_batch_in_input_order() {
     let text = stdout(&out);
     let parts: Vec<&str> = text.split("--- completion ").collect();
     assert_eq!(parts.len(), 4, "{text}");
-    assert!(parts[1].starts_with("0 ---\n Paris."), "{text}");
-    assert!(parts[2].starts_with("1 ---\n Paris."), "{text}");
+    assert!(parts[1].starts_with("0.0 ---\n Paris."), "{text}");
+    assert!(parts[2].starts_with("1.0 ---\n Paris."), "{text}");
 }
 
 #[test]
@@ -135,4 +135,107 @@ fn no_prompt_is_a_clear_error() {
     let out = minivllm(&["generate", "--model", &model()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("no prompt given"), "{}", stderr(&out));
+}
+
+#[test]
+fn json_output_has_vllm_fields_in_input_order() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &file,
+        "{\"prompt\": \"The capital of France is\"}\n{\"prompt_token_ids\": [504, 3575]}\n",
+    )
+    .unwrap();
+    let out_path = dir.path().join("out.jsonl");
+    let out = minivllm(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompts-file",
+        file.to_str().unwrap(),
+        "--max-tokens",
+        "3",
+        "--logprobs",
+        "2",
+        "--prompt-logprobs",
+        "1",
+        "--output",
+        out_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(out_path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["prompt"], "The capital of France is");
+    assert_eq!(lines[1]["prompt_token_ids"], serde_json::json!([504, 3575]));
+    let c = &lines[0]["outputs"][0];
+    assert_eq!(c["text"], " Paris.\n");
+    assert_eq!(c["token_ids"], serde_json::json!([7042, 30, 198]));
+    assert_eq!(c["finish_reason"], "length");
+    assert!(c["logprobs"][0]["7042"].as_f64().unwrap() < 0.0);
+    assert!(lines[0]["prompt_logprobs"][0].is_null());
+    assert!(lines[0]["prompt_logprobs"][1]["3575"].as_f64().is_some());
+}
+
+#[test]
+fn invalid_sampling_values_are_clear_errors() {
+    let out = minivllm(&[
+        "generate",
+        "--model",
+        &model(),
+        "--prompt",
+        "hi",
+        "--top-p",
+        "1.5",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("top_p must be in (0, 1], got 1.5"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn n_completions_and_stop_strings_from_the_command_line() {
+    let m = model();
+    let out = minivllm(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "The capital of France is",
+        "--stop",
+        "answer",
+        "--max-tokens",
+        "16",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), " Paris.\n\nThe \n");
+    let out = minivllm(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "Once upon a time",
+        "--n",
+        "3",
+        "--temperature",
+        "1.0",
+        "--seed",
+        "1",
+        "--max-tokens",
+        "4",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).matches("--- completion 0.").count(),
+        3,
+        "{}",
+        stdout(&out)
+    );
 }
