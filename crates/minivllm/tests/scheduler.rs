@@ -1,0 +1,138 @@
+//! The scheduler's decisions, without a model: budgets, chunking, policies, preemption.
+
+use minivllm::core::block_manager::{BlockManager, BlockManagerConfig};
+use minivllm::core::policy::Policy;
+use minivllm::core::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
+use minivllm::sequence::{SeqId, Sequence};
+
+fn scheduler(num_blocks: usize, budget: usize, max_seqs: usize, policy: Policy) -> Scheduler {
+    Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: budget,
+            max_num_seqs: max_seqs,
+            enable_chunked_prefill: true,
+            policy,
+        },
+        BlockManager::new(BlockManagerConfig {
+            num_blocks,
+            block_size: 4,
+            enable_prefix_caching: true,
+            watermark: 0.0,
+        }),
+    )
+}
+
+fn seq(id: u64, len: usize, priority: i32) -> Sequence {
+    // Distinct tokens per sequence, so the prefix cache plays no part.
+    let tokens = (0..len as u32).map(|t| t + 1000 * id as u32).collect();
+    Sequence::new(SeqId(id), tokens, priority, id)
+}
+
+/// What a model step would do: advance the computed counts, and append a token to every
+/// sequence that reached the end of its known tokens.
+fn complete(s: &mut Scheduler, out: &SchedulerOutput) {
+    for sc in &out.scheduled {
+        s.update_seq(sc.id, sc.num_new_tokens, None);
+        let q = s.seq(sc.id).unwrap();
+        if q.num_computed_tokens == q.len() {
+            s.update_seq(sc.id, 0, Some(7));
+        }
+    }
+}
+
+fn ids(out: &SchedulerOutput) -> Vec<(u64, usize)> {
+    out.scheduled
+        .iter()
+        .map(|s| (s.id.0, s.num_new_tokens))
+        .collect()
+}
+
+#[test]
+fn fcfs_serves_in_arrival_order_within_the_token_budget() {
+    let mut s = scheduler(64, 10, 8, Policy::Fcfs);
+    s.add_seq(seq(1, 6, 0));
+    s.add_seq(seq(2, 6, 0));
+    let out = s.schedule();
+    // 6 tokens for the first, the remaining 4 of the budget start the second (chunked).
+    assert_eq!(ids(&out), vec![(1, 6), (2, 4)]);
+    complete(&mut s, &out);
+    let out = s.schedule();
+    // The first decodes one token; the second finishes its prompt.
+    assert_eq!(ids(&out), vec![(1, 1), (2, 2)]);
+}
+
+#[test]
+fn priority_policy_serves_lower_values_first() {
+    let mut s = scheduler(64, 6, 8, Policy::Priority);
+    s.add_seq(seq(1, 6, 5));
+    s.add_seq(seq(2, 6, 0));
+    let out = s.schedule();
+    assert_eq!(ids(&out), vec![(2, 6)]);
+    let mut fcfs = scheduler(64, 6, 8, Policy::Fcfs);
+    fcfs.add_seq(seq(1, 6, 5));
+    fcfs.add_seq(seq(2, 6, 0));
+    assert_eq!(ids(&fcfs.schedule()), vec![(1, 6)]);
+}
+
+#[test]
+fn long_prompts_are_chunked_and_share_steps_with_decodes() {
+    let mut s = scheduler(64, 8, 8, Policy::Fcfs);
+    s.add_seq(seq(1, 3, 0));
+    let out = s.schedule();
+    complete(&mut s, &out);
+    s.add_seq(seq(2, 20, 0));
+    let mut chunks = Vec::new();
+    for _ in 0..3 {
+        let out = s.schedule();
+        assert_eq!(
+            out.scheduled[0].id,
+            SeqId(1),
+            "the running decode goes first"
+        );
+        assert_eq!(out.scheduled[0].num_new_tokens, 1);
+        chunks.push(out.scheduled[1].num_new_tokens);
+        assert!(out.num_batched_tokens <= 8);
+        complete(&mut s, &out);
+    }
+    assert_eq!(chunks, vec![7, 7, 6]);
+}
+
+#[test]
+fn max_num_seqs_caps_the_running_set() {
+    let mut s = scheduler(64, 100, 2, Policy::Fcfs);
+    for i in 1..=3 {
+        s.add_seq(seq(i, 4, 0));
+    }
+    let out = s.schedule();
+    assert_eq!(ids(&out), vec![(1, 4), (2, 4)]);
+    assert_eq!(s.num_waiting(), 1);
+}
+
+#[test]
+fn out_of_blocks_preempts_the_lowest_priority_and_resumes_it_later() {
+    // 4 blocks of 4 tokens: two 8-token prompts fill them; the next tokens need more.
+    let mut s = scheduler(4, 100, 8, Policy::Priority);
+    s.add_seq(seq(1, 8, 0));
+    s.add_seq(seq(2, 8, 1));
+    let out = s.schedule();
+    assert_eq!(ids(&out), vec![(1, 8), (2, 8)]);
+    complete(&mut s, &out);
+    // Both now need a third block; only one can have it.
+    let out = s.schedule();
+    assert_eq!(out.preempted, vec![SeqId(2)]);
+    assert_eq!(ids(&out), vec![(1, 1)]);
+    assert_eq!(s.num_preemptions(), 1);
+    assert_eq!(s.seq(SeqId(2)).unwrap().num_computed_tokens, 0);
+    complete(&mut s, &out);
+    // When the first finishes, the second is recomputed: prompt and its output so far, less
+    // its first block, which stayed in the prefix cache when it was freed (its tail block
+    // was evicted first, to give the first sequence room).
+    s.finish_seq(SeqId(1));
+    let out = s.schedule();
+    let r = out.scheduled[0];
+    assert_eq!((r.id, r.num_computed, r.num_new_tokens), (SeqId(2), 4, 5));
+    complete(&mut s, &out);
+    s.finish_seq(SeqId(2));
+    assert!(!s.has_unfinished());
+    assert_eq!(s.block_manager().num_free_blocks(), 4);
+}
