@@ -110,6 +110,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         "output_tokens_per_second": output_tokens as f64 / secs,
         "tokens_per_second": total_tokens as f64 / secs,
         "num_preemptions": stats.num_preemptions,
+        "num_swapped_out": stats.num_swapped_out,
         "num_steps": stats.num_steps,
     });
     if args.json {

@@ -74,6 +74,10 @@ pub struct EngineFlags {
     /// `fcfs` or `priority` (lower value first).
     #[arg(long, default_value = "fcfs")]
     pub scheduling_policy: minivllm::core::policy::Policy,
+    /// CPU memory to swap preempted sequences' KV cache out to, e.g. `4GiB` (units required
+    /// for GiB; a bare number is bytes). 0 (default): preempted sequences are recomputed.
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    pub swap_space: u64,
 }
 
 impl EngineFlags {
@@ -87,6 +91,7 @@ impl EngineFlags {
             max_num_batched_tokens: self.max_num_batched_tokens,
             block_size: m.block_size,
             kv_cache_memory: m.kv_cache_memory,
+            swap_space: self.swap_space,
             enable_prefix_caching: !self.no_enable_prefix_caching,
             enable_chunked_prefill: !self.no_enable_chunked_prefill,
             scheduling_policy: self.scheduling_policy,

@@ -59,6 +59,8 @@ pub enum SequenceStatus {
     /// Not started, or preempted and waiting to be recomputed.
     Waiting,
     Running,
+    /// Preempted with its K/V copied to the CPU swap pool, waiting to be copied back.
+    Swapped,
     Finished(FinishReason),
 }
 

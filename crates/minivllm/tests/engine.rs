@@ -68,6 +68,11 @@ fn assert_all_blocks_free(engine: &LLMEngine) {
         engine.num_total_blocks(),
         "blocks leaked"
     );
+    assert_eq!(
+        engine.num_free_cpu_blocks(),
+        engine.num_total_cpu_blocks(),
+        "swap blocks leaked"
+    );
 }
 
 #[test]
@@ -82,6 +87,8 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
         .collect();
     assert_all_blocks_free(solo.engine());
 
+    // 40 blocks of 16 tokens: room for two or three of the prompts at a time.
+    let tiny_kv_cache = 40 * 16 * 30 * 2 * 3 * 64 * 4;
     let variants: Vec<(&str, EngineArgs)> = vec![
         ("batched", args.clone()),
         (
@@ -101,8 +108,16 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
         (
             "tiny KV cache",
             EngineArgs {
-                // 40 blocks of 16 tokens: room for two or three of the prompts at a time.
-                kv_cache_memory: 40 * 16 * 30 * 2 * 3 * 64 * 4,
+                kv_cache_memory: tiny_kv_cache,
+                ..args.clone()
+            },
+        ),
+        (
+            "tiny KV cache, swap space",
+            EngineArgs {
+                kv_cache_memory: tiny_kv_cache,
+                // Twice the KV cache, so every victim fits.
+                swap_space: 2 * tiny_kv_cache,
                 ..args.clone()
             },
         ),
@@ -124,10 +139,19 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
             );
         }
         let stats = batched.engine().stats();
-        if name == "tiny KV cache" {
+        if name.starts_with("tiny KV cache") {
             assert!(
                 stats.num_preemptions > 0,
                 "{name}: expected preemptions, got none"
+            );
+        }
+        if name.ends_with("swap space") {
+            assert!(stats.num_swapped_out > 0, "{name}: nothing swapped out");
+            assert_eq!(stats.num_swapped_in, stats.num_swapped_out, "{name}");
+        } else {
+            assert_eq!(
+                stats.num_swapped_out, 0,
+                "{name}: swapped without swap space"
             );
         }
         assert_all_blocks_free(batched.engine());

@@ -14,6 +14,17 @@ impl fmt::Display for BlockId {
     }
 }
 
+/// A block of the CPU swap pool (`--swap-space`), a separate id space from [`BlockId`] so the
+/// two pools' ids cannot be mixed up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CpuBlockId(pub u32);
+
+impl fmt::Display for CpuBlockId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cpu block {}", self.0)
+    }
+}
+
 /// What a cached (full, computed) block holds, kept so a lookup can check that a hash hit
 /// really is the same content: a 64-bit hash alone could serve another prefix's K/V.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,11 +4,15 @@
 //! Like vLLM v1 there is no separate prefill phase: every sequence simply has tokens whose
 //! K/V are not yet computed (a whole prompt, a prompt's remainder, one sampled token, or
 //! everything after a preemption) and the scheduler hands out budget to close that gap.
+//!
+//! When blocks run out the lowest-priority running sequence is preempted: swapped out to the
+//! CPU swap pool if one is configured and has room (its K/V survive and come back later),
+//! otherwise recomputed from scratch (its blocks are simply freed).
 
 use std::collections::HashMap;
 
 use crate::core::block_manager::BlockManager;
-use crate::core::block_pool::BlockId;
+use crate::core::block_pool::{BlockId, BlockPool, CpuBlockId};
 use crate::core::policy::Policy;
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
 
@@ -21,6 +25,8 @@ pub struct SchedulerConfig {
     /// Split long prompts across steps; without it a prompt waits until it fits whole.
     pub enable_chunked_prefill: bool,
     pub policy: Policy,
+    /// Blocks in the CPU swap pool (`--swap-space`); 0 preempts by recompute only.
+    pub num_cpu_blocks: usize,
 }
 
 /// One sequence's share of a step.
@@ -37,7 +43,12 @@ pub struct SchedulerOutput {
     pub scheduled: Vec<ScheduledSeq>,
     /// KV blocks to copy before the model runs (copy-on-write of shared blocks).
     pub block_copies: Vec<(BlockId, BlockId)>,
-    /// Sequences preempted this step (their blocks were freed; they will be recomputed).
+    /// KV blocks to copy into the swap pool before anything else, from sequences swapped
+    /// out this step: their GPU blocks may already be handed to others in this same step.
+    pub swap_out: Vec<(BlockId, CpuBlockId)>,
+    /// KV blocks to copy back from the swap pool, after `swap_out` and before `block_copies`.
+    pub swap_in: Vec<(CpuBlockId, BlockId)>,
+    /// Sequences preempted this step, swapped out or to be recomputed.
     pub preempted: Vec<SeqId>,
     pub num_batched_tokens: usize,
 }
@@ -54,18 +65,31 @@ pub struct Scheduler {
     seqs: HashMap<SeqId, Sequence>,
     waiting: Vec<SeqId>,
     running: Vec<SeqId>,
+    /// Swapped-out sequences, served before any waiting one is admitted.
+    swapped: Vec<SeqId>,
+    /// The swap pool's books; only refcounts and the free list are used, never its cache.
+    cpu_pool: BlockPool,
+    /// Each swapped-out sequence's CPU blocks, in block-table order.
+    cpu_tables: HashMap<SeqId, Vec<CpuBlockId>>,
     num_preemptions: u64,
+    num_swapped_out: u64,
+    num_swapped_in: u64,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, block_manager: BlockManager) -> Self {
         Self {
-            cfg,
             block_manager,
             seqs: HashMap::new(),
             waiting: Vec::new(),
             running: Vec::new(),
+            swapped: Vec::new(),
+            cpu_pool: BlockPool::new(cfg.num_cpu_blocks),
+            cpu_tables: HashMap::new(),
             num_preemptions: 0,
+            num_swapped_out: 0,
+            num_swapped_in: 0,
+            cfg,
         }
     }
 
@@ -89,12 +113,33 @@ impl Scheduler {
         self.running.len()
     }
 
+    pub fn num_swapped(&self) -> usize {
+        self.swapped.len()
+    }
+
+    /// Preemptions of both kinds.
     pub fn num_preemptions(&self) -> u64 {
         self.num_preemptions
     }
 
+    pub fn num_swapped_out(&self) -> u64 {
+        self.num_swapped_out
+    }
+
+    pub fn num_swapped_in(&self) -> u64 {
+        self.num_swapped_in
+    }
+
+    pub fn num_cpu_blocks(&self) -> usize {
+        self.cpu_pool.num_blocks()
+    }
+
+    pub fn num_free_cpu_blocks(&self) -> usize {
+        self.cpu_pool.num_free()
+    }
+
     pub fn has_unfinished(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty() || !self.running.is_empty() || !self.swapped.is_empty()
     }
 
     /// Queues a new sequence.
@@ -131,7 +176,9 @@ impl Scheduler {
     pub fn finish_seq(&mut self, id: SeqId) -> Option<Sequence> {
         self.waiting.retain(|s| *s != id);
         self.running.retain(|s| *s != id);
+        self.swapped.retain(|s| *s != id);
         self.block_manager.free(id);
+        self.free_cpu_blocks(id);
         self.seqs.remove(&id)
     }
 
@@ -141,9 +188,14 @@ impl Scheduler {
         self.sort_by_policy();
         self.schedule_running(&mut out, &mut budget);
         // As vLLM: a step that had to preempt admits nobody new, or the newcomer would
-        // take the blocks just freed and the preempted sequence would starve.
+        // take the blocks just freed and the preempted sequence would starve. Swapped-out
+        // sequences likewise come back before anyone new starts. That also keeps swap-outs
+        // and swap-ins in different steps, so no CPU block is both written and read in one.
         if out.preempted.is_empty() {
-            self.schedule_waiting(&mut out, &mut budget);
+            self.schedule_swapped(&mut out, &mut budget);
+            if self.swapped.is_empty() {
+                self.schedule_waiting(&mut out, &mut budget);
+            }
         }
         out.num_batched_tokens = self.cfg.max_num_batched_tokens - budget;
         out
@@ -153,6 +205,7 @@ impl Scheduler {
         let policy = self.cfg.policy;
         let seqs = &self.seqs;
         self.running.sort_by_key(|id| policy.key(&seqs[id]));
+        self.swapped.sort_by_key(|id| policy.key(&seqs[id]));
         self.waiting.sort_by_key(|id| policy.key(&seqs[id]));
     }
 
@@ -194,6 +247,53 @@ impl Scheduler {
         }
     }
 
+    /// Swaps sequences back in, in policy order, while their blocks fit, and schedules them in
+    /// this same step: they were running when swapped out, so they are owed the turn.
+    fn schedule_swapped(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
+        while let Some(&id) = self.swapped.first() {
+            if self.running.len() >= self.cfg.max_num_seqs {
+                break;
+            }
+            let seq = &self.seqs[&id];
+            let computed = seq.num_computed_tokens;
+            let num_new = seq.num_uncomputed().min(*budget);
+            // Fresh blocks for the computed tokens and this step's new ones at once: all or
+            // nothing, so a sequence never comes back without room to run.
+            let Some(copies) =
+                self.block_manager
+                    .allocate_slots(id, &seq.token_ids, 0, computed + num_new)
+            else {
+                break;
+            };
+            debug_assert!(copies.is_empty(), "fresh blocks are never shared");
+            let cpu = self
+                .cpu_tables
+                .remove(&id)
+                .expect("swapped seq has CPU blocks");
+            let table = self.block_manager.block_table(id);
+            out.swap_in
+                .extend(cpu.iter().copied().zip(table.iter().copied()));
+            self.cpu_pool.free(cpu.into_iter().map(|c| BlockId(c.0)));
+            // The copies land before the model runs, so the blocks may serve prefix hits now.
+            self.block_manager
+                .cache_full_blocks(id, &seq.token_ids, computed);
+            let seq = self.seqs.get_mut(&id).expect("swapped seq exists");
+            seq.status = SequenceStatus::Running;
+            self.swapped.remove(0);
+            self.running.push(id);
+            self.num_swapped_in += 1;
+            tracing::debug!(%id, "swapped in");
+            if num_new > 0 {
+                out.scheduled.push(ScheduledSeq {
+                    id,
+                    num_computed: computed,
+                    num_new_tokens: num_new,
+                });
+                *budget -= num_new;
+            }
+        }
+    }
+
     fn schedule_waiting(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
         while let Some(&id) = self.waiting.first() {
             if *budget == 0 || self.running.len() >= self.cfg.max_num_seqs {
@@ -231,17 +331,243 @@ impl Scheduler {
         }
     }
 
-    /// Preemption by recompute: the blocks go back to the pool (full ones stay in the
-    /// prefix cache, so the recompute is often cheap) and the sequence waits again.
+    /// Swaps `id` out if the swap pool has room for its computed blocks, else preempts it
+    /// by recompute: the blocks go back to the pool (full ones stay in the prefix cache, so
+    /// the recompute is often cheap) and the sequence waits again.
     fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
         self.running.retain(|s| *s != id);
+        self.num_preemptions += 1;
+        out.preempted.push(id);
+        if self.swap_out(id, out) {
+            return;
+        }
         self.block_manager.free(id);
         let seq = self.seqs.get_mut(&id).expect("preempted seq exists");
         seq.num_computed_tokens = 0;
         seq.status = SequenceStatus::Waiting;
         self.waiting.push(id);
-        self.num_preemptions += 1;
-        out.preempted.push(id);
         tracing::debug!(%id, "preempted (recompute)");
+    }
+
+    /// Copies `id`'s computed blocks to the swap pool and frees its GPU blocks, keeping its
+    /// computed tokens; false (changing nothing) if the pool lacks room. Blocks shared with a
+    /// forked sibling are copied too and only lose this sequence's reference.
+    fn swap_out(&mut self, id: SeqId, out: &mut SchedulerOutput) -> bool {
+        let seq = &self.seqs[&id];
+        let table = self.block_manager.block_table(id);
+        let n = seq
+            .num_computed_tokens
+            .div_ceil(self.block_manager.block_size())
+            .min(table.len());
+        if n == 0 {
+            return false;
+        }
+        let Some(cpu) = self.cpu_pool.allocate(n) else {
+            return false;
+        };
+        let cpu: Vec<CpuBlockId> = cpu.into_iter().map(|b| CpuBlockId(b.0)).collect();
+        out.swap_out
+            .extend(table.iter().copied().zip(cpu.iter().copied()));
+        self.block_manager.free(id);
+        self.cpu_tables.insert(id, cpu);
+        let seq = self.seqs.get_mut(&id).expect("preempted seq exists");
+        seq.status = SequenceStatus::Swapped;
+        self.swapped.push(id);
+        self.num_swapped_out += 1;
+        tracing::debug!(%id, blocks = n, "preempted (swapped out)");
+        true
+    }
+
+    fn free_cpu_blocks(&mut self, id: SeqId) {
+        if let Some(cpu) = self.cpu_tables.remove(&id) {
+            self.cpu_pool.free(cpu.into_iter().map(|c| BlockId(c.0)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::block_manager::BlockManagerConfig;
+
+    const BS: usize = 4;
+
+    fn scheduler(num_blocks: usize, num_cpu_blocks: usize) -> Scheduler {
+        let cfg = SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 8,
+            enable_chunked_prefill: true,
+            policy: Policy::Fcfs,
+            num_cpu_blocks,
+        };
+        let bm = BlockManager::new(BlockManagerConfig {
+            watermark: 0.0,
+            ..BlockManagerConfig::new(num_blocks, BS)
+        });
+        Scheduler::new(cfg, bm)
+    }
+
+    fn add(s: &mut Scheduler, id: u64, len: u32) {
+        let prompt = (0..len).map(|t| t + 100 * id as u32).collect();
+        s.add_seq(Sequence::new(SeqId(id), prompt, 0, id));
+    }
+
+    /// One engine step without a model: every scheduled sequence that reaches the end of its
+    /// tokens samples token 7.
+    fn step(s: &mut Scheduler) -> SchedulerOutput {
+        let out = s.schedule();
+        for sched in &out.scheduled {
+            let seq = &s.seqs[&sched.id];
+            let done = sched.num_computed + sched.num_new_tokens == seq.len();
+            s.update_seq(sched.id, sched.num_new_tokens, done.then_some(7));
+        }
+        out
+    }
+
+    fn ids(out: &SchedulerOutput) -> Vec<u64> {
+        out.scheduled.iter().map(|s| s.id.0).collect()
+    }
+
+    /// Two 7-token prompts fill 4 of 5 blocks; the step both need a third block, the later
+    /// one is preempted.
+    fn run_until_preempted(s: &mut Scheduler) -> SchedulerOutput {
+        add(s, 1, 7);
+        add(s, 2, 7);
+        assert_eq!(ids(&step(s)), [1, 2]);
+        assert_eq!(ids(&step(s)), [1, 2]);
+        let out = step(s);
+        assert_eq!(ids(&out), [1]);
+        assert_eq!(out.preempted, [SeqId(2)]);
+        assert_eq!(s.num_preemptions(), 1);
+        out
+    }
+
+    #[test]
+    fn a_victim_is_swapped_out_and_back_in_with_its_computed_tokens() {
+        let mut s = scheduler(5, 4);
+        add(&mut s, 1, 7);
+        add(&mut s, 2, 7);
+        step(&mut s);
+        step(&mut s);
+        let victim_table = s.block_manager.block_table(SeqId(2)).to_vec();
+        let out = step(&mut s);
+        assert_eq!(ids(&out), [1]);
+        assert_eq!(out.preempted, [SeqId(2)]);
+        // Both computed blocks (8 tokens) go out, to distinct CPU blocks.
+        let gpu: Vec<BlockId> = out.swap_out.iter().map(|p| p.0).collect();
+        assert_eq!(gpu, victim_table);
+        let swapped_out_cpu: Vec<CpuBlockId> = out.swap_out.iter().map(|p| p.1).collect();
+        assert_eq!(s.num_free_cpu_blocks(), 2);
+        assert!(out.swap_in.is_empty());
+        let seq = &s.seqs[&SeqId(2)];
+        assert_eq!(seq.status, SequenceStatus::Swapped);
+        assert_eq!(seq.num_computed_tokens, 8);
+        assert!(s.block_manager.block_table(SeqId(2)).is_empty());
+        assert_eq!((s.num_swapped(), s.num_swapped_out()), (1, 1));
+
+        // While it is out nobody new starts, though a 3-token prompt would fit.
+        add(&mut s, 3, 3);
+        let out = step(&mut s);
+        assert_eq!(ids(&out), [1]);
+        assert_eq!(s.num_waiting(), 1);
+
+        // Once seq 1 leaves, seq 2 comes back first and runs in the same step.
+        s.finish_seq(SeqId(1));
+        let out = step(&mut s);
+        assert_eq!(
+            out.scheduled[0],
+            ScheduledSeq {
+                id: SeqId(2),
+                num_computed: 8,
+                num_new_tokens: 1,
+            }
+        );
+        let back = s.block_manager.block_table(SeqId(2)).to_vec();
+        let cpu: Vec<CpuBlockId> = out.swap_in.iter().map(|p| p.0).collect();
+        let gpu: Vec<BlockId> = out.swap_in.iter().map(|p| p.1).collect();
+        assert_eq!(cpu, swapped_out_cpu);
+        assert_eq!(gpu, back[..2]);
+        assert_eq!(back.len(), 3);
+        assert_eq!(s.seqs[&SeqId(2)].status, SequenceStatus::Running);
+        assert_eq!(s.num_swapped_in(), 1);
+        assert_eq!(s.num_free_cpu_blocks(), 4);
+        // With nothing left swapped out, the waiting prompt is admitted in that step too.
+        assert_eq!(ids(&out), [2, 3]);
+
+        s.finish_seq(SeqId(2));
+        s.finish_seq(SeqId(3));
+        assert!(!s.has_unfinished());
+        assert_eq!(s.block_manager.num_free_blocks(), 5);
+        assert_eq!(s.num_free_cpu_blocks(), 4);
+    }
+
+    #[test]
+    fn a_full_swap_pool_falls_back_to_recompute() {
+        // Seq 2 needs two CPU blocks; one is not enough.
+        let mut s = scheduler(5, 1);
+        let out = run_until_preempted(&mut s);
+        assert!(out.swap_out.is_empty());
+        let seq = &s.seqs[&SeqId(2)];
+        assert_eq!(seq.status, SequenceStatus::Waiting);
+        assert_eq!(seq.num_computed_tokens, 0);
+        assert_eq!((s.num_swapped(), s.num_swapped_out()), (0, 0));
+        assert_eq!(s.num_free_cpu_blocks(), 1);
+        s.finish_seq(SeqId(1));
+        let out = step(&mut s);
+        assert!(out.swap_in.is_empty());
+        assert_eq!(out.scheduled[0].id, SeqId(2));
+        s.finish_seq(SeqId(2));
+        assert_eq!(s.block_manager.num_free_blocks(), 5);
+    }
+
+    #[test]
+    fn without_swap_space_preemption_recomputes() {
+        let mut s = scheduler(5, 0);
+        let out = run_until_preempted(&mut s);
+        assert!(out.swap_out.is_empty());
+        assert_eq!(s.seqs[&SeqId(2)].status, SequenceStatus::Waiting);
+    }
+
+    #[test]
+    fn aborting_a_swapped_sequence_frees_its_cpu_blocks() {
+        let mut s = scheduler(5, 4);
+        run_until_preempted(&mut s);
+        assert_eq!(s.num_free_cpu_blocks(), 2);
+        s.finish_seq(SeqId(2));
+        assert_eq!(s.num_free_cpu_blocks(), 4);
+        assert_eq!(s.num_swapped(), 0);
+        s.finish_seq(SeqId(1));
+        assert!(!s.has_unfinished());
+    }
+
+    #[test]
+    fn swapping_out_a_forked_sibling_copies_shared_blocks_and_keeps_them_for_the_other() {
+        let mut s = scheduler(4, 4);
+        add(&mut s, 1, 7);
+        step(&mut s);
+        let mut child = Sequence::new(SeqId(2), s.seqs[&SeqId(1)].token_ids.clone(), 0, 1);
+        child.arrival = 1;
+        s.fork_seq(SeqId(1), child);
+        let shared = s.block_manager.block_table(SeqId(1)).to_vec();
+        // Each writes token 8 into the shared second block: the child copies it on write.
+        let out = step(&mut s);
+        assert_eq!(ids(&out), [1, 2]);
+        assert_eq!(out.block_copies.len(), 1);
+        // Both need a third block at position 8, with one left: the child is swapped out.
+        let child_table = s.block_manager.block_table(SeqId(2)).to_vec();
+        assert_eq!(child_table[0], shared[0]);
+        let out = step(&mut s);
+        assert_eq!(ids(&out), [1]);
+        let gpu: Vec<BlockId> = out.swap_out.iter().map(|p| p.0).collect();
+        assert_eq!(gpu, child_table);
+        assert_eq!(s.block_manager.ref_count(shared[0]), 1);
+        assert_eq!(s.block_manager.block_table(SeqId(1))[0], shared[0]);
+        s.finish_seq(SeqId(1));
+        let out = step(&mut s);
+        assert_eq!(ids(&out), [2]);
+        assert_eq!(out.swap_in.len(), 2);
+        s.finish_seq(SeqId(2));
+        assert_eq!(s.block_manager.num_free_blocks(), 4);
+        assert_eq!(s.num_free_cpu_blocks(), 4);
     }
 }

@@ -37,6 +37,9 @@ pub struct EngineArgs {
     pub block_size: usize,
     /// Bytes of KV cache.
     pub kv_cache_memory: u64,
+    /// Bytes of CPU swap pool for preemption by swapping (`--swap-space`); 0 preempts by
+    /// recompute only.
+    pub swap_space: u64,
     pub enable_prefix_caching: bool,
     pub enable_chunked_prefill: bool,
     pub scheduling_policy: Policy,
@@ -53,6 +56,7 @@ impl Default for EngineArgs {
             max_num_batched_tokens: None,
             block_size: 16,
             kv_cache_memory: 1 << 30,
+            swap_space: 0,
             enable_prefix_caching: true,
             enable_chunked_prefill: true,
             scheduling_policy: Policy::Fcfs,
@@ -121,7 +125,11 @@ pub struct EngineStats {
     pub kv_cache_usage: f32,
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// Preemptions of both kinds, swaps and recomputes.
     pub num_preemptions: u64,
+    pub num_swapped: usize,
+    pub num_swapped_out: u64,
+    pub num_swapped_in: u64,
     /// Tokens fed to the model (prompt chunks, recomputes and decodes).
     pub num_computed_tokens: u64,
     pub num_prompt_tokens: u64,
@@ -196,7 +204,8 @@ impl LLMEngine {
     ) -> Result<Self, EngineError> {
         let config: ModelConfig = model.config().clone();
         let max_model_len = resolve_max_model_len(args.max_model_len, &config)?;
-        let cache = CacheEngine::with_budget(&config, args.block_size, args.kv_cache_memory)?;
+        let cache = CacheEngine::with_budget(&config, args.block_size, args.kv_cache_memory)?
+            .with_swap_space(args.swap_space)?;
         // A new sequence is admitted only while 1% of blocks stay free (the watermark), so
         // a prompt of max_model_len must fit in the rest or it could never start.
         let watermark_blocks = (cache.num_blocks() as f32 * WATERMARK).ceil() as usize;
@@ -208,7 +217,7 @@ impl LLMEngine {
                  raise --kv-cache-memory or lower --max-model-len"
             )));
         }
-        let sched_cfg = scheduler_config(args, max_model_len)?;
+        let sched_cfg = scheduler_config(args, max_model_len, cache.num_cpu_blocks())?;
         let block_manager = BlockManager::new(BlockManagerConfig {
             num_blocks: cache.num_blocks(),
             block_size: args.block_size,
@@ -260,6 +269,9 @@ impl LLMEngine {
             prefix_cache_queries: pc.queries,
             prefix_cache_hits: pc.hits,
             num_preemptions: self.scheduler.num_preemptions(),
+            num_swapped: self.scheduler.num_swapped(),
+            num_swapped_out: self.scheduler.num_swapped_out(),
+            num_swapped_in: self.scheduler.num_swapped_in(),
             ..self.stats.clone()
         }
     }
@@ -276,6 +288,15 @@ impl LLMEngine {
 
     pub fn num_total_blocks(&self) -> usize {
         self.scheduler.block_manager().num_blocks()
+    }
+
+    /// Blocks of the CPU swap pool not held by a swapped-out sequence.
+    pub fn num_free_cpu_blocks(&self) -> usize {
+        self.scheduler.num_free_cpu_blocks()
+    }
+
+    pub fn num_total_cpu_blocks(&self) -> usize {
+        self.scheduler.num_cpu_blocks()
     }
 
     /// Validates and queues a request. Errors leave the engine and other requests untouched.
@@ -393,6 +414,12 @@ impl LLMEngine {
     /// Runs one scheduled batch and returns the new state of every request it advanced.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let sched = self.scheduler.schedule();
+        // In this order: a block swapped out may already be a swap-in's or a copy's
+        // destination, and the sources of copies must hold their data before the model
+        // writes. Swaps are done even in an empty step, since the scheduler's books
+        // already say they happened.
+        self.runner.swap_out(&sched.swap_out);
+        self.runner.swap_in(&sched.swap_in);
         if sched.is_empty() {
             return Ok(Vec::new());
         }
@@ -686,6 +713,7 @@ fn resolve_max_model_len(asked: Option<usize>, config: &ModelConfig) -> Result<u
 fn scheduler_config(
     args: &EngineArgs,
     max_model_len: usize,
+    num_cpu_blocks: usize,
 ) -> Result<SchedulerConfig, EngineError> {
     if args.max_num_seqs == 0 {
         return Err(EngineError::Config("max_num_seqs must be positive".into()));
@@ -712,5 +740,6 @@ fn scheduler_config(
         max_num_seqs: args.max_num_seqs,
         enable_chunked_prefill: args.enable_chunked_prefill,
         policy: args.scheduling_policy,
+        num_cpu_blocks,
     })
 }

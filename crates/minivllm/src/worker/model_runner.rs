@@ -1,5 +1,6 @@
 //! Runs the model on one batch over the KV cache.
 
+use crate::core::block_pool::{BlockId, CpuBlockId};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
 use crate::worker::cache_engine::CacheEngine;
@@ -28,15 +29,21 @@ impl ModelRunner {
         &self.cache
     }
 
-    pub fn copy_blocks(
-        &mut self,
-        pairs: &[(
-            crate::core::block_pool::BlockId,
-            crate::core::block_pool::BlockId,
-        )],
-    ) {
+    pub fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) {
         if !pairs.is_empty() {
             self.cache.copy_blocks(pairs);
+        }
+    }
+
+    pub fn swap_out(&mut self, pairs: &[(BlockId, CpuBlockId)]) {
+        if !pairs.is_empty() {
+            self.cache.swap_out(pairs);
+        }
+    }
+
+    pub fn swap_in(&mut self, pairs: &[(CpuBlockId, BlockId)]) {
+        if !pairs.is_empty() {
+            self.cache.swap_in(pairs);
         }
     }
 
