@@ -12,6 +12,7 @@ fn scheduler(num_blocks: usize, budget: usize, max_seqs: usize, policy: Policy) 
             max_num_seqs: max_seqs,
             enable_chunked_prefill: true,
             policy,
+            num_cpu_blocks: 0,
         },
         BlockManager::new(BlockManagerConfig {
             num_blocks,
