@@ -137,6 +137,62 @@ pub struct EngineStats {
     pub num_steps: u64,
 }
 
+impl EngineStats {
+    /// Fraction of looked-up prompt tokens found in the prefix cache.
+    pub fn prefix_cache_hit_rate(&self) -> f64 {
+        if self.prefix_cache_queries == 0 {
+            0.0
+        } else {
+            self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
+        }
+    }
+}
+
+/// Rates between two stats snapshots, for vLLM-style periodic log lines.
+struct StatsLogger {
+    last: Instant,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+}
+
+impl StatsLogger {
+    const INTERVAL_S: f64 = 5.0;
+
+    fn new() -> Self {
+        Self {
+            last: Instant::now(),
+            prompt_tokens: 0,
+            generation_tokens: 0,
+        }
+    }
+
+    fn maybe_log(&mut self, s: &EngineStats) {
+        let secs = self.last.elapsed().as_secs_f64();
+        if secs < Self::INTERVAL_S {
+            return;
+        }
+        // Each decode feeds back the token it sampled; the rest of the computed tokens are
+        // prompt (or recomputed) tokens.
+        let prompt = s.num_computed_tokens - s.num_generation_tokens;
+        tracing::info!(
+            prompt_tokens_per_s = format!("{:.1}", (prompt - self.prompt_tokens) as f64 / secs),
+            generation_tokens_per_s = format!(
+                "{:.1}",
+                (s.num_generation_tokens - self.generation_tokens) as f64 / secs
+            ),
+            running = s.num_running,
+            waiting = s.num_waiting,
+            swapped = s.num_swapped,
+            kv_cache_usage = format!("{:.1}%", 100.0 * s.kv_cache_usage),
+            prefix_cache_hit_rate = format!("{:.1}%", 100.0 * s.prefix_cache_hit_rate()),
+            "engine stats"
+        );
+        self.last = Instant::now();
+        self.prompt_tokens = prompt;
+        self.generation_tokens = s.num_generation_tokens;
+    }
+}
+
 struct RequestState {
     prompt: Option<String>,
     prompt_ids: Vec<TokenId>,
@@ -182,6 +238,7 @@ pub struct LLMEngine {
     step_logits: Vec<f32>,
     sample_logits: Vec<f32>,
     stats: EngineStats,
+    stats_logger: StatsLogger,
     started: Instant,
 }
 
@@ -239,6 +296,7 @@ impl LLMEngine {
             step_logits: Vec::new(),
             sample_logits: Vec::new(),
             stats: EngineStats::default(),
+            stats_logger: StatsLogger::new(),
             started: Instant::now(),
         })
     }
@@ -449,7 +507,12 @@ impl LLMEngine {
             self.after_sample(id, s)?;
             push_unique(&mut touched, &self.seqs[&id].request);
         }
-        Ok(touched.iter().filter_map(|r| self.make_output(r)).collect())
+        let outputs = touched.iter().filter_map(|r| self.make_output(r)).collect();
+        if tracing::enabled!(tracing::Level::INFO) {
+            let stats = self.stats();
+            self.stats_logger.maybe_log(&stats);
+        }
+        Ok(outputs)
     }
 
     /// Fills the reused `InputMetadata` and notes which logits rows belong to whom.
