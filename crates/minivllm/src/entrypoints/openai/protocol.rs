@@ -206,3 +206,56 @@ impl IntoResponse for ApiError {
         (self.status, axum::Json(body)).into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completion(body: &str) -> CompletionRequest {
+        serde_json::from_str(body).unwrap()
+    }
+
+    #[test]
+    fn prompt_shapes() {
+        assert!(matches!(
+            completion(r#"{"prompt": "a"}"#).prompt,
+            PromptField::Text(_)
+        ));
+        assert!(
+            matches!(completion(r#"{"prompt": ["a", "b"]}"#).prompt, PromptField::Texts(v) if v.len() == 2)
+        );
+        assert!(
+            matches!(completion(r#"{"prompt": [1, 2]}"#).prompt, PromptField::Ids(v) if v == [1, 2])
+        );
+        assert!(
+            matches!(completion(r#"{"prompt": [[1], [2, 3]]}"#).prompt, PromptField::IdLists(v) if v.len() == 2)
+        );
+    }
+
+    #[test]
+    fn defaults_and_vllm_extras() {
+        let r = completion(r#"{"prompt": "a", "stop": "x", "top_k": 5, "ignore_eos": true}"#);
+        assert_eq!(r.max_tokens, Some(16));
+        let p = r.common.sampling_params(r.max_tokens, r.logprobs);
+        assert_eq!(
+            (p.top_k, p.ignore_eos, p.stop),
+            (5, true, vec!["x".to_string()])
+        );
+        assert_eq!(p.temperature, 1.0);
+        let chat: ChatCompletionRequest =
+            serde_json::from_str(r#"{"messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
+        assert!(chat.add_generation_prompt);
+        assert_eq!(chat.max_tokens, None);
+    }
+
+    #[test]
+    fn validation_errors_name_their_param() {
+        let p = SamplingParams {
+            temperature: -1.0,
+            ..SamplingParams::default()
+        };
+        let e = ApiError::from(EngineError::from(p.validate().unwrap_err()));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+    }
+}
