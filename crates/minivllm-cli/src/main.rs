@@ -1,8 +1,9 @@
-//! `minivllm`: generate text, fetch the default model, benchmark.
+//! `minivllm`: generate text, serve an OpenAI-compatible API, fetch the default model, benchmark.
 
 mod bench;
 mod download;
 mod generate;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,8 @@ enum Command {
     DownloadDefaultModel(download::DownloadArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(Box<serve::ServeArgs>),
 }
 
 /// Options every command that runs a model shares, with vLLM's names.
@@ -127,6 +130,7 @@ fn main() {
         Command::Generate(args) => generate::run(*args),
         Command::DownloadDefaultModel(args) => download::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(*args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

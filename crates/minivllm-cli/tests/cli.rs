@@ -1,21 +1,9 @@
 //! The `minivllm` binary end to end, as a user runs it.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-fn model() -> String {
-    let path = std::env::var_os("MINIVLLM_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.is_file(),
-        "test model missing: run `minivllm download-default-model`"
-    );
-    path.to_str().unwrap().to_string()
-}
+mod common;
+use common::model;
 
 fn minivllm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_minivllm"))

@@ -89,6 +89,8 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error("model input: {0}")]
     Input(#[from] InputError),
+    #[error("the engine thread has stopped")]
+    Stopped,
 }
 
 /// A prompt in either of vLLM's two forms.

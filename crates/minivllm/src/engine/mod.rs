@@ -1,3 +1,4 @@
+pub mod async_engine;
 pub mod chat_template;
 pub mod detokenizer;
 pub mod greedy;

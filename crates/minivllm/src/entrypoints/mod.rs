@@ -1,3 +1,4 @@
-//! How callers reach the engine: the library API (and, next, the HTTP server).
+//! How callers reach the engine: the library API and the OpenAI-compatible HTTP server.
 
 pub mod llm;
+pub mod openai;

@@ -1,0 +1,289 @@
+//! `AsyncEngine`: the `LLMEngine` on its own OS thread, driven from async code.
+//!
+//! A forward pass is long, CPU-bound work: running it on a tokio worker would stall every
+//! connection that worker serves, so the engine owns a thread and talks over channels.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::llm_engine::{EngineError, EngineStats, LLMEngine, PromptInput};
+use crate::engine::tokenizer::Tokenizer;
+use crate::outputs::RequestOutput;
+use crate::sampling_params::SamplingParams;
+
+enum Command {
+    Add(Box<AddRequest>),
+    Abort(String),
+}
+
+struct AddRequest {
+    request_id: String,
+    prompt: PromptInput,
+    params: SamplingParams,
+    priority: i32,
+    outputs: mpsc::UnboundedSender<RequestOutput>,
+    reply: oneshot::Sender<Result<(), EngineError>>,
+}
+
+struct Shared {
+    stats: Mutex<EngineStats>,
+    num_free_blocks: AtomicUsize,
+    num_total_blocks: usize,
+}
+
+/// A handle to the engine thread; clones share it. The thread ends when the last handle drops.
+#[derive(Clone)]
+pub struct AsyncEngine {
+    commands: mpsc::UnboundedSender<Command>,
+    shared: Arc<Shared>,
+    tokenizer: Arc<Tokenizer>,
+    max_model_len: usize,
+}
+
+impl AsyncEngine {
+    pub fn new(engine: LLMEngine) -> Self {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            stats: Mutex::new(engine.stats()),
+            num_free_blocks: AtomicUsize::new(engine.num_free_blocks()),
+            num_total_blocks: engine.num_total_blocks(),
+        });
+        let tokenizer = engine.tokenizer().clone();
+        let max_model_len = engine.max_model_len();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("minivllm-engine".into())
+            .spawn(move || engine_loop(engine, rx, &thread_shared))
+            .expect("cannot spawn the engine thread");
+        Self {
+            commands,
+            shared,
+            tokenizer,
+            max_model_len,
+        }
+    }
+
+    /// Queues a request; its `RequestOutput` after each step that advanced it arrives on the
+    /// returned receiver, the last one with `finished` set. Dropping the receiver aborts it.
+    pub async fn generate(
+        &self,
+        request_id: impl Into<String>,
+        prompt: PromptInput,
+        params: SamplingParams,
+        priority: i32,
+    ) -> Result<mpsc::UnboundedReceiver<RequestOutput>, EngineError> {
+        let (outputs, rx) = mpsc::unbounded_channel();
+        let (reply, accepted) = oneshot::channel();
+        let cmd = Command::Add(Box::new(AddRequest {
+            request_id: request_id.into(),
+            prompt,
+            params,
+            priority,
+            outputs,
+            reply,
+        }));
+        self.commands.send(cmd).map_err(|_| EngineError::Stopped)?;
+        accepted.await.map_err(|_| EngineError::Stopped)??;
+        Ok(rx)
+    }
+
+    pub fn abort(&self, request_id: impl Into<String>) {
+        // A stopped engine has nothing left to abort.
+        let _ = self.commands.send(Command::Abort(request_id.into()));
+    }
+
+    /// The counters as of the last step.
+    pub fn stats(&self) -> EngineStats {
+        self.shared
+            .stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.shared.num_free_blocks.load(Ordering::Relaxed)
+    }
+
+    pub fn num_total_blocks(&self) -> usize {
+        self.shared.num_total_blocks
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+}
+
+fn engine_loop(
+    mut engine: LLMEngine,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    shared: &Shared,
+) {
+    let mut streams: HashMap<String, mpsc::UnboundedSender<RequestOutput>> = HashMap::new();
+    loop {
+        if !engine.has_unfinished_requests() {
+            match commands.blocking_recv() {
+                Some(cmd) => handle(&mut engine, &mut streams, cmd),
+                None => return,
+            }
+        }
+        while let Ok(cmd) = commands.try_recv() {
+            handle(&mut engine, &mut streams, cmd);
+        }
+        // A client that went away between steps should not cost another step of compute.
+        streams.retain(|id, tx| {
+            let open = !tx.is_closed();
+            if !open {
+                engine.abort_request(id);
+            }
+            open
+        });
+        if engine.has_unfinished_requests() {
+            match engine.step() {
+                Ok(outputs) => {
+                    for out in outputs {
+                        let finished = out.finished;
+                        let id = out.request_id.clone();
+                        let Some(tx) = streams.get(&id) else { continue };
+                        if tx.send(out).is_err() {
+                            engine.abort_request(&id);
+                            streams.remove(&id);
+                        } else if finished {
+                            streams.remove(&id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    // The batch's state is unknown after a failed step: end every request
+                    // (closing its stream) rather than serve outputs that may be wrong.
+                    tracing::error!("engine step failed: {e}");
+                    for id in streams.keys() {
+                        engine.abort_request(id);
+                    }
+                    streams.clear();
+                }
+            }
+        }
+        *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = engine.stats();
+        shared
+            .num_free_blocks
+            .store(engine.num_free_blocks(), Ordering::Relaxed);
+    }
+}
+
+fn handle(
+    engine: &mut LLMEngine,
+    streams: &mut HashMap<String, mpsc::UnboundedSender<RequestOutput>>,
+    cmd: Command,
+) {
+    match cmd {
+        Command::Add(add) => {
+            let AddRequest {
+                request_id,
+                prompt,
+                params,
+                priority,
+                outputs,
+                reply,
+            } = *add;
+            let result = engine.add_request(request_id.clone(), prompt, params, priority);
+            if result.is_ok() {
+                streams.insert(request_id.clone(), outputs);
+            }
+            if reply.send(result).is_err() {
+                // The caller gave up while the request was being queued.
+                engine.abort_request(&request_id);
+                streams.remove(&request_id);
+            }
+        }
+        Command::Abort(id) => {
+            engine.abort_request(&id);
+            streams.remove(&id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::llm_engine::EngineArgs;
+    use std::time::{Duration, Instant};
+
+    fn engine() -> AsyncEngine {
+        let args = EngineArgs {
+            model: crate::testing::test_model_path().display().to_string(),
+            kv_cache_memory: 64 << 20,
+            max_model_len: Some(1024),
+            ..EngineArgs::default()
+        };
+        AsyncEngine::new(LLMEngine::from_engine_args(&args).unwrap())
+    }
+
+    fn params(max_tokens: usize) -> SamplingParams {
+        SamplingParams {
+            max_tokens: Some(max_tokens),
+            ignore_eos: true,
+            ..SamplingParams::greedy()
+        }
+    }
+
+    async fn last(mut rx: mpsc::UnboundedReceiver<RequestOutput>) -> RequestOutput {
+        let mut last = None;
+        while let Some(out) = rx.recv().await {
+            last = Some(out);
+        }
+        last.expect("no output")
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_complete_and_errors_stay_local() {
+        let engine = engine();
+        let a = engine
+            .generate("a", "The capital of France is".into(), params(8), 0)
+            .await
+            .unwrap();
+        let b = engine
+            .generate("b", "Once upon a time".into(), params(5), 0)
+            .await
+            .unwrap();
+        let bad = SamplingParams {
+            temperature: -1.0,
+            ..params(4)
+        };
+        let err = engine.generate("c", "Hi".into(), bad, 0).await;
+        assert!(matches!(err, Err(EngineError::Validation(_))));
+        let (a, b) = tokio::join!(last(a), last(b));
+        assert!(a.finished && b.finished);
+        assert_eq!(a.outputs[0].token_ids.len(), 8);
+        assert_eq!(b.outputs[0].token_ids.len(), 5);
+        assert!(
+            a.outputs[0].text.starts_with(" Paris"),
+            "{:?}",
+            a.outputs[0].text
+        );
+    }
+
+    #[tokio::test]
+    async fn dropped_receiver_frees_blocks() {
+        let engine = engine();
+        let total = engine.num_total_blocks();
+        let mut rx = engine
+            .generate("long", "Tell me a story.".into(), params(400), 0)
+            .await
+            .unwrap();
+        rx.recv().await.unwrap();
+        drop(rx);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while engine.num_free_blocks() != total || engine.stats().num_running != 0 {
+            assert!(Instant::now() < deadline, "blocks were not freed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
