@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes crates/minivllm-kernels/tests/fixtures/quant_fixture.gguf.
+"""Writes crates/minivllm-kernels/tests/fixtures/quant_fixture.gguf.fixture (a GGUF file; the suffix keeps it apart from model files).
 
 The fixture pins our dequantisation to gguf-py's (itself a port of ggml's reference
 dequantize_row_*). For every GGML type we dequantise it holds `<TYPE>.q`, a small tensor
@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 SEED = 20240531
-OUT = Path(__file__).resolve().parent.parent / "crates/minivllm-kernels/tests/fixtures/quant_fixture.gguf"
+OUT = Path(__file__).resolve().parent.parent / "crates/minivllm-kernels/tests/fixtures/quant_fixture.gguf.fixture"
 
 # Byte offsets of the f16 scale fields inside one block; random bytes there could be NaN/inf.
 K_SCALE_OFFSETS = {

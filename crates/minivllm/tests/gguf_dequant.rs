@@ -10,7 +10,7 @@ use minivllm_kernels::quant::GgmlType;
 
 fn fixture() -> GgufFile {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../minivllm-kernels/tests/fixtures/quant_fixture.gguf");
+        .join("../minivllm-kernels/tests/fixtures/quant_fixture.gguf.fixture");
     GgufFile::open(&path)
         .unwrap_or_else(|e| panic!("{e} (regenerate with scripts/make_quant_fixture.py)"))
 }
