@@ -20,6 +20,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The command failed with exit code 1 and said `message` on stderr.
+#[track_caller]
+fn assert_fails_with(out: &Output, message: &str) {
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
+    assert!(stderr(out).contains(message), "{}", stderr(out));
+}
+
 #[test]
 fn generate_completes_the_capital_of_france() {
     let m = model();
@@ -90,12 +97,7 @@ fn missing_model_is_a_clear_error() {
         "--prompt",
         "hi",
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("/no/such/model.gguf does not exist"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails_with(&out, "/no/such/model.gguf does not exist");
 }
 
 #[test]
@@ -110,19 +112,13 @@ fn prompt_longer_than_max_model_len_is_a_clear_error() {
         "--max-model-len",
         "3",
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("longer than the maximum model length of 3"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails_with(&out, "longer than the maximum model length of 3");
 }
 
 #[test]
 fn no_prompt_is_a_clear_error() {
     let out = minivllm(&["generate", "--model", &model()]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("no prompt given"), "{}", stderr(&out));
+    assert_fails_with(&out, "no prompt given");
 }
 
 #[test]
@@ -180,12 +176,7 @@ fn invalid_sampling_values_are_clear_errors() {
         "--top-p",
         "1.5",
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("top_p must be in (0, 1], got 1.5"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails_with(&out, "top_p must be in (0, 1], got 1.5");
 }
 
 #[test]
