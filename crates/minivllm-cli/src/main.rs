@@ -156,15 +156,10 @@ impl ModelArgs {
         check_default_model(&self.model)?;
         let loaded = minivllm::model_executor::model_loader::load_model(&self.model)
             .with_context(|| format!("cannot load model {}", self.model))?;
-        let context = loaded.config.max_position_embeddings;
-        let max_model_len = match self.max_model_len {
-            Some(0) => anyhow::bail!("--max-model-len must be positive"),
-            Some(n) if n > context => {
-                anyhow::bail!("--max-model-len {n} exceeds the model's context length of {context}")
-            }
-            Some(n) => n,
-            None => context,
-        };
+        let max_model_len = minivllm::engine::llm_engine::resolve_max_model_len(
+            self.max_model_len,
+            &loaded.config,
+        )?;
         let cache =
             CacheEngine::with_budget(&loaded.config, self.block_size, self.kv_cache_memory)?;
         Ok(Runtime {

@@ -763,7 +763,11 @@ fn with_chosen(token: TokenId, logprob: f32, top: Vec<(TokenId, f32)>) -> TokenL
     TokenLogprobs(v)
 }
 
-fn resolve_max_model_len(asked: Option<usize>, config: &ModelConfig) -> Result<usize, EngineError> {
+/// `--max-model-len` checked against the model's context length (the default).
+pub fn resolve_max_model_len(
+    asked: Option<usize>,
+    config: &ModelConfig,
+) -> Result<usize, EngineError> {
     let context = config.max_position_embeddings;
     match asked {
         Some(0) => Err(EngineError::Config("max_model_len must be positive".into())),
