@@ -1,8 +1,9 @@
 //! `minivllm serve`: the OpenAI-compatible HTTP server.
 
 use anyhow::Context;
-use minivllm::engine::async_engine::AsyncEngine;
+use minivllm::engine::async_engine::{AsyncEngine, AsyncEngineOptions};
 use minivllm::engine::llm_engine::LLMEngine;
+use minivllm::entrypoints::openai::api_server::{self, ServerConfig};
 
 use crate::EngineFlags;
 
@@ -17,15 +18,36 @@ pub struct ServeArgs {
     /// The model name clients send and `/v1/models` lists (default: the --model string).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Require `Authorization: Bearer <key>` on /v1/* (health, metrics and tokenize stay open).
+    #[arg(long, env = "MINIVLLM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Origins allowed to call from a browser (CORS), comma-separated, or `*`. Default: none.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Answer 503 to new requests while this many wait to be scheduled (default: no limit).
+    #[arg(long)]
+    pub max_waiting_requests: Option<usize>,
+    /// Larger request bodies are refused with 413, e.g. `8MiB`.
+    #[arg(long, default_value = "8MiB", value_parser = crate::parse_bytes)]
+    pub max_request_body_size: u64,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine_args = args.engine.engine_args()?;
     let engine = LLMEngine::from_engine_args(&engine_args).context("cannot start the engine")?;
-    let name = args
-        .served_model_name
-        .unwrap_or_else(|| engine_args.model.clone());
-    let engine = AsyncEngine::new(engine);
+    let config = ServerConfig {
+        served_model_name: args
+            .served_model_name
+            .unwrap_or_else(|| engine_args.model.clone()),
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        allowed_origins: args.allowed_origins,
+        max_request_body_bytes: usize::try_from(args.max_request_body_size)
+            .context("--max-request-body-size is too large")?,
+    };
+    let options = AsyncEngineOptions {
+        max_waiting_requests: args.max_waiting_requests,
+    };
+    let engine = AsyncEngine::with_options(engine, options);
     let rt = tokio::runtime::Builder::new_multi_thread()
         // The engine has its own thread and kernel pool; the server only shuffles bytes.
         .worker_threads(2)
@@ -36,8 +58,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
-        eprintln!("serving {name} on http://{addr}");
-        minivllm::entrypoints::openai::server::serve(listener, engine, name, shutdown_signal())
+        eprintln!(
+            "serving {} on http://{addr}{}",
+            config.served_model_name,
+            if config.api_key.is_some() {
+                " (API key required on /v1)"
+            } else {
+                ""
+            }
+        );
+        api_server::serve(listener, engine, config, shutdown_signal())
             .await
             .context("server error")
     })

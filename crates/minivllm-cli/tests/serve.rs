@@ -33,6 +33,10 @@ fn free_port() -> u16 {
 }
 
 fn start(model: &str) -> Server {
+    start_with(model, &[])
+}
+
+fn start_with(model: &str, extra: &[&str]) -> Server {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_minivllm"))
         .args([
@@ -48,6 +52,8 @@ fn start(model: &str) -> Server {
             "--max-model-len",
             "1024",
         ])
+        .args(extra)
+        .env_remove("MINIVLLM_API_KEY")
         .stdout(Stdio::null())
         .spawn()
         .expect("start minivllm serve");
@@ -72,14 +78,40 @@ fn request(
     path: &str,
     body: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
+    let (status, _, body) = request_with(port, method, path, &[], body)?;
+    Ok((status, body))
+}
+
+/// Sends one request on a fresh connection; the headers come back as one lowercased string.
+fn send(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<TcpStream> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    let body = body.unwrap_or("");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         {extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )?;
+    Ok(s)
+}
+
+fn request_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> std::io::Result<(u16, String, String)> {
+    let mut s = send(port, method, path, headers, body.unwrap_or(""))?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     let raw = String::from_utf8_lossy(&raw).into_owned();
@@ -89,15 +121,13 @@ fn request(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
+    let head = head.to_ascii_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") {
         dechunk(rest)
     } else {
         rest.to_string()
     };
-    Ok((status, body))
+    Ok((status, head, body))
 }
 
 fn dechunk(mut s: &str) -> String {
@@ -209,16 +239,333 @@ fn serve_openai_api() {
         request(server.port, "POST", "/v1/completions", Some("{not json")).unwrap();
     assert_eq!(status, 400, "{text}");
 
+    // vLLM's answer to a model it does not serve.
     let (status, v) = post(
         &server,
         "/v1/completions",
         json!({"model": "other", "prompt": "x"}),
     );
-    assert_eq!(status, 400);
+    assert_eq!(status, 404);
+    assert_eq!(v["error"]["type"], "NotFoundError");
     assert_eq!(v["error"]["param"], "model");
 
     let (status, text) = request(server.port, "GET", "/v1/models", None).unwrap();
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["data"][0]["id"], "smol");
+}
+
+/// The value of an unlabelled-beyond-`model_name` sample in a `/metrics` text, or of the
+/// sample whose labels contain `label`.
+fn metric(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} {label} in metrics:\n{text}"))
+}
+
+fn metrics(server: &Server) -> String {
+    let (status, text) = request(server.port, "GET", "/metrics", None).unwrap();
+    assert_eq!(status, 200);
+    text
+}
+
+fn wait_for_metrics(server: &Server, what: &str, ok: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = metrics(server);
+        if ok(&text) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts a streaming request and reads until its first event, leaving the stream open.
+fn open_stream(server: &Server, body: Value) -> TcpStream {
+    let mut s = send(
+        server.port,
+        "POST",
+        "/v1/completions",
+        &[],
+        &body.to_string(),
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: ") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    s
+}
+
+#[test]
+fn tokenize_request_ids_echo_and_content_parts() {
+    let server = start(&model());
+    let prompt = "The capital of France is";
+    let (status, v) = post(&server, "/tokenize", json!({"prompt": prompt}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["count"].clone(), v["max_model_len"].clone()),
+        (json!(5), json!(1024))
+    );
+    let (_, d) = post(&server, "/detokenize", json!({"tokens": v["tokens"]}));
+    assert_eq!(d["prompt"], prompt);
+    let (status, e) = post(&server, "/detokenize", json!({"tokens": [1_000_000]}));
+    assert_eq!(
+        (status, e["error"]["param"].clone()),
+        (400, json!("tokens"))
+    );
+    let (status, _) = post(&server, "/tokenize", json!({}));
+    assert_eq!(status, 400);
+
+    // The chat form counts what a chat completion is charged as its prompt, and content
+    // given as text parts renders exactly like plain content.
+    let question = "What is the capital of France?";
+    let plain = json!([{"role": "user", "content": question}]);
+    let parts = json!([{"role": "user", "content": [{"type": "text", "text": question}]}]);
+    let (_, t) = post(&server, "/tokenize", json!({"messages": plain}));
+    let (_, c) = post(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": parts, "max_tokens": 16, "temperature": 0}),
+    );
+    assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{c}");
+    assert_eq!(
+        c["choices"][0]["message"]["content"],
+        "The capital of France is Paris."
+    );
+    let image =
+        json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
+    let (status, e) = post(&server, "/v1/chat/completions", json!({"messages": image}));
+    assert_eq!(
+        (status, e["error"]["param"].clone()),
+        (400, json!("messages"))
+    );
+
+    // A client's request id names the response, and comes back as a header.
+    let body = json!({"prompt": "Hi", "max_tokens": 2}).to_string();
+    let headers = [("X-Request-Id", "my-req-1")];
+    let (status, head, text) = request_with(
+        server.port,
+        "POST",
+        "/v1/completions",
+        &headers,
+        Some(&body),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(head.contains("x-request-id: my-req-1"), "{head}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["id"], "cmpl-my-req-1");
+
+    // echo with logprobs covers the prompt's tokens too, the first one without a logprob.
+    let (status, v) = post(
+        &server,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 3, "temperature": 0, "echo": true, "logprobs": 2}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with(&format!("{prompt} Paris")), "{text:?}");
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), 5 + 3, "{lp}");
+    assert_eq!(tokens.concat(), text);
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    for i in 1..8 {
+        let x = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!(x <= 0.0, "{lp}");
+        let n = lp["top_logprobs"][i].as_object().unwrap().len();
+        assert!((1..=3).contains(&n), "{lp}");
+    }
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = tokens
+        .iter()
+        .scan(0, |pos, t| {
+            let at = *pos;
+            *pos += t.len() as u64;
+            Some(at)
+        })
+        .collect();
+    assert_eq!(offsets, expected);
+}
+
+#[test]
+fn api_key_queue_limit_body_limit_and_cors() {
+    let server = start_with(
+        &model(),
+        &[
+            "--api-key",
+            "secret",
+            "--max-waiting-requests",
+            "1",
+            "--max-num-seqs",
+            "1",
+            "--allowed-origins",
+            "http://example.com",
+            "--max-request-body-size",
+            "4KiB",
+        ],
+    );
+    let port = server.port;
+    for auth in [None, Some("Bearer wrong"), Some("secret")] {
+        let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
+        let (status, _, body) = request_with(port, "GET", "/v1/models", &headers, None).unwrap();
+        assert_eq!(status, 401, "{auth:?}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["type"], "AuthenticationError");
+    }
+    let key = [("Authorization", "Bearer secret")];
+    let (status, _, _) = request_with(port, "GET", "/v1/models", &key, None).unwrap();
+    assert_eq!(status, 200);
+    for open in ["/health", "/metrics", "/version"] {
+        assert_eq!(request(port, "GET", open, None).unwrap().0, 200, "{open}");
+    }
+
+    let big = json!({"prompt": "x".repeat(8 << 10)}).to_string();
+    let (status, text) = request(port, "POST", "/tokenize", Some(&big)).unwrap();
+    assert_eq!(status, 413, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], 413);
+
+    let preflight = [
+        ("Origin", "http://example.com"),
+        ("Access-Control-Request-Method", "POST"),
+        (
+            "Access-Control-Request-Headers",
+            "authorization,content-type",
+        ),
+    ];
+    let (status, head, _) =
+        request_with(port, "OPTIONS", "/v1/completions", &preflight, None).unwrap();
+    assert!(status < 300, "{status} {head}");
+    assert!(
+        head.contains("access-control-allow-origin: http://example.com"),
+        "{head}"
+    );
+    let other = [("Origin", "http://evil.example")];
+    let (_, head, _) = request_with(port, "GET", "/health", &other, None).unwrap();
+    assert!(!head.contains("access-control-allow-origin"), "{head}");
+
+    // One sequence runs, one waits; the next request is turned away with 503 at once.
+    let long = |auth: &str| {
+        let body = json!({"prompt": "Tell me a story.", "max_tokens": 300, "ignore_eos": true,
+                          "stream": true})
+        .to_string();
+        let mut s = send(
+            port,
+            "POST",
+            "/v1/completions",
+            &[("Authorization", auth)],
+            &body,
+        )
+        .unwrap();
+        let mut b = [0u8; 64];
+        assert!(s.read(&mut b).unwrap() > 0);
+        s
+    };
+    let running = long("Bearer secret");
+    wait_for_metrics(&server, "one running", |m| {
+        metric(m, "vllm:num_requests_running", "") == 1.0
+    });
+    let waiting = long("Bearer secret");
+    wait_for_metrics(&server, "one waiting", |m| {
+        metric(m, "vllm:num_requests_waiting", "") == 1.0
+    });
+    let body = json!({"prompt": "Hi", "max_tokens": 2}).to_string();
+    let (status, _, text) =
+        request_with(port, "POST", "/v1/completions", &key, Some(&body)).unwrap();
+    assert_eq!(status, 503, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["type"], "ServiceUnavailableError");
+    drop((running, waiting));
+    wait_for_metrics(&server, "the queue to drain", |m| {
+        metric(m, "vllm:num_requests_running", "") == 0.0
+            && metric(m, "vllm:num_requests_waiting", "") == 0.0
+    });
+}
+
+#[test]
+fn many_concurrent_streams_and_a_disconnect() {
+    let server = start(&model());
+    let port = server.port;
+    let clients: Vec<_> = (0..64)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let prompt = format!("Request {i}: write a sentence about the number {i}.");
+                let body = json!({"prompt": prompt, "max_tokens": 16, "ignore_eos": true,
+                                  "temperature": 0, "stream": true,
+                                  "stream_options": {"include_usage": true}});
+                let (status, _, text) = request_with(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    Some(&body.to_string()),
+                )
+                .unwrap();
+                (prompt, status, text)
+            })
+        })
+        .collect();
+    // Meanwhile a client goes away mid-stream.
+    let quitter = open_stream(
+        &server,
+        json!({"prompt": "Tell me a long story.", "max_tokens": 900, "ignore_eos": true,
+               "stream": true}),
+    );
+    drop(quitter);
+    for c in clients {
+        let (prompt, status, text) = c.join().unwrap();
+        assert_eq!(status, 200, "{text}");
+        let events: Vec<&str> = text
+            .split("\n\n")
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| e.strip_prefix("data: ").unwrap())
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"));
+        let usage: Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+        let (_, t) = post(&server, "/tokenize", json!({"prompt": prompt}));
+        assert_eq!(usage["usage"]["completion_tokens"], 16, "{usage}");
+        assert_eq!(usage["usage"]["prompt_tokens"], t["count"], "{usage}");
+        let streamed: String = events[..events.len() - 2]
+            .iter()
+            .map(|e| serde_json::from_str::<Value>(e).unwrap())
+            .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+            .collect();
+        assert!(!streamed.is_empty());
+    }
+    wait_for_metrics(&server, "every block freed", |m| {
+        metric(m, "vllm:num_requests_running", "") == 0.0
+            && metric(m, "vllm:kv_cache_usage_perc", "") == 0.0
+    });
+    let m = metrics(&server);
+    assert_eq!(metric(&m, "vllm:request_success_total", "\"abort\""), 1.0);
+    assert_eq!(metric(&m, "vllm:request_success_total", "\"length\""), 64.0);
+    assert!(metric(&m, "vllm:generation_tokens_total", "") >= 64.0 * 16.0);
+    assert_eq!(
+        metric(&m, "vllm:time_to_first_token_seconds_count", ""),
+        65.0
+    );
 }

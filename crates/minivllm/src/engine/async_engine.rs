@@ -5,11 +5,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::llm_engine::{EngineError, EngineStats, LLMEngine, PromptInput};
+use crate::engine::metrics::RequestMetrics;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::SamplingParams;
@@ -28,10 +30,25 @@ struct AddRequest {
     reply: oneshot::Sender<Result<(), EngineError>>,
 }
 
+/// How the engine thread admits requests.
+#[derive(Debug, Clone, Default)]
+pub struct AsyncEngineOptions {
+    /// Refuse new requests (`EngineError::Overloaded`) while this many wait to be scheduled,
+    /// so a burst costs a quick 503 rather than unbounded memory and latency.
+    pub max_waiting_requests: Option<usize>,
+}
+
 struct Shared {
     stats: Mutex<EngineStats>,
+    metrics: Mutex<RequestMetrics>,
     num_free_blocks: AtomicUsize,
     num_total_blocks: usize,
+}
+
+impl Shared {
+    fn metrics(&self) -> MutexGuard<'_, RequestMetrics> {
+        self.metrics.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A handle to the engine thread; clones share it. The thread ends when the last handle drops.
@@ -45,9 +62,14 @@ pub struct AsyncEngine {
 
 impl AsyncEngine {
     pub fn new(engine: LLMEngine) -> Self {
+        Self::with_options(engine, AsyncEngineOptions::default())
+    }
+
+    pub fn with_options(engine: LLMEngine, options: AsyncEngineOptions) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             stats: Mutex::new(engine.stats()),
+            metrics: Mutex::new(RequestMetrics::default()),
             num_free_blocks: AtomicUsize::new(engine.num_free_blocks()),
             num_total_blocks: engine.num_total_blocks(),
         });
@@ -56,7 +78,7 @@ impl AsyncEngine {
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("minivllm-engine".into())
-            .spawn(move || engine_loop(engine, rx, &thread_shared))
+            .spawn(move || engine_loop(engine, rx, &thread_shared, &options))
             .expect("cannot spawn the engine thread");
         Self {
             commands,
@@ -104,6 +126,12 @@ impl AsyncEngine {
             .clone()
     }
 
+    /// `/metrics` in Prometheus' text format, labelled with `model_name`.
+    pub fn metrics_text(&self, model_name: &str) -> String {
+        let stats = self.stats();
+        self.shared.metrics().render(&stats, model_name)
+    }
+
     pub fn num_free_blocks(&self) -> usize {
         self.shared.num_free_blocks.load(Ordering::Relaxed)
     }
@@ -125,51 +153,29 @@ fn engine_loop(
     mut engine: LLMEngine,
     mut commands: mpsc::UnboundedReceiver<Command>,
     shared: &Shared,
+    options: &AsyncEngineOptions,
 ) {
     let mut streams: HashMap<String, mpsc::UnboundedSender<RequestOutput>> = HashMap::new();
     loop {
         if !engine.has_unfinished_requests() {
             match commands.blocking_recv() {
-                Some(cmd) => handle(&mut engine, &mut streams, cmd),
+                Some(cmd) => handle(&mut engine, &mut streams, shared, options, cmd),
                 None => return,
             }
         }
         while let Ok(cmd) = commands.try_recv() {
-            handle(&mut engine, &mut streams, cmd);
+            handle(&mut engine, &mut streams, shared, options, cmd);
         }
         // A client that went away between steps should not cost another step of compute.
         streams.retain(|id, tx| {
             let open = !tx.is_closed();
             if !open {
-                engine.abort_request(id);
+                abort(&mut engine, shared, id, "client disconnected");
             }
             open
         });
         if engine.has_unfinished_requests() {
-            match engine.step() {
-                Ok(outputs) => {
-                    for out in outputs {
-                        let finished = out.finished;
-                        let id = out.request_id.clone();
-                        let Some(tx) = streams.get(&id) else { continue };
-                        if tx.send(out).is_err() {
-                            engine.abort_request(&id);
-                            streams.remove(&id);
-                        } else if finished {
-                            streams.remove(&id);
-                        }
-                    }
-                }
-                Err(e) => {
-                    // The batch's state is unknown after a failed step: end every request
-                    // (closing its stream) rather than serve outputs that may be wrong.
-                    tracing::error!("engine step failed: {e}");
-                    for id in streams.keys() {
-                        engine.abort_request(id);
-                    }
-                    streams.clear();
-                }
-            }
+            step(&mut engine, &mut streams, shared);
         }
         *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = engine.stats();
         shared
@@ -178,9 +184,60 @@ fn engine_loop(
     }
 }
 
+fn step(
+    engine: &mut LLMEngine,
+    streams: &mut HashMap<String, mpsc::UnboundedSender<RequestOutput>>,
+    shared: &Shared,
+) {
+    match engine.step() {
+        Ok(outputs) => {
+            let now = Instant::now();
+            let mut gone = Vec::new();
+            let mut metrics = shared.metrics();
+            for out in outputs {
+                metrics.on_output(&out, now);
+                let id = out.request_id.clone();
+                let Some(tx) = streams.get(&id) else { continue };
+                let finished = out.finished;
+                if finished {
+                    let tokens: usize = out.outputs.iter().map(|o| o.token_ids.len()).sum();
+                    tracing::info!(request_id = %id, generated_tokens = tokens, "finished request");
+                }
+                if tx.send(out).is_err() {
+                    gone.push(id);
+                } else if finished {
+                    streams.remove(&id);
+                }
+            }
+            drop(metrics);
+            for id in gone {
+                abort(engine, shared, &id, "client disconnected");
+                streams.remove(&id);
+            }
+        }
+        Err(e) => {
+            // The batch's state is unknown after a failed step: end every request
+            // (closing its stream) rather than serve outputs that may be wrong.
+            tracing::error!("engine step failed: {e}");
+            for id in streams.keys() {
+                abort(engine, shared, id, "engine step failed");
+            }
+            streams.clear();
+        }
+    }
+}
+
+fn abort(engine: &mut LLMEngine, shared: &Shared, id: &str, why: &str) {
+    tracing::info!(request_id = %id, reason = why, "aborted request");
+    engine.abort_request(id);
+    shared.metrics().on_abort(id);
+}
+
 fn handle(
     engine: &mut LLMEngine,
     streams: &mut HashMap<String, mpsc::UnboundedSender<RequestOutput>>,
+    shared: &Shared,
+    options: &AsyncEngineOptions,
     cmd: Command,
 ) {
     match cmd {
@@ -193,18 +250,28 @@ fn handle(
                 outputs,
                 reply,
             } = *add;
-            let result = engine.add_request(request_id.clone(), prompt, params, priority);
-            if result.is_ok() {
-                streams.insert(request_id.clone(), outputs);
+            let result = match options.max_waiting_requests {
+                Some(max) if engine.num_waiting_requests() >= max => {
+                    Err(EngineError::Overloaded { max_waiting: max })
+                }
+                _ => engine.add_request(request_id.clone(), prompt, params, priority),
+            };
+            match &result {
+                Ok(()) => {
+                    tracing::info!(request_id = %request_id, "added request");
+                    shared.metrics().on_arrival(&request_id, Instant::now());
+                    streams.insert(request_id.clone(), outputs);
+                }
+                Err(e) => tracing::info!(request_id = %request_id, "refused request: {e}"),
             }
             if reply.send(result).is_err() {
                 // The caller gave up while the request was being queued.
-                engine.abort_request(&request_id);
+                abort(engine, shared, &request_id, "client gave up");
                 streams.remove(&request_id);
             }
         }
         Command::Abort(id) => {
-            engine.abort_request(&id);
+            abort(engine, shared, &id, "abort requested");
             streams.remove(&id);
         }
     }

@@ -89,6 +89,11 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error("model input: {0}")]
     Input(#[from] InputError),
+    #[error(
+        "the server is overloaded: {max_waiting} requests are already waiting \
+         (--max-waiting-requests); retry later"
+    )]
+    Overloaded { max_waiting: usize },
     #[error("the engine thread has stopped")]
     Stopped,
 }
@@ -317,6 +322,11 @@ impl LLMEngine {
 
     pub fn num_unfinished_requests(&self) -> usize {
         self.requests.len()
+    }
+
+    /// Requests queued and not yet scheduled (preempted ones included).
+    pub fn num_waiting_requests(&self) -> usize {
+        self.scheduler.num_waiting()
     }
 
     pub fn stats(&self) -> EngineStats {

@@ -3,4 +3,5 @@ pub mod chat_template;
 pub mod detokenizer;
 pub mod greedy;
 pub mod llm_engine;
+pub mod metrics;
 pub mod tokenizer;

@@ -1,4 +1,9 @@
-//! An OpenAI-compatible HTTP server (`minivllm serve`), in the line of vLLM's.
+//! An OpenAI-compatible HTTP API over the async engine, laid out like vLLM's
+//! `vllm/entrypoints/openai`.
 
+pub mod api_server;
 pub mod protocol;
-pub mod server;
+pub mod serving_chat;
+pub mod serving_completion;
+pub mod serving_engine;
+pub mod serving_tokenization;

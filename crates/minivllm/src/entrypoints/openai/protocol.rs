@@ -128,9 +128,68 @@ fn default_max_tokens() -> Option<usize> {
     Some(16)
 }
 
+/// A message's `content`: a string, or OpenAI's list of typed parts (only text parts here).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    /// Absent or null on assistant turns that only called tools.
+    pub content: Option<MessageContent>,
+}
+
+/// The messages as the chat template sees them: text parts joined by newlines, as vLLM does.
+pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    messages
+        .iter()
+        .map(|m| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(MessageContent::Text(t)) => t.clone(),
+                Some(MessageContent::Parts(parts)) => text_of_parts(parts)?,
+            };
+            Ok(ChatMessage::new(m.role.clone(), content))
+        })
+        .collect()
+}
+
+fn text_of_parts(parts: &[ContentPart]) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for p in parts {
+        match (p.kind.as_str(), &p.text) {
+            ("text", Some(t)) => texts.push(t.as_str()),
+            ("text", None) => {
+                return Err(ApiError::bad_request(
+                    "a content part of type `text` needs a `text` field",
+                    Some("messages"),
+                ))
+            }
+            (other, _) => {
+                return Err(ApiError::bad_request(
+                    format!("content parts of type `{other}` are not supported; this model takes `text` parts only"),
+                    Some("messages"),
+                ))
+            }
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatCompletionRequest {
-    pub messages: Vec<ChatMessage>,
+    pub messages: Vec<ChatMessageIn>,
     pub max_tokens: Option<usize>,
     pub max_completion_tokens: Option<usize>,
     #[serde(default)]
@@ -146,6 +205,26 @@ fn default_true() -> bool {
     true
 }
 
+/// `POST /tokenize`: vLLM's completion form (`prompt`) or chat form (`messages`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// Default: true for a prompt, false for messages (the chat template writes its own BOS).
+    pub add_special_tokens: Option<bool>,
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+    #[serde(default)]
+    pub return_token_strs: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<TokenId>,
+}
+
 /// An error as OpenAI's API returns it: `{"error": {message, type, param, code}}`.
 #[derive(Debug)]
 pub struct ApiError {
@@ -155,11 +234,31 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+    pub fn new(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Self {
         Self {
-            status: StatusCode::BAD_REQUEST,
+            status,
             message: message.into(),
             param: param.map(str::to_string),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message, param)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message, None)
+    }
+
+    /// OpenAI's `type` for each status, which its client libraries turn into exception classes.
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::UNAUTHORIZED => "AuthenticationError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            _ => "InternalServerError",
         }
     }
 }
@@ -179,26 +278,20 @@ impl From<EngineError> for ApiError {
             | EngineError::TokenOutOfVocab { .. }
             | EngineError::DuplicateRequest(_)
             | EngineError::Tokenizer(_) => Self::bad_request(e.to_string(), None),
-            other => Self {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                message: other.to_string(),
-                param: None,
-            },
+            EngineError::Overloaded { .. } | EngineError::Stopped => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
+            }
+            other => Self::internal(other.to_string()),
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let kind = if self.status == StatusCode::BAD_REQUEST {
-            "BadRequestError"
-        } else {
-            "InternalServerError"
-        };
         let body = serde_json::json!({
             "error": {
                 "message": self.message,
-                "type": kind,
+                "type": self.kind(),
                 "param": self.param,
                 "code": self.status.as_u16(),
             }
@@ -246,6 +339,36 @@ mod tests {
             serde_json::from_str(r#"{"messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
         assert!(chat.add_generation_prompt);
         assert_eq!(chat.max_tokens, None);
+    }
+
+    #[test]
+    fn chat_content_as_parts() {
+        let chat: ChatCompletionRequest = serde_json::from_str(
+            r#"{"messages": [
+                {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": null}
+            ]}"#,
+        )
+        .unwrap();
+        let m = chat_messages(&chat.messages).unwrap();
+        assert_eq!(m[0], ChatMessage::new("system", "Be brief."));
+        assert_eq!(m[1], ChatMessage::new("user", "a\nb"));
+        assert_eq!(m[2], ChatMessage::new("assistant", ""));
+        let image: ChatCompletionRequest = serde_json::from_str(
+            r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#,
+        )
+        .unwrap();
+        let e = chat_messages(&image.messages).unwrap_err();
+        assert!(e.message.contains("image_url"), "{}", e.message);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn overload_is_503() {
+        let e = ApiError::from(EngineError::Overloaded { max_waiting: 4 });
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.kind(), "ServiceUnavailableError");
     }
 
     #[test]

@@ -1,0 +1,392 @@
+//! Serving metrics in Prometheus' text format.
+//!
+//! Names, units, buckets and labels are vLLM's (`vllm:` prefix, `model_name` label), so the
+//! Grafana dashboards and alerts written for vLLM read a mini-vllm server unchanged.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::time::Instant;
+
+use crate::engine::llm_engine::EngineStats;
+use crate::outputs::RequestOutput;
+use crate::sequence::FinishReason;
+
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const TPOT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0,
+];
+
+/// A Prometheus histogram: counts per bucket (not cumulative until rendered), sum and count.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+            self.counts[i] += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str, help: &str) {
+        header(out, name, "histogram", help);
+        let mut cumulative = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            cumulative += c;
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b:?}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {:?}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn sample(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, v: f64) {
+    header(out, name, kind, help);
+    let _ = writeln!(out, "{name}{{{labels}}} {v:?}");
+}
+
+/// Token timing of one request in flight.
+struct Timing {
+    arrival: Instant,
+    first_token: Option<Instant>,
+    last_token: Instant,
+    tokens: usize,
+}
+
+/// Per-request latency histograms and outcome counters, fed by the engine loop as outputs
+/// come out of each step (so times include queueing and detokenisation, as clients see them).
+pub struct RequestMetrics {
+    in_flight: HashMap<String, Timing>,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub time_per_output_token: Histogram,
+    pub e2e_latency: Histogram,
+    pub prompt_tokens: Histogram,
+    pub generation_tokens: Histogram,
+    /// Finished requests by reason: stop, length, abort.
+    pub success: [u64; 3],
+}
+
+impl Default for RequestMetrics {
+    fn default() -> Self {
+        Self {
+            in_flight: HashMap::new(),
+            time_to_first_token: Histogram::new(TTFT_BUCKETS),
+            inter_token_latency: Histogram::new(TPOT_BUCKETS),
+            time_per_output_token: Histogram::new(TPOT_BUCKETS),
+            e2e_latency: Histogram::new(E2E_BUCKETS),
+            prompt_tokens: Histogram::new(TOKEN_BUCKETS),
+            generation_tokens: Histogram::new(TOKEN_BUCKETS),
+            success: [0; 3],
+        }
+    }
+}
+
+const REASONS: [&str; 3] = ["stop", "length", "abort"];
+
+impl RequestMetrics {
+    pub fn on_arrival(&mut self, request_id: &str, now: Instant) {
+        self.in_flight.insert(
+            request_id.to_string(),
+            Timing {
+                arrival: now,
+                first_token: None,
+                last_token: now,
+                tokens: 0,
+            },
+        );
+    }
+
+    pub fn on_output(&mut self, out: &RequestOutput, now: Instant) {
+        let Some(t) = self.in_flight.get_mut(&out.request_id) else {
+            return;
+        };
+        let tokens: usize = out.outputs.iter().map(|o| o.token_ids.len()).sum();
+        if tokens > t.tokens {
+            match t.first_token {
+                None => {
+                    self.time_to_first_token
+                        .observe((now - t.arrival).as_secs_f64());
+                    t.first_token = Some(now);
+                }
+                Some(_) => self
+                    .inter_token_latency
+                    .observe((now - t.last_token).as_secs_f64()),
+            }
+            t.tokens = tokens;
+            t.last_token = now;
+        }
+        if !out.finished {
+            return;
+        }
+        let t = self
+            .in_flight
+            .remove(&out.request_id)
+            .expect("present above");
+        self.e2e_latency.observe((now - t.arrival).as_secs_f64());
+        self.prompt_tokens
+            .observe(out.prompt_token_ids.len() as f64);
+        self.generation_tokens.observe(tokens as f64);
+        if let (Some(first), true) = (t.first_token, tokens > 1) {
+            let per_token = (t.last_token - first).as_secs_f64() / (tokens - 1) as f64;
+            self.time_per_output_token.observe(per_token);
+        }
+        let reason = match out.outputs.first().and_then(|o| o.finish_reason) {
+            Some(FinishReason::Length) => 1,
+            Some(FinishReason::Abort) => 2,
+            _ => 0,
+        };
+        self.success[reason] += 1;
+    }
+
+    /// A request ended without a final output (its client went away).
+    pub fn on_abort(&mut self, request_id: &str) {
+        if self.in_flight.remove(request_id).is_some() {
+            self.success[2] += 1;
+        }
+    }
+
+    /// The whole exposition: engine gauges and counters from `stats`, then these histograms.
+    pub fn render(&self, stats: &EngineStats, model_name: &str) -> String {
+        let labels = format!("model_name=\"{}\"", escape_label(model_name));
+        let l = labels.as_str();
+        let mut out = String::with_capacity(16 << 10);
+        let gauges: [(&str, &str, f64); 4] = [
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                stats.num_running as f64,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                stats.num_waiting as f64,
+            ),
+            (
+                "vllm:num_requests_swapped",
+                "Number of requests swapped to CPU.",
+                stats.num_swapped as f64,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                f64::from(stats.kv_cache_usage),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            sample(&mut out, name, "gauge", help, l, v);
+        }
+        let prompt = stats.num_computed_tokens - stats.num_generation_tokens;
+        let counters: [(&str, &str, u64); 5] = [
+            (
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                prompt,
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+                stats.num_generation_tokens,
+            ),
+            (
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                stats.prefix_cache_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                stats.prefix_cache_hits,
+            ),
+            (
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemptions from the engine.",
+                stats.num_preemptions,
+            ),
+        ];
+        for (name, help, v) in counters {
+            sample(&mut out, name, "counter", help, l, v as f64);
+        }
+        let name = "vllm:request_success_total";
+        header(
+            &mut out,
+            name,
+            "counter",
+            "Count of finished requests by reason.",
+        );
+        for (reason, n) in REASONS.iter().zip(self.success) {
+            let _ = writeln!(out, "{name}{{{l},finished_reason=\"{reason}\"}} {n}");
+        }
+        self.render_histograms(&mut out, l);
+        out
+    }
+
+    fn render_histograms(&self, out: &mut String, l: &str) {
+        let histograms = [
+            (
+                &self.time_to_first_token,
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+            ),
+            (
+                &self.inter_token_latency,
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+            ),
+            (
+                &self.time_per_output_token,
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+            ),
+            (
+                &self.e2e_latency,
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+            ),
+            (
+                &self.prompt_tokens,
+                "vllm:request_prompt_tokens",
+                "Number of prefill tokens processed.",
+            ),
+            (
+                &self.generation_tokens,
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+            ),
+        ];
+        for (h, name, help) in histograms {
+            h.render(out, name, l, help);
+        }
+    }
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outputs::CompletionOutput;
+    use std::time::Duration;
+
+    fn output(id: &str, tokens: usize, finish: Option<FinishReason>) -> RequestOutput {
+        RequestOutput {
+            request_id: id.into(),
+            prompt: None,
+            prompt_token_ids: vec![1, 2, 3],
+            prompt_logprobs: None,
+            outputs: vec![CompletionOutput {
+                index: 0,
+                text: String::new(),
+                token_ids: vec![7; tokens],
+                cumulative_logprob: None,
+                logprobs: None,
+                finish_reason: finish,
+                stop_reason: None,
+            }],
+            finished: finish.is_some(),
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_in_the_text() {
+        let mut h = Histogram::new(&[1.0, 2.0]);
+        for v in [0.5, 1.5, 1.5, 9.0] {
+            h.observe(v);
+        }
+        let mut s = String::new();
+        h.render(&mut s, "x", "a=\"b\"", "help");
+        assert!(s.contains("x_bucket{a=\"b\",le=\"1.0\"} 1\n"), "{s}");
+        assert!(s.contains("x_bucket{a=\"b\",le=\"2.0\"} 3\n"), "{s}");
+        assert!(s.contains("x_bucket{a=\"b\",le=\"+Inf\"} 4\n"), "{s}");
+        assert!(s.contains("x_sum{a=\"b\"} 12.5\n"), "{s}");
+        assert!(s.contains("x_count{a=\"b\"} 4\n"), "{s}");
+    }
+
+    #[test]
+    fn request_timings_feed_the_histograms() {
+        let mut m = RequestMetrics::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        m.on_arrival("a", t0);
+        m.on_output(&output("a", 0, None), t0 + ms(50));
+        m.on_output(&output("a", 1, None), t0 + ms(100));
+        m.on_output(&output("a", 2, None), t0 + ms(130));
+        m.on_output(&output("a", 3, Some(FinishReason::Length)), t0 + ms(170));
+        assert_eq!(m.time_to_first_token.count(), 1);
+        assert!((m.time_to_first_token.sum() - 0.1).abs() < 1e-9);
+        assert_eq!(m.inter_token_latency.count(), 2);
+        assert!((m.inter_token_latency.sum() - 0.07).abs() < 1e-9);
+        assert!((m.time_per_output_token.sum() - 0.035).abs() < 1e-9);
+        assert!((m.e2e_latency.sum() - 0.17).abs() < 1e-9);
+        assert_eq!(m.generation_tokens.sum(), 3.0);
+        assert_eq!(m.success, [0, 1, 0]);
+        m.on_arrival("b", t0);
+        m.on_abort("b");
+        m.on_abort("b");
+        assert_eq!(m.success, [0, 1, 1]);
+    }
+
+    #[test]
+    fn exposition_has_vllm_names_and_labels() {
+        let stats = EngineStats {
+            num_running: 2,
+            kv_cache_usage: 0.25,
+            num_computed_tokens: 10,
+            num_generation_tokens: 4,
+            ..EngineStats::default()
+        };
+        let text = RequestMetrics::default().render(&stats, "sm\"ol");
+        let l = "{model_name=\"sm\\\"ol\"}";
+        assert!(text.contains(&format!("vllm:num_requests_running{l} 2.0\n")));
+        assert!(text.contains(&format!("vllm:kv_cache_usage_perc{l} 0.25\n")));
+        assert!(text.contains(&format!("vllm:prompt_tokens_total{l} 6.0\n")));
+        assert!(text.contains(&format!("vllm:generation_tokens_total{l} 4.0\n")));
+        assert!(text.contains("# TYPE vllm:time_to_first_token_seconds histogram\n"));
+        assert!(text.contains("finished_reason=\"abort\"} 0\n"));
+    }
+}

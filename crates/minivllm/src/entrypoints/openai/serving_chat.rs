@@ -1,0 +1,214 @@
+//! `POST /v1/chat/completions`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::api_server::{AppState, RequestId, Shared};
+use super::protocol::{chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn};
+use super::serving_engine::{
+    check_model, checked_params, delta, finish_reason, last_output, now, parse, sse, stop_reason,
+    submit, token_text, top, usage, Prompt,
+};
+use crate::engine::llm_engine::EngineError;
+use crate::engine::tokenizer::Tokenizer;
+use crate::outputs::{CompletionOutput, RequestOutput};
+use crate::sequence::TokenId;
+
+/// Renders `messages` with the model's chat template and tokenises the result.
+pub fn render_chat(
+    s: &AppState,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+    add_special_tokens: bool,
+) -> Result<Prompt, ApiError> {
+    let tok = s.engine.tokenizer();
+    let rendered = tok
+        .apply_chat_template(&chat_messages(messages)?, add_generation_prompt)
+        .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+    let ids = tok
+        .encode(&rendered, add_special_tokens)
+        .map_err(EngineError::from)?;
+    Ok(Prompt {
+        text: rendered,
+        ids,
+    })
+}
+
+pub async fn chat_completions(
+    State(s): State<Shared>,
+    Extension(rid): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse(body)?;
+    check_model(&s, req.common.model.as_deref())?;
+    // The template writes the BOS itself.
+    let prompt = render_chat(&s, &req.messages, req.add_generation_prompt, false)?;
+    let top_logprobs = req.top_logprobs.unwrap_or(0);
+    let logprobs = req.logprobs.then_some(top_logprobs);
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    let params = checked_params(
+        &s,
+        req.common.sampling_params(max_tokens, logprobs),
+        prompt.ids.len(),
+    )?;
+    let n = params.n;
+    let prompts = [prompt];
+    let mut streams = submit(
+        &s,
+        &rid,
+        "chatcmpl",
+        &prompts,
+        &[params],
+        req.common.priority,
+    )
+    .await?;
+    let rx = streams.remove(0);
+    let reply = Reply {
+        id: format!("chatcmpl-{}", rid.0),
+        created: now(),
+        model: s.config.served_model_name.clone(),
+        n,
+        top_logprobs: logprobs,
+        tok: s.engine.tokenizer().clone(),
+    };
+    if req.common.stream {
+        let include_usage = req.common.include_usage();
+        return Ok(sse(move |tx| reply.stream(rx, include_usage, tx)));
+    }
+    let out = last_output(rx).await?;
+    Ok(Json(reply.full(&out)).into_response())
+}
+
+/// What every response of one request shares.
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    n: usize,
+    /// `Some(k)` when the request asked for logprobs, with `k` alternatives each.
+    top_logprobs: Option<usize>,
+    tok: Arc<Tokenizer>,
+}
+
+impl Reply {
+    fn body(&self, object: &str, choices: Value) -> Value {
+        json!({
+            "id": self.id, "object": object, "created": self.created,
+            "model": self.model, "choices": choices,
+        })
+    }
+
+    fn logprobs(&self, o: &CompletionOutput, from: usize) -> Value {
+        match self.top_logprobs {
+            Some(k) => chat_logprobs(&self.tok, o, from, k),
+            None => Value::Null,
+        }
+    }
+
+    fn full(&self, out: &RequestOutput) -> Value {
+        let choices: Vec<Value> = out
+            .outputs
+            .iter()
+            .map(|o| {
+                json!({
+                    "index": o.index,
+                    "message": {"role": "assistant", "content": o.text},
+                    "logprobs": self.logprobs(o, 0),
+                    "finish_reason": finish_reason(o),
+                    "stop_reason": stop_reason(o),
+                })
+            })
+            .collect();
+        let mut body = self.body("chat.completion", Value::Array(choices));
+        body["usage"] = completion_usage(out);
+        body
+    }
+
+    async fn stream(
+        self,
+        mut rx: mpsc::UnboundedReceiver<RequestOutput>,
+        include_usage: bool,
+        tx: mpsc::Sender<Value>,
+    ) {
+        const OBJECT: &str = "chat.completion.chunk";
+        let mut sent = vec![0usize; self.n];
+        let mut sent_tokens = vec![0usize; self.n];
+        for i in 0..self.n {
+            let first = json!([{
+                "index": i, "delta": {"role": "assistant", "content": ""},
+                "logprobs": null, "finish_reason": null,
+            }]);
+            if tx.send(self.body(OBJECT, first)).await.is_err() {
+                return;
+            }
+        }
+        let mut last = None;
+        while let Some(out) = rx.recv().await {
+            for o in &out.outputs {
+                let text = delta(&o.text, &mut sent[o.index]);
+                let lp = self.logprobs(o, sent_tokens[o.index]);
+                sent_tokens[o.index] = o.token_ids.len();
+                if text.is_empty() && o.finish_reason.is_none() {
+                    continue;
+                }
+                let delta = if text.is_empty() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                let c = json!([{
+                    "index": o.index, "delta": delta, "logprobs": lp,
+                    "finish_reason": finish_reason(o), "stop_reason": stop_reason(o),
+                }]);
+                if tx.send(self.body(OBJECT, c)).await.is_err() {
+                    return;
+                }
+            }
+            last = Some(out);
+        }
+        if let (true, Some(out)) = (include_usage, last) {
+            let mut c = self.body(OBJECT, json!([]));
+            c["usage"] = completion_usage(&out);
+            let _ = tx.send(c).await;
+        }
+    }
+}
+
+fn completion_usage(out: &RequestOutput) -> Value {
+    let completion: usize = out.outputs.iter().map(|o| o.token_ids.len()).sum();
+    usage(out.prompt_token_ids.len(), completion)
+}
+
+/// Chat-style logprobs: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+fn chat_logprobs(tok: &Tokenizer, o: &CompletionOutput, from: usize, k: usize) -> Value {
+    let Some(lps) = &o.logprobs else {
+        return Value::Null;
+    };
+    let entry = |id: TokenId, lp: f32| {
+        let t = token_text(tok, id);
+        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+    };
+    let content: Vec<Value> = o
+        .token_ids
+        .iter()
+        .zip(lps)
+        .skip(from)
+        .map(|(&id, lp)| {
+            let mut e = entry(id, lp.get(id).unwrap_or(f32::NEG_INFINITY));
+            e["top_logprobs"] = top(lp)
+                .into_iter()
+                .take(k)
+                .map(|(a, x)| entry(a, x))
+                .collect();
+            e
+        })
+        .collect();
+    json!({"content": content})
+}

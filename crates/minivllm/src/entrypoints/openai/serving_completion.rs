@@ -1,0 +1,260 @@
+//! `POST /v1/completions`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::api_server::{RequestId, Shared};
+use super::protocol::{ApiError, CompletionRequest, PromptField};
+use super::serving_engine::{
+    check_model, checked_params, delta, finish_reason, last_output, merge, now, parse, stop_reason,
+    submit, token_text, top, usage, Prompt, Streams,
+};
+use crate::engine::llm_engine::EngineError;
+use crate::engine::tokenizer::Tokenizer;
+use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
+use crate::sequence::TokenId;
+
+pub async fn completions(
+    State(s): State<Shared>,
+    Extension(rid): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(body)?;
+    check_model(&s, req.common.model.as_deref())?;
+    let tok = s.engine.tokenizer().clone();
+    let prompts = prompts(&tok, req.prompt.clone())?;
+    let mut base = req.common.sampling_params(req.max_tokens, req.logprobs);
+    if req.echo {
+        // Echoed prompts carry their tokens' logprobs too, as in OpenAI's legacy API.
+        base.prompt_logprobs = req.logprobs;
+    }
+    let params = prompts
+        .iter()
+        .map(|p| checked_params(&s, base.clone(), p.ids.len()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let streams = submit(&s, &rid, "cmpl", &prompts, &params, req.common.priority).await?;
+    let reply = Reply {
+        id: format!("cmpl-{}", rid.0),
+        created: now(),
+        model: s.config.served_model_name.clone(),
+        n: base.n,
+        echo: req.echo,
+        logprobs: req.logprobs.is_some(),
+        tok,
+        prompts,
+    };
+    if req.common.stream {
+        let include_usage = req.common.include_usage();
+        return Ok(super::serving_engine::sse(move |tx| {
+            reply.stream(streams, include_usage, tx)
+        }));
+    }
+    Ok(Json(reply.full(streams).await?).into_response())
+}
+
+fn prompts(tok: &Tokenizer, field: PromptField) -> Result<Vec<Prompt>, ApiError> {
+    let texts_or_ids: Vec<Result<String, Vec<TokenId>>> = match field {
+        PromptField::Text(t) => vec![Ok(t)],
+        PromptField::Texts(v) => v.into_iter().map(Ok).collect(),
+        PromptField::Ids(ids) => vec![Err(ids)],
+        PromptField::IdLists(v) => v.into_iter().map(Err).collect(),
+    };
+    if texts_or_ids.is_empty() {
+        return Err(ApiError::bad_request(
+            "prompt must not be empty",
+            Some("prompt"),
+        ));
+    }
+    texts_or_ids
+        .into_iter()
+        .map(|p| {
+            Ok(match p {
+                Ok(text) => Prompt {
+                    ids: tok.encode(&text, true).map_err(EngineError::from)?,
+                    text,
+                },
+                Err(ids) => Prompt {
+                    text: tok.decode(&ids, false).unwrap_or_default(),
+                    ids,
+                },
+            })
+        })
+        .collect()
+}
+
+/// What every response of one request shares.
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    n: usize,
+    echo: bool,
+    logprobs: bool,
+    tok: std::sync::Arc<Tokenizer>,
+    prompts: Vec<Prompt>,
+}
+
+impl Reply {
+    fn body(&self, choices: Value) -> Value {
+        json!({
+            "id": self.id, "object": "text_completion", "created": self.created,
+            "model": self.model, "choices": choices,
+        })
+    }
+
+    fn choice(&self, index: usize, text: String, logprobs: Value, o: &CompletionOutput) -> Value {
+        json!({
+            "index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": finish_reason(o), "stop_reason": stop_reason(o),
+        })
+    }
+
+    /// Logprobs of `o`'s tokens from `from`, after the prompt's when `with_prompt`.
+    fn logprobs(
+        &self,
+        out: &RequestOutput,
+        o: &CompletionOutput,
+        from: usize,
+        with_prompt: bool,
+    ) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let mut lp = CompletionLogprobs::default();
+        if with_prompt {
+            let prompt_lps = out.prompt_logprobs.as_deref().unwrap_or(&[]);
+            for (i, &id) in out.prompt_token_ids.iter().enumerate() {
+                lp.push(&self.tok, id, prompt_lps.get(i).and_then(Option::as_ref));
+            }
+        } else {
+            // Offsets continue from the text sent in earlier chunks.
+            let echoed = if self.echo {
+                &out.prompt_token_ids[..]
+            } else {
+                &[]
+            };
+            let earlier = o.token_ids.get(..from).unwrap_or(&[]);
+            lp.pos = echoed
+                .iter()
+                .chain(earlier)
+                .map(|&id| token_text(&self.tok, id).len())
+                .sum();
+        }
+        let generated = o.logprobs.as_deref().unwrap_or(&[]);
+        for (i, &id) in o.token_ids.iter().enumerate().skip(from) {
+            lp.push(&self.tok, id, generated.get(i));
+        }
+        lp.into_json()
+    }
+
+    async fn full(&self, streams: Streams) -> Result<Value, ApiError> {
+        let mut choices = Vec::new();
+        let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+        for (i, rx) in streams.into_iter().enumerate() {
+            let out = last_output(rx).await?;
+            prompt_tokens += out.prompt_token_ids.len();
+            for o in &out.outputs {
+                completion_tokens += o.token_ids.len();
+                let text = if self.echo {
+                    format!("{}{}", self.prompts[i].text, o.text)
+                } else {
+                    o.text.clone()
+                };
+                let logprobs = self.logprobs(&out, o, 0, self.echo);
+                choices.push(self.choice(i * self.n + o.index, text, logprobs, o));
+            }
+        }
+        let mut body = self.body(Value::Array(choices));
+        body["usage"] = usage(prompt_tokens, completion_tokens);
+        Ok(body)
+    }
+
+    async fn stream(
+        self,
+        streams: Streams,
+        include_usage: bool,
+        tx: tokio::sync::mpsc::Sender<Value>,
+    ) {
+        let choices = self.prompts.len() * self.n;
+        let mut merged = merge(streams);
+        let mut sent = vec![0usize; choices];
+        let mut sent_tokens = vec![0usize; choices];
+        let mut echoed = vec![false; choices];
+        let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+        while let Some((i, out)) = merged.recv().await {
+            for o in &out.outputs {
+                let index = i * self.n + o.index;
+                let mut text = delta(&o.text, &mut sent[index]);
+                let first = self.echo && !echoed[index];
+                if first {
+                    echoed[index] = true;
+                    text = format!("{}{text}", self.prompts[i].text);
+                }
+                let logprobs = self.logprobs(&out, o, sent_tokens[index], first);
+                sent_tokens[index] = o.token_ids.len();
+                if text.is_empty() && o.finish_reason.is_none() {
+                    continue;
+                }
+                let chunk = self.body(json!([self.choice(index, text, logprobs, o)]));
+                if tx.send(chunk).await.is_err() {
+                    return;
+                }
+            }
+            if out.finished {
+                prompt_tokens += out.prompt_token_ids.len();
+                completion_tokens += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
+            }
+        }
+        if include_usage {
+            let mut chunk = self.body(json!([]));
+            chunk["usage"] = usage(prompt_tokens, completion_tokens);
+            let _ = tx.send(chunk).await;
+        }
+    }
+}
+
+/// OpenAI's completions `logprobs` object, built token by token.
+#[derive(Default)]
+struct CompletionLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<Value>,
+    top_logprobs: Vec<Value>,
+    text_offset: Vec<usize>,
+    pos: usize,
+}
+
+impl CompletionLogprobs {
+    /// `lps` is `None` where there is nothing to report (a prompt's first token).
+    fn push(&mut self, tok: &Tokenizer, id: TokenId, lps: Option<&TokenLogprobs>) {
+        let t = token_text(tok, id);
+        self.text_offset.push(self.pos);
+        self.pos += t.len();
+        match lps {
+            None => {
+                self.token_logprobs.push(Value::Null);
+                self.top_logprobs.push(Value::Null);
+            }
+            Some(lp) => {
+                self.token_logprobs
+                    .push(lp.get(id).map_or(Value::Null, |x| json!(x)));
+                let alts: serde_json::Map<String, Value> = top(lp)
+                    .into_iter()
+                    .map(|(a, x)| (token_text(tok, a), json!(x)))
+                    .collect();
+                self.top_logprobs.push(Value::Object(alts));
+            }
+        }
+        self.tokens.push(t);
+    }
+
+    fn into_json(self) -> Value {
+        json!({
+            "tokens": self.tokens, "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs, "text_offset": self.text_offset,
+        })
+    }
+}

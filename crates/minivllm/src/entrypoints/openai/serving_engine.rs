@@ -1,0 +1,199 @@
+//! What the serving endpoints share: parsing and checking requests, submitting them to the
+//! engine, and turning engine outputs into OpenAI's JSON and server-sent events.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::api_server::{AppState, RequestId};
+use super::protocol::ApiError;
+use crate::engine::tokenizer::Tokenizer;
+use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
+use crate::sampling_params::SamplingParams;
+use crate::sequence::TokenId;
+
+/// vLLM's default cap on requested logprobs.
+const MAX_LOGPROBS: usize = 20;
+
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Parsed by hand so that malformed JSON and oversized bodies get OpenAI's error object, not
+/// axum's plain text.
+pub fn parse<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text(), None))?;
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}"), None))
+}
+
+/// vLLM answers a model name it does not serve with 404, which OpenAI's clients raise as
+/// `NotFoundError`.
+pub fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != s.config.served_model_name => Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            format!("The model `{m}` does not exist."),
+            Some("model"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Validates `params` for a prompt of `prompt_len` tokens and fixes its output budget, so a
+/// prompt that fills the context is refused here with OpenAI's message.
+pub fn checked_params(
+    s: &AppState,
+    mut params: SamplingParams,
+    prompt_len: usize,
+) -> Result<SamplingParams, ApiError> {
+    params.validate()?;
+    params.validate_for_model(s.engine.tokenizer().vocab_size(), MAX_LOGPROBS)?;
+    params.max_tokens = Some(params.max_tokens_for(prompt_len, s.engine.max_model_len())?);
+    Ok(params)
+}
+
+/// One prompt of a request, tokenised, with the text to echo.
+pub struct Prompt {
+    pub text: String,
+    pub ids: Vec<TokenId>,
+}
+
+pub type Streams = Vec<mpsc::UnboundedReceiver<RequestOutput>>;
+
+/// Queues one engine request per prompt, named `{prefix}-{request id}-{i}` so engine logs
+/// line up with the HTTP request's id.
+pub async fn submit(
+    s: &AppState,
+    request_id: &RequestId,
+    prefix: &str,
+    prompts: &[Prompt],
+    params: &[SamplingParams],
+    priority: i32,
+) -> Result<Streams, ApiError> {
+    let mut streams = Vec::with_capacity(prompts.len());
+    for (i, (p, params)) in prompts.iter().zip(params).enumerate() {
+        // On error the streams already opened drop here, which aborts their requests.
+        streams.push(
+            s.engine
+                .generate(
+                    format!("{prefix}-{}-{i}", request_id.0),
+                    p.ids.clone().into(),
+                    params.clone(),
+                    priority,
+                )
+                .await?,
+        );
+    }
+    Ok(streams)
+}
+
+pub async fn last_output(
+    mut rx: mpsc::UnboundedReceiver<RequestOutput>,
+) -> Result<RequestOutput, ApiError> {
+    let mut last = None;
+    while let Some(out) = rx.recv().await {
+        last = Some(out);
+    }
+    last.filter(|o| o.finished)
+        .ok_or_else(|| ApiError::internal("the engine ended the request early"))
+}
+
+pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+pub fn finish_reason(o: &CompletionOutput) -> Value {
+    o.finish_reason.map_or(Value::Null, |r| r.as_str().into())
+}
+
+pub fn stop_reason(o: &CompletionOutput) -> Value {
+    serde_json::to_value(o)
+        .ok()
+        .and_then(|v| v.get("stop_reason").cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// The part of `text` not sent yet; empty if the text went back over a boundary already sent.
+pub fn delta(text: &str, sent: &mut usize) -> String {
+    let d = text.get(*sent..).unwrap_or("").to_string();
+    *sent = (*sent).max(text.len());
+    d
+}
+
+/// Sends each chunk as an SSE event; `[DONE]` ends the stream. A client that disconnects
+/// drops the body, which ends `produce` and so aborts its requests.
+pub fn sse<F, Fut>(produce: F) -> Response
+where
+    F: FnOnce(mpsc::Sender<Value>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Value>(64);
+    let (bytes_tx, bytes_rx) = mpsc::channel::<String>(64);
+    let fut = produce(tx);
+    tokio::spawn(fut);
+    tokio::spawn(async move {
+        let mut rx = rx;
+        while let Some(chunk) = rx.recv().await {
+            if bytes_tx.send(format!("data: {chunk}\n\n")).await.is_err() {
+                return;
+            }
+        }
+        let _ = bytes_tx.send("data: [DONE]\n\n".to_string()).await;
+    });
+    let stream = futures_util::stream::unfold(bytes_rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| ApiError::internal("cannot build the response").into_response())
+}
+
+/// Merges the requests' streams, tagging each output with its prompt's index.
+pub fn merge(streams: Streams) -> mpsc::UnboundedReceiver<(usize, RequestOutput)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    for (i, mut s) in streams.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(out) = s.recv().await {
+                if tx.send((i, out)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    rx
+}
+
+pub fn token_text(tok: &Tokenizer, id: TokenId) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// The alternatives at one position, best first, each token once.
+pub fn top(lps: &TokenLogprobs) -> Vec<(TokenId, f32)> {
+    let mut v: Vec<(TokenId, f32)> = Vec::new();
+    for &(t, lp) in &lps.0 {
+        if !v.iter().any(|(u, _)| *u == t) {
+            v.push((t, lp));
+        }
+    }
+    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    v
+}

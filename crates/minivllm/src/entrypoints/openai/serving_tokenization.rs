@@ -1,0 +1,67 @@
+//! vLLM's `POST /tokenize` and `POST /detokenize`: let clients count and inspect tokens
+//! exactly as the server will see them (chat template included).
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::api_server::Shared;
+use super::protocol::{ApiError, DetokenizeRequest, TokenizeRequest};
+use super::serving_chat::render_chat;
+use super::serving_engine::{check_model, parse};
+use crate::engine::llm_engine::EngineError;
+
+pub async fn tokenize(
+    State(s): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let req: TokenizeRequest = parse(body)?;
+    check_model(&s, req.model.as_deref())?;
+    let tok = s.engine.tokenizer();
+    let ids = match (&req.prompt, &req.messages) {
+        (Some(prompt), None) => tok
+            .encode(prompt, req.add_special_tokens.unwrap_or(true))
+            .map_err(EngineError::from)?,
+        (None, Some(messages)) => {
+            let add_special = req.add_special_tokens.unwrap_or(false);
+            render_chat(&s, messages, req.add_generation_prompt, add_special)?.ids
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `prompt` and `messages`",
+                None,
+            ))
+        }
+    };
+    let token_strs = req.return_token_strs.then(|| {
+        ids.iter()
+            .map(|&id| tok.id_to_token(id).unwrap_or_default())
+            .collect::<Vec<_>>()
+    });
+    Ok(Json(json!({
+        "count": ids.len(),
+        "max_model_len": s.engine.max_model_len(),
+        "tokens": ids,
+        "token_strs": token_strs,
+    })))
+}
+
+pub async fn detokenize(
+    State(s): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let req: DetokenizeRequest = parse(body)?;
+    check_model(&s, req.model.as_deref())?;
+    let tok = s.engine.tokenizer();
+    let vocab_size = tok.vocab_size();
+    if let Some(&token) = req.tokens.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(ApiError::bad_request(
+            EngineError::TokenOutOfVocab { token, vocab_size }.to_string(),
+            Some("tokens"),
+        ));
+    }
+    let prompt = tok.decode(&req.tokens, false).map_err(EngineError::from)?;
+    Ok(Json(json!({ "prompt": prompt })))
+}
