@@ -536,6 +536,12 @@ fn many_concurrent_streams_and_a_disconnect() {
                "stream": true}),
     );
     drop(quitter);
+    let (_, t) = post(
+        &server,
+        "/tokenize",
+        json!({"prompt": "Tell me a long story."}),
+    );
+    let mut prompt_tokens = t["count"].as_f64().unwrap();
     for c in clients {
         let (prompt, status, text) = c.join().unwrap();
         assert_eq!(status, 200, "{text}");
@@ -549,6 +555,7 @@ fn many_concurrent_streams_and_a_disconnect() {
         let (_, t) = post(&server, "/tokenize", json!({"prompt": prompt}));
         assert_eq!(usage["usage"]["completion_tokens"], 16, "{usage}");
         assert_eq!(usage["usage"]["prompt_tokens"], t["count"], "{usage}");
+        prompt_tokens += t["count"].as_f64().unwrap();
         let streamed: String = events[..events.len() - 2]
             .iter()
             .map(|e| serde_json::from_str::<Value>(e).unwrap())
@@ -564,8 +571,54 @@ fn many_concurrent_streams_and_a_disconnect() {
     assert_eq!(metric(&m, "vllm:request_success_total", "\"abort\""), 1.0);
     assert_eq!(metric(&m, "vllm:request_success_total", "\"length\""), 64.0);
     assert!(metric(&m, "vllm:generation_tokens_total", "") >= 64.0 * 16.0);
+    assert_eq!(metric(&m, "vllm:prompt_tokens_total", ""), prompt_tokens);
     assert_eq!(
         metric(&m, "vllm:time_to_first_token_seconds_count", ""),
         65.0
     );
+}
+
+/// The README's `curl` lines (continuations joined), from the serve section's code block.
+fn readme_curl_commands() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("read README.md");
+    let mut commands = Vec::new();
+    let mut current: Option<String> = None;
+    for line in readme.lines() {
+        if let Some(cmd) = current.as_mut() {
+            cmd.push(' ');
+            cmd.push_str(line.trim_end_matches('\\').trim());
+        } else if line.starts_with("curl ") {
+            current = Some(line.trim_end_matches('\\').trim().to_string());
+        }
+        if !line.ends_with('\\') {
+            commands.extend(current.take());
+        }
+    }
+    commands
+}
+
+#[test]
+fn readme_curl_examples_work() {
+    let commands = readme_curl_commands();
+    assert!(commands.len() >= 4, "{commands:?}");
+    let server = start(&model());
+    for cmd in commands {
+        // As written, but against this test's port.
+        let cmd = cmd.replace("127.0.0.1:8000", &format!("127.0.0.1:{}", server.port));
+        let out = Command::new("bash")
+            .args(["-c", &format!("set -o pipefail; {cmd}")])
+            .output()
+            .expect("run bash (and curl)");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && !stdout.trim().is_empty(),
+            "{cmd}\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!stdout.contains("\"error\""), "{cmd}\n{stdout}");
+        if cmd.contains("/chat/completions") {
+            assert!(stdout.contains("Paris"), "{cmd}\n{stdout}");
+        }
+    }
 }

@@ -217,12 +217,11 @@ impl RequestMetrics {
         for (name, help, v) in gauges {
             sample(&mut out, name, "gauge", help, l, v);
         }
-        let prompt = stats.num_computed_tokens - stats.num_generation_tokens;
         let counters: [(&str, &str, u64); 5] = [
             (
                 "vllm:prompt_tokens_total",
                 "Number of prefill tokens processed.",
-                prompt,
+                stats.num_prompt_tokens,
             ),
             (
                 "vllm:generation_tokens_total",
@@ -376,7 +375,7 @@ mod tests {
         let stats = EngineStats {
             num_running: 2,
             kv_cache_usage: 0.25,
-            num_computed_tokens: 10,
+            num_prompt_tokens: 6,
             num_generation_tokens: 4,
             ..EngineStats::default()
         };
