@@ -67,9 +67,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 ""
             }
         );
-        api_server::serve(listener, engine, config, shutdown_signal())
-            .await
-            .context("server error")
+        let (first_signal, signalled) = tokio::sync::oneshot::channel();
+        let in_flight = engine.clone();
+        let graceful = async move {
+            shutdown_signal().await;
+            let s = in_flight.stats();
+            eprintln!(
+                "shutting down: finishing {} requests in flight (signal again to abort them)",
+                s.num_running + s.num_waiting + s.num_swapped
+            );
+            let _ = first_signal.send(());
+        };
+        tokio::select! {
+            r = api_server::serve(listener, engine, config, graceful) => r.context("server error"),
+            // Dropping the runtime drops every response stream, which aborts their requests.
+            _ = async { if signalled.await.is_ok() { shutdown_signal().await } else { std::future::pending().await } } => {
+                eprintln!("aborting the requests in flight");
+                Ok(())
+            }
+        }
     })
 }
 

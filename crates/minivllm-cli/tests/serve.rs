@@ -622,3 +622,48 @@ fn readme_curl_examples_work() {
         }
     }
 }
+
+fn read_to_end_lossy(mut s: TcpStream) -> String {
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+fn signal(server: &Server, sig: &str) {
+    let pid = server.child.id().to_string();
+    let ok = Command::new("kill").args([sig, &pid]).status().unwrap();
+    assert!(ok.success());
+}
+
+fn wait_exit(server: &mut Server, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "server still running");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_finishes_requests_in_flight_and_a_second_one_aborts() {
+    let mut server = start(&model());
+    let stream = |max_tokens: usize| {
+        json!({"prompt": "Tell me a story.", "max_tokens": max_tokens, "ignore_eos": true,
+               "stream": true})
+    };
+    let short = open_stream(&server, stream(24));
+    let long = open_stream(&server, stream(900));
+    signal(&server, "-TERM");
+    let text = read_to_end_lossy(short);
+    assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+    // The long request is still being served; a second signal ends it and the server.
+    assert!(server.child.try_wait().unwrap().is_none());
+    signal(&server, "-TERM");
+    let status = wait_exit(&mut server, Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+    assert!(!read_to_end_lossy(long).contains("data: [DONE]"));
+}
