@@ -288,6 +288,11 @@ impl From<EngineError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = self.status.as_u16(), "{}", self.message);
+        } else {
+            tracing::info!(status = self.status.as_u16(), "{}", self.message);
+        }
         let body = serde_json::json!({
             "error": {
                 "message": self.message,
