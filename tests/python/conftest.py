@@ -1,0 +1,108 @@
+"""Fixtures of the Python client tests: one `minivllm serve` for the whole session.
+
+The binary is `MINIVLLM_BIN` (default target/debug/minivllm) and the model `MINIVLLM_TEST_MODEL`
+(default models/SmolLM2-135M-Instruct.Q4_1.gguf), both relative to the repo root.
+"""
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVED_MODEL_NAME = "smol"
+MAX_MODEL_LEN = 2048
+STARTUP_TIMEOUT_S = 120
+
+
+def _path_from_env(var: str, default: str) -> str:
+    p = Path(os.environ.get(var, default))
+    return str(p if p.is_absolute() else ROOT / p)
+
+
+@pytest.fixture(scope="session")
+def binary() -> str:
+    path = _path_from_env("MINIVLLM_BIN", "target/debug/minivllm")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"no minivllm binary at {path}: run `cargo build -p minivllm-cli`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def model() -> str:
+    path = _path_from_env("MINIVLLM_TEST_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(path):
+        pytest.fail(f"no test model at {path}: run `minivllm download-default-model`")
+    return path
+
+
+def _free_port() -> int:
+    # The port is free once this socket closes; the server binds it right after.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def server_url(binary: str, model: str):
+    """Starts the server, waits for GET /health, yields its base url, kills it at teardown."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [
+        binary, "serve",
+        "--model", model,
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--port", str(port),
+        "--kv-cache-memory", "128MiB",
+        "--max-model-len", str(MAX_MODEL_LEN),
+    ]
+    # stderr goes to a file, not a pipe nobody reads, so the server never blocks on its logs.
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+
+        def logs() -> str:
+            log.flush()
+            log.seek(0)
+            return log.read()
+
+        try:
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while not _healthy(url):
+                if proc.poll() is not None:
+                    pytest.fail(f"minivllm serve exited with {proc.returncode}:\n{logs()}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"minivllm serve not healthy in {STARTUP_TIMEOUT_S} s:\n{logs()}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def client(server_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def async_client(server_url: str) -> openai.AsyncOpenAI:
+    # Function-scoped: an AsyncOpenAI's connection pool belongs to the event loop that used it,
+    # and each async test runs its own loop with asyncio.run.
+    return openai.AsyncOpenAI(
+        base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120
+    )
