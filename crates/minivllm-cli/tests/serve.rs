@@ -404,7 +404,7 @@ fn tokenize_request_ids_echo_and_content_parts() {
         .iter()
         .scan(0, |pos, t| {
             let at = *pos;
-            *pos += t.len() as u64;
+            *pos += t.chars().count() as u64;
             Some(at)
         })
         .collect();

@@ -104,6 +104,17 @@ impl CommonParams {
         }
     }
 
+    /// Field combinations vLLM refuses, refused with its messages.
+    pub fn check(&self) -> Result<(), ApiError> {
+        if self.stream_options.is_some() && !self.stream {
+            return Err(ApiError::bad_request(
+                "Stream options can only be defined when `stream=True`.",
+                Some("stream_options"),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
@@ -199,6 +210,25 @@ pub struct ChatCompletionRequest {
     pub add_generation_prompt: bool,
     #[serde(flatten)]
     pub common: CommonParams,
+}
+
+impl ChatCompletionRequest {
+    pub fn check(&self) -> Result<(), ApiError> {
+        self.common.check()?;
+        if self.messages.is_empty() {
+            return Err(ApiError::bad_request(
+                "messages must not be empty",
+                Some("messages"),
+            ));
+        }
+        if self.top_logprobs.is_some_and(|k| k > 0) && !self.logprobs {
+            return Err(ApiError::bad_request(
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+                Some("top_logprobs"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn default_true() -> bool {

@@ -47,6 +47,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse(body)?;
+    req.check()?;
     check_model(&s, req.common.model.as_deref())?;
     // The template writes the BOS itself.
     let prompt = render_chat(&s, &req.messages, req.add_generation_prompt, false)?;
@@ -140,6 +141,8 @@ impl Reply {
         const OBJECT: &str = "chat.completion.chunk";
         let mut sent = vec![0usize; self.n];
         let mut sent_tokens = vec![0usize; self.n];
+        // With n > 1 a finished choice keeps coming back while its siblings run.
+        let mut done = vec![false; self.n];
         for i in 0..self.n {
             let first = json!([{
                 "index": i, "delta": {"role": "assistant", "content": ""},
@@ -152,6 +155,10 @@ impl Reply {
         let mut last = None;
         while let Some(out) = rx.recv().await {
             for o in &out.outputs {
+                if done[o.index] {
+                    continue;
+                }
+                done[o.index] = o.finish_reason.is_some();
                 let text = delta(&o.text, &mut sent[o.index]);
                 let lp = self.logprobs(o, sent_tokens[o.index]);
                 sent_tokens[o.index] = o.token_ids.len();

@@ -24,6 +24,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
+    req.common.check()?;
     check_model(&s, req.common.model.as_deref())?;
     let tok = s.engine.tokenizer().clone();
     let prompts = prompts(&tok, req.prompt.clone())?;
@@ -141,7 +142,7 @@ impl Reply {
             lp.pos = echoed
                 .iter()
                 .chain(earlier)
-                .map(|&id| token_text(&self.tok, id).len())
+                .map(|&id| token_text(&self.tok, id).chars().count())
                 .sum();
         }
         let generated = o.logprobs.as_deref().unwrap_or(&[]);
@@ -184,10 +185,16 @@ impl Reply {
         let mut sent = vec![0usize; choices];
         let mut sent_tokens = vec![0usize; choices];
         let mut echoed = vec![false; choices];
+        // With n > 1 a finished choice keeps coming back while its siblings run.
+        let mut done = vec![false; choices];
         let (mut prompt_tokens, mut completion_tokens) = (0, 0);
         while let Some((i, out)) = merged.recv().await {
             for o in &out.outputs {
                 let index = i * self.n + o.index;
+                if done[index] {
+                    continue;
+                }
+                done[index] = o.finish_reason.is_some();
                 let mut text = delta(&o.text, &mut sent[index]);
                 let first = self.echo && !echoed[index];
                 if first {
@@ -232,7 +239,8 @@ impl CompletionLogprobs {
     fn push(&mut self, tok: &Tokenizer, id: TokenId, lps: Option<&TokenLogprobs>) {
         let t = token_text(tok, id);
         self.text_offset.push(self.pos);
-        self.pos += t.len();
+        // Offsets count characters, as Python's len() does in OpenAI's and vLLM's servers.
+        self.pos += t.chars().count();
         match lps {
             None => {
                 self.token_logprobs.push(Value::Null);
