@@ -82,6 +82,29 @@ fn bench_serve_against_minivllm_serve() {
     );
     assert_eq!(r["total_output_tokens"], 32, "{r}");
     assert_eq!(r["request_rate"], 20.0);
+
+    // jsonl prompts are reused in order when there are fewer than --num-prompts.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &file,
+        "{\"prompt\": \"The capital of France is\", \"output_len\": 2}\n\n{\"prompt\": \"def f(n):\"}\n",
+    )
+    .unwrap();
+    let r = result(&bench_serve(
+        &url,
+        &[
+            "--dataset-name",
+            "jsonl",
+            "--dataset-path",
+            file.to_str().unwrap(),
+            "--num-prompts",
+            "3",
+        ],
+    ));
+    assert_eq!(r["completed"], 3, "{r}");
+    // 2 + --random-output-len 8 + 2
+    assert_eq!(r["total_output_tokens"], 12, "{r}");
 }
 
 #[test]

@@ -159,7 +159,7 @@ impl Report {
     pub fn table(&self) -> String {
         let mut t = format!("{:=^50}\n", " Serving Benchmark Result ");
         let row = |t: &mut String, label: &str, value: String| {
-            t.push_str(&format!("{label:<40} {value:<10}\n"))
+            t.push_str(&format!("{label:<40} {value}\n"))
         };
         let s = &self.settings;
         row(&mut t, "Successful requests:", self.completed.to_string());
