@@ -1,4 +1,5 @@
-//! `minivllm bench latency`: prefill and decode speed of the model on synthetic prompts.
+//! `minivllm bench latency` and `bench throughput`: the model's speed offline (the serving
+//! benchmark is in `bench_serve`).
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,8 @@ enum BenchKind {
     Latency(LatencyArgs),
     /// Offline throughput through the engine: many requests at once, like `vllm bench throughput`.
     Throughput(ThroughputArgs),
+    /// Load an OpenAI-compatible server with streamed requests, like `vllm bench serve`.
+    Serve(crate::bench_serve::ServeBenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -62,6 +65,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.kind {
         BenchKind::Latency(a) => latency(a),
         BenchKind::Throughput(a) => throughput(a),
+        BenchKind::Serve(a) => crate::bench_serve::run(a),
     }
 }
 

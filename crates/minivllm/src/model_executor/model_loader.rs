@@ -44,6 +44,17 @@ pub fn load_model(spec: &str) -> Result<LoadedModel, LoadError> {
     })
 }
 
+/// Loads only the tokenizer of what `--model` names: for clients (e.g. `bench serve`) that
+/// count tokens but never run the model, so no weights are read.
+pub fn load_tokenizer(spec: &str) -> Result<Tokenizer, LoadError> {
+    match resolve_model(spec)? {
+        ModelLocation::Gguf(path) => {
+            Tokenizer::from_gguf_spec(&gguf_tokenizer_spec(&GgufFile::open(&path)?)?)
+        }
+        ModelLocation::HfDir(dir) => Tokenizer::from_hf_dir(&dir),
+    }
+}
+
 fn load_gguf(path: &Path) -> Result<(ModelConfig, LlamaForCausalLM, Tokenizer), LoadError> {
     let file = GgufFile::open(path)?;
     let config = config_from_gguf(&file)?;

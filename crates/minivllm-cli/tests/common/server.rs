@@ -1,0 +1,141 @@
+//! A real `minivllm serve` on a free loopback port, and a minimal HTTP client to talk to it.
+//! Included with `#[path]` by the test files that start a server, so the others do not
+//! compile it unused.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the server however the test ends, so a failed assertion leaves no process behind.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    // The port is free once this listener drops; the server binds it right after.
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn start(model: &str) -> Server {
+    start_with(model, &[])
+}
+
+pub fn start_with(model: &str, extra: &[&str]) -> Server {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_minivllm"))
+        .args([
+            "serve",
+            "--model",
+            model,
+            "--served-model-name",
+            "smol",
+            "--port",
+            &port.to_string(),
+            "--kv-cache-memory",
+            "64MiB",
+            "--max-model-len",
+            "1024",
+        ])
+        .args(extra)
+        .env_remove("MINIVLLM_API_KEY")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start minivllm serve");
+    let mut server = Server { child, port };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok((200, _)) = request(port, "GET", "/health", None) {
+            return server;
+        }
+        if let Ok(Some(status)) = server.child.try_wait() {
+            panic!("server exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "server not healthy in time");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A minimal HTTP/1.1 client: one request per connection, body read to the end.
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> std::io::Result<(u16, String)> {
+    let (status, _, body) = request_with(port, method, path, &[], body)?;
+    Ok((status, body))
+}
+
+/// Sends one request on a fresh connection; the headers come back as one lowercased string.
+pub fn send(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         {extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    Ok(s)
+}
+
+pub fn request_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> std::io::Result<(u16, String, String)> {
+    let mut s = send(port, method, path, headers, body.unwrap_or(""))?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let head = head.to_ascii_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Ok((status, head, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
