@@ -160,10 +160,9 @@ impl RequestMetrics {
         if !out.finished {
             return;
         }
-        let t = self
-            .in_flight
-            .remove(&out.request_id)
-            .expect("present above");
+        let Some(t) = self.in_flight.remove(&out.request_id) else {
+            return;
+        };
         self.e2e_latency.observe((now - t.arrival).as_secs_f64());
         self.prompt_tokens
             .observe(out.prompt_token_ids.len() as f64);
