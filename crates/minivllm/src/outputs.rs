@@ -37,7 +37,6 @@ pub struct CompletionOutput {
     pub logprobs: Option<Vec<TokenLogprobs>>,
     #[serde(serialize_with = "ser_finish_reason")]
     pub finish_reason: Option<FinishReason>,
-    #[serde(serialize_with = "ser_stop_reason")]
     pub stop_reason: Option<StopReason>,
 }
 
@@ -62,14 +61,6 @@ pub struct RequestOutput {
 fn ser_finish_reason<S: Serializer>(r: &Option<FinishReason>, s: S) -> Result<S::Ok, S::Error> {
     match r {
         Some(r) => s.serialize_str(r.as_str()),
-        None => s.serialize_none(),
-    }
-}
-
-fn ser_stop_reason<S: Serializer>(r: &Option<StopReason>, s: S) -> Result<S::Ok, S::Error> {
-    match r {
-        Some(StopReason::Token(t)) => s.serialize_u32(*t),
-        Some(StopReason::String(t)) => s.serialize_str(t),
         None => s.serialize_none(),
     }
 }
@@ -102,5 +93,7 @@ mod tests {
         assert_eq!(v["outputs"][0]["logprobs"][0]["8"], -2.0);
         assert_eq!(v["outputs"][0]["finish_reason"], "stop");
         assert_eq!(v["outputs"][0]["stop_reason"], "\n");
+        let by_token = serde_json::to_value(Some(StopReason::Token(2))).unwrap();
+        assert_eq!(by_token, serde_json::json!(2));
     }
 }

@@ -46,8 +46,10 @@ impl FinishReason {
     }
 }
 
-/// What ended a `Stop`: vLLM's `stop_reason` (None for EOS).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// What ended a `Stop`: vLLM's `stop_reason` (None for EOS). Serialises as the bare token id
+/// or string, as vLLM writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(untagged)]
 pub enum StopReason {
     Token(TokenId),
     String(String),

@@ -123,10 +123,7 @@ pub fn finish_reason(o: &CompletionOutput) -> Value {
 }
 
 pub fn stop_reason(o: &CompletionOutput) -> Value {
-    serde_json::to_value(o)
-        .ok()
-        .and_then(|v| v.get("stop_reason").cloned())
-        .unwrap_or(Value::Null)
+    json!(o.stop_reason)
 }
 
 /// The part of `text` not sent yet; empty if the text went back over a boundary already sent.
