@@ -134,27 +134,22 @@ pub fn delta(text: &str, sent: &mut usize) -> String {
 }
 
 /// Sends each chunk as an SSE event; `[DONE]` ends the stream. A client that disconnects
-/// drops the body, which ends `produce` and so aborts its requests.
+/// drops the body and with it the receiver, which ends `produce` and so aborts its requests.
 pub fn sse<F, Fut>(produce: F) -> Response
 where
     F: FnOnce(mpsc::Sender<Value>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Value>(64);
-    let (bytes_tx, bytes_rx) = mpsc::channel::<String>(64);
-    let fut = produce(tx);
-    tokio::spawn(fut);
-    tokio::spawn(async move {
-        let mut rx = rx;
-        while let Some(chunk) = rx.recv().await {
-            if bytes_tx.send(format!("data: {chunk}\n\n")).await.is_err() {
-                return;
-            }
-        }
-        let _ = bytes_tx.send("data: [DONE]\n\n".to_string()).await;
-    });
-    let stream = futures_util::stream::unfold(bytes_rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    tokio::spawn(produce(tx));
+    // `None` state: `[DONE]` was sent.
+    let stream = futures_util::stream::unfold(Some(rx), |rx| async move {
+        let mut rx = rx?;
+        let (event, next) = match rx.recv().await {
+            Some(chunk) => (format!("data: {chunk}\n\n"), Some(rx)),
+            None => ("data: [DONE]\n\n".to_string(), None),
+        };
+        Some((Ok::<_, Infallible>(event), next))
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
