@@ -279,6 +279,30 @@ fn tokenize_request_ids_echo_and_content_parts() {
         })
         .collect();
     assert_eq!(offsets, expected);
+
+    // Streamed, the chunks' offsets carry on from one chunk to the next.
+    let events = sse_events(
+        &server,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 3, "temperature": 0, "echo": true,
+               "logprobs": 2, "stream": true}),
+    );
+    let (mut streamed_tokens, mut streamed_offsets) = (Vec::new(), Vec::new());
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        let lp = &c["choices"][0]["logprobs"];
+        for (t, o) in lp["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(lp["text_offset"].as_array().unwrap())
+        {
+            streamed_tokens.push(t.as_str().unwrap().to_string());
+            streamed_offsets.push(o.as_u64().unwrap());
+        }
+    }
+    assert_eq!(streamed_tokens, tokens);
+    assert_eq!(streamed_offsets, expected);
 }
 
 #[test]

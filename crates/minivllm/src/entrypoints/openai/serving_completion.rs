@@ -114,41 +114,34 @@ impl Reply {
         })
     }
 
-    /// Logprobs of `o`'s tokens from `from`, after the prompt's when `with_prompt`.
+    /// Logprobs of `o`'s tokens from `from`, after the prompt's when `with_prompt`. Text
+    /// offsets start at `*offset`, which is left just past the last token.
     fn logprobs(
         &self,
         out: &RequestOutput,
         o: &CompletionOutput,
         from: usize,
         with_prompt: bool,
+        offset: &mut usize,
     ) -> Value {
         if !self.logprobs {
             return Value::Null;
         }
-        let mut lp = CompletionLogprobs::default();
+        let mut lp = CompletionLogprobs {
+            pos: *offset,
+            ..CompletionLogprobs::default()
+        };
         if with_prompt {
             let prompt_lps = out.prompt_logprobs.as_deref().unwrap_or(&[]);
             for (i, &id) in out.prompt_token_ids.iter().enumerate() {
                 lp.push(&self.tok, id, prompt_lps.get(i).and_then(Option::as_ref));
             }
-        } else {
-            // Offsets continue from the text sent in earlier chunks.
-            let echoed = if self.echo {
-                &out.prompt_token_ids[..]
-            } else {
-                &[]
-            };
-            let earlier = o.token_ids.get(..from).unwrap_or(&[]);
-            lp.pos = echoed
-                .iter()
-                .chain(earlier)
-                .map(|&id| token_text(&self.tok, id).chars().count())
-                .sum();
         }
         let generated = o.logprobs.as_deref().unwrap_or(&[]);
         for (i, &id) in o.token_ids.iter().enumerate().skip(from) {
             lp.push(&self.tok, id, generated.get(i));
         }
+        *offset = lp.pos;
         lp.into_json()
     }
 
@@ -165,7 +158,7 @@ impl Reply {
                 } else {
                     o.text.clone()
                 };
-                let logprobs = self.logprobs(&out, o, 0, self.echo);
+                let logprobs = self.logprobs(&out, o, 0, self.echo, &mut 0);
                 choices.push(self.choice(i * self.n + o.index, text, logprobs, o));
             }
         }
@@ -180,29 +173,26 @@ impl Reply {
         include_usage: bool,
         tx: tokio::sync::mpsc::Sender<Value>,
     ) {
-        let choices = self.prompts.len() * self.n;
+        let mut choices = vec![ChoiceStream::default(); self.prompts.len() * self.n];
         let mut merged = merge(streams);
-        let mut sent = vec![0usize; choices];
-        let mut sent_tokens = vec![0usize; choices];
-        let mut echoed = vec![false; choices];
-        // With n > 1 a finished choice keeps coming back while its siblings run.
-        let mut done = vec![false; choices];
         let (mut prompt_tokens, mut completion_tokens) = (0, 0);
         while let Some((i, out)) = merged.recv().await {
             for o in &out.outputs {
                 let index = i * self.n + o.index;
-                if done[index] {
+                let c = &mut choices[index];
+                // With n > 1 a finished choice keeps coming back while its siblings run.
+                if c.done {
                     continue;
                 }
-                done[index] = o.finish_reason.is_some();
-                let mut text = delta(&o.text, &mut sent[index]);
-                let first = self.echo && !echoed[index];
+                c.done = o.finish_reason.is_some();
+                let mut text = delta(&o.text, &mut c.text_sent);
+                let first = self.echo && !c.started;
+                c.started = true;
                 if first {
-                    echoed[index] = true;
                     text = format!("{}{text}", self.prompts[i].text);
                 }
-                let logprobs = self.logprobs(&out, o, sent_tokens[index], first);
-                sent_tokens[index] = o.token_ids.len();
+                let logprobs = self.logprobs(&out, o, c.tokens_sent, first, &mut c.offset);
+                c.tokens_sent = o.token_ids.len();
                 if text.is_empty() && o.finish_reason.is_none() {
                     continue;
                 }
@@ -222,6 +212,18 @@ impl Reply {
             let _ = tx.send(chunk).await;
         }
     }
+}
+
+/// What one choice of a stream has sent so far.
+#[derive(Debug, Clone, Default)]
+struct ChoiceStream {
+    /// Bytes of its text.
+    text_sent: usize,
+    tokens_sent: usize,
+    /// Characters its logprobs' `text_offset`s have covered (the echoed prompt included).
+    offset: usize,
+    started: bool,
+    done: bool,
 }
 
 /// OpenAI's completions `logprobs` object, built token by token.
