@@ -104,7 +104,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let outs = llm.generate(prompts, &params, args.progress)?;
     let secs = start.elapsed().as_secs_f64();
-    let output_tokens: usize = outs.iter().map(|o| o.outputs[0].token_ids.len()).sum();
+    let output_tokens: usize = outs.iter().map(|o| o.num_generated_tokens()).sum();
     let total_tokens = output_tokens + args.num_prompts * args.input_len;
     let stats = llm.engine().stats();
     let report = serde_json::json!({

@@ -58,6 +58,13 @@ pub struct RequestOutput {
     pub finished: bool,
 }
 
+impl RequestOutput {
+    /// Tokens generated so far, over all its completions (what `usage.completion_tokens` counts).
+    pub fn num_generated_tokens(&self) -> usize {
+        self.outputs.iter().map(|o| o.token_ids.len()).sum()
+    }
+}
+
 fn ser_finish_reason<S: Serializer>(r: &Option<FinishReason>, s: S) -> Result<S::Ok, S::Error> {
     match r {
         Some(r) => s.serialize_str(r.as_str()),

@@ -200,7 +200,7 @@ fn step(
                 let Some(tx) = streams.get(&id) else { continue };
                 let finished = out.finished;
                 if finished {
-                    let tokens: usize = out.outputs.iter().map(|o| o.token_ids.len()).sum();
+                    let tokens = out.num_generated_tokens();
                     tracing::info!(request_id = %id, generated_tokens = tokens, "finished request");
                 }
                 if tx.send(out).is_err() {

@@ -142,7 +142,7 @@ impl RequestMetrics {
         let Some(t) = self.in_flight.get_mut(&out.request_id) else {
             return;
         };
-        let tokens: usize = out.outputs.iter().map(|o| o.token_ids.len()).sum();
+        let tokens = out.num_generated_tokens();
         if tokens > t.tokens {
             match t.first_token {
                 None => {

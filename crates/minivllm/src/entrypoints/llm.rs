@@ -123,7 +123,7 @@ impl LLM {
                     .ok()
                     .and_then(|id| id.checked_sub(base));
                 if let Some(i) = i.filter(|&i| (i as usize) < n) {
-                    generated += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
+                    generated += out.num_generated_tokens();
                     results[i as usize] = Some(out);
                     done += 1;
                     if let Some(bar) = &bar {

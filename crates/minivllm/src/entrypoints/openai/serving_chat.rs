@@ -189,8 +189,7 @@ impl Reply {
 }
 
 fn completion_usage(out: &RequestOutput) -> Value {
-    let completion: usize = out.outputs.iter().map(|o| o.token_ids.len()).sum();
-    usage(out.prompt_token_ids.len(), completion)
+    usage(out.prompt_token_ids.len(), out.num_generated_tokens())
 }
 
 /// Chat-style logprobs: `{"content": [{token, logprob, bytes, top_logprobs}]}`.

@@ -203,7 +203,7 @@ impl Reply {
             }
             if out.finished {
                 prompt_tokens += out.prompt_token_ids.len();
-                completion_tokens += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
+                completion_tokens += out.num_generated_tokens();
             }
         }
         if include_usage {
