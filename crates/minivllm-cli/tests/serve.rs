@@ -303,6 +303,43 @@ fn tokenize_request_ids_echo_and_content_parts() {
     }
     assert_eq!(streamed_tokens, tokens);
     assert_eq!(streamed_offsets, expected);
+
+    // A token whose text is held back (it could begin a stop string) sends its logprobs
+    // with the next chunk, so every token's logprobs arrive, in both APIs.
+    let stop = json!({"max_tokens": 4, "temperature": 0, "stream": true, "stop": [" Paris is", "The cat"],
+                      "stream_options": {"include_usage": true}});
+    let mut completion = stop.clone();
+    completion["prompt"] = json!(prompt);
+    completion["logprobs"] = json!(1);
+    let mut chat = stop;
+    chat["messages"] = json!([{"role": "user", "content": "What is the capital of France?"}]);
+    chat["logprobs"] = json!(true);
+    for (path, body, entries) in [
+        ("/v1/completions", completion, "/logprobs/tokens"),
+        ("/v1/chat/completions", chat, "/logprobs/content"),
+    ] {
+        let events = sse_events(&server, path, body);
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let sent: usize = chunks
+            .iter()
+            .filter_map(|c| {
+                c["choices"]
+                    .get(0)?
+                    .pointer(entries)?
+                    .as_array()
+                    .map(Vec::len)
+            })
+            .sum();
+        let usage = &chunks.last().unwrap()["usage"];
+        assert_eq!(
+            usage["completion_tokens"],
+            json!(sent),
+            "{path}: {events:?}"
+        );
+    }
 }
 
 #[test]

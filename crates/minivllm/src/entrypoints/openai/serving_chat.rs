@@ -160,11 +160,13 @@ impl Reply {
                 }
                 done[o.index] = o.finish_reason.is_some();
                 let text = delta(&o.text, &mut sent[o.index]);
-                let lp = self.logprobs(o, sent_tokens[o.index]);
-                sent_tokens[o.index] = o.token_ids.len();
                 if text.is_empty() && o.finish_reason.is_none() {
+                    // Text held back (half a character, a possible stop string): its tokens'
+                    // logprobs go with the chunk that releases it.
                     continue;
                 }
+                let lp = self.logprobs(o, sent_tokens[o.index]);
+                sent_tokens[o.index] = o.token_ids.len();
                 let delta = if text.is_empty() {
                     json!({})
                 } else {

@@ -191,11 +191,13 @@ impl Reply {
                 if first {
                     text = format!("{}{text}", self.prompts[i].text);
                 }
-                let logprobs = self.logprobs(&out, o, c.tokens_sent, first, &mut c.offset);
-                c.tokens_sent = o.token_ids.len();
                 if text.is_empty() && o.finish_reason.is_none() {
+                    // Text held back (half a character, a possible stop string): its tokens'
+                    // logprobs go with the chunk that releases it.
                     continue;
                 }
+                let logprobs = self.logprobs(&out, o, c.tokens_sent, first, &mut c.offset);
+                c.tokens_sent = o.token_ids.len();
                 let chunk = self.body(json!([self.choice(index, text, logprobs, o)]));
                 if tx.send(chunk).await.is_err() {
                     return;
