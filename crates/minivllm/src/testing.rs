@@ -23,11 +23,13 @@ pub fn test_model_path() -> PathBuf {
     path
 }
 
-/// `../shared/reference` beside the checkout, or `MINIVLLM_REFERENCE_DIR`; missing fails.
+/// The Hugging Face reference outputs and tokenizer folder, committed in `tests/data/reference`
+/// (a copy of the team's `shared/reference`) so a lone clone tests itself; `MINIVLLM_REFERENCE_DIR`
+/// points elsewhere. Missing fails.
 pub fn reference_dir() -> PathBuf {
     let dir = std::env::var_os("MINIVLLM_REFERENCE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("../shared/reference"));
+        .unwrap_or_else(|| workspace_root().join("tests/data/reference"));
     assert!(
         dir.join("smollm2_greedy_hf.json").is_file(),
         "reference outputs not found in {} (set MINIVLLM_REFERENCE_DIR)",

@@ -661,8 +661,5 @@ fn merges_from_scores(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(
         .collect()
 }
 
-/// Where the shared reference data lives: `$MINIVLLM_REFERENCE_DIR`, else `shared/reference`
-/// beside the repository.
-#[cfg(test)]
 #[cfg(test)]
 mod tests;
