@@ -15,7 +15,7 @@ import pytest
 from conftest import MAX_MODEL_LEN, SERVED_MODEL_NAME
 
 PROMPT = "The capital of France is"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
 GREEDY = dict(model=SERVED_MODEL_NAME, temperature=0)
 
 
@@ -66,7 +66,7 @@ def test_completion_greedy_matches_generate(completion, generated: dict):
 def test_chat_greedy(chat):
     (choice,) = chat.choices
     assert choice.message.role == "assistant"
-    assert "Paris" in choice.message.content
+    assert "Berlin" in choice.message.content
     # A short answer well within 200 tokens: the model ends it itself.
     assert choice.finish_reason == "stop"
     assert chat.object == "chat.completion"

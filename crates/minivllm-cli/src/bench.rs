@@ -59,6 +59,9 @@ struct LatencyArgs {
     /// Untimed runs first, so page faults and thread start-up are not measured.
     #[arg(long, default_value_t = 1)]
     num_iters_warmup: usize,
+    /// Print the results as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -117,7 +120,10 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         "num_swapped_out": stats.num_swapped_out,
         "num_steps": stats.num_steps,
     });
+    let env = Environment::now();
     if args.json {
+        let mut report = report;
+        env.add_to(&mut report);
         println!("{report}");
     } else {
         println!(
@@ -131,6 +137,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
             stats.num_steps,
             stats.num_preemptions
         );
+        env.print();
     }
     Ok(())
 }
@@ -188,24 +195,112 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     // The first output token comes from the prefill; the rest from decode steps.
     let decode_steps = args.output_len.saturating_sub(1);
     let decode_tokens = (args.batch_size * decode_steps) as f64;
+    let model = rt.runner.model();
+    let weight_bytes = model.weight_bytes_per_token() as f64;
+    let prefill_tps = prefill_tokens / t.prefill.as_secs_f64();
+    let step_s = t.decode.as_secs_f64() / decode_steps.max(1) as f64;
+    let decode_tps = decode_tokens / t.decode.as_secs_f64();
+    let env = Environment::now();
+    let formats: Vec<String> = model
+        .weight_formats()
+        .iter()
+        .map(|(f, b)| format!("{f} {:.1} MiB", *b as f64 / (1 << 20) as f64))
+        .collect();
+    if args.json {
+        let mut report = serde_json::json!({
+            "batch_size": args.batch_size,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "prefill_seconds": t.prefill.as_secs_f64(),
+            "prefill_tokens_per_second": prefill_tps,
+            "weights": formats,
+            "weight_bytes_per_step": weight_bytes,
+        });
+        if decode_steps > 0 {
+            report["decode_seconds"] = t.decode.as_secs_f64().into();
+            report["decode_tokens_per_second"] = decode_tps.into();
+            report["decode_weight_gb_per_second"] = (weight_bytes / step_s / 1e9).into();
+        }
+        env.add_to(&mut report);
+        println!("{report}");
+        return Ok(());
+    }
     println!(
         "batch {} x (input {} + output {}), median of {} runs",
         args.batch_size, args.input_len, args.output_len, args.num_iters
     );
     println!(
-        "prefill: {:.3} s, {:.1} tokens/s",
-        t.prefill.as_secs_f64(),
-        prefill_tokens / t.prefill.as_secs_f64()
+        "prefill: {:.3} s, {prefill_tps:.1} tokens/s",
+        t.prefill.as_secs_f64()
     );
     if decode_steps > 0 {
         println!(
-            "decode:  {:.3} s, {:.1} tokens/s, {:.2} ms per step",
+            "decode:  {:.3} s, {decode_tps:.1} tokens/s, {:.2} ms per step, weights read at {:.1} GB/s",
             t.decode.as_secs_f64(),
-            decode_tokens / t.decode.as_secs_f64(),
-            t.decode.as_secs_f64() * 1e3 / decode_steps as f64
+            step_s * 1e3,
+            weight_bytes / step_s / 1e9
         );
     }
+    println!(
+        "weights: {} ({:.1} MB read per decode step)",
+        formats.join(", "),
+        weight_bytes / 1e6
+    );
+    env.print();
     Ok(())
+}
+
+/// What a benchmark ran on: every figure is quoted with it.
+struct Environment {
+    cpu: String,
+    isa: String,
+    threads: usize,
+    peak_rss_mb: Option<f64>,
+}
+
+impl Environment {
+    fn now() -> Self {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown CPU".into());
+        Self {
+            cpu,
+            isa: format!("{:?}", minivllm::kernels::cpu::isa()).to_lowercase(),
+            threads: minivllm::kernels::threading::num_threads(),
+            peak_rss_mb: peak_rss_bytes().map(|b| b as f64 / 1e6),
+        }
+    }
+
+    fn print(&self) {
+        let rss = self
+            .peak_rss_mb
+            .map_or("unknown".into(), |m| format!("{m:.0} MB"));
+        println!(
+            "cpu: {}, isa {}, {} threads; peak memory (RSS) {rss}",
+            self.cpu, self.isa, self.threads
+        );
+    }
+
+    fn add_to(&self, report: &mut serde_json::Value) {
+        report["cpu"] = self.cpu.clone().into();
+        report["isa"] = self.isa.clone().into();
+        report["threads"] = self.threads.into();
+        report["peak_rss_mb"] = self.peak_rss_mb.into();
+    }
+}
+
+/// The process's peak resident memory (`VmHWM`), where Linux reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Prefills every prompt in one batch, then decodes `output_len` steps feeding back the argmax.

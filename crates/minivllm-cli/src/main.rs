@@ -52,6 +52,13 @@ pub struct ModelArgs {
     /// Memory for the KV cache, e.g. `4GiB`, `512MiB`.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     pub kv_cache_memory: u64,
+    /// Weight precision: `auto` keeps the file's quantised blocks (Q4_0, Q4_1, Q8_0) as
+    /// they are; `float32` dequantises everything (the reference path).
+    #[arg(long, default_value = "auto")]
+    pub dtype: minivllm::model_executor::loader::weights::DType,
+    /// Re-quantise float weights at load: `q8_0`.
+    #[arg(long)]
+    pub quantization: Option<minivllm::model_executor::loader::weights::Quantization>,
 }
 
 /// Engine options beyond the model: scheduling and caching, with vLLM's flag names.
@@ -100,6 +107,7 @@ impl EngineFlags {
             enable_chunked_prefill: !self.no_enable_chunked_prefill,
             scheduling_policy: self.scheduling_policy,
             threads: m.threads,
+            load: m.load_options(),
         })
     }
 }
@@ -149,6 +157,13 @@ pub struct Runtime {
 }
 
 impl ModelArgs {
+    pub fn load_options(&self) -> minivllm::model_executor::loader::weights::LoadOptions {
+        minivllm::model_executor::loader::weights::LoadOptions {
+            dtype: self.dtype,
+            quantization: self.quantization,
+        }
+    }
+
     pub fn load(&self) -> anyhow::Result<Runtime> {
         use anyhow::Context;
         use minivllm::worker::{cache_engine::CacheEngine, model_runner::ModelRunner};
@@ -157,8 +172,9 @@ impl ModelArgs {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         minivllm::kernels::threading::init_threads(threads.max(1));
         check_default_model(&self.model)?;
-        let loaded = minivllm::model_executor::model_loader::load_model(&self.model)
-            .with_context(|| format!("cannot load model {}", self.model))?;
+        let loaded =
+            minivllm::model_executor::model_loader::load_model(&self.model, &self.load_options())
+                .with_context(|| format!("cannot load model {}", self.model))?;
         let max_model_len = minivllm::engine::llm_engine::resolve_max_model_len(
             self.max_model_len,
             &loaded.config,

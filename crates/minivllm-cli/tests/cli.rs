@@ -55,9 +55,12 @@ fn generate_with_chat_template() {
         "What is the capital of France?",
         "--max-tokens",
         "12",
+        "--dtype",
+        "float32",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    // The reference's greedy chat answer, ended by <|im_end|> (a special token, not printed).
+    // The reference's greedy chat answer (f32 weights, as the reference computed), ended by
+    // <|im_end|> (a special token, not printed).
     assert_eq!(stdout(&out), "The capital of France is Paris.\n");
 }
 
@@ -192,8 +195,11 @@ fn n_completions_and_stop_strings_from_the_command_line() {
         "answer",
         "--max-tokens",
         "16",
+        "--dtype",
+        "float32",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // The reference's greedy continuation is " Paris.\n\nThe answer is: ...".
     assert_eq!(stdout(&out), " Paris.\n\nThe \n");
     let out = minivllm(&[
         "generate",

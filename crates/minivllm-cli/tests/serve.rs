@@ -68,12 +68,12 @@ fn serve_openai_api() {
         &server,
         "/v1/chat/completions",
         json!({"model": "smol", "max_tokens": 16, "temperature": 0,
-               "messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+               "messages": [{"role": "user", "content": "What is the capital of Germany?"}]}),
     );
     assert_eq!(status, 200, "{v}");
     assert_eq!(
         v["choices"][0]["message"]["content"],
-        "The capital of France is Paris."
+        "The capital of Germany is Berlin."
     );
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
 
@@ -81,7 +81,7 @@ fn serve_openai_api() {
         &server,
         "/v1/chat/completions",
         json!({"max_tokens": 16, "temperature": 0, "stream": true,
-               "messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+               "messages": [{"role": "user", "content": "What is the capital of Germany?"}]}),
     );
     assert_eq!(events.last().unwrap(), "[DONE]");
     let streamed: String = events[..events.len() - 1]
@@ -93,7 +93,7 @@ fn serve_openai_api() {
                 .map(str::to_string)
         })
         .collect();
-    assert_eq!(streamed, "The capital of France is Paris.");
+    assert_eq!(streamed, "The capital of Germany is Berlin.");
 
     let (status, v) = post(
         &server,
@@ -201,7 +201,7 @@ fn tokenize_request_ids_echo_and_content_parts() {
 
     // The chat form counts what a chat completion is charged as its prompt, and content
     // given as text parts renders exactly like plain content.
-    let question = "What is the capital of France?";
+    let question = "What is the capital of Germany?";
     let plain = json!([{"role": "user", "content": question}]);
     let parts = json!([{"role": "user", "content": [{"type": "text", "text": question}]}]);
     let (_, t) = post(&server, "/tokenize", json!({"messages": plain}));
@@ -213,7 +213,7 @@ fn tokenize_request_ids_echo_and_content_parts() {
     assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{c}");
     assert_eq!(
         c["choices"][0]["message"]["content"],
-        "The capital of France is Paris."
+        "The capital of Germany is Berlin."
     );
     let image =
         json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
@@ -312,7 +312,7 @@ fn tokenize_request_ids_echo_and_content_parts() {
     completion["prompt"] = json!(prompt);
     completion["logprobs"] = json!(1);
     let mut chat = stop;
-    chat["messages"] = json!([{"role": "user", "content": "What is the capital of France?"}]);
+    chat["messages"] = json!([{"role": "user", "content": "What is the capital of Germany?"}]);
     chat["logprobs"] = json!(true);
     for (path, body, entries) in [
         ("/v1/completions", completion, "/logprobs/tokens"),
@@ -549,7 +549,7 @@ fn readme_curl_examples_work() {
         );
         assert!(!stdout.contains("\"error\""), "{cmd}\n{stdout}");
         if cmd.contains("/chat/completions") {
-            assert!(stdout.contains("Paris"), "{cmd}\n{stdout}");
+            assert!(stdout.contains("Berlin"), "{cmd}\n{stdout}");
         }
     }
 }

@@ -48,6 +48,34 @@ fn bench_matmul(m: usize, k: usize, n: usize) {
     println!("matmul m={m:4} k={k:5} n={n:5}: {:9.1} us  {gflops:6.1} GFLOP/s  {gbs:5.1} GB/s of weights", t.as_secs_f64() * 1e6);
 }
 
+fn bench_qmatmul(ty: minivllm_kernels::quant::GgmlType, m: usize, k: usize, n: usize) {
+    use minivllm_kernels::qmatmul::{matmul_quant, QuantMatrix};
+    let x = filled(m * k, 1);
+    // Q8_0 blocks of the pattern; Q4 formats reuse its bytes as random nibbles.
+    let q8 = minivllm_kernels::qdot::quantize_q8_0(&filled(n * k, 2));
+    let size = ty.type_size();
+    let data: Vec<u8> = q8
+        .chunks_exact(34)
+        .flat_map(|b| {
+            let mut blk = b[..size.min(34)].to_vec();
+            blk[2..4].copy_from_slice(&b[..2]);
+            blk
+        })
+        .collect();
+    let q = QuantMatrix::new(ty, n, k, data).unwrap();
+    let mut out = vec![0.0; m * n];
+    let t = best_time(Duration::from_millis(600), || {
+        matmul_quant(black_box(&x), &q, &mut out, m)
+    });
+    let gflops = 2.0 * (m * k * n) as f64 / t.as_secs_f64() / 1e9;
+    let gbs = q.nbytes() as f64 / t.as_secs_f64() / 1e9;
+    println!(
+        "{:6} m={m:4} k={k:5} n={n:5}: {:9.1} us  {gflops:6.1} GFLOP/s  {gbs:5.1} GB/s of weights",
+        ty.name(),
+        t.as_secs_f64() * 1e6
+    );
+}
+
 /// `seqs` sequences of `(query_len, context_len)`, SmolLM2 heads, block size 16.
 fn bench_attention(label: &str, lens: &[(usize, usize)]) {
     let shape = AttnShape {
@@ -127,6 +155,26 @@ fn main() {
         return;
     }
     println!("isa {:?}, {} threads", cpu::isa(), threading::num_threads());
+    if args.get(2).map(String::as_str) == Some("quant") {
+        use minivllm_kernels::quant::GgmlType::*;
+        let shapes: &[(usize, usize)] = if args.get(3).map(String::as_str) == Some("head") {
+            &[(576, 49152), (2048, 32000)]
+        } else {
+            &[(576, 1536), (1536, 576), (576, 960)]
+        };
+        for &(k, n) in shapes {
+            for &m in &[1, 4, 16, 64, 512] {
+                if n > 10_000 && m > 16 {
+                    continue;
+                }
+                bench_matmul(m, k, n);
+                for ty in [Q4_0, Q4_1, Q8_0] {
+                    bench_qmatmul(ty, m, k, n);
+                }
+            }
+        }
+        return;
+    }
     for &(k, n) in &[(576, 1536), (1536, 576), (576, 960), (576, 49152)] {
         for &m in &[1, 4, 512] {
             if n == 49152 && m == 512 {

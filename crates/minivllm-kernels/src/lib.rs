@@ -19,6 +19,8 @@ pub mod attention;
 pub mod cpu;
 pub mod matmul;
 pub mod norm;
+pub mod qdot;
+pub mod qmatmul;
 pub mod quant;
 pub mod rope;
 mod simd;

@@ -89,7 +89,7 @@ unsafe fn gemm_nt_any(g: Gemm) {
 }
 
 /// Weight rows per parallel task (`>= n` means: run on the calling thread).
-fn rows_per_task(m: usize, k: usize, n: usize, threads: usize) -> usize {
+pub(crate) fn rows_per_task(m: usize, k: usize, n: usize, threads: usize) -> usize {
     if threads <= 1 || m * k * n < PAR_MIN_WORK {
         return n.max(1);
     }

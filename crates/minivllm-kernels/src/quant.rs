@@ -188,6 +188,21 @@ pub enum QuantError {
 /// Dequantises `bytes`, a whole number of `ty` blocks, into `out`, which must hold exactly
 /// the elements they encode. Large inputs are split over the rayon pool.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    dequantize_with(ty, bytes, out, true)
+}
+
+/// [`dequantize`] on the calling thread alone: for kernels that are already one task of a
+/// parallel split.
+pub fn dequantize_serial(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    dequantize_with(ty, bytes, out, false)
+}
+
+fn dequantize_with(
+    ty: GgmlType,
+    bytes: &[u8],
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), QuantError> {
     if !ty.can_dequantize() {
         return Err(QuantError::Unsupported(ty));
     }
@@ -207,22 +222,23 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
             out: out.len(),
         });
     }
+    let b = Blocks { parallel };
     use GgmlType::*;
     match ty {
-        F32 => for_blocks::<4, 1>(bytes, out, |b, y| y[0] = f32::from_le_bytes(*b)),
-        F16 => dequant_f16(bytes, out),
-        BF16 => for_blocks::<2, 1>(bytes, out, |b, y| y[0] = bf16::from_le_bytes(*b).to_f32()),
-        Q4_0 => for_blocks(bytes, out, block_q4_0),
-        Q4_1 => for_blocks(bytes, out, block_q4_1),
-        Q5_0 => for_blocks(bytes, out, block_q5_0),
-        Q5_1 => for_blocks(bytes, out, block_q5_1),
-        Q8_0 => for_blocks(bytes, out, block_q8_0),
-        Q2_K => for_blocks(bytes, out, block_q2_k),
-        Q3_K => for_blocks(bytes, out, block_q3_k),
-        Q4_K => for_blocks(bytes, out, block_q4_k),
-        Q5_K => for_blocks(bytes, out, block_q5_k),
-        Q6_K => for_blocks(bytes, out, block_q6_k),
-        Q8_K => for_blocks(bytes, out, block_q8_k),
+        F32 => b.run::<4, 1>(bytes, out, |b, y| y[0] = f32::from_le_bytes(*b)),
+        F16 => dequant_f16(b, bytes, out),
+        BF16 => b.run::<2, 1>(bytes, out, |b, y| y[0] = bf16::from_le_bytes(*b).to_f32()),
+        Q4_0 => b.run(bytes, out, block_q4_0),
+        Q4_1 => b.run(bytes, out, block_q4_1),
+        Q5_0 => b.run(bytes, out, block_q5_0),
+        Q5_1 => b.run(bytes, out, block_q5_1),
+        Q8_0 => b.run(bytes, out, block_q8_0),
+        Q2_K => b.run(bytes, out, block_q2_k),
+        Q3_K => b.run(bytes, out, block_q3_k),
+        Q4_K => b.run(bytes, out, block_q4_k),
+        Q5_K => b.run(bytes, out, block_q5_k),
+        Q6_K => b.run(bytes, out, block_q6_k),
+        Q8_K => b.run(bytes, out, block_q8_k),
         _ => return Err(QuantError::Unsupported(ty)),
     }
     Ok(())
@@ -234,38 +250,47 @@ const PAR_MIN_BYTES: usize = 256 * 1024;
 /// balance a few hundred KiB over all cores.
 const TASK_BYTES: usize = 32 * 1024;
 
-/// Runs `f` on each `TS`-byte block of `bytes` and its `BS` outputs. Callers have checked
-/// that `bytes` and `out` hold the same whole number of blocks.
-fn for_blocks<const TS: usize, const BS: usize>(
-    bytes: &[u8],
-    out: &mut [f32],
-    f: impl Fn(&[u8; TS], &mut [f32; BS]) + Sync,
-) {
-    let serial = |bytes: &[u8], out: &mut [f32]| {
-        for (b, y) in bytes.chunks_exact(TS).zip(out.chunks_exact_mut(BS)) {
-            // The chunk lengths are exact, so these conversions cannot fail; fixed-size
-            // arrays let the compiler drop every bounds check inside `f`.
-            f(b.try_into().unwrap(), y.try_into().unwrap());
+/// How [`dequantize_with`] walks the blocks: split over the pool, or on this thread.
+#[derive(Clone, Copy)]
+struct Blocks {
+    parallel: bool,
+}
+
+impl Blocks {
+    /// Runs `f` on each `TS`-byte block of `bytes` and its `BS` outputs. Callers have
+    /// checked that `bytes` and `out` hold the same whole number of blocks.
+    fn run<const TS: usize, const BS: usize>(
+        self,
+        bytes: &[u8],
+        out: &mut [f32],
+        f: impl Fn(&[u8; TS], &mut [f32; BS]) + Sync,
+    ) {
+        let serial = |bytes: &[u8], out: &mut [f32]| {
+            for (b, y) in bytes.chunks_exact(TS).zip(out.chunks_exact_mut(BS)) {
+                // The chunk lengths are exact, so these conversions cannot fail; fixed-size
+                // arrays let the compiler drop every bounds check inside `f`.
+                f(b.try_into().unwrap(), y.try_into().unwrap());
+            }
+        };
+        if !self.parallel || bytes.len() < PAR_MIN_BYTES {
+            serial(bytes, out);
+            return;
         }
-    };
-    if bytes.len() < PAR_MIN_BYTES {
-        serial(bytes, out);
-        return;
+        let blocks_per_task = (TASK_BYTES / TS).max(1);
+        bytes
+            .par_chunks(blocks_per_task * TS)
+            .zip(out.par_chunks_mut(blocks_per_task * BS))
+            .for_each(|(b, y)| serial(b, y));
     }
-    let blocks_per_task = (TASK_BYTES / TS).max(1);
-    bytes
-        .par_chunks(blocks_per_task * TS)
-        .zip(out.par_chunks_mut(blocks_per_task * BS))
-        .for_each(|(b, y)| serial(b, y));
 }
 
 /// F16 goes through `half`'s slice conversion, which uses F16C when the CPU has it.
-fn dequant_f16(bytes: &[u8], out: &mut [f32]) {
+fn dequant_f16(blocks: Blocks, bytes: &[u8], out: &mut [f32]) {
     const LANES: usize = 64;
     let head = out.len() / LANES * LANES;
     let (head_bytes, tail_bytes) = bytes.split_at(head * 2);
     let (head_out, tail_out) = out.split_at_mut(head);
-    for_blocks::<{ 2 * LANES }, LANES>(head_bytes, head_out, |b, y| {
+    blocks.run::<{ 2 * LANES }, LANES>(head_bytes, head_out, |b, y| {
         let h: [f16; LANES] = std::array::from_fn(|i| f16::from_le_bytes([b[2 * i], b[2 * i + 1]]));
         h.convert_to_f32_slice(y);
     });

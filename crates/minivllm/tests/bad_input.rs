@@ -5,12 +5,13 @@ mod common;
 use std::io::Write;
 
 use minivllm::engine::greedy::generate_greedy;
+use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::model_loader::load_model;
 use minivllm::worker::cache_engine::CacheEngine;
 use minivllm::worker::model_runner::ModelRunner;
 
 fn load_err(spec: &str) -> String {
-    match load_model(spec) {
+    match load_model(spec, &LoadOptions::default()) {
         Ok(_) => panic!("{spec} loaded"),
         Err(e) => e.to_string(),
     }
@@ -65,7 +66,11 @@ fn unsupported_architecture_is_named() {
 
 #[test]
 fn prompt_longer_than_the_context_is_rejected() {
-    let m = load_model(common::test_model_path().to_str().unwrap()).unwrap();
+    let m = load_model(
+        common::test_model_path().to_str().unwrap(),
+        &LoadOptions::default(),
+    )
+    .unwrap();
     let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 4));
     let prompts = vec![vec![1, 2, 3], vec![5; 40]];
     let e = generate_greedy(&mut runner, &prompts, 4, &[2], 32)
@@ -84,7 +89,11 @@ fn prompt_longer_than_the_context_is_rejected() {
 
 #[test]
 fn token_ids_outside_the_vocabulary_are_rejected() {
-    let m = load_model(common::test_model_path().to_str().unwrap()).unwrap();
+    let m = load_model(
+        common::test_model_path().to_str().unwrap(),
+        &LoadOptions::default(),
+    )
+    .unwrap();
     let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 4));
     let e = generate_greedy(&mut runner, &[vec![1, 999_999]], 1, &[2], 64)
         .unwrap_err()

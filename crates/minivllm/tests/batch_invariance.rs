@@ -1,9 +1,11 @@
 //! One forward over many sequences (mixed prefill and decode, any block placement) must give
-//! each sequence the logits it gets alone.
+//! each sequence the logits it gets alone, with f32 weights and with the file's quantised
+//! ones (whose products take another path from 32 rows on).
 
 mod common;
 
 use minivllm::model_executor::input_metadata::InputMetadata;
+use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::model_loader::load_model;
 use minivllm::worker::cache_engine::CacheEngine;
 use minivllm::worker::model_runner::ModelRunner;
@@ -30,9 +32,9 @@ struct Seq {
     cached: usize,
 }
 
-fn runner(num_blocks: usize) -> ModelRunner {
+fn runner(num_blocks: usize, opts: &LoadOptions) -> ModelRunner {
     minivllm::kernels::threading::init_threads(2);
-    let m = load_model(common::test_model_path().to_str().unwrap()).unwrap();
+    let m = load_model(common::test_model_path().to_str().unwrap(), opts).unwrap();
     ModelRunner::new(m.model, CacheEngine::new(&m.config, BLOCK_SIZE, num_blocks))
 }
 
@@ -121,8 +123,17 @@ fn assert_close(a: &[f32], b: &[f32], what: &str) {
 }
 
 #[test]
-fn batched_mixed_prefill_and_decode_matches_each_alone() {
-    let mut r = runner(64);
+fn batched_mixed_prefill_and_decode_matches_each_alone_f32() {
+    batched_matches_alone(&LoadOptions::FLOAT32);
+}
+
+#[test]
+fn batched_mixed_prefill_and_decode_matches_each_alone_quantised() {
+    batched_matches_alone(&LoadOptions::default());
+}
+
+fn batched_matches_alone(opts: &LoadOptions) {
+    let mut r = runner(64, opts);
     let vocab = r.model().config().vocab_size as u32;
     let seqs = eight_sequences(vocab);
     let solo: Vec<Vec<f32>> = seqs.iter().map(|s| alone(&mut r, s)).collect();

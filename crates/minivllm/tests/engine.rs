@@ -5,6 +5,7 @@ mod common;
 
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::entrypoints::llm::LLM;
+use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::SamplingParams;
 use minivllm::sequence::FinishReason;
@@ -261,7 +262,11 @@ fn n_completions_share_the_prompt_blocks() {
 
 #[test]
 fn stop_strings_are_trimmed_and_reported() {
-    let mut llm = llm(&engine_args());
+    // f32 weights, whose greedy output is the reference's.
+    let mut llm = llm(&EngineArgs {
+        load: LoadOptions::FLOAT32,
+        ..engine_args()
+    });
     let params = SamplingParams {
         temperature: 0.0,
         max_tokens: Some(16),
@@ -362,7 +367,10 @@ fn aborted_requests_free_their_blocks() {
 
 #[test]
 fn logprobs_and_prompt_logprobs_match_the_reference() {
-    let mut llm = llm(&engine_args());
+    let mut llm = llm(&EngineArgs {
+        load: LoadOptions::FLOAT32,
+        ..engine_args()
+    });
     let case = &common::reference_cases()[0];
     let params = SamplingParams {
         temperature: 0.0,

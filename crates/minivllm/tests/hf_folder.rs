@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use minivllm::model_executor::input_metadata::InputMetadata;
 use minivllm::model_executor::loader::gguf::GgufFile;
 use minivllm::model_executor::loader::gguf_weights::{config_from_gguf, hf_name, GgufWeights};
+use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::loader::weights::WeightSource;
 use minivllm::model_executor::model_loader::load_model;
 use minivllm::worker::cache_engine::CacheEngine;
@@ -49,7 +50,8 @@ fn write_hf_folder(dir: &std::path::Path) {
 }
 
 fn logits_for(spec: &str, tokens: &[u32]) -> Vec<f32> {
-    let m = load_model(spec).unwrap();
+    // f32 on both sides: the GGUF's blocks would otherwise stay quantised.
+    let m = load_model(spec, &LoadOptions::FLOAT32).unwrap();
     let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 8));
     let mut input = InputMetadata::default();
     input.add_sequence(tokens, tokens.len(), &[0, 1, 2], 16, false);
@@ -73,7 +75,9 @@ fn hf_folder_and_gguf_give_the_same_logits() {
         .fold(0.0f32, f32::max);
     assert!(worst <= 1e-5, "max |logit difference| {worst:e}");
     // Same tokenizer behaviour from both sources.
-    let a = load_model(dir.path().to_str().unwrap()).unwrap().tokenizer;
+    let a = load_model(dir.path().to_str().unwrap(), &LoadOptions::FLOAT32)
+        .unwrap()
+        .tokenizer;
     let ids = a.encode("The capital of France is", true).unwrap();
     assert_eq!(ids, [504, 3575, 282, 4649, 314]);
 }

@@ -14,6 +14,7 @@ use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::sampler::{
     logprobs_for, SampledToken, Sampler, SamplingContext, SeqSamplingState,
 };
+use crate::model_executor::loader::weights::LoadOptions;
 use crate::model_executor::loader::LoadError;
 use crate::model_executor::model_loader::load_model;
 use crate::model_executor::models::llama::LlamaForCausalLM;
@@ -45,6 +46,8 @@ pub struct EngineArgs {
     pub scheduling_policy: Policy,
     /// Kernel threads (default: all cores).
     pub threads: Option<usize>,
+    /// How weights are kept in memory (`--dtype`, `--quantization`).
+    pub load: LoadOptions,
 }
 
 impl Default for EngineArgs {
@@ -61,6 +64,7 @@ impl Default for EngineArgs {
             enable_chunked_prefill: true,
             scheduling_policy: Policy::Fcfs,
             threads: None,
+            load: LoadOptions::default(),
         }
     }
 }
@@ -256,7 +260,7 @@ impl LLMEngine {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         minivllm_kernels::threading::init_threads(threads.max(1));
-        let loaded = load_model(&args.model)?;
+        let loaded = load_model(&args.model, &args.load)?;
         Self::new(loaded.model, loaded.tokenizer, args)
     }
 

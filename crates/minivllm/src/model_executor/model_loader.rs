@@ -9,6 +9,7 @@ use crate::model_executor::loader::gguf::{GgufFile, GgufValue};
 use crate::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
 use crate::model_executor::loader::hf::{resolve_model, ModelLocation};
 use crate::model_executor::loader::safetensors::SafetensorsWeights;
+use crate::model_executor::loader::weights::LoadOptions;
 use crate::model_executor::loader::{read_json, LoadError};
 use crate::model_executor::models::llama::LlamaForCausalLM;
 
@@ -20,19 +21,26 @@ pub struct LoadedModel {
     pub tokenizer: Tokenizer,
 }
 
-/// Loads a GGUF file, a Hugging Face folder, or a cached `org/name` repo id.
-pub fn load_model(spec: &str) -> Result<LoadedModel, LoadError> {
+/// Loads a GGUF file, a Hugging Face folder, or a cached `org/name` repo id, keeping the
+/// weights as `opts` say.
+pub fn load_model(spec: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
     let location = resolve_model(spec)?;
     let start = Instant::now();
     let (config, model, tokenizer) = match &location {
-        ModelLocation::Gguf(path) => load_gguf(path)?,
-        ModelLocation::HfDir(dir) => load_hf_dir(dir)?,
+        ModelLocation::Gguf(path) => load_gguf(path, opts)?,
+        ModelLocation::HfDir(dir) => load_hf_dir(dir, opts)?,
     };
+    let formats: Vec<String> = model
+        .weight_formats()
+        .iter()
+        .map(|(f, bytes)| format!("{f} {:.1} MiB", *bytes as f64 / (1 << 20) as f64))
+        .collect();
     tracing::info!(
         model = spec,
         layers = config.num_hidden_layers,
         hidden = config.hidden_size,
         vocab = config.vocab_size,
+        weights = formats.join(", "),
         seconds = start.elapsed().as_secs_f32(),
         "model loaded"
     );
@@ -55,17 +63,23 @@ pub fn load_tokenizer(spec: &str) -> Result<Tokenizer, LoadError> {
     }
 }
 
-fn load_gguf(path: &Path) -> Result<(ModelConfig, LlamaForCausalLM, Tokenizer), LoadError> {
+fn load_gguf(
+    path: &Path,
+    opts: &LoadOptions,
+) -> Result<(ModelConfig, LlamaForCausalLM, Tokenizer), LoadError> {
     let file = GgufFile::open(path)?;
     let config = config_from_gguf(&file)?;
-    let model = LlamaForCausalLM::load(&config, &GgufWeights::new(&file, &config))?;
+    let model = LlamaForCausalLM::load(&config, &GgufWeights::new(&file, &config), opts)?;
     let tokenizer = Tokenizer::from_gguf_spec(&gguf_tokenizer_spec(&file)?)?;
     Ok((config, model, tokenizer))
 }
 
-fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, LlamaForCausalLM, Tokenizer), LoadError> {
+fn load_hf_dir(
+    dir: &Path,
+    opts: &LoadOptions,
+) -> Result<(ModelConfig, LlamaForCausalLM, Tokenizer), LoadError> {
     let config = ModelConfig::from_hf_json(&read_json(&dir.join("config.json"))?)?;
-    let model = LlamaForCausalLM::load(&config, &SafetensorsWeights::open_dir(dir)?)?;
+    let model = LlamaForCausalLM::load(&config, &SafetensorsWeights::open_dir(dir)?, opts)?;
     let tokenizer = Tokenizer::from_hf_dir(dir)?;
     Ok((config, model, tokenizer))
 }

@@ -50,11 +50,9 @@ impl ModelRunner {
     /// Logits `[input.logits_indices.len(), vocab_size]` for the batch.
     pub fn execute(&mut self, input: &InputMetadata) -> Result<&[f32], InputError> {
         let block_size = self.cache.block_size();
-        self.model.forward(
-            input,
-            self.cache.layers_mut(),
-            block_size,
-            &mut self.buffers,
-        )
+        let (model, cache, buffers) = (&self.model, &mut self.cache, &mut self.buffers);
+        minivllm_kernels::threading::install(|| {
+            model.forward(input, cache.layers_mut(), block_size, buffers)
+        })
     }
 }

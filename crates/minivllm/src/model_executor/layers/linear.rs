@@ -1,26 +1,175 @@
 use minivllm_kernels::matmul::matmul;
+use minivllm_kernels::qdot::{has_dot, quantize_q8_0};
+use minivllm_kernels::qmatmul::{matmul_quant, QuantMatrix};
 
-use crate::model_executor::loader::{weights::WeightSource, LoadError};
+use crate::model_executor::loader::weights::{
+    DType, LoadOptions, QuantTensor, Quantization, WeightSource,
+};
+use crate::model_executor::loader::LoadError;
+
+/// A `[rows, cols]` weight matrix as kept in memory: f32, or the GGML blocks it was stored
+/// in (or re-quantised to), which decoding reads 4-8× fewer bytes of.
+pub enum WeightMatrix {
+    F32 {
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    },
+    Quant(QuantMatrix),
+}
+
+impl WeightMatrix {
+    /// Rows of several tensors of `cols` columns stacked into one matrix (one tensor when
+    /// `parts` has one): q/k/v and gate/up read the same input, so stacked they stream it
+    /// through the cores once. They stay quantised when `opts` allow and every part is
+    /// stored in the same computable block format.
+    pub fn load_rows(
+        src: &dyn WeightSource,
+        parts: &[(&str, usize)],
+        cols: usize,
+        opts: &LoadOptions,
+    ) -> Result<Self, LoadError> {
+        let rows = parts.iter().map(|(_, r)| r).sum();
+        if opts.dtype == DType::Auto {
+            if let Some((ty, data)) = load_quantized_parts(src, parts, cols)? {
+                return quant_matrix(parts[0].0, ty, rows, cols, data);
+            }
+        }
+        let mut data = Vec::with_capacity(rows * cols);
+        for &(name, r) in parts {
+            data.extend(src.load(name)?.expect_shape(name, &[r, cols])?);
+        }
+        match opts.quantization {
+            Some(q) if cols.is_multiple_of(q.ggml_type().block_size()) => {
+                let blocks = match q {
+                    Quantization::Q8_0 => quantize_q8_0(&data),
+                };
+                quant_matrix(parts[0].0, q.ggml_type(), rows, cols, blocks)
+            }
+            Some(q) => {
+                tracing::warn!(
+                    tensor = parts[0].0,
+                    cols,
+                    "rows are not whole {} blocks: kept in f32",
+                    q.ggml_type()
+                );
+                Ok(Self::f32(data, rows, cols))
+            }
+            None => Ok(Self::f32(data, rows, cols)),
+        }
+    }
+
+    pub fn f32(data: Vec<f32>, rows: usize, cols: usize) -> Self {
+        assert_eq!(data.len(), rows * cols, "weight matrix size");
+        WeightMatrix::F32 { data, rows, cols }
+    }
+
+    pub fn rows(&self) -> usize {
+        match self {
+            WeightMatrix::F32 { rows, .. } => *rows,
+            WeightMatrix::Quant(q) => q.rows(),
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            WeightMatrix::F32 { cols, .. } => *cols,
+            WeightMatrix::Quant(q) => q.cols(),
+        }
+    }
+
+    /// The storage format's name: `F32`, `Q4_1`, ...
+    pub fn format(&self) -> &'static str {
+        match self {
+            WeightMatrix::F32 { .. } => "F32",
+            WeightMatrix::Quant(q) => q.ty().name(),
+        }
+    }
+
+    /// Bytes held, which is what one pass over the matrix reads.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            WeightMatrix::F32 { data, .. } => data.len() * 4,
+            WeightMatrix::Quant(q) => q.nbytes(),
+        }
+    }
+
+    /// Row `r` in f32 (an embedding lookup).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        match self {
+            WeightMatrix::F32 { data, cols, .. } => {
+                out.copy_from_slice(&data[r * cols..(r + 1) * cols])
+            }
+            WeightMatrix::Quant(q) => q.dequantize_row(r, out),
+        }
+    }
+
+    /// `out[m, rows] = x[m, cols] · Wᵀ`.
+    pub fn matmul(&self, x: &[f32], out: &mut [f32], m: usize) {
+        let (rows, cols) = (self.rows(), self.cols());
+        let (x, out) = (&x[..m * cols], &mut out[..m * rows]);
+        match self {
+            WeightMatrix::F32 { data, .. } => matmul(x, data, out, m, cols, rows),
+            WeightMatrix::Quant(q) => matmul_quant(x, q, out, m),
+        }
+    }
+}
+
+/// The parts' stored blocks concatenated, if all are in one format with a dot product.
+fn load_quantized_parts(
+    src: &dyn WeightSource,
+    parts: &[(&str, usize)],
+    cols: usize,
+) -> Result<Option<(minivllm_kernels::quant::GgmlType, Vec<u8>)>, LoadError> {
+    let mut loaded: Vec<QuantTensor> = Vec::with_capacity(parts.len());
+    for &(name, rows) in parts {
+        let Some(t) = src.load_quantized(name)? else {
+            return Ok(None);
+        };
+        if t.shape != [rows, cols] {
+            return Err(LoadError::ShapeMismatch {
+                tensor: name.to_string(),
+                found: t.shape,
+                expected: vec![rows, cols],
+            });
+        }
+        loaded.push(t);
+    }
+    let ty = loaded[0].ty;
+    if !has_dot(ty) || loaded.iter().any(|t| t.ty != ty) {
+        // Mixed formats (as llama.cpp's *_M mixes give q and v): stacked in f32 instead.
+        return Ok(None);
+    }
+    Ok(Some((
+        ty,
+        loaded.into_iter().flat_map(|t| t.data).collect(),
+    )))
+}
+
+fn quant_matrix(
+    name: &str,
+    ty: minivllm_kernels::quant::GgmlType,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+) -> Result<WeightMatrix, LoadError> {
+    QuantMatrix::new(ty, rows, cols, data)
+        .map(WeightMatrix::Quant)
+        .map_err(|e| LoadError::Config(format!("tensor {name}: {e}")))
+}
 
 /// A bias-free linear layer, `y = x · Wᵀ`, weights `[out_features, in_features]`.
 pub struct Linear {
-    weight: Vec<f32>,
-    in_features: usize,
-    out_features: usize,
+    weight: WeightMatrix,
 }
 
 impl Linear {
+    pub fn new(weight: WeightMatrix) -> Self {
+        Self { weight }
+    }
+
     pub fn from_weight(weight: Vec<f32>, in_features: usize, out_features: usize) -> Self {
-        assert_eq!(
-            weight.len(),
-            in_features * out_features,
-            "linear weight size"
-        );
-        Self {
-            weight,
-            in_features,
-            out_features,
-        }
+        Self::new(WeightMatrix::f32(weight, out_features, in_features))
     }
 
     pub fn load(
@@ -28,8 +177,9 @@ impl Linear {
         name: &str,
         in_features: usize,
         out_features: usize,
+        opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
-        Self::load_merged(src, &[(name, out_features)], in_features)
+        Self::load_merged(src, &[(name, out_features)], in_features, opts)
     }
 
     /// Stacks several projections that read the same input (q/k/v, gate/up) into one
@@ -38,32 +188,25 @@ impl Linear {
         src: &dyn WeightSource,
         parts: &[(&str, usize)],
         in_features: usize,
+        opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
-        let out_features = parts.iter().map(|(_, rows)| rows).sum();
-        let mut weight = Vec::with_capacity(out_features * in_features);
-        for &(name, rows) in parts {
-            weight.extend(src.load(name)?.expect_shape(name, &[rows, in_features])?);
-        }
-        Ok(Self::from_weight(weight, in_features, out_features))
+        WeightMatrix::load_rows(src, parts, in_features, opts).map(Self::new)
+    }
+
+    pub fn weight(&self) -> &WeightMatrix {
+        &self.weight
     }
 
     pub fn in_features(&self) -> usize {
-        self.in_features
+        self.weight.cols()
     }
 
     pub fn out_features(&self) -> usize {
-        self.out_features
+        self.weight.rows()
     }
 
     /// `out[m, out_features] = x[m, in_features] · Wᵀ`.
     pub fn forward(&self, x: &[f32], out: &mut [f32], m: usize) {
-        matmul(
-            &x[..m * self.in_features],
-            &self.weight,
-            &mut out[..m * self.out_features],
-            m,
-            self.in_features,
-            self.out_features,
-        );
+        self.weight.matmul(x, out, m);
     }
 }

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::gguf::{GgufFile, GgufValue};
-use super::weights::{Tensor, WeightSource};
+use super::gguf::{GgufFile, GgufTensorInfo, GgufValue};
+use super::weights::{QuantTensor, Tensor, WeightSource};
 use super::LoadError;
 use crate::config::{ModelConfig, RopeScaling};
 
@@ -159,40 +159,72 @@ pub fn hf_name(gguf: &str) -> Option<String> {
     Some(format!("model.layers.{layer}.{hf}"))
 }
 
+impl GgufWeights<'_> {
+    fn info(&self, name: &str) -> Result<&GgufTensorInfo, LoadError> {
+        let gguf_name = self
+            .names
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))?;
+        self.file
+            .tensor(gguf_name)
+            .ok_or_else(|| LoadError::MissingTensor(gguf_name.clone()))
+    }
+
+    /// Undoes the converter's q/k row order (see [`unpermute_rows`]) on rows of any element.
+    fn unpermuted<T: Copy + Default>(&self, info: &GgufTensorInfo, data: Vec<T>) -> Vec<T> {
+        let rows = info.shape().first().copied().unwrap_or(0);
+        if info.name.ends_with("attn_q.weight") {
+            unpermute_rows(&data, rows, self.num_heads)
+        } else if info.name.ends_with("attn_k.weight") {
+            unpermute_rows(&data, rows, self.num_kv_heads)
+        } else {
+            data
+        }
+    }
+}
+
 impl WeightSource for GgufWeights<'_> {
     fn contains(&self, name: &str) -> bool {
         self.names.contains_key(name)
     }
 
     fn load(&self, name: &str) -> Result<Tensor, LoadError> {
-        let gguf_name = self
-            .names
-            .get(name)
-            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))?;
-        let info = self
-            .file
-            .tensor(gguf_name)
-            .ok_or_else(|| LoadError::MissingTensor(gguf_name.clone()))?;
+        let info = self.info(name)?;
         // ggml lists dimensions fastest-varying first; PyTorch's order is the reverse.
-        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
-        let mut data = self.file.dequantize(gguf_name)?;
-        if gguf_name.ends_with("attn_q.weight") {
-            data = unpermute_rows(&data, &shape, self.num_heads);
-        } else if gguf_name.ends_with("attn_k.weight") {
-            data = unpermute_rows(&data, &shape, self.num_kv_heads);
-        }
+        let shape = info.shape();
+        let data = self.unpermuted(info, self.file.dequantize(&info.name)?);
         Ok(Tensor { shape, data })
+    }
+
+    fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {
+        let info = self.info(name)?;
+        if !minivllm_kernels::qdot::has_dot(info.ggml_type) {
+            return Ok(None);
+        }
+        let bytes = self.file.tensor_bytes(info);
+        if bytes.len() as u64 != info.n_bytes() {
+            return Err(LoadError::Config(format!(
+                "tensor {}: its data runs past the end of the file",
+                info.name
+            )));
+        }
+        Ok(Some(QuantTensor {
+            shape: info.shape(),
+            ty: info.ggml_type,
+            data: self.unpermuted(info, bytes.to_vec()),
+        }))
     }
 }
 
 /// llama.cpp's converter reorders each head's q/k rows from rotate-half pairs `(i, i + d/2)`
 /// to adjacent pairs `(2i, 2i + 1)`; this undoes it so one RoPE (rotate-half) serves both
-/// formats. GGUF row `h*d + 2i + j` is Hugging Face row `h*d + j*d/2 + i`.
-fn unpermute_rows(data: &[f32], shape: &[usize], n_heads: usize) -> Vec<f32> {
-    let (rows, cols) = (shape[0], shape.iter().skip(1).product::<usize>());
-    let head_dim = rows / n_heads;
+/// formats. GGUF row `h*d + 2i + j` is Hugging Face row `h*d + j*d/2 + i`. Rows move whole,
+/// so this works on f32 values and on a quantised row's bytes alike.
+fn unpermute_rows<T: Copy + Default>(data: &[T], rows: usize, n_heads: usize) -> Vec<T> {
+    let cols = data.len() / rows.max(1);
+    let head_dim = rows / n_heads.max(1);
     let half = head_dim / 2;
-    let mut out = vec![0.0; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..n_heads {
         for i in 0..half {
             for j in 0..2 {
@@ -228,9 +260,6 @@ mod tests {
     fn unpermute_inverts_the_converters_permutation() {
         // One head of dim 4, one column: HF rows [a0 a1 b0 b1] were stored as [a0 b0 a1 b1].
         let gguf = [10.0, 20.0, 11.0, 21.0];
-        assert_eq!(
-            unpermute_rows(&gguf, &[4, 1], 1),
-            vec![10.0, 11.0, 20.0, 21.0]
-        );
+        assert_eq!(unpermute_rows(&gguf, 4, 1), vec![10.0, 11.0, 20.0, 21.0]);
     }
 }

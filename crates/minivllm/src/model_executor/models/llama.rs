@@ -6,10 +6,11 @@ use minivllm_kernels::activation::silu_and_mul;
 use crate::config::ModelConfig;
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
-use crate::model_executor::layers::linear::Linear;
+use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::rotary::RotaryEmbedding;
-use crate::model_executor::loader::{weights::WeightSource, LoadError};
+use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
+use crate::model_executor::loader::LoadError;
 
 struct DecoderLayer {
     input_layernorm: RmsNorm,
@@ -24,7 +25,8 @@ struct DecoderLayer {
 
 pub struct LlamaForCausalLM {
     config: ModelConfig,
-    embed_tokens: Vec<f32>,
+    /// Rows are dequantised as tokens look them up; a tied LM head multiplies by it as stored.
+    embed_tokens: WeightMatrix,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     /// `None` when tied to the embeddings.
@@ -55,15 +57,18 @@ fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 impl LlamaForCausalLM {
-    pub fn load(config: &ModelConfig, src: &dyn WeightSource) -> Result<Self, LoadError> {
+    pub fn load(
+        config: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &LoadOptions,
+    ) -> Result<Self, LoadError> {
         config.validate()?;
         let c = config;
         let h = c.hidden_size;
-        let embed_tokens = src
-            .load("model.embed_tokens.weight")?
-            .expect_shape("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let embed_tokens =
+            WeightMatrix::load_rows(src, &[("model.embed_tokens.weight", c.vocab_size)], h, opts)?;
         let layers = (0..c.num_hidden_layers)
-            .map(|i| load_layer(c, src, i))
+            .map(|i| load_layer(c, src, i, opts))
             .collect::<Result<Vec<_>, _>>()?;
         // Some checkpoints that tie embeddings still ship lm_head; when the config says
         // tied we follow it, as transformers does.
@@ -73,7 +78,7 @@ impl LlamaForCausalLM {
             }
             None
         } else {
-            Some(Linear::load(src, "lm_head.weight", h, c.vocab_size)?)
+            Some(Linear::load(src, "lm_head.weight", h, c.vocab_size, opts)?)
         };
         Ok(Self {
             config: c.clone(),
@@ -87,6 +92,43 @@ impl LlamaForCausalLM {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    fn layer_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
+        self.layers.iter().flat_map(|l| {
+            [&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj].map(Linear::weight)
+        })
+    }
+
+    /// Every weight matrix (the embeddings once, even when tied).
+    fn matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
+        std::iter::once(&self.embed_tokens)
+            .chain(self.layer_matrices())
+            .chain(self.lm_head.as_ref().map(Linear::weight))
+    }
+
+    /// Bytes of weight matrices per storage format, largest first: `[("Q4_1", 70e6), ...]`.
+    pub fn weight_formats(&self) -> Vec<(&'static str, usize)> {
+        let mut by_format = std::collections::BTreeMap::new();
+        for m in self.matrices() {
+            *by_format.entry(m.format()).or_insert(0) += m.nbytes();
+        }
+        let mut v: Vec<_> = by_format.into_iter().collect();
+        v.sort_by_key(|&(_, bytes)| std::cmp::Reverse(bytes));
+        v
+    }
+
+    /// Bytes one decode step reads from weight matrices: every layer's, and the LM head's.
+    /// (The embeddings are read a row per token; tied, they are the LM head.)
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let head = self
+            .lm_head
+            .as_ref()
+            .map_or(&self.embed_tokens, Linear::weight);
+        self.layer_matrices()
+            .map(WeightMatrix::nbytes)
+            .sum::<usize>()
+            + head.nbytes()
     }
 
     /// Runs the flat batch described by `input`, writing its K/V into `kv_caches` (one per
@@ -133,8 +175,7 @@ impl LlamaForCausalLM {
 
         let hidden = sized(&mut buf.hidden, t * h);
         for (row, &tok) in hidden.chunks_exact_mut(h).zip(&input.token_ids) {
-            let tok = tok as usize;
-            row.copy_from_slice(&self.embed_tokens[tok * h..(tok + 1) * h]);
+            self.embed_tokens.row_into(tok as usize, row);
         }
         sized(&mut buf.residual, t * h);
         for (i, layer) in self.layers.iter().enumerate() {
@@ -214,7 +255,7 @@ impl LlamaForCausalLM {
         let logits = sized(&mut buf.logits, n * vocab);
         match &self.lm_head {
             Some(head) => head.forward(last, logits, n),
-            None => minivllm_kernels::matmul::matmul(last, &self.embed_tokens, logits, n, h, vocab),
+            None => self.embed_tokens.matmul(last, logits, n),
         }
         &buf.logits[..n * vocab]
     }
@@ -224,6 +265,7 @@ fn load_layer(
     c: &ModelConfig,
     src: &dyn WeightSource,
     i: usize,
+    opts: &LoadOptions,
 ) -> Result<DecoderLayer, LoadError> {
     let p = format!("model.layers.{i}");
     let h = c.hidden_size;
@@ -240,8 +282,9 @@ fn load_layer(
             src,
             &[(&q, c.q_size()), (&k, c.kv_size()), (&v, c.kv_size())],
             h,
+            opts,
         )?,
-        o_proj: Linear::load(src, &name("self_attn.o_proj.weight"), c.q_size(), h)?,
+        o_proj: Linear::load(src, &name("self_attn.o_proj.weight"), c.q_size(), h, opts)?,
         post_attention_layernorm: RmsNorm::load(
             src,
             &name("post_attention_layernorm.weight"),
@@ -252,7 +295,14 @@ fn load_layer(
             src,
             &[(&gate, c.intermediate_size), (&up, c.intermediate_size)],
             h,
+            opts,
         )?,
-        down_proj: Linear::load(src, &name("mlp.down_proj.weight"), c.intermediate_size, h)?,
+        down_proj: Linear::load(
+            src,
+            &name("mlp.down_proj.weight"),
+            c.intermediate_size,
+            h,
+            opts,
+        )?,
     })
 }

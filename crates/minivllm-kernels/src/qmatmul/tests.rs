@@ -1,0 +1,227 @@
+use half::f16;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::*;
+use crate::quant;
+use crate::testutil::*;
+
+const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
+/// `rows × cols` random weights of `ty`: random scales and quants, as a file could hold.
+fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> QuantMatrix {
+    let mut data = Vec::new();
+    for _ in 0..rows * cols / QK {
+        let d = f16::from_f32(rng.random_range(0.001f32..0.05));
+        data.extend_from_slice(&d.to_le_bytes());
+        if ty == GgmlType::Q4_1 {
+            let m = f16::from_f32(rng.random_range(-0.4f32..0.1));
+            data.extend_from_slice(&m.to_le_bytes());
+        }
+        let quants = ty.type_size() - if ty == GgmlType::Q4_1 { 4 } else { 2 };
+        data.extend((0..quants).map(|_| rng.random::<u8>()));
+    }
+    QuantMatrix::new(ty, rows, cols, data).unwrap()
+}
+
+fn dequantized(w: &QuantMatrix) -> Vec<f32> {
+    let mut out = vec![0.0; w.rows() * w.cols()];
+    for (r, row) in out.chunks_exact_mut(w.cols()).enumerate() {
+        w.dequantize_row(r, row);
+    }
+    out
+}
+
+#[test]
+fn quantize_row_q8_follows_ggml() {
+    let mut x: Vec<f32> = (0..32).map(|i| (i as f32 - 10.0) * 0.1).collect();
+    x[5] = -2.54; // the largest magnitude: its quant is -127
+    let mut q = [BlockQ8::default()];
+    qdot::quantize_row_q8(&x, &mut q);
+    let d = 2.54f32 / 127.0;
+    assert_eq!(q[0].d, f16::from_f32(d).to_f32());
+    assert_eq!(q[0].qs[5], -127);
+    for (j, &v) in x.iter().enumerate() {
+        assert_eq!(q[0].qs[j], (v / d).round() as i8, "element {j}");
+    }
+    let sum: i32 = q[0].qs.iter().map(|&v| v as i32).sum();
+    assert_eq!(q[0].s, sum as f32 * q[0].d);
+    // An all-zero block has d = 0 and zero quants, not NaN.
+    qdot::quantize_row_q8(&[0.0; 32], &mut q);
+    assert_eq!(q[0], BlockQ8::default());
+}
+
+#[test]
+fn q8_0_bytes_round_trip_through_the_dequantiser() {
+    let mut r = rng(1);
+    let x = rand_vec(&mut r, 96);
+    let bytes = qdot::quantize_q8_0(&x);
+    assert_eq!(bytes.len(), 3 * 34);
+    let mut back = vec![0.0; 96];
+    quant::dequantize(GgmlType::Q8_0, &bytes, &mut back).unwrap();
+    // Half a quantisation step of the block's scale (about 1/254 of its largest value).
+    assert_close(&back, &x, 1.0 / 254.0 + 1e-3, 0.0, "q8_0 round trip");
+}
+
+#[test]
+fn weights_keep_their_bytes_and_values() {
+    let mut r = rng(6);
+    for ty in TYPES {
+        let w = random_matrix(&mut r, ty, 3, 9 * QK);
+        let bytes: Vec<u8> = (0..3).flat_map(|j| w.row_blocks(j)).collect();
+        let mut want = vec![0.0f32; 3 * 9 * QK];
+        quant::dequantize(ty, &bytes, &mut want).unwrap();
+        // The split layout holds the file's bytes, and no more than them but for padding.
+        assert_eq!(QuantMatrix::new(ty, 3, 9 * QK, bytes.clone()).unwrap(), w);
+        assert!(w.nbytes() <= bytes.len() + 3 * 2 * 2 * SCALE_GROUP, "{ty}");
+        // Row dequantisation agrees with ggml's bit for bit.
+        let got = dequantized(&w);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty}"
+        );
+    }
+}
+
+/// The scalar formulas equal the dot product of the dequantised operands: the integer
+/// sums and scales are the same numbers, regrouped.
+#[test]
+fn scalar_dot_equals_dot_of_dequantised_blocks() {
+    let mut r = rng(2);
+    for ty in TYPES {
+        let w = random_matrix(&mut r, ty, 3, 8 * QK);
+        let x = rand_vec(&mut r, 8 * QK);
+        let mut xq = vec![BlockQ8::default(); 8];
+        qdot::quantize_row_q8(&x, &mut xq);
+        let xd: Vec<f32> = xq
+            .iter()
+            .flat_map(|b| b.qs.map(|q| q as f32 * b.d))
+            .collect();
+        let wd = dequantized(&w);
+        for j in 0..3 {
+            let want: f64 = wd[j * 8 * QK..(j + 1) * 8 * QK]
+                .iter()
+                .zip(&xd)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum();
+            let got = qdot::vec_dot_scalar(ty, &w.row_blocks(j), &xq);
+            assert!(
+                (got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "{ty} row {j}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+/// Quantises `x` (`m` rows of `k`) as `matmul_quant` does.
+fn q8_rows(x: &[f32], m: usize, k: usize) -> Q8Rows {
+    let mut q = Q8Rows::default();
+    q.quantize(x, m, k / QK);
+    q
+}
+
+/// The AVX2 tiles against the scalar twins, for every tile shape.
+#[test]
+fn avx2_tiles_match_scalar() {
+    if !use_avx2() {
+        eprintln!("SKIPPED avx2_tiles_match_scalar: this CPU (or MINIVLLM_ISA) has no AVX2+F16C");
+        return;
+    }
+    let mut r = rng(3);
+    for ty in TYPES {
+        for nb in [1, 2, 7, 8, 9, 18] {
+            let k = nb * QK;
+            let w = random_matrix(&mut r, ty, 2, k);
+            let x = rand_vec(&mut r, 4 * k);
+            let mut want = vec![0.0; 4 * 2];
+            matmul_quant_scalar(&x, &w, &mut want, 4);
+            #[cfg(target_arch = "x86_64")]
+            {
+                let xq = q8_rows(&x, 4, k);
+                // SAFETY: use_avx2() checked the CPU; rows 0..2 of w and 0..4 of xq exist.
+                let (one, four) = unsafe {
+                    (
+                        avx2::tile::<1, 1>(&w, 1, &xq, 2),
+                        avx2::tile::<4, 2>(&w, 0, &xq, 0),
+                    )
+                };
+                let what = format!("{ty} nb={nb}");
+                assert_close(&one[0], &want[2 * 2 + 1..2 * 2 + 2], 1e-5, 1e-5, &what);
+                assert_close(four.as_flattened(), &want, 1e-5, 1e-5, &what);
+                // Bit-for-bit the same whichever tile computed it: batch invariance.
+                assert_eq!(one[0][0].to_bits(), four[2][1].to_bits(), "{what}");
+            }
+        }
+    }
+}
+
+/// The product (AVX2 where present) and the portable path against the single-threaded
+/// reference, on odd shapes.
+#[test]
+fn matmul_quant_matches_reference_on_odd_shapes() {
+    let mut r = rng(4);
+    for ty in TYPES {
+        for (m, k, n) in [
+            (1, 32, 1),
+            (2, 96, 67),
+            (5, 224, 131),
+            (7, 576, 200),
+            (31, 64, 300),
+        ] {
+            let w = random_matrix(&mut r, ty, n, k);
+            let x = rand_vec(&mut r, m * k);
+            let mut want = vec![0.0; m * n];
+            matmul_quant_scalar(&x, &w, &mut want, m);
+            let mut got = vec![0.0; m * n];
+            matmul_quant(&x, &w, &mut got, m);
+            let what = format!("{ty} m={m} k={k} n={n}");
+            assert_close(&got, &want, 1e-4, 1e-4, &what);
+            // The portable path, whatever the CPU.
+            let xq = q8_rows(&x, m, k);
+            let mut portable = vec![0.0; m * n];
+            dot_rows(&xq, &w, SendPtr(portable.as_mut_ptr()), m, 0, n, false);
+            assert_close(&portable, &want, 1e-5, 1e-5, &format!("portable {what}"));
+        }
+    }
+}
+
+/// A row's result is bit-for-bit the same whatever rows are batched with it: the engine's
+/// batch invariance rests on this.
+#[test]
+fn each_row_is_independent_of_the_batch() {
+    let mut r = rng(5);
+    for ty in TYPES {
+        let (k, n) = (192, 37);
+        let w = random_matrix(&mut r, ty, n, k);
+        let x = rand_vec(&mut r, 70 * k);
+        let mut batch = vec![0.0; 70 * n];
+        matmul_quant(&x, &w, &mut batch, 70);
+        for i in [0, 3, 5, 64, 69] {
+            let mut alone = vec![0.0; n];
+            matmul_quant(&x[i * k..(i + 1) * k], &w, &mut alone, 1);
+            let same = alone
+                .iter()
+                .zip(&batch[i * n..])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{ty}: row {i} alone differs from the batch of 70");
+        }
+    }
+}
+
+#[test]
+fn bad_matrices_are_refused() {
+    assert_eq!(
+        QuantMatrix::new(GgmlType::Q4_K, 1, 256, vec![0; 144]),
+        Err(QuantMatrixError::Unsupported(GgmlType::Q4_K))
+    );
+    assert!(matches!(
+        QuantMatrix::new(GgmlType::Q8_0, 1, 40, vec![0; 68]),
+        Err(QuantMatrixError::PartialRow { .. })
+    ));
+    assert!(matches!(
+        QuantMatrix::new(GgmlType::Q8_0, 2, 32, vec![0; 34]),
+        Err(QuantMatrixError::Size { .. })
+    ));
+}
