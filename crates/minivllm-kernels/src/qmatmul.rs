@@ -35,6 +35,9 @@ const SCALE_GROUP: usize = 8;
 const TILE_R: usize = 4;
 /// Weight rows per tile.
 const TILE_C: usize = 2;
+/// Weight rows per tile when `x` has a single row (decoding one sequence): more rows in
+/// flight, and registers to spare without the other activation rows.
+const TILE_C_ONE_ROW: usize = 4;
 /// Activation rows swept over each pair of weight rows: with `k` up to a few thousand,
 /// their blocks stay in L2.
 const X_CHUNK: usize = 64;
@@ -336,8 +339,9 @@ fn dot_rows(
     #[cfg(target_arch = "x86_64")]
     for i0 in (0..m).step_by(X_CHUNK) {
         let i1 = (i0 + X_CHUNK).min(m);
-        for j in (j0..j0 + nj).step_by(TILE_C) {
-            let cols = TILE_C.min(j0 + nj - j);
+        let tile_c = if i1 - i0 == 1 { TILE_C_ONE_ROW } else { TILE_C };
+        for j in (j0..j0 + nj).step_by(tile_c) {
+            let cols = tile_c.min(j0 + nj - j);
             for i in (i0..i1).step_by(TILE_R) {
                 macro_rules! go {
                     ($r:literal, $c:literal) => {{
@@ -352,6 +356,8 @@ fn dot_rows(
                     }};
                 }
                 match (TILE_R.min(i1 - i), cols) {
+                    (1, 4) => go!(1, 4),
+                    (1, 3) => go!(1, 3),
                     (4, 2) => go!(4, 2),
                     (3, 2) => go!(3, 2),
                     (2, 2) => go!(2, 2),

@@ -133,25 +133,30 @@ fn avx2_tiles_match_scalar() {
     for ty in TYPES {
         for nb in [1, 2, 7, 8, 9, 18] {
             let k = nb * QK;
-            let w = random_matrix(&mut r, ty, 2, k);
+            let w = random_matrix(&mut r, ty, 4, k);
             let x = rand_vec(&mut r, 4 * k);
-            let mut want = vec![0.0; 4 * 2];
+            let mut want = vec![0.0; 4 * 4];
             matmul_quant_scalar(&x, &w, &mut want, 4);
             #[cfg(target_arch = "x86_64")]
             {
                 let xq = q8_rows(&x, 4, k);
-                // SAFETY: use_avx2() checked the CPU; rows 0..2 of w and 0..4 of xq exist.
-                let (one, four) = unsafe {
+                // SAFETY: use_avx2() checked the CPU; rows 0..4 of w and of xq exist.
+                let (one, four, wide) = unsafe {
                     (
                         avx2::tile::<1, 1>(&w, 1, &xq, 2),
                         avx2::tile::<4, 2>(&w, 0, &xq, 0),
+                        avx2::tile::<1, 4>(&w, 0, &xq, 3),
                     )
                 };
                 let what = format!("{ty} nb={nb}");
-                assert_close(&one[0], &want[2 * 2 + 1..2 * 2 + 2], 1e-5, 1e-5, &what);
-                assert_close(four.as_flattened(), &want, 1e-5, 1e-5, &what);
+                assert_close(&one[0], &want[2 * 4 + 1..2 * 4 + 2], 1e-5, 1e-5, &what);
+                for (i, row) in four.iter().enumerate() {
+                    assert_close(row, &want[i * 4..i * 4 + 2], 1e-5, 1e-5, &what);
+                }
+                assert_close(&wide[0], &want[3 * 4..], 1e-5, 1e-5, &what);
                 // Bit-for-bit the same whichever tile computed it: batch invariance.
                 assert_eq!(one[0][0].to_bits(), four[2][1].to_bits(), "{what}");
+                assert_eq!(wide[0][1].to_bits(), four[3][1].to_bits(), "{what}");
             }
         }
     }
