@@ -129,3 +129,21 @@ fn dequantize_whole_model() {
         bytes as f64 / 1e6 / secs
     );
 }
+
+/// Loading drops each tensor's mapped pages once copied; reading it again must give the
+/// same bytes, fetched back from the file.
+#[test]
+fn released_tensors_read_back_the_same() {
+    let file = GgufFile::open(&model_path()).unwrap();
+    let info = file.tensor("blk.0.ffn_down.weight").unwrap().clone();
+    let before = file.tensor_bytes(&info).to_vec();
+    assert!(!before.is_empty());
+    file.release_tensor(&info);
+    assert_eq!(file.tensor_bytes(&info), &before[..]);
+    // An info pointing past the end of the file is ignored, not a crash.
+    let bogus = minivllm::model_executor::loader::gguf::GgufTensorInfo {
+        offset: u64::MAX / 2,
+        ..info
+    };
+    file.release_tensor(&bogus);
+}

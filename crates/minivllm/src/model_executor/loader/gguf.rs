@@ -239,6 +239,31 @@ impl GgufFile {
         self.by_name.get(name).map(|&i| &self.tensors[i])
     }
 
+    /// Drops the mapped pages of a tensor whose data has been copied out, so that loading
+    /// does not hold the file and its copy in memory at once (a 1.1B model's Q4_1 file is
+    /// 656 MiB). Pages read again later come back from the file. Best effort: a failure only
+    /// leaves the pages resident.
+    pub fn release_tensor(&self, info: &GgufTensorInfo) {
+        let start = self.data_offset.saturating_add(info.offset);
+        let (Ok(start), Ok(len)) = (usize::try_from(start), usize::try_from(info.n_bytes())) else {
+            return;
+        };
+        if start
+            .checked_add(len)
+            .is_none_or(|end| end > self.map.len())
+        {
+            return;
+        }
+        #[cfg(unix)]
+        // SAFETY: the mapping is read-only and backed by the file, which nobody rewrites (see
+        // `open`): after MADV_DONTNEED the same bytes are read back from the file on the next
+        // access, so no reference into the map ever sees different data.
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
+        };
+    }
+
     /// The raw bytes of a tensor of this file. An info that does not belong to this file
     /// and points past its end gets an empty slice.
     pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> &[u8] {

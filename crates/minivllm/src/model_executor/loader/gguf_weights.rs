@@ -193,6 +193,7 @@ impl WeightSource for GgufWeights<'_> {
         // ggml lists dimensions fastest-varying first; PyTorch's order is the reverse.
         let shape = info.shape();
         let data = self.unpermuted(info, self.file.dequantize(&info.name)?);
+        self.file.release_tensor(info);
         Ok(Tensor { shape, data })
     }
 
@@ -208,10 +209,12 @@ impl WeightSource for GgufWeights<'_> {
                 info.name
             )));
         }
+        let data = self.unpermuted(info, bytes.to_vec());
+        self.file.release_tensor(info);
         Ok(Some(QuantTensor {
             shape: info.shape(),
             ty: info.ggml_type,
-            data: self.unpermuted(info, bytes.to_vec()),
+            data,
         }))
     }
 }
