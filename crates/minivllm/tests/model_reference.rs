@@ -183,22 +183,28 @@ fn worst_teacher_forced_difference(opts: &LoadOptions, near_tie: f32) -> f32 {
 }
 
 /// Quantised formats: activations are rounded to 8 bits per block of 32 (as llama.cpp
-/// does), which moves logprobs by a few hundredths; the bounds below leave about 2x room
-/// over what was measured (docs/benchmarks.md lists the measured values).
+/// does). Over every reference step's top-5 tokens this moved log-probabilities by at most
+/// 0.58 (as shipped) and 0.72 (Q8_0) when measured (docs/benchmarks.md); mostly by far less.
+/// Greedy choices must agree wherever the reference is not close to a tie.
 const QUANT_NEAR_TIE: f32 = 0.5;
+const QUANT_LOGPROB_BOUND: f32 = 1.0;
+
+fn quantised_format_stays_close(opts: &LoadOptions, what: &str) {
+    let worst = worst_teacher_forced_difference(opts, QUANT_NEAR_TIE);
+    eprintln!("{what}: worst |logprob difference| {worst:.3}");
+    assert!(
+        worst < QUANT_LOGPROB_BOUND,
+        "{what}: worst |logprob difference| {worst}"
+    );
+    greedy_matches_reference_up_to_near_tie(opts, QUANT_NEAR_TIE);
+}
 
 #[test]
 fn as_shipped_q4_1_stays_close_to_transformers() {
-    let worst = worst_teacher_forced_difference(&AS_SHIPPED, QUANT_NEAR_TIE);
-    eprintln!("as shipped (Q4_1 layers, Q8_0 embeddings): worst |logprob difference| {worst:.3}");
-    assert!(worst < 1.0, "worst |logprob difference| {worst}");
-    greedy_matches_reference_up_to_near_tie(&AS_SHIPPED, QUANT_NEAR_TIE);
+    quantised_format_stays_close(&AS_SHIPPED, "as shipped (Q4_1 layers, Q8_0 embeddings)");
 }
 
 #[test]
 fn requantised_q8_0_stays_close_to_transformers() {
-    let worst = worst_teacher_forced_difference(&REQUANTISED_Q8_0, QUANT_NEAR_TIE);
-    eprintln!("re-quantised to Q8_0: worst |logprob difference| {worst:.3}");
-    assert!(worst < 1.0, "worst |logprob difference| {worst}");
-    greedy_matches_reference_up_to_near_tie(&REQUANTISED_Q8_0, QUANT_NEAR_TIE);
+    quantised_format_stays_close(&REQUANTISED_Q8_0, "re-quantised to Q8_0");
 }

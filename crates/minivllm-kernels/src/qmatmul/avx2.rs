@@ -26,8 +26,8 @@ pub(super) unsafe fn tile<const R: usize, const C: usize>(
 ) -> [[f32; C]; R] {
     // SAFETY (all three): forwarded contract.
     match w.ty {
-        GgmlType::Q4_0 => unsafe { tile_of::<Q4_0, R, C>(w, j, x, i) },
-        GgmlType::Q4_1 => unsafe { tile_of::<Q4_1, R, C>(w, j, x, i) },
+        GgmlType::Q4_0 => unsafe { tile_of::<Q4<false>, R, C>(w, j, x, i) },
+        GgmlType::Q4_1 => unsafe { tile_of::<Q4<true>, R, C>(w, j, x, i) },
         _ => unsafe { tile_of::<Q8_0, R, C>(w, j, x, i) },
     }
 }
@@ -56,8 +56,8 @@ trait Kind {
     unsafe fn unpack(p: *const u8) -> __m256i;
 }
 
-struct Q4_0;
-struct Q4_1;
+/// Q4_0 (`STORED_MIN = false`: the offset is `-8d`) and Q4_1 (the offset is stored).
+struct Q4<const STORED_MIN: bool>;
 struct Q8_0;
 
 /// 16 bytes of nibbles as 32 bytes: low nibbles (elements 0..16) in the lower half, high
@@ -72,19 +72,9 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
     }
 }
 
-impl Kind for Q4_0 {
+impl<const M: bool> Kind for Q4<M> {
     const SIGNED: bool = false;
-    const STORED_MIN: bool = false;
-    #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> __m256i {
-        // SAFETY: the caller's.
-        unsafe { nibbles(p) }
-    }
-}
-
-impl Kind for Q4_1 {
-    const SIGNED: bool = false;
-    const STORED_MIN: bool = true;
+    const STORED_MIN: bool = M;
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> __m256i {
         // SAFETY: the caller's.
