@@ -140,10 +140,12 @@ fn load_quantized_parts(
         // Mixed formats (as llama.cpp's *_M mixes give q and v): stacked in f32 instead.
         return Ok(None);
     }
-    Ok(Some((
-        ty,
-        loaded.into_iter().flat_map(|t| t.data).collect(),
-    )))
+    let data = loaded
+        .iter()
+        .map(|t| t.data.as_slice())
+        .collect::<Vec<_>>()
+        .concat();
+    Ok(Some((ty, data)))
 }
 
 fn quant_matrix(
