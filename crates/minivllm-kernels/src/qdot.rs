@@ -7,16 +7,15 @@
 
 use half::f16;
 
-use crate::quant::GgmlType;
+use crate::quant::{f16_at, GgmlType};
 
 /// Elements per block of every format here.
 pub const QK: usize = 32;
 
 /// One activation block, quantised as ggml's Q8_1 (which is Q8_0 plus `s`): `x ≈ d · qs`.
 /// `d` is rounded to f16 as ggml stores it, but kept as f32 so that kernels need no
-/// conversion. `s` is `d · Σ qs` exactly (ggml rounds it to f16 too): then the block equals
-/// its dequantised values, so the prefill path, which multiplies those in f32, gives the
-/// same products as the integer path up to float rounding, and batches stay invariant.
+/// conversion. `s` is `d · Σ qs` exactly, where ggml rounds it to f16 too: Q4_1's offset term
+/// `m · s` then equals the offset applied to the block's dequantised values.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[repr(C)]
 pub struct BlockQ8 {
@@ -83,11 +82,6 @@ pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
         out.extend(b.qs.iter().map(|&q| q as u8));
     }
     out
-}
-
-#[inline(always)]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
 /// `Σ w · x` for one weight row of type `ty` (whole blocks) and its activation blocks, by

@@ -300,7 +300,7 @@ fn dequant_f16(blocks: Blocks, bytes: &[u8], out: &mut [f32]) {
 }
 
 #[inline(always)]
-fn f16_at(b: &[u8], i: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
