@@ -1,14 +1,24 @@
 //! Paged attention over a block-structured KV cache.
 //!
-//! The work splits into (token, kv head) items: the query heads sharing a kv head are
-//! contiguous in both `query` and `out`, so each item owns a disjoint slice of the output
-//! and reads each key and value once for the whole group. Scores for one block of keys are a
-//! small matrix product (`group × block_size`) done by the matmul micro-kernel; softmax is
-//! two-pass over a per-thread scratch row.
+//! Flash-style: no score matrix is ever whole. Each query row keeps an online-softmax state
+//! (running max, sum and weighted values) while it walks its keys block by block, so memory
+//! stays bounded whatever the context. Positions are cut into fixed chunks; a row's chunk
+//! states are merged in chunk order, which lets a decode token spread one long context over
+//! all threads while giving the bits a prefill row gets (see `kernel.rs`).
+//!
+//! Prefill tokens go in tiles: the query heads of a GQA group, for several consecutive tokens,
+//! share each key and value block read (one small matmul per block). Decode tokens are split
+//! by (kv head, chunk), then their chunk states are merged.
 
-use crate::matmul::{gemm_nt_generic, Gemm};
-use crate::simd::{self, simd_dispatch, Simd};
+mod kernel;
+mod micro;
+
+use kernel::{Ctx, Scratch, Task, TaskFn};
 use rayon::prelude::*;
+
+/// Positions per chunk (rounded down to whole blocks): small enough that one decode token's
+/// context splits over the threads, large enough that merging states costs little.
+const CHUNK_POSITIONS: usize = 256;
 
 /// Below this many multiply-adds in a batch, attention stays on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 15;
@@ -30,12 +40,27 @@ impl AttnShape {
         self.num_heads / self.num_kv_heads
     }
 
-    /// Offset in a cache of the `head_dim` values of `kv_head` at logical `pos` of `block_table`.
+    /// Offset in a cache of `kv_head`'s part of the block holding logical `pos`.
     #[inline]
-    fn cache_offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
+    fn head_block_offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
         let block = block_table[pos / self.block_size] as usize;
-        ((block * self.num_kv_heads + kv_head) * self.block_size + pos % self.block_size)
-            * self.head_dim
+        (block * self.num_kv_heads + kv_head) * self.block_size * self.head_dim
+    }
+
+    /// `kv_head`'s keys (`[head_dim, block_size]`) and values (`[block_size, head_dim]`) in the
+    /// block holding logical `pos`.
+    #[inline]
+    fn block<'c>(
+        &self,
+        key_cache: &'c [f32],
+        value_cache: &'c [f32],
+        block_table: &[u32],
+        pos: usize,
+        kv_head: usize,
+    ) -> (&'c [f32], &'c [f32]) {
+        let off = self.head_block_offset(block_table, pos, kv_head);
+        let n = self.block_size * self.head_dim;
+        (&key_cache[off..off + n], &value_cache[off..off + n])
     }
 
     fn check(&self) {
@@ -74,6 +99,10 @@ pub struct SeqAttn<'a> {
 
 /// Writes each new token's key and value (`[num_tokens, num_kv_heads, head_dim]`) into the
 /// caches at `slot_mapping[t]` (slot = block_id * block_size + offset).
+///
+/// A cache block holds, for each kv head, its values as `[block_size, head_dim]` and its keys
+/// transposed, `[head_dim, block_size]`, so that the scores of a block are a product with
+/// no horizontal sums.
 pub fn reshape_and_cache(
     key: &[f32],
     value: &[f32],
@@ -108,20 +137,23 @@ pub fn reshape_and_cache(
             (block + 1) * shape.block_len() <= key_cache.len(),
             "reshape_and_cache: slot {slot} is beyond the cache"
         );
+        let (bs, hd) = (shape.block_size, shape.head_dim);
+        let off = slot % bs;
         for h in 0..shape.num_kv_heads {
-            let src = (t * shape.num_kv_heads + h) * shape.head_dim;
-            let dst = ((block * shape.num_kv_heads + h) * shape.block_size
-                + slot % shape.block_size)
-                * shape.head_dim;
-            let n = shape.head_dim;
-            key_cache[dst..dst + n].copy_from_slice(&key[src..src + n]);
-            value_cache[dst..dst + n].copy_from_slice(&value[src..src + n]);
+            let src = (t * shape.num_kv_heads + h) * hd;
+            let base = (block * shape.num_kv_heads + h) * bs * hd;
+            for (d, &k) in key[src..src + hd].iter().enumerate() {
+                key_cache[base + d * bs + off] = k;
+            }
+            let dst = base + off * hd;
+            value_cache[dst..dst + hd].copy_from_slice(&value[src..src + hd]);
         }
     }
 }
 
 /// `out[t, h, :]` = attention of query `[t, h, :]` over its sequence's cached keys/values,
-/// with GQA (query head h reads kv head `h / (num_heads / num_kv_heads)`).
+/// with GQA (query head h reads kv head `h / (num_heads / num_kv_heads)`). Tokens of `query`
+/// that no sequence covers are left alone in `out`.
 pub fn paged_attention(
     out: &mut [f32],
     query: &[f32],
@@ -131,7 +163,7 @@ pub fn paged_attention(
     shape: &AttnShape,
 ) {
     paged_attention_with(
-        attend_group,
+        kernel::run_task,
         out,
         query,
         key_cache,
@@ -141,35 +173,9 @@ pub fn paged_attention(
     );
 }
 
-/// Signature of [`attend_group`], so tests can run the batch driver over other variants.
-type AttendFn = fn(&mut [f32], &[f32], &KvView<'_>, &mut Vec<f32>);
-
-/// The keys and values one (token, kv head) item attends over.
-#[derive(Clone, Copy)]
-struct KvView<'a> {
-    key_cache: &'a [f32],
-    value_cache: &'a [f32],
-    block_table: &'a [u32],
-    /// Positions `0..context` are attended.
-    context: usize,
-    kv_head: usize,
-    shape: &'a AttnShape,
-}
-
-impl<'a> KvView<'a> {
-    /// The rows of `cache` for this kv head in the block starting at position `p0`
-    /// (`[len, head_dim]`, contiguous in the cache layout), and `len`.
-    #[inline(always)]
-    fn block_rows(&self, cache: &'a [f32], p0: usize) -> (&'a [f32], usize) {
-        let len = self.shape.block_size.min(self.context - p0);
-        let off = self.shape.cache_offset(self.block_table, p0, self.kv_head);
-        (&cache[off..off + len * self.shape.head_dim], len)
-    }
-}
-
-/// [`paged_attention`] with `attend` doing each (token, kv head) item.
+/// [`paged_attention`] with `run` doing each task.
 fn paged_attention_with(
-    attend: AttendFn,
+    run: TaskFn,
     out: &mut [f32],
     query: &[f32],
     key_cache: &[f32],
@@ -178,108 +184,146 @@ fn paged_attention_with(
     shape: &AttnShape,
 ) {
     check_batch(out, query, key_cache, value_cache, seqs, shape);
-    let (hd, nkv) = (shape.head_dim, shape.num_kv_heads);
-    let item = shape.group() * hd;
-    if item == 0 {
+    let row = shape.num_heads * shape.head_dim;
+    if row == 0 {
         return;
     }
-    let num_tokens = query.len() / (shape.num_heads * hd);
-    // Which sequence each token of the flat batch belongs to (u32::MAX: none, left alone).
-    let mut owner = vec![u32::MAX; num_tokens];
-    let mut work = 0;
-    for (i, s) in seqs.iter().enumerate() {
-        owner[s.query_start..s.query_start + s.query_len].fill(i as u32);
-        work += s.query_len * s.context_len * shape.num_heads * hd;
-    }
-    let run = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
-        let t = idx / nkv;
-        let Some(s) = seqs.get(owner[t] as usize) else {
-            return;
-        };
-        let kv = KvView {
-            key_cache,
-            value_cache,
-            block_table: s.block_table,
-            context: s.context_len - s.query_len + (t - s.query_start) + 1,
-            kv_head: idx % nkv,
-            shape,
-        };
-        attend(o, &query[idx * item..][..item], &kv, scores);
+    let cx = Ctx {
+        query,
+        key_cache,
+        value_cache,
+        shape,
+        chunk_len: (CHUNK_POSITIONS / shape.block_size).max(1) * shape.block_size,
     };
-    if work < PAR_MIN_WORK || rayon::current_num_threads() == 1 {
-        let mut scores = Vec::new();
-        out.chunks_mut(item)
-            .enumerate()
-            .for_each(|it| run(&mut scores, it));
+    let work: usize = seqs.iter().map(|s| s.query_len * s.context_len * row).sum();
+    let parallel = work >= PAR_MIN_WORK && rayon::current_num_threads() > 1;
+    let plan = plan(&cx, out, seqs, parallel);
+    let per_decode = plan.states_per_decode.max(1);
+    let mut states = vec![0.0; plan.states_len];
+    let (mut tasks, decodes) = plan.tasks(&cx, &mut states);
+    run_all(run, &cx, &mut tasks, parallel);
+    let mut merges = decodes
+        .into_iter()
+        .zip(states.chunks_exact(per_decode))
+        .map(|((seq, out), states)| Task::Merge {
+            states,
+            chunks: seq.context_len.div_ceil(cx.chunk_len),
+            out,
+        })
+        .collect::<Vec<_>>();
+    run_all(run, &cx, &mut merges, parallel);
+}
+
+fn run_all(run: TaskFn, cx: &Ctx<'_>, tasks: &mut Vec<Task<'_>>, parallel: bool) {
+    if parallel {
+        tasks
+            .par_drain(..)
+            .for_each_init(Scratch::default, |scr, t| run(cx, t, scr));
     } else {
-        out.par_chunks_mut(item)
-            .enumerate()
-            .for_each_init(Vec::new, run);
+        let mut scr = Scratch::default();
+        tasks.drain(..).for_each(|t| run(cx, t, &mut scr));
     }
 }
 
-simd_dispatch! {
-    /// Attention of the `group` query heads `q` (`[group, head_dim]`) that share `kv`'s
-    /// head, into `out` (`[group, head_dim]`). `scores` is scratch.
-    fn attend_group(out: &mut [f32], q: &[f32], kv: &KvView<'_>, scores: &mut Vec<f32>);
-    generic = attend_group_generic;
-    avx512 = crate::simd::Avx2;
-    scalar = attend_group_portable;
+/// How a batch splits into tasks: prefill tokens in tiles, decode tokens by chunk.
+struct Plan<'s, 'o> {
+    /// Prefill sequences' output rows, in tiles of `tile_tokens` tokens.
+    prefills: Vec<(SeqAttn<'s>, &'o mut [f32])>,
+    decodes: Vec<(SeqAttn<'s>, &'o mut [f32])>,
+    tile_tokens: usize,
+    /// Chunk states of one decode token (room for the longest decode context).
+    states_per_decode: usize,
+    states_len: usize,
 }
 
-fn attend_group_portable(out: &mut [f32], q: &[f32], kv: &KvView<'_>, scores: &mut Vec<f32>) {
-    attend_group_generic(simd::Scalar, out, q, kv, scores)
-}
-
-#[inline(always)]
-fn attend_group_generic<S: Simd>(
-    s: S,
-    out: &mut [f32],
-    q: &[f32],
-    kv: &KvView<'_>,
-    scores: &mut Vec<f32>,
-) {
-    let (hd, bs, group, context) = (
-        kv.shape.head_dim,
-        kv.shape.block_size,
-        kv.shape.group(),
-        kv.context,
-    );
-    assert!(
-        q.len() == group * hd && out.len() == group * hd,
-        "attend_group: bad q/out"
-    );
-    scores.clear();
-    scores.resize(group * context, 0.0);
-    for p0 in (0..context).step_by(bs) {
-        let (keys, len) = kv.block_rows(kv.key_cache, p0);
-        let g = Gemm {
-            x: q.as_ptr(),
-            ldx: hd,
-            w: keys.as_ptr(),
-            ldw: hd,
-            out: scores.as_mut_ptr().wrapping_add(p0),
-            ldo: context,
-            m: group,
-            n: len,
-            k: hd,
-        };
-        // SAFETY: q holds `group` rows of hd, `keys` `len` rows of hd, and rows of `scores`
-        // (stride `context`) have room for columns p0..p0 + len.
-        unsafe { gemm_nt_generic(s, g) };
-    }
-    for row in scores.chunks_exact_mut(context) {
-        simd::scale(s, row, kv.shape.scale);
-        let max = simd::max(s, row);
-        let sum = simd::exp_shifted::<S, true>(s, row, max);
-        simd::scale(s, row, 1.0 / sum);
-    }
-    out.fill(0.0);
-    for p0 in (0..context).step_by(bs) {
-        let (values, len) = kv.block_rows(kv.value_cache, p0);
-        for (o, p) in out.chunks_exact_mut(hd).zip(scores.chunks_exact(context)) {
-            simd::add_weighted_rows(s, o, &p[p0..p0 + len], values);
+/// Carves `out` into the rows of each sequence and sizes the work.
+fn plan<'s, 'o>(
+    cx: &Ctx<'_>,
+    out: &'o mut [f32],
+    seqs: &[SeqAttn<'s>],
+    parallel: bool,
+) -> Plan<'s, 'o> {
+    let sh = cx.shape;
+    let row = sh.num_heads * sh.head_dim;
+    let mut order: Vec<SeqAttn<'s>> = seqs.iter().filter(|s| s.query_len > 0).copied().collect();
+    order.sort_by_key(|s| s.query_start);
+    let (mut prefills, mut decodes) = (Vec::new(), Vec::new());
+    let (mut rest, mut at) = (out, 0);
+    for s in order {
+        assert!(
+            s.query_start >= at,
+            "paged_attention: sequences overlap in the batch"
+        );
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut((s.query_start - at) * row);
+        let (mine, tail) = tail.split_at_mut(s.query_len * row);
+        (rest, at) = (tail, s.query_start + s.query_len);
+        if s.query_len == 1 {
+            decodes.push((s, mine));
+        } else {
+            prefills.push((s, mine));
         }
+    }
+    let max_chunks = decodes
+        .iter()
+        .map(|(s, _)| s.context_len.div_ceil(cx.chunk_len))
+        .max()
+        .unwrap_or(0);
+    let states_per_decode = sh.num_kv_heads * max_chunks * sh.group() * cx.state_len();
+    // Tiles of up to ~64 query rows keep a tile's queries and states in L1/L2; with few
+    // prefill tokens, smaller tiles give every thread work. Tile size does not change results.
+    let prefill_tokens: usize = prefills.iter().map(|(s, _)| s.query_len).sum();
+    let per_thread = prefill_tokens.div_ceil(4 * rayon::current_num_threads());
+    let max_tile = (64 / sh.group()).max(1);
+    let tile_tokens = if parallel {
+        per_thread.clamp(1, max_tile)
+    } else {
+        max_tile
+    };
+    Plan {
+        states_len: decodes.len() * states_per_decode,
+        prefills,
+        decodes,
+        tile_tokens,
+        states_per_decode,
+    }
+}
+
+impl<'s, 'o> Plan<'s, 'o> {
+    /// The first-phase tasks (prefill tiles and decode chunks, writing into `states`) and the
+    /// decode tokens still to merge.
+    #[allow(clippy::type_complexity)]
+    fn tasks<'t>(
+        self,
+        cx: &Ctx<'_>,
+        states: &'t mut [f32],
+    ) -> (Vec<Task<'t>>, Vec<(SeqAttn<'s>, &'o mut [f32])>)
+    where
+        's: 't,
+        'o: 't,
+    {
+        let row = cx.shape.num_heads * cx.shape.head_dim;
+        let mut tasks = Vec::new();
+        for (seq, out) in self.prefills {
+            for (i, out) in out.chunks_mut(self.tile_tokens * row).enumerate() {
+                let t0 = seq.query_start + i * self.tile_tokens;
+                tasks.push(Task::Tile { seq, t0, out });
+            }
+        }
+        let per_chunk = cx.shape.group() * cx.state_len();
+        let decode_states = states.chunks_exact_mut(self.states_per_decode.max(1));
+        for ((seq, _), states) in self.decodes.iter().zip(decode_states) {
+            let chunks = seq.context_len.div_ceil(cx.chunk_len);
+            let used = &mut states[..cx.shape.num_kv_heads * chunks * per_chunk];
+            for (i, states) in used.chunks_exact_mut(per_chunk).enumerate() {
+                tasks.push(Task::Chunk {
+                    seq: *seq,
+                    kv_head: i / chunks,
+                    chunk: i % chunks,
+                    states,
+                });
+            }
+        }
+        (tasks, self.decodes)
     }
 }
 
@@ -349,7 +393,11 @@ pub fn paged_attention_scalar(
                 let q = &query[(t * shape.num_heads + h) * hd..][..hd];
                 scores.clear();
                 for pos in 0..=last {
-                    let k = &key_cache[shape.cache_offset(s.block_table, pos, kvh)..][..hd];
+                    let (kt, _) = shape.block(key_cache, value_cache, s.block_table, pos, kvh);
+                    let k = kt
+                        .iter()
+                        .skip(pos % shape.block_size)
+                        .step_by(shape.block_size);
                     let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
                     scores.push(dot * shape.scale);
                 }
@@ -357,7 +405,8 @@ pub fn paged_attention_scalar(
                 let o = &mut out[(t * shape.num_heads + h) * hd..][..hd];
                 o.fill(0.0);
                 for (pos, &p) in scores.iter().enumerate() {
-                    let v = &value_cache[shape.cache_offset(s.block_table, pos, kvh)..][..hd];
+                    let (_, vb) = shape.block(key_cache, value_cache, s.block_table, pos, kvh);
+                    let v = &vb[(pos % shape.block_size) * hd..][..hd];
                     for (o, &v) in o.iter_mut().zip(v) {
                         *o += p * v;
                     }
@@ -368,247 +417,4 @@ pub fn paged_attention_scalar(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testutil::*;
-    use rand::seq::SliceRandom;
-
-    /// A batch with its logical (un-paged) keys/values, for the reference.
-    struct Batch {
-        shape: AttnShape,
-        query: Vec<f32>,
-        key_cache: Vec<f32>,
-        value_cache: Vec<f32>,
-        seqs: Vec<TestSeq>,
-    }
-
-    struct TestSeq {
-        query_start: usize,
-        query_len: usize,
-        context_len: usize,
-        block_table: Vec<u32>,
-        /// Logical `[context_len, num_kv_heads, head_dim]`.
-        keys: Vec<f32>,
-        values: Vec<f32>,
-    }
-
-    impl Batch {
-        fn seq_attn(&self) -> Vec<SeqAttn<'_>> {
-            self.seqs
-                .iter()
-                .map(|s| SeqAttn {
-                    query_start: s.query_start,
-                    query_len: s.query_len,
-                    context_len: s.context_len,
-                    block_table: &s.block_table,
-                })
-                .collect()
-        }
-    }
-
-    /// Builds a batch of `(query_len, context_len)` sequences whose blocks are shuffled
-    /// over the cache, filled through `reshape_and_cache`.
-    fn make_batch(seed: u64, shape: AttnShape, lens: &[(usize, usize)]) -> Batch {
-        let mut r = rng(seed);
-        let bs = shape.block_size;
-        let total_blocks: usize = lens.iter().map(|&(_, c)| c.div_ceil(bs)).sum::<usize>() + 3;
-        let mut free: Vec<u32> = (0..total_blocks as u32).collect();
-        free.shuffle(&mut r);
-        let cache_len = total_blocks * shape.block_len();
-        let mut key_cache = rand_vec(&mut r, cache_len); // garbage where nothing is written
-        let mut value_cache = rand_vec(&mut r, cache_len);
-        let kv_row = shape.num_kv_heads * shape.head_dim;
-        let mut seqs = Vec::new();
-        let mut start = 0;
-        for &(ql, cl) in lens {
-            let table: Vec<u32> = (0..cl.div_ceil(bs)).map(|_| free.pop().unwrap()).collect();
-            let k = rand_vec(&mut r, cl * kv_row);
-            let v = rand_vec(&mut r, cl * kv_row);
-            let slots: Vec<usize> = (0..cl)
-                .map(|p| table[p / bs] as usize * bs + p % bs)
-                .collect();
-            reshape_and_cache(&k, &v, &mut key_cache, &mut value_cache, &slots, &shape);
-            seqs.push(TestSeq {
-                query_start: start,
-                query_len: ql,
-                context_len: cl,
-                block_table: table,
-                keys: k,
-                values: v,
-            });
-            start += ql;
-        }
-        let query = rand_vec(&mut r, start * shape.num_heads * shape.head_dim);
-        Batch {
-            shape,
-            query,
-            key_cache,
-            value_cache,
-            seqs,
-        }
-    }
-
-    /// f64 attention over the logical keys/values.
-    fn reference(b: &Batch) -> Vec<f32> {
-        let AttnShape {
-            num_heads: nh,
-            num_kv_heads: nkv,
-            head_dim: hd,
-            scale,
-            ..
-        } = b.shape;
-        let mut out = vec![0.0; b.query.len()];
-        for s in &b.seqs {
-            let (qs, ql, cl, k, v) = (
-                s.query_start,
-                s.query_len,
-                s.context_len,
-                &s.keys,
-                &s.values,
-            );
-            for i in 0..ql {
-                let t = qs + i;
-                let last = cl - ql + i;
-                for h in 0..nh {
-                    let kvh = h / (nh / nkv);
-                    let q = &b.query[(t * nh + h) * hd..][..hd];
-                    let s: Vec<f64> = (0..=last)
-                        .map(|p| {
-                            let kr = &k[(p * nkv + kvh) * hd..][..hd];
-                            q.iter()
-                                .zip(kr)
-                                .map(|(&a, &b)| a as f64 * b as f64)
-                                .sum::<f64>()
-                                * scale as f64
-                        })
-                        .collect();
-                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    for d in 0..hd {
-                        let acc: f64 = (0..=last)
-                            .map(|p| e[p] * v[(p * nkv + kvh) * hd + d] as f64)
-                            .sum();
-                        out[(t * nh + h) * hd + d] = (acc / z) as f32;
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn shapes() -> Vec<(AttnShape, Vec<(usize, usize)>)> {
-        let s = |nh, nkv, hd: usize, bs| AttnShape {
-            num_heads: nh,
-            num_kv_heads: nkv,
-            head_dim: hd,
-            block_size: bs,
-            scale: 1.0 / (hd as f32).sqrt(),
-        };
-        vec![
-            // SmolLM2: GQA 9/3, mixed prefill (with and without a cached prefix) and decodes.
-            (
-                s(9, 3, 64, 16),
-                vec![(5, 5), (1, 37), (7, 40), (1, 1), (1, 16), (20, 20)],
-            ),
-            // Odd head_dim and block size, multi-query.
-            (s(4, 1, 13, 3), vec![(1, 10), (4, 4), (2, 9)]),
-            // Plain multi-head, one-token blocks.
-            (s(2, 2, 8, 1), vec![(3, 5), (1, 2)]),
-        ]
-    }
-
-    #[test]
-    fn scalar_matches_reference() {
-        for (i, (shape, lens)) in shapes().into_iter().enumerate() {
-            let b = make_batch(10 + i as u64, shape, &lens);
-            let mut out = vec![0.0; b.query.len()];
-            paged_attention_scalar(
-                &mut out,
-                &b.query,
-                &b.key_cache,
-                &b.value_cache,
-                &b.seq_attn(),
-                &shape,
-            );
-            assert_close(&out, &reference(&b), 1e-5, 1e-4, "paged_attention_scalar");
-        }
-    }
-
-    fn check_with(seed: u64, what: &str, attend: AttendFn) {
-        for (i, (shape, lens)) in shapes().into_iter().enumerate() {
-            let b = make_batch(seed + i as u64, shape, &lens);
-            let mut out = vec![0.0; b.query.len()];
-            let seqs = b.seq_attn();
-            let (q, kc, vc) = (&b.query, &b.key_cache, &b.value_cache);
-            paged_attention_with(attend, &mut out, q, kc, vc, &seqs, &shape);
-            assert_close(&out, &reference(&b), 1e-5, 1e-4, what);
-        }
-    }
-
-    #[test]
-    fn dispatch_matches_reference() {
-        check_with(20, "paged_attention", attend_group);
-    }
-
-    #[test]
-    fn portable_matches_reference() {
-        check_with(30, "attend_group_portable", attend_group_portable);
-    }
-
-    #[test]
-    fn tokens_outside_seqs_are_untouched() {
-        let (shape, _) = shapes().remove(0);
-        let b = make_batch(40, shape, &[(3, 9), (1, 20)]);
-        let mut seqs = b.seq_attn();
-        // Leave tokens 1 and 2 (the end of the first prefill) out, and list the seqs backwards.
-        seqs[0].query_len = 1;
-        seqs[0].context_len = 7;
-        seqs.swap(0, 1);
-        let row = shape.num_heads * shape.head_dim;
-        let (q, kc, vc) = (&b.query, &b.key_cache, &b.value_cache);
-        let mut want = vec![0.0; q.len()];
-        paged_attention_scalar(&mut want, q, kc, vc, &seqs, &shape);
-        let mut got = vec![0.0; q.len()];
-        paged_attention(&mut got, q, kc, vc, &seqs, &shape);
-        assert_close(&got, &want, 1e-5, 1e-4, "partial batch");
-        assert!(got[row..3 * row].iter().all(|&v| v == 0.0));
-        assert!(got[..row].iter().any(|&v| v != 0.0));
-    }
-
-    #[test]
-    fn reshape_and_cache_places_rows() {
-        let shape = AttnShape {
-            num_heads: 2,
-            num_kv_heads: 2,
-            head_dim: 3,
-            block_size: 4,
-            scale: 1.0,
-        };
-        let mut kc = vec![0.0; 3 * shape.block_len()];
-        let mut vc = kc.clone();
-        let key: Vec<f32> = (0..12).map(|v| v as f32).collect();
-        let value: Vec<f32> = key.iter().map(|v| -v).collect();
-        // Token 0 -> block 2 offset 1, token 1 -> block 0 offset 3.
-        reshape_and_cache(&key, &value, &mut kc, &mut vc, &[9, 3], &shape);
-        let at = |b: usize, h: usize, o: usize| ((b * 2 + h) * 4 + o) * 3;
-        assert_eq!(&kc[at(2, 0, 1)..][..3], &[0.0, 1.0, 2.0]);
-        assert_eq!(&kc[at(2, 1, 1)..][..3], &[3.0, 4.0, 5.0]);
-        assert_eq!(&kc[at(0, 0, 3)..][..3], &[6.0, 7.0, 8.0]);
-        assert_eq!(&vc[at(0, 1, 3)..][..3], &[-9.0, -10.0, -11.0]);
-        assert_eq!(kc.iter().filter(|&&v| v != 0.0).count(), 11);
-    }
-
-    #[test]
-    fn empty_batch_is_noop() {
-        let shape = AttnShape {
-            num_heads: 2,
-            num_kv_heads: 1,
-            head_dim: 4,
-            block_size: 2,
-            scale: 0.5,
-        };
-        paged_attention(&mut [], &[], &[], &[], &[], &shape);
-        reshape_and_cache(&[], &[], &mut [], &mut [], &[], &shape);
-    }
-}
+mod tests;

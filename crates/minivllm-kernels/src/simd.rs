@@ -669,65 +669,6 @@ pub(crate) fn exp_shifted<S: Simd, const STORE: bool>(s: S, x: &mut [f32], shift
     total
 }
 
-/// `out += Σ_j weights[j] · rows[j]`, where `rows` holds `weights.len()` contiguous rows of
-/// `out.len()`. Accumulates in registers, touching `out` once per column group rather than
-/// once per row.
-#[inline(always)]
-pub(crate) fn add_weighted_rows<S: Simd>(s: S, out: &mut [f32], weights: &[f32], rows: &[f32]) {
-    let d = out.len();
-    assert!(
-        rows.len() >= weights.len() * d,
-        "add_weighted_rows: rows too short"
-    );
-    let l = S::LANES;
-    let mut c = 0;
-    while c + 4 * l <= d {
-        add_weighted_columns::<S, 4>(s, out, weights, rows, c);
-        c += 4 * l;
-    }
-    while c + l <= d {
-        add_weighted_columns::<S, 1>(s, out, weights, rows, c);
-        c += l;
-    }
-    for (j, &w) in weights.iter().enumerate() {
-        for (o, &v) in out[c..].iter_mut().zip(&rows[j * d + c..(j + 1) * d]) {
-            *o += w * v;
-        }
-    }
-}
-
-/// Columns `c..c + V·LANES` of [`add_weighted_rows`].
-#[inline(always)]
-fn add_weighted_columns<S: Simd, const V: usize>(
-    s: S,
-    out: &mut [f32],
-    weights: &[f32],
-    rows: &[f32],
-    c: usize,
-) {
-    let d = out.len();
-    debug_assert!(c + V * S::LANES <= d && rows.len() >= weights.len() * d);
-    let o = out.as_mut_ptr().wrapping_add(c);
-    // SAFETY: c + V·LANES <= d (callers' loop bounds) and row j < weights.len() lies inside
-    // `rows` (asserted by `add_weighted_rows`).
-    unsafe {
-        let mut acc = [s.zero(); V];
-        for (i, acc) in acc.iter_mut().enumerate() {
-            *acc = s.load(o.wrapping_add(i * S::LANES));
-        }
-        for (j, &w) in weights.iter().enumerate() {
-            let r = rows.as_ptr().wrapping_add(j * d + c);
-            let wv = s.splat(w);
-            for (i, acc) in acc.iter_mut().enumerate() {
-                *acc = s.fma(wv, s.load(r.wrapping_add(i * S::LANES)), *acc);
-            }
-        }
-        for (i, &acc) in acc.iter().enumerate() {
-            s.store(o.wrapping_add(i * S::LANES), acc);
-        }
-    }
-}
-
 /// `x[i] += c`.
 #[inline(always)]
 pub(crate) fn add_scalar<S: Simd>(s: S, x: &mut [f32], c: f32) {
@@ -799,13 +740,6 @@ mod tests {
             add_scalar(s, &mut y, -1.5);
             let want: Vec<f32> = want.iter().map(|v| v - 1.5).collect();
             assert_close(&y, &want, 0.0, 0.0, "add_scalar");
-            let rows = rand_vec(&mut r, 3 * n);
-            let mut acc = b.clone();
-            add_weighted_rows(s, &mut acc, &[0.5, -2.0, 0.25], &rows);
-            let want: Vec<f32> = (0..n)
-                .map(|i| b[i] + 0.5 * rows[i] - 2.0 * rows[n + i] + 0.25 * rows[2 * n + i])
-                .collect();
-            assert_close(&acc, &want, 1e-6, 1e-6, "add_weighted_rows");
             mul_scaled(s, &mut y, &a, &b, 3.0);
             let want: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a * 3.0 * b).collect();
             assert_close(&y, &want, 0.0, 1e-6, "mul_scaled");

@@ -17,7 +17,8 @@ impl<'a> AttentionMetadata<'a> {
     }
 }
 
-/// One layer's paged KV cache: keys and values, each `[num_blocks, num_kv_heads, block_size, head_dim]`.
+/// One layer's paged KV cache: values `[num_blocks, num_kv_heads, block_size, head_dim]`, keys
+/// `[num_blocks, num_kv_heads, head_dim, block_size]` (see `reshape_and_cache`).
 pub struct LayerKvCache {
     pub key: Vec<f32>,
     pub value: Vec<f32>,
