@@ -23,6 +23,9 @@ enum BenchKind {
     Throughput(ThroughputArgs),
     /// Load an OpenAI-compatible server with streamed requests, like `vllm bench serve`.
     Serve(crate::bench_serve::ServeBenchArgs),
+    /// Measure this machine's limits (read bandwidth, each instruction set's peak); the other
+    /// benchmarks then quote their figures as a share of them.
+    Machine(crate::bench_machine::MachineArgs),
 }
 
 #[derive(clap::Args)]
@@ -69,6 +72,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Latency(a) => latency(a),
         BenchKind::Throughput(a) => throughput(a),
         BenchKind::Serve(a) => crate::bench_serve::run(a),
+        BenchKind::Machine(a) => crate::bench_machine::run(a),
     }
 }
 
@@ -121,8 +125,21 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         "num_steps": stats.num_steps,
     });
     let env = Environment::now();
+    // Every prompt token and every generated token but the last goes through the layers once;
+    // each generated token costs one LM head row.
+    let model = llm.engine().model();
+    let per_seq_tokens = args.input_len + args.output_len - 1;
+    let flops = args.num_prompts as f64
+        * (per_seq_tokens as f64 * model.layer_flops_per_token()
+            + model.attention_flops(per_seq_tokens * (per_seq_tokens + 1) / 2)
+            + args.output_len as f64 * model.head_flops());
+    let gflops = flops / secs / 1e9;
+    let shares = Shares::new(&env, &model.weight_formats());
     if args.json {
         let mut report = report;
+        report["gflop_per_second"] = gflops.into();
+        report["share_of_peak"] = shares.compute_share(gflops).into();
+        report["peak"] = shares.peak_name.into();
         env.add_to(&mut report);
         println!("{report}");
     } else {
@@ -137,7 +154,12 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
             stats.num_steps,
             stats.num_preemptions
         );
+        println!(
+            "compute: {gflops:.1} GFLOP/s{}",
+            shares.compute_text(gflops)
+        );
         env.print();
+        shares.print_hint();
     }
     Ok(())
 }
@@ -200,12 +222,26 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let prefill_tps = prefill_tokens / t.prefill.as_secs_f64();
     let step_s = t.decode.as_secs_f64() / decode_steps.max(1) as f64;
     let decode_tps = decode_tokens / t.decode.as_secs_f64();
+    // What the work weighs: FLOPs of the prefill, bytes and FLOPs of an average decode step.
+    let batch = args.batch_size as f64;
+    let n = args.input_len;
+    let prefill_flops = batch
+        * (n as f64 * model.layer_flops_per_token()
+            + model.attention_flops(n * (n + 1) / 2)
+            + model.head_flops());
+    let mid_context = args.input_len + args.output_len / 2;
+    let step_bytes = weight_bytes + batch * (model.kv_bytes_per_position() * mid_context) as f64;
+    let step_flops = batch
+        * (model.layer_flops_per_token() + model.head_flops() + model.attention_flops(mid_context));
+    let prefill_gflops = prefill_flops / t.prefill.as_secs_f64() / 1e9;
+    let decode_gbs = step_bytes / step_s / 1e9;
     let env = Environment::now();
     let formats: Vec<String> = model
         .weight_formats()
         .iter()
         .map(|(f, b)| format!("{f} {:.1} MiB", *b as f64 / (1 << 20) as f64))
         .collect();
+    let shares = Shares::new(&env, &model.weight_formats());
     if args.json {
         let mut report = serde_json::json!({
             "batch_size": args.batch_size,
@@ -213,6 +249,9 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             "output_len": args.output_len,
             "prefill_seconds": t.prefill.as_secs_f64(),
             "prefill_tokens_per_second": prefill_tps,
+            "prefill_gflop_per_second": prefill_gflops,
+            "prefill_share_of_peak": shares.compute_share(prefill_gflops),
+            "peak": shares.peak_name,
             "weights": formats,
             "weight_bytes_per_step": weight_bytes,
         });
@@ -220,6 +259,10 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             report["decode_seconds"] = t.decode.as_secs_f64().into();
             report["decode_tokens_per_second"] = decode_tps.into();
             report["decode_weight_gb_per_second"] = (weight_bytes / step_s / 1e9).into();
+            report["decode_bytes_per_step"] = step_bytes.into();
+            report["decode_gb_per_second"] = decode_gbs.into();
+            report["decode_share_of_bandwidth"] = shares.bandwidth_share(decode_gbs).into();
+            report["decode_gflop_per_second"] = (step_flops / step_s / 1e9).into();
         }
         env.add_to(&mut report);
         println!("{report}");
@@ -230,15 +273,18 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         args.batch_size, args.input_len, args.output_len, args.num_iters
     );
     println!(
-        "prefill: {:.3} s, {prefill_tps:.1} tokens/s",
-        t.prefill.as_secs_f64()
+        "prefill: {:.3} s, {prefill_tps:.1} tokens/s, {prefill_gflops:.1} GFLOP/s{}",
+        t.prefill.as_secs_f64(),
+        shares.compute_text(prefill_gflops)
     );
     if decode_steps > 0 {
         println!(
-            "decode:  {:.3} s, {decode_tps:.1} tokens/s, {:.2} ms per step, weights read at {:.1} GB/s",
+            "decode:  {:.3} s, {decode_tps:.1} tokens/s, {:.2} ms per step, {:.1} MB read per step \
+             (weights and KV cache) at {decode_gbs:.1} GB/s{}",
             t.decode.as_secs_f64(),
             step_s * 1e3,
-            weight_bytes / step_s / 1e9
+            step_bytes / 1e6,
+            shares.bandwidth_text(decode_gbs)
         );
     }
     println!(
@@ -247,19 +293,81 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         weight_bytes / 1e6
     );
     env.print();
+    shares.print_hint();
     Ok(())
 }
 
+/// A run's rates as shares of this machine's limits, when `bench machine` has measured them.
+struct Shares {
+    limits: Option<crate::bench_machine::MachineLimits>,
+    /// The compute limit that bounds the linear layers with these weight formats.
+    peak_name: Option<&'static str>,
+}
+
+impl Shares {
+    fn new(env: &Environment, formats: &[(&'static str, usize)]) -> Self {
+        let quantised = formats.iter().any(|(f, _)| *f != "F32");
+        // The quantised kernels are AVX2 int8 dot products on every x86 ISA we dispatch to.
+        let peak_name = match (env.isa.as_str(), quantised) {
+            ("scalar", _) => None,
+            (_, true) => Some("int8 dot (AVX2 maddubs)"),
+            ("avx512", false) => Some("f32 FMA (AVX-512)"),
+            (_, false) => Some("f32 FMA (AVX2)"),
+        };
+        Self {
+            limits: crate::bench_machine::MachineLimits::load(&env.cpu, env.threads),
+            peak_name,
+        }
+    }
+
+    fn compute_share(&self, gflops: f64) -> Option<f64> {
+        let peak = self.limits.as_ref()?.get(self.peak_name?)?;
+        Some(gflops / peak)
+    }
+
+    fn bandwidth_share(&self, gbs: f64) -> Option<f64> {
+        Some(gbs / self.limits.as_ref()?.bandwidth()?)
+    }
+
+    fn compute_text(&self, gflops: f64) -> String {
+        match (self.compute_share(gflops), self.peak_name, &self.limits) {
+            (Some(share), Some(name), Some(l)) => format!(
+                " ({:.0} % of the {name} peak, {:.0})",
+                share * 100.0,
+                l.get(name).unwrap_or(0.0)
+            ),
+            _ => String::new(),
+        }
+    }
+
+    fn bandwidth_text(&self, gbs: f64) -> String {
+        match (self.bandwidth_share(gbs), &self.limits) {
+            (Some(share), Some(l)) => format!(
+                " ({:.0} % of the {:.1} GB/s read bandwidth)",
+                share * 100.0,
+                l.bandwidth().unwrap_or(0.0)
+            ),
+            _ => String::new(),
+        }
+    }
+
+    fn print_hint(&self) {
+        if self.limits.is_none() {
+            println!("(run `minivllm bench machine` once to see these figures as a share of this machine's limits)");
+        }
+    }
+}
+
 /// What a benchmark ran on: every figure is quoted with it.
-struct Environment {
-    cpu: String,
-    isa: String,
-    threads: usize,
-    peak_rss_mb: Option<f64>,
+pub(crate) struct Environment {
+    pub cpu: String,
+    pub isa: String,
+    pub threads: usize,
+    pub peak_rss_mb: Option<f64>,
 }
 
 impl Environment {
-    fn now() -> Self {
+    pub fn now() -> Self {
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|s| {

@@ -1,6 +1,7 @@
 //! `minivllm`: generate text, serve an OpenAI-compatible API, fetch the default model, benchmark.
 
 mod bench;
+mod bench_machine;
 mod bench_serve;
 mod download;
 mod generate;

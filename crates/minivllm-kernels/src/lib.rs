@@ -19,6 +19,7 @@ pub mod attention;
 pub mod cpu;
 pub mod matmul;
 pub mod norm;
+pub mod probe;
 pub mod qdot;
 pub mod qmatmul;
 pub mod quant;

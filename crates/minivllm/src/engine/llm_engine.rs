@@ -312,6 +312,11 @@ impl LLMEngine {
         })
     }
 
+    /// The model the engine runs (for benchmarks' accounting of FLOPs and bytes).
+    pub fn model(&self) -> &crate::model_executor::models::llama::LlamaForCausalLM {
+        self.runner.model()
+    }
+
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
     }

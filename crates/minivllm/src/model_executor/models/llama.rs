@@ -131,6 +131,31 @@ impl LlamaForCausalLM {
             + head.nbytes()
     }
 
+    /// Floating-point operations (two per multiply-add) of one token through the layers'
+    /// weight matrices, LM head excluded (it runs only for the rows that are sampled).
+    pub fn layer_flops_per_token(&self) -> f64 {
+        self.layer_matrices()
+            .map(|m| 2.0 * (m.rows() * m.cols()) as f64)
+            .sum()
+    }
+
+    /// Floating-point operations of the LM head for one sampled row.
+    pub fn head_flops(&self) -> f64 {
+        2.0 * (self.config.vocab_size * self.config.hidden_size) as f64
+    }
+
+    /// Floating-point operations of one token's attention over `context` positions, all
+    /// layers: scores and the weighted sum of values.
+    pub fn attention_flops(&self, context: usize) -> f64 {
+        let c = &self.config;
+        4.0 * (context * c.q_size() * c.num_hidden_layers) as f64
+    }
+
+    /// Bytes of KV cache that attention reads per cached position, all layers.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        2 * self.config.kv_size() * std::mem::size_of::<f32>() * self.config.num_hidden_layers
+    }
+
     /// Runs the flat batch described by `input`, writing its K/V into `kv_caches` (one per
     /// layer, blocks of `block_size` tokens), and returns the logits of the positions in
     /// `input.logits_indices`: `[logits_indices.len(), vocab_size]`.

@@ -1,0 +1,334 @@
+//! Probes of this machine's limits: memory read bandwidth and the peak rate of each
+//! instruction set the kernels use. `minivllm bench machine` prints them, and the other
+//! benchmarks quote their own figures as a share of them.
+//!
+//! Each compute probe runs enough independent chains of one instruction to hide its latency,
+//! so it measures throughput; the bandwidth probe sums a buffer far larger than any cache.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use crate::threading;
+
+/// A measured limit, on one thread and on every thread of the kernel pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    /// What was measured, e.g. `"int8 dot (AVX512-VNNI)"`.
+    pub name: &'static str,
+    /// `"GB/s"`, `"GFLOP/s"` or `"GOP/s"` (int8 multiply-adds count as two operations).
+    pub unit: &'static str,
+    pub one_thread: f64,
+    pub all_threads: f64,
+}
+
+/// Read bandwidth over a buffer of `bytes` (make it several times the last-level cache).
+pub fn read_bandwidth(bytes: usize) -> Limit {
+    let buf = vec![1.0f32; bytes / 4];
+    let threads = threading::num_threads();
+    let best = |run: &dyn Fn()| {
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                run();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let one = best(&|| {
+        black_box(sum(&buf));
+    });
+    let part = buf.len().div_ceil(threads);
+    let all = best(&|| {
+        threading::install(|| {
+            rayon::broadcast(|ctx| {
+                let lo = (ctx.index() * part).min(buf.len());
+                black_box(sum(&buf[lo..(lo + part).min(buf.len())]));
+            })
+        });
+    });
+    let gb = (buf.len() * 4) as f64 / 1e9;
+    Limit {
+        name: "memory read",
+        unit: "GB/s",
+        one_thread: gb / one,
+        all_threads: gb / all,
+    }
+}
+
+/// The peak of every compute probe this CPU supports.
+pub fn compute_peaks() -> Vec<Limit> {
+    PROBES
+        .iter()
+        .filter(|p| (p.available)())
+        .map(|p| {
+            // Calibrate to about 0.1 s per thread, then time one thread and all of them.
+            let mut iters = 1 << 16;
+            loop {
+                let t = Instant::now();
+                black_box((p.run)(iters));
+                if t.elapsed().as_secs_f64() > 0.05 || iters > 1 << 30 {
+                    break;
+                }
+                iters *= 2;
+            }
+            let ops = (iters * p.ops_per_iter) as f64;
+            let t = Instant::now();
+            black_box((p.run)(iters));
+            let one = ops / t.elapsed().as_secs_f64() / 1e9;
+            let t = Instant::now();
+            let threads = threading::install(|| {
+                rayon::broadcast(|_| black_box((p.run)(iters)));
+                rayon::current_num_threads()
+            });
+            let all = ops * threads as f64 / t.elapsed().as_secs_f64() / 1e9;
+            Limit {
+                name: p.name,
+                unit: p.unit,
+                one_thread: one,
+                all_threads: all,
+            }
+        })
+        .collect()
+}
+
+struct Probe {
+    name: &'static str,
+    unit: &'static str,
+    available: fn() -> bool,
+    /// Runs `iters` iterations; the result only keeps the work from being optimised away.
+    run: fn(usize) -> f32,
+    ops_per_iter: usize,
+}
+
+/// Independent accumulator chains per probe: more than latency × throughput of any of these
+/// instructions on current cores, and few enough to stay in registers.
+const CHAINS: usize = 12;
+
+#[cfg(target_arch = "x86_64")]
+const PROBES: &[Probe] = &[
+    Probe {
+        name: "f32 FMA (AVX2)",
+        unit: "GFLOP/s",
+        available: || std::arch::is_x86_feature_detected!("fma"),
+        run: |n| unsafe { x86::fma_avx2(n) },
+        ops_per_iter: CHAINS * 8 * 2,
+    },
+    Probe {
+        name: "f32 FMA (AVX-512)",
+        unit: "GFLOP/s",
+        available: || std::arch::is_x86_feature_detected!("avx512f"),
+        run: |n| unsafe { x86::fma_avx512(n) },
+        ops_per_iter: CHAINS * 16 * 2,
+    },
+    Probe {
+        name: "int8 dot (AVX2 maddubs)",
+        unit: "GOP/s",
+        available: || std::arch::is_x86_feature_detected!("avx2"),
+        run: |n| unsafe { x86::int8_avx2(n) },
+        ops_per_iter: x86::INT8_AVX2_CHAINS * 32 * 2,
+    },
+    Probe {
+        name: "int8 dot (AVX-VNNI)",
+        unit: "GOP/s",
+        available: || std::arch::is_x86_feature_detected!("avxvnni"),
+        run: |n| unsafe { x86::int8_avxvnni(n) },
+        ops_per_iter: CHAINS * 32 * 2,
+    },
+    Probe {
+        name: "int8 dot (AVX512-VNNI)",
+        unit: "GOP/s",
+        available: || std::arch::is_x86_feature_detected!("avx512vnni"),
+        run: |n| unsafe { x86::int8_avx512vnni(n) },
+        ops_per_iter: CHAINS * 64 * 2,
+    },
+    Probe {
+        name: "bf16 dot (AVX512-BF16)",
+        unit: "GFLOP/s",
+        available: || std::arch::is_x86_feature_detected!("avx512bf16"),
+        run: |n| unsafe { x86::bf16_avx512(n) },
+        ops_per_iter: CHAINS * 32 * 2,
+    },
+];
+
+#[cfg(not(target_arch = "x86_64"))]
+const PROBES: &[Probe] = &[];
+
+/// `Σ x`, in 16 independent lanes so it streams at load throughput.
+fn sum(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected.
+        return unsafe { x86::sum_avx2(x) };
+    }
+    sum_lanes(x)
+}
+
+#[inline(always)]
+fn sum_lanes(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::CHAINS;
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+
+    /// Chains of the three-instruction AVX2 int8 dot (maddubs, madd, add): fewer than
+    /// `CHAINS`, as each needs three registers' worth of work in flight.
+    pub(super) const INT8_AVX2_CHAINS: usize = 8;
+
+    /// # Safety
+    /// AVX2 must be available.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn sum_avx2(x: &[f32]) -> f32 {
+        super::sum_lanes(x)
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fma_avx2(n: usize) -> f32 {
+        let (a, b) = (
+            _mm256_set1_ps(black_box(0.999)),
+            _mm256_set1_ps(black_box(1e-3)),
+        );
+        let mut acc = [_mm256_setzero_ps(); CHAINS];
+        for _ in 0..n {
+            for x in &mut acc {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe {
+            _mm256_storeu_ps(
+                out.as_mut_ptr(),
+                acc.iter().fold(a, |s, &v| _mm256_add_ps(s, v)),
+            )
+        };
+        out.iter().sum()
+    }
+
+    /// # Safety
+    /// AVX-512F must be available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fma_avx512(n: usize) -> f32 {
+        let (a, b) = (
+            _mm512_set1_ps(black_box(0.999)),
+            _mm512_set1_ps(black_box(1e-3)),
+        );
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..n {
+            for x in &mut acc {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        _mm512_reduce_add_ps(acc.iter().fold(a, |s, &v| _mm512_add_ps(s, v)))
+    }
+
+    /// # Safety
+    /// AVX2 must be available.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn int8_avx2(n: usize) -> f32 {
+        let u = _mm256_set1_epi8(black_box(3));
+        let s = _mm256_set1_epi8(black_box(-2));
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_si256(); INT8_AVX2_CHAINS];
+        for _ in 0..n {
+            for x in &mut acc {
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
+                *x = _mm256_add_epi32(*x, p);
+            }
+        }
+        let total = acc.iter().fold(u, |s, &v| _mm256_add_epi32(s, v));
+        _mm256_extract_epi32::<0>(total) as f32
+    }
+
+    /// # Safety
+    /// AVX-VNNI must be available.
+    #[target_feature(enable = "avxvnni")]
+    pub(super) unsafe fn int8_avxvnni(n: usize) -> f32 {
+        let u = _mm256_set1_epi8(black_box(3));
+        let s = _mm256_set1_epi8(black_box(-2));
+        let mut acc = [_mm256_setzero_si256(); CHAINS];
+        for _ in 0..n {
+            for x in &mut acc {
+                *x = _mm256_dpbusd_avx_epi32(*x, u, s);
+            }
+        }
+        let total = acc.iter().fold(u, |s, &v| _mm256_add_epi32(s, v));
+        _mm256_extract_epi32::<0>(total) as f32
+    }
+
+    /// # Safety
+    /// AVX-512F and AVX512-VNNI must be available.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn int8_avx512vnni(n: usize) -> f32 {
+        let u = _mm512_set1_epi8(black_box(3));
+        let s = _mm512_set1_epi8(black_box(-2));
+        let mut acc = [_mm512_setzero_si512(); CHAINS];
+        for _ in 0..n {
+            for x in &mut acc {
+                *x = _mm512_dpbusd_epi32(*x, u, s);
+            }
+        }
+        _mm512_reduce_add_epi32(acc.iter().fold(u, |s, &v| _mm512_add_epi32(s, v))) as f32
+    }
+
+    /// # Safety
+    /// AVX-512F and AVX512-BF16 must be available.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn bf16_avx512(n: usize) -> f32 {
+        let a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(black_box(0.5)), _mm512_set1_ps(0.25));
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..n {
+            for x in &mut acc {
+                *x = _mm512_dpbf16_ps(*x, a, a);
+            }
+        }
+        _mm512_reduce_add_ps(
+            acc.iter()
+                .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_match_plain_loop() {
+        let x: Vec<f32> = (0..1000).map(|i| (i % 7) as f32).collect();
+        let want: f32 = x.iter().sum();
+        assert_eq!(sum_lanes(&x), want);
+        assert_eq!(sum(&x), want);
+    }
+
+    #[test]
+    fn probes_report_positive_rates_for_this_cpu() {
+        let bw = read_bandwidth(8 << 20);
+        assert!(bw.one_thread > 0.0 && bw.all_threads > 0.0, "{bw:?}");
+        let peaks = compute_peaks();
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            assert!(peaks.iter().any(|p| p.name == "f32 FMA (AVX2)"));
+        }
+        for p in &peaks {
+            assert!(p.one_thread > 0.0 && p.all_threads.is_finite(), "{p:?}");
+            eprintln!("probe ran: {} {:.1} {}", p.name, p.one_thread, p.unit);
+        }
+        for p in PROBES.iter().filter(|p| !(p.available)()) {
+            eprintln!("SKIPPED probe {}: not on this CPU", p.name);
+        }
+    }
+}
