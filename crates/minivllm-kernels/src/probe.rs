@@ -239,17 +239,22 @@ mod x86 {
     /// AVX2 must be available.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn int8_avx2(n: usize) -> f32 {
-        let u = _mm256_set1_epi8(black_box(3));
-        let s = _mm256_set1_epi8(black_box(-2));
+        // The products do not depend on the accumulators, so their inputs change every
+        // iteration (16 vectors cycled from L1) and differ per chain: otherwise the compiler
+        // hoists them out of the loop and this times additions alone.
+        let us: [__m256i; 16] = black_box(std::array::from_fn(|i| _mm256_set1_epi8(i as i8 + 1)));
+        let ss: [__m256i; INT8_AVX2_CHAINS] =
+            black_box(std::array::from_fn(|c| _mm256_set1_epi8(-(c as i8) - 1)));
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_si256(); INT8_AVX2_CHAINS];
-        for _ in 0..n {
-            for x in &mut acc {
+        for i in 0..n {
+            let u = us[i & 15];
+            for (x, &s) in acc.iter_mut().zip(&ss) {
                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
                 *x = _mm256_add_epi32(*x, p);
             }
         }
-        let total = acc.iter().fold(u, |s, &v| _mm256_add_epi32(s, v));
+        let total = acc.iter().fold(ones, |s, &v| _mm256_add_epi32(s, v));
         _mm256_extract_epi32::<0>(total) as f32
     }
 

@@ -6,8 +6,11 @@ use super::{Q8Rows, QuantMatrix, SCALE_GROUP};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
 
-/// How far ahead of the current block weight quants are prefetched, in bytes.
-const PREFETCH: usize = 512;
+/// Weight quants are prefetched at the same block of the row this many rows below, i.e. in
+/// the tile after next. A fixed byte distance (512 B was tried) lands inside the current
+/// tile's own rows when rows are short (SmolLM2's are 288 B), which the loads are about to
+/// fetch anyway; 8 rows ahead measured +20 % in one-sequence decode on an AVX2 EPYC.
+const PREFETCH_ROWS: usize = 8;
 
 /// `out[r][c] = w[j + c] · x[i + r]`. Each weight block is unpacked once for the `R` rows
 /// and each activation block loaded once for the `C` weight rows. Every output is summed in
@@ -147,11 +150,11 @@ unsafe fn tile_of<K: Kind, const R: usize, const C: usize>(
                 let mut u = [_mm256_setzero_si256(); C];
                 let mut q = [_mm256_setzero_si256(); C];
                 for c in 0..C {
-                    // Decoding streams every weight once from memory: asking for the bytes
-                    // a few blocks ahead keeps more loads in flight than the hardware
-                    // prefetcher alone (any address is allowed in a prefetch).
+                    // Decoding streams every weight once from memory: asking for bytes a few
+                    // rows ahead keeps more loads in flight than the hardware prefetcher
+                    // alone (any address is allowed in a prefetch).
                     _mm_prefetch::<_MM_HINT_T0>(
-                        wq[c].wrapping_add(blk * qb + PREFETCH) as *const i8
+                        wq[c].wrapping_add(blk * qb + PREFETCH_ROWS * nb * qb) as *const i8,
                     );
                     q[c] = K::unpack(wq[c].add(blk * qb));
                     u[c] = if K::SIGNED {
