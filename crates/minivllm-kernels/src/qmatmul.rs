@@ -6,10 +6,14 @@
 //! stay 4-8x smaller than f32; many rows (prefill) run the same products in tiles of
 //! `TILE_R × TILE_C`, so that weights and activations are each unpacked once per tile.
 //!
-//! Weights are split at load into quants, scales and offsets, each row's scales padded to
-//! whole groups of `SCALE_GROUP` blocks: kernels then convert and multiply eight f16 scales
-//! with one instruction each instead of one block at a time. The bytes are those of the
-//! file, rearranged.
+//! Weights are split at load into quants, scales and offsets; the bytes are those of the
+//! file, rearranged. 4-bit formats (Q4_0, Q4_1) are interleaved in groups of eight rows
+//! ([`Layout::Groups`], after the row-interleaved `_R8` layouts of ik_llama.cpp and
+//! llama.cpp's CPU repack): each 32-bit lane of a register holds four quants of its own row,
+//! so one broadcast activation quad meets eight rows at once, the block's integer sums come
+//! out one row per lane with no horizontal sums, and eight rows' scales convert and multiply
+//! as one vector. Q8_0 stays row by row, each row's scales padded to whole groups of
+//! `SCALE_GROUP` blocks so that they too convert eight at a time.
 //!
 //! One path for every batch size is deliberate: each output is summed in an order that
 //! depends only on its own row, so a sequence's logits are bit-for-bit the same whatever
@@ -38,6 +42,8 @@ const TILE_C: usize = 2;
 /// Weight rows per tile when `x` has a single row (decoding one sequence): more rows in
 /// flight, and registers to spare without the other activation rows.
 const TILE_C_ONE_ROW: usize = 4;
+/// Activation rows per tile of the groups layout (each against `GROUP` weight rows).
+const GROUP_TILE_R: usize = 4;
 /// Activation rows swept over each pair of weight rows: with `k` up to a few thousand,
 /// their blocks stay in L2.
 const X_CHUNK: usize = 64;
@@ -47,18 +53,37 @@ const X_CHUNK: usize = 64;
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantMatrix {
     ty: GgmlType,
+    layout: Layout,
     rows: usize,
     cols: usize,
     /// Blocks per row.
     nb: usize,
-    /// `nb` rounded up to `SCALE_GROUP`: the stride of `d` and `mins`.
+    /// `nb` rounded up to `SCALE_GROUP`: the stride of `d` and `mins` in the rows layout.
     nbp: usize,
-    /// Each row's quants, `quant_bytes()` per block, blocks back to back.
+    /// Rows layout: each row's quants, `quant_bytes()` per block, blocks back to back.
+    /// Groups layout: see [`Layout::Groups`].
     qs: Vec<u8>,
-    /// Each row's block scales, zero past `nb`.
+    /// Block scales: per row, zero past `nb` (rows layout), or `[group][block][GROUP]`.
     d: Vec<f16>,
-    /// Q4_1's block offsets (empty for the other formats), zero past `nb`.
+    /// Q4_1's block offsets (empty for the other formats), laid out as `d`.
     mins: Vec<f16>,
+}
+
+/// Rows of 4-bit weights interleaved per group: one activation block meets `GROUP` weight
+/// rows in one register, each lane accumulating its own row.
+pub(crate) const GROUP: usize = 8;
+
+/// How a [`QuantMatrix`] orders its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Row after row (Q8_0).
+    Rows,
+    /// 4-bit formats: rows in groups of [`GROUP`] (the last padded with zero blocks); for
+    /// each group and block, the 16 quant bytes of its rows as 4 vectors of 32 bytes, vector
+    /// `j` holding bytes `4j..4j + 4` of row 0, then of row 1, and so on. Unpacking a vector's
+    /// low nibbles gives elements `4j..4j + 4` of every row, its high nibbles elements
+    /// `16 + 4j..`: each 32-bit lane one row, ready for a broadcast activation quad.
+    Groups,
 }
 
 /// Why a [`QuantMatrix`] could not be made.
@@ -104,26 +129,65 @@ impl QuantMatrix {
         }
         let nb = cols / QK;
         let nbp = nb.next_multiple_of(SCALE_GROUP);
+        let layout = if ty == GgmlType::Q8_0 {
+            Layout::Rows
+        } else {
+            Layout::Groups
+        };
+        let (scales, quants) = match layout {
+            Layout::Rows => (rows * nbp, rows * nb * quant_bytes(ty)),
+            Layout::Groups => {
+                let padded = rows.next_multiple_of(GROUP) * nb;
+                (padded, padded * quant_bytes(ty))
+            }
+        };
         let mut m = QuantMatrix {
             ty,
+            layout,
             rows,
             cols,
             nb,
             nbp,
-            qs: Vec::with_capacity(rows * nb * quant_bytes(ty)),
-            d: vec![f16::ZERO; rows * nbp],
-            mins: vec![f16::ZERO; if ty == GgmlType::Q4_1 { rows * nbp } else { 0 }],
+            qs: vec![0; quants],
+            d: vec![f16::ZERO; scales],
+            mins: vec![f16::ZERO; if ty == GgmlType::Q4_1 { scales } else { 0 }],
         };
         let header = ty.type_size() - quant_bytes(ty);
         for (blk, b) in data.chunks_exact(ty.type_size()).enumerate() {
-            let at = blk / nb.max(1) * nbp + blk % nb.max(1);
+            let (r, bi) = (blk / nb.max(1), blk % nb.max(1));
+            let at = m.scale_index(r, bi);
             m.d[at] = f16::from_le_bytes([b[0], b[1]]);
             if ty == GgmlType::Q4_1 {
                 m.mins[at] = f16::from_le_bytes([b[2], b[3]]);
             }
-            m.qs.extend_from_slice(&b[header..]);
+            let q = &b[header..];
+            match layout {
+                Layout::Rows => {
+                    let q0 = (r * nb + bi) * q.len();
+                    m.qs[q0..q0 + q.len()].copy_from_slice(q);
+                }
+                Layout::Groups => {
+                    for (j, quad) in q.chunks_exact(4).enumerate() {
+                        let q0 = m.group_quad(r, bi, j);
+                        m.qs[q0..q0 + 4].copy_from_slice(quad);
+                    }
+                }
+            }
         }
         Ok(m)
+    }
+
+    /// Index in `d` and `mins` of block `b` of row `r`.
+    fn scale_index(&self, r: usize, b: usize) -> usize {
+        match self.layout {
+            Layout::Rows => r * self.nbp + b,
+            Layout::Groups => ((r / GROUP) * self.nb + b) * GROUP + r % GROUP,
+        }
+    }
+
+    /// Groups layout: offset in `qs` of quant bytes `4j..4j + 4` of block `b` of row `r`.
+    fn group_quad(&self, r: usize, b: usize, j: usize) -> usize {
+        (((r / GROUP) * self.nb + b) * 4 + j) * 4 * GROUP + (r % GROUP) * 4
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -147,25 +211,38 @@ impl QuantMatrix {
         quant_bytes(self.ty)
     }
 
-    /// Block `b` of row `r`: `(d, m, quants)`, with `m` Q4_1's offset (0 otherwise).
-    fn block(&self, r: usize, b: usize) -> (f32, f32, &[u8]) {
+    /// Block `b` of row `r`: `(d, m, quants)`, with `m` Q4_1's offset (0 otherwise) and the
+    /// first `quant_bytes()` of `quants` the block's quants in the file's order.
+    fn block(&self, r: usize, b: usize) -> (f32, f32, [u8; QK]) {
         let qb = self.quant_bytes();
-        let at = r * self.nbp + b;
+        let at = self.scale_index(r, b);
         let m = self.mins.get(at).map_or(0.0, |m| m.to_f32());
-        let q0 = (r * self.nb + b) * qb;
-        (self.d[at].to_f32(), m, &self.qs[q0..q0 + qb])
+        let mut q = [0; QK];
+        match self.layout {
+            Layout::Rows => {
+                let q0 = (r * self.nb + b) * qb;
+                q[..qb].copy_from_slice(&self.qs[q0..q0 + qb]);
+            }
+            Layout::Groups => {
+                for (j, quad) in q[..qb].chunks_exact_mut(4).enumerate() {
+                    let q0 = self.group_quad(r, b, j);
+                    quad.copy_from_slice(&self.qs[q0..q0 + 4]);
+                }
+            }
+        }
+        (self.d[at].to_f32(), m, q)
     }
 
     /// Row `r` as GGML blocks, as the file stored it.
     pub fn row_blocks(&self, r: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.nb * self.ty.type_size());
         for b in 0..self.nb {
-            let at = r * self.nbp + b;
+            let at = self.scale_index(r, b);
             out.extend_from_slice(&self.d[at].to_le_bytes());
             if let Some(m) = self.mins.get(at) {
                 out.extend_from_slice(&m.to_le_bytes());
             }
-            out.extend_from_slice(self.block(r, b).2);
+            out.extend_from_slice(&self.block(r, b).2[..self.quant_bytes()]);
         }
         out
     }
@@ -175,6 +252,7 @@ impl QuantMatrix {
         assert_eq!(out.len(), self.cols, "dequantize_row: output length");
         for (b, y) in out.chunks_exact_mut(QK).enumerate() {
             let (d, m, q) = self.block(r, b);
+            let q = &q[..self.quant_bytes()];
             match self.ty {
                 GgmlType::Q4_0 => {
                     for (j, &q) in q.iter().enumerate() {
@@ -337,6 +415,10 @@ fn dot_rows(
         return;
     }
     #[cfg(target_arch = "x86_64")]
+    if w.layout == Layout::Groups {
+        return dot_groups(xq, w, store, m, j0, nj);
+    }
+    #[cfg(target_arch = "x86_64")]
     for i0 in (0..m).step_by(X_CHUNK) {
         let i1 = (i0 + X_CHUNK).min(m);
         let tile_c = if i1 - i0 == 1 { TILE_C_ONE_ROW } else { TILE_C };
@@ -372,12 +454,54 @@ fn dot_rows(
     }
 }
 
+/// [`dot_rows`] for the groups layout (`j0` a multiple of [`GROUP`]), on AVX2.
+#[cfg(target_arch = "x86_64")]
+fn dot_groups(
+    xq: &Q8Rows,
+    w: &QuantMatrix,
+    store: impl Fn(usize, usize, f32),
+    m: usize,
+    j0: usize,
+    nj: usize,
+) {
+    debug_assert!(j0.is_multiple_of(GROUP));
+    for i0 in (0..m).step_by(X_CHUNK) {
+        let i1 = (i0 + X_CHUNK).min(m);
+        for g in j0 / GROUP..(j0 + nj).div_ceil(GROUP) {
+            for i in (i0..i1).step_by(GROUP_TILE_R) {
+                macro_rules! go {
+                    ($r:literal) => {{
+                        // SAFETY: `dot_rows` runs this only where `use_avx2()` holds; group g
+                        // and activation rows i..i + $r <= m exist, with w.nb blocks each.
+                        let v = unsafe { avx2::tile_group::<$r>(w, g, xq, i) };
+                        for (r, lanes) in v.iter().enumerate() {
+                            for (c, &v) in lanes.iter().enumerate() {
+                                let j = g * GROUP + c;
+                                if j < (j0 + nj) {
+                                    store(i + r, j, v);
+                                }
+                            }
+                        }
+                    }};
+                }
+                match GROUP_TILE_R.min(i1 - i) {
+                    4 => go!(4),
+                    3 => go!(3),
+                    2 => go!(2),
+                    _ => go!(1),
+                }
+            }
+        }
+    }
+}
+
 /// The portable kernel: one output, the same arithmetic as the AVX2 tile with one lane.
 fn dot_portable(w: &QuantMatrix, j: usize, x: &Q8Rows, i: usize) -> f32 {
     let (nb, nbp) = (w.nb, w.nbp);
     let (mut sum, mut offs) = (0.0f32, 0.0f32);
     for b in 0..nb {
         let (d, m, q) = w.block(j, b);
+        let q = &q[..w.quant_bytes()];
         let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
         let (dx, sx) = (x.d[i * nbp + b], x.s[i * nbp + b]);
         let sumi: i32 = match w.ty {

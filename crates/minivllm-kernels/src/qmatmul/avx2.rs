@@ -1,8 +1,9 @@
-//! The AVX2 tile of [`super::matmul_quant`]: `R` activation rows × `C` weight rows.
+//! The AVX2 tiles of [`super::matmul_quant`]: `R` activation rows × `C` weight rows of a
+//! Q8_0 matrix in the rows layout, and `R` activation rows × one group of 4-bit rows.
 
 use std::arch::x86_64::*;
 
-use super::{Q8Rows, QuantMatrix, SCALE_GROUP};
+use super::{Q8Rows, QuantMatrix, GROUP, SCALE_GROUP};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
 
@@ -12,7 +13,8 @@ use crate::quant::GgmlType;
 /// fetch anyway; 8 rows ahead measured +20 % in one-sequence decode on an AVX2 EPYC.
 const PREFETCH_ROWS: usize = 8;
 
-/// `out[r][c] = w[j + c] · x[i + r]`. Each weight block is unpacked once for the `R` rows
+/// `out[r][c] = w[j + c] · x[i + r]` for a Q8_0 matrix (the rows layout). Each weight block
+/// is unpacked once for the `R` rows
 /// and each activation block loaded once for the `C` weight rows. Every output is summed in
 /// the same order whatever the tile's size, so a row's result does not depend on how many
 /// rows share its batch.
@@ -27,12 +29,9 @@ pub(super) unsafe fn tile<const R: usize, const C: usize>(
     x: &Q8Rows,
     i: usize,
 ) -> [[f32; C]; R] {
-    // SAFETY (all three): forwarded contract.
-    match w.ty {
-        GgmlType::Q4_0 => unsafe { tile_of::<Q4<false>, R, C>(w, j, x, i) },
-        GgmlType::Q4_1 => unsafe { tile_of::<Q4<true>, R, C>(w, j, x, i) },
-        _ => unsafe { tile_of::<Q8_0, R, C>(w, j, x, i) },
-    }
+    debug_assert_eq!(w.ty, GgmlType::Q8_0, "4-bit weights use tile_group");
+    // SAFETY: forwarded contract.
+    unsafe { tile_of::<Q8_0, R, C>(w, j, x, i) }
 }
 
 #[inline(always)]
@@ -59,31 +58,7 @@ trait Kind {
     unsafe fn unpack(p: *const u8) -> __m256i;
 }
 
-/// Q4_0 (`STORED_MIN = false`: the offset is `-8d`) and Q4_1 (the offset is stored).
-struct Q4<const STORED_MIN: bool>;
 struct Q8_0;
-
-/// 16 bytes of nibbles as 32 bytes: low nibbles (elements 0..16) in the lower half, high
-/// nibbles (16..32) in the upper, which is ggml's element order.
-#[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    // SAFETY: 16 readable bytes at `p`, AVX2 present.
-    unsafe {
-        let raw = _mm_loadu_si128(p as *const __m128i);
-        let both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-    }
-}
-
-impl<const M: bool> Kind for Q4<M> {
-    const SIGNED: bool = false;
-    const STORED_MIN: bool = M;
-    #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> __m256i {
-        // SAFETY: the caller's.
-        unsafe { nibbles(p) }
-    }
-}
 
 impl Kind for Q8_0 {
     const SIGNED: bool = true;
@@ -187,3 +162,96 @@ unsafe fn tile_of<K: Kind, const R: usize, const C: usize>(
         out
     }
 }
+
+/// `out[r][c] = w[g·GROUP + c] · x[i + r]` for a 4-bit matrix in the groups layout: lane `c`
+/// of each register is weight row `g·GROUP + c`. Per block, each activation quad is
+/// broadcast against the matching quads of all eight rows, and the eight `vpmaddubsw`
+/// products of a block are summed in 16 bits (at most 8 · 2 · 15 · 127 = 30,480), so one
+/// `vpmaddwd` finishes the block's integer dot product for eight rows. Every lane's sum runs
+/// in block order whatever `R`, so a row's result does not depend on its batch.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `w` must be Q4_0 or Q4_1 in the groups layout, with
+/// group `g`, and rows `i..i + R` of `x` must exist, with the same number of blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn tile_group<const R: usize>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; GROUP]; R] {
+    // SAFETY (both): forwarded contract.
+    if w.ty == GgmlType::Q4_1 {
+        unsafe { tile_group_of::<R, true>(w, g, x, i) }
+    } else {
+        unsafe { tile_group_of::<R, false>(w, g, x, i) }
+    }
+}
+
+// Index loops: the quad index `j` selects both a register and an activation offset.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_group_of<const R: usize, const STORED_MIN: bool>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; GROUP]; R] {
+    let (nb, nbp) = (w.nb, w.nbp);
+    let block_bytes = GROUP * QK / 2;
+    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
+    let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP) as *const u16;
+    let wm = w.mins.as_ptr().wrapping_add(g * nb * GROUP) as *const u16;
+    let xq: [*const i8; R] = std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK));
+    let xd: [*const f32; R] = std::array::from_fn(|r| x.d.as_ptr().wrapping_add((i + r) * nbp));
+    let xs: [*const f32; R] = std::array::from_fn(|r| x.s.as_ptr().wrapping_add((i + r) * nbp));
+    // SAFETY (whole body): group g holds nb blocks of `block_bytes` quants and GROUP scales
+    // (and offsets, for Q4_1) each; activation rows i..i + R hold nb blocks of QK quants and
+    // nbp scales and sums. The rest is register arithmetic under AVX2/FMA/F16C.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let low = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let q = wq.add(b * block_bytes);
+            // The group's blocks are one sequential stream; ask for it well ahead.
+            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(GROUP_PREFETCH) as *const i8);
+            let mut lo = [_mm256_setzero_si256(); 4];
+            let mut hi = [_mm256_setzero_si256(); 4];
+            for j in 0..4 {
+                let v = _mm256_loadu_si256(q.add(j * 32) as *const __m256i);
+                lo[j] = _mm256_and_si256(v, low);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd.add(b * GROUP) as *const __m128i));
+            let mw = if STORED_MIN {
+                _mm256_cvtph_ps(_mm_loadu_si128(wm.add(b * GROUP) as *const __m128i))
+            } else {
+                _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
+            };
+            for r in 0..R {
+                let y = xq[r].add(b * QK) as *const i32;
+                let quad = |t: usize| _mm256_set1_epi32(std::ptr::read_unaligned(y.add(t)));
+                let mut s16 = _mm256_maddubs_epi16(lo[0], quad(0));
+                for j in 1..4 {
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[j], quad(j)));
+                }
+                for j in 0..4 {
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[j], quad(4 + j)));
+                }
+                let isum = _mm256_madd_epi16(s16, ones);
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xd[r].add(b)));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);
+                acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xs[r].add(b)), acc[r]);
+            }
+        }
+        let mut out = [[0.0; GROUP]; R];
+        for r in 0..R {
+            _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+        }
+        out
+    }
+}
+
+/// How far ahead of the current block a group's quants are prefetched, in bytes (8 blocks).
+const GROUP_PREFETCH: usize = 8 * GROUP * QK / 2;

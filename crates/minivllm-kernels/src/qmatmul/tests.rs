@@ -71,9 +71,12 @@ fn weights_keep_their_bytes_and_values() {
         let bytes: Vec<u8> = (0..3).flat_map(|j| w.row_blocks(j)).collect();
         let mut want = vec![0.0f32; 3 * 9 * QK];
         quant::dequantize(ty, &bytes, &mut want).unwrap();
-        // The split layout holds the file's bytes, and no more than them but for padding.
+        // The split layout holds the file's bytes, and no more than them but for padding
+        // (scale rows to SCALE_GROUP blocks, or 4-bit rows to a whole GROUP).
         assert_eq!(QuantMatrix::new(ty, 3, 9 * QK, bytes.clone()).unwrap(), w);
-        assert!(w.nbytes() <= bytes.len() + 3 * 2 * 2 * SCALE_GROUP, "{ty}");
+        let padded_rows = if ty == GgmlType::Q8_0 { 3 } else { GROUP };
+        let limit = bytes.len() / 3 * padded_rows + padded_rows * 2 * 2 * SCALE_GROUP;
+        assert!(w.nbytes() <= limit, "{ty}: {} > {limit}", w.nbytes());
         // Row dequantisation agrees with ggml's bit for bit.
         let got = dequantized(&w);
         assert!(
@@ -133,33 +136,61 @@ fn avx2_tiles_match_scalar() {
     for ty in TYPES {
         for nb in [1, 2, 7, 8, 9, 18] {
             let k = nb * QK;
-            let w = random_matrix(&mut r, ty, 4, k);
+            let w = random_matrix(&mut r, ty, 8, k);
             let x = rand_vec(&mut r, 4 * k);
-            let mut want = vec![0.0; 4 * 4];
+            let mut want = vec![0.0; 4 * 8];
             matmul_quant_scalar(&x, &w, &mut want, 4);
+            let what = format!("{ty} nb={nb}");
             #[cfg(target_arch = "x86_64")]
-            {
-                let xq = q8_rows(&x, 4, k);
-                // SAFETY: use_avx2() checked the CPU; rows 0..4 of w and of xq exist.
-                let (one, four, wide) = unsafe {
-                    (
-                        avx2::tile::<1, 1>(&w, 1, &xq, 2),
-                        avx2::tile::<4, 2>(&w, 0, &xq, 0),
-                        avx2::tile::<1, 4>(&w, 0, &xq, 3),
-                    )
-                };
-                let what = format!("{ty} nb={nb}");
-                assert_close(&one[0], &want[2 * 4 + 1..2 * 4 + 2], 1e-5, 1e-5, &what);
-                for (i, row) in four.iter().enumerate() {
-                    assert_close(row, &want[i * 4..i * 4 + 2], 1e-5, 1e-5, &what);
-                }
-                assert_close(&wide[0], &want[3 * 4..], 1e-5, 1e-5, &what);
-                // Bit-for-bit the same whichever tile computed it: batch invariance.
-                assert_eq!(one[0][0].to_bits(), four[2][1].to_bits(), "{what}");
-                assert_eq!(wide[0][1].to_bits(), four[3][1].to_bits(), "{what}");
+            if ty == GgmlType::Q8_0 {
+                check_row_tiles(&w, &x, &want, &what);
+            } else {
+                check_group_tiles(&w, &x, &want, &what);
             }
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn check_row_tiles(w: &QuantMatrix, x: &[f32], want: &[f32], what: &str) {
+    let xq = q8_rows(x, 4, w.cols());
+    // SAFETY: use_avx2() checked the CPU; rows 0..4 of w and of xq exist.
+    let (one, four, wide) = unsafe {
+        (
+            avx2::tile::<1, 1>(w, 1, &xq, 2),
+            avx2::tile::<4, 2>(w, 0, &xq, 0),
+            avx2::tile::<1, 4>(w, 0, &xq, 3),
+        )
+    };
+    assert_close(&one[0], &want[2 * 8 + 1..2 * 8 + 2], 1e-5, 1e-5, what);
+    for (i, row) in four.iter().enumerate() {
+        assert_close(row, &want[i * 8..i * 8 + 2], 1e-5, 1e-5, what);
+    }
+    assert_close(&wide[0], &want[3 * 8..3 * 8 + 4], 1e-5, 1e-5, what);
+    // Bit-for-bit the same whichever tile computed it: batch invariance.
+    assert_eq!(one[0][0].to_bits(), four[2][1].to_bits(), "{what}");
+    assert_eq!(wide[0][1].to_bits(), four[3][1].to_bits(), "{what}");
+}
+
+#[cfg(target_arch = "x86_64")]
+fn check_group_tiles(w: &QuantMatrix, x: &[f32], want: &[f32], what: &str) {
+    let xq = q8_rows(x, 4, w.cols());
+    // SAFETY: use_avx2() checked the CPU; w is a 4-bit matrix with group 0, and rows 0..4
+    // of xq exist.
+    let (one, three, four) = unsafe {
+        (
+            avx2::tile_group::<1>(w, 0, &xq, 2),
+            avx2::tile_group::<3>(w, 0, &xq, 1),
+            avx2::tile_group::<4>(w, 0, &xq, 0),
+        )
+    };
+    for (i, row) in four.iter().enumerate() {
+        assert_close(row, &want[i * 8..(i + 1) * 8], 1e-5, 1e-5, what);
+    }
+    // Bit-for-bit the same whichever tile computed it: batch invariance.
+    assert_eq!(one[0], four[2], "{what}");
+    assert_eq!(three[0], four[1], "{what}");
+    assert_eq!(three[2], four[3], "{what}");
 }
 
 /// The product (AVX2 where present) and the portable path against the single-threaded
