@@ -121,7 +121,15 @@ impl RowSet<'_> {
     fn limit(&self, r: usize) -> usize {
         self.limit0 + r / self.group
     }
+
+    /// The first row that attends to position `p` (all rows after it do too).
+    fn first_seeing(&self, p: usize) -> usize {
+        (p + 1).saturating_sub(self.limit0) * self.group
+    }
 }
+
+/// Positions per softmax update (rounded down to whole blocks, at least one).
+const SPAN_POSITIONS: usize = 64;
 
 #[inline(always)]
 fn tile<S: Simd>(
@@ -215,37 +223,50 @@ fn chunk_states<S: Simd>(
     let n_rows = rows.q.len() / hd;
     let mut st = States::new(buf, n_rows, hd);
     st.clear();
-    scores.resize(n_rows * bs, 0.0);
-    let c1 = (c0 + cx.chunk_len).min(rows.limit(n_rows - 1));
-    for p0 in (c0..c1).step_by(bs) {
+    // The softmax state is updated once per span of a few blocks: its max, rescale and sums
+    // are horizontal work, worth amortising over more keys than one block holds. Spans start
+    // at fixed positions (the chunk's start, every `span`), so a row's arithmetic stays its own.
+    let span = (SPAN_POSITIONS / bs).max(1) * bs;
+    scores.resize(n_rows * span, 0.0);
+    let c_end = (c0 + cx.chunk_len).min(rows.limit(n_rows - 1));
+    for p0 in (c0..c_end).step_by(span) {
+        let p1 = (p0 + span).min(c_end);
         // Rows are ordered by limit: those that see position p0 are a suffix.
-        let r0 = (p0 + 1).saturating_sub(rows.limit0) * rows.group;
+        let r0 = rows.first_seeing(p0);
         if r0 >= n_rows {
             break;
         }
-        let (kt, values) = sh.block(cx.key_cache, cx.value_cache, seq.block_table, p0, kvh);
-        micro::qk(s, &rows.q[r0 * hd..], kt, &mut scores[r0 * bs..], hd, bs);
-        let mut r = r0;
-        while r < n_rows {
-            // Rows of one token share a limit; near the diagonal, tokens see fewer keys.
-            let n = bs.min(rows.limit(r) - p0);
-            let mut end = r + 1;
-            while end < n_rows && bs.min(rows.limit(end) - p0) == n {
-                end += 1;
+        for (k, b0) in (p0..p1).step_by(bs).enumerate() {
+            let rb = rows.first_seeing(b0);
+            let (kt, _) = sh.block(cx.key_cache, cx.value_cache, seq.block_table, b0, kvh);
+            let sc = &mut scores[rb * span + k * bs..];
+            micro::qk(s, &rows.q[rb * hd..], kt, sc, (hd, bs, span));
+        }
+        for r in r0..n_rows {
+            let n = p1.min(rows.limit(r)) - p0;
+            softmax_step(s, &mut st, r, &mut scores[r * span..r * span + n], sh.scale);
+        }
+        for (k, b0) in (p0..p1).step_by(bs).enumerate() {
+            let (_, values) = sh.block(cx.key_cache, cx.value_cache, seq.block_table, b0, kvh);
+            let mut r = rows.first_seeing(b0);
+            while r < n_rows {
+                // Rows of one token share a limit; near the diagonal, tokens see fewer keys.
+                let n = bs.min(rows.limit(r) - b0);
+                let mut end = r + 1;
+                while end < n_rows && bs.min(rows.limit(end) - b0) == n {
+                    end += 1;
+                }
+                let acc = &mut st.acc[r * hd..end * hd];
+                let p = &scores[r * span + k * bs..];
+                micro::pv(s, acc, p, &values[..n * hd], n, hd, span);
+                r = end;
             }
-            for i in r..end {
-                let sc = &mut scores[i * bs..i * bs + n];
-                softmax_step(s, &mut st, i, sc, sh.scale);
-            }
-            let acc = &mut st.acc[r * hd..end * hd];
-            micro::pv(s, acc, &scores[r * bs..], &values[..n * hd], n, hd, bs);
-            r = end;
         }
     }
 }
 
-/// Folds one block's raw scores `sc` into row `r`'s max and sum, rescaling its accumulator
-/// if the max grew, and leaves the block's probabilities (relative to the new max) in `sc`.
+/// Folds one span's raw scores `sc` into row `r`'s max and sum, rescaling its accumulator
+/// if the max grew, and leaves the span's probabilities (relative to the new max) in `sc`.
 #[inline(always)]
 fn softmax_step<S: Simd>(s: S, st: &mut States<'_>, r: usize, sc: &mut [f32], scale: f32) {
     simd::scale(s, sc, scale);

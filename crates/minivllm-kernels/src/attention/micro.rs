@@ -11,21 +11,27 @@ use crate::simd::Simd;
 /// Query rows per register tile.
 const R: usize = 4;
 
-/// `scores[r·bs + j] = Σ_d q[r·hd + d] · kt[d·bs + j]` for every row of `q` and `j < bs`.
+/// `scores[r·ld + j] = Σ_d q[r·hd + d] · kt[d·bs + j]` for every row of `q` and `j < bs`.
 #[inline(always)]
-pub(super) fn qk<S: Simd>(s: S, q: &[f32], kt: &[f32], scores: &mut [f32], hd: usize, bs: usize) {
+pub(super) fn qk<S: Simd>(
+    s: S,
+    q: &[f32],
+    kt: &[f32],
+    scores: &mut [f32],
+    (hd, bs, ld): (usize, usize, usize),
+) {
     let rows = q.len() / hd;
     assert!(
-        kt.len() >= hd * bs && scores.len() >= rows * bs,
+        bs <= ld && kt.len() >= hd * bs && scores.len() + ld >= rows * ld + bs,
         "attention: qk operands too short"
     );
     for r in (0..rows).step_by(R) {
-        let (q, sc) = (&q[r * hd..], &mut scores[r * bs..]);
+        let (q, sc) = (&q[r * hd..], &mut scores[r * ld..]);
         match R.min(rows - r) {
-            4 => qk_rows::<S, 4>(s, q, kt, sc, hd, bs),
-            3 => qk_rows::<S, 3>(s, q, kt, sc, hd, bs),
-            2 => qk_rows::<S, 2>(s, q, kt, sc, hd, bs),
-            _ => qk_rows::<S, 1>(s, q, kt, sc, hd, bs),
+            4 => qk_rows::<S, 4>(s, q, kt, sc, hd, bs, ld),
+            3 => qk_rows::<S, 3>(s, q, kt, sc, hd, bs, ld),
+            2 => qk_rows::<S, 2>(s, q, kt, sc, hd, bs, ld),
+            _ => qk_rows::<S, 1>(s, q, kt, sc, hd, bs, ld),
         }
     }
 }
@@ -38,16 +44,17 @@ fn qk_rows<S: Simd, const N: usize>(
     scores: &mut [f32],
     hd: usize,
     bs: usize,
+    ld: usize,
 ) {
-    assert!(q.len() >= N * hd && scores.len() >= (N - 1) * bs + bs && kt.len() >= hd * bs);
+    assert!(q.len() >= N * hd && scores.len() >= (N - 1) * ld + bs && kt.len() >= hd * bs);
     let l = S::LANES;
     let mut c = 0;
     while c + 2 * l <= bs {
-        qk_tile::<S, N, 2>(s, q, kt, scores, hd, bs, c);
+        qk_tile::<S, N, 2>(s, q, kt, scores, (hd, bs, ld), c);
         c += 2 * l;
     }
     if c + l <= bs {
-        qk_tile::<S, N, 1>(s, q, kt, scores, hd, bs, c);
+        qk_tile::<S, N, 1>(s, q, kt, scores, (hd, bs, ld), c);
         c += l;
     }
     for j in c..bs {
@@ -56,7 +63,7 @@ fn qk_rows<S: Simd, const N: usize>(
             for d in 0..hd {
                 sum += q[i * hd + d] * kt[d * bs + j];
             }
-            scores[i * bs + j] = sum;
+            scores[i * ld + j] = sum;
         }
     }
 }
@@ -68,8 +75,7 @@ fn qk_tile<S: Simd, const N: usize, const V: usize>(
     q: &[f32],
     kt: &[f32],
     scores: &mut [f32],
-    hd: usize,
-    bs: usize,
+    (hd, bs, ld): (usize, usize, usize),
     c: usize,
 ) {
     let l = S::LANES;
@@ -77,7 +83,8 @@ fn qk_tile<S: Simd, const N: usize, const V: usize>(
     let (qp, kp, op) = (q.as_ptr(), kt.as_ptr(), scores.as_mut_ptr());
     let mut acc = [[s.zero(); V]; N];
     // SAFETY (all accesses): i < N and d < hd stay inside the N rows of `q`; d·bs + c + V·l
-    // <= hd·bs inside `kt`; i·bs + c + V·l <= N·bs inside `scores` (asserted by the caller).
+    // <= hd·bs inside `kt`; i·ld + c + V·l <= (N - 1)·ld + bs inside `scores` (asserted by
+    // the caller).
     for d in 0..hd {
         let mut kv = [s.zero(); V];
         for (v, kv) in kv.iter_mut().enumerate() {
@@ -92,12 +99,12 @@ fn qk_tile<S: Simd, const N: usize, const V: usize>(
     }
     for (i, acc) in acc.iter().enumerate() {
         for (v, &a) in acc.iter().enumerate() {
-            unsafe { s.store(op.wrapping_add(i * bs + c + v * l), a) };
+            unsafe { s.store(op.wrapping_add(i * ld + c + v * l), a) };
         }
     }
 }
 
-/// `acc[r·hd + x] += Σ_{j<n} p[r·bs + j] · v[j·hd + x]` for every row of `acc`.
+/// `acc[r·hd + x] += Σ_{j<n} p[r·ld + j] · v[j·hd + x]` for every row of `acc`.
 #[inline(always)]
 pub(super) fn pv<S: Simd>(
     s: S,
@@ -106,20 +113,20 @@ pub(super) fn pv<S: Simd>(
     v: &[f32],
     n: usize,
     hd: usize,
-    bs: usize,
+    ld: usize,
 ) {
     let rows = acc.len() / hd;
     assert!(
-        n <= bs && p.len() >= rows * bs && v.len() >= n * hd,
+        p.len() + ld >= rows * ld + n && v.len() >= n * hd,
         "attention: pv operands too short"
     );
     for r in (0..rows).step_by(R) {
-        let (a, p) = (&mut acc[r * hd..], &p[r * bs..]);
+        let (a, p) = (&mut acc[r * hd..], &p[r * ld..]);
         match R.min(rows - r) {
-            4 => pv_rows::<S, 4>(s, a, p, v, n, hd, bs),
-            3 => pv_rows::<S, 3>(s, a, p, v, n, hd, bs),
-            2 => pv_rows::<S, 2>(s, a, p, v, n, hd, bs),
-            _ => pv_rows::<S, 1>(s, a, p, v, n, hd, bs),
+            4 => pv_rows::<S, 4>(s, a, p, v, n, hd, ld),
+            3 => pv_rows::<S, 3>(s, a, p, v, n, hd, ld),
+            2 => pv_rows::<S, 2>(s, a, p, v, n, hd, ld),
+            _ => pv_rows::<S, 1>(s, a, p, v, n, hd, ld),
         }
     }
 }
@@ -132,26 +139,26 @@ fn pv_rows<S: Simd, const N: usize>(
     v: &[f32],
     n: usize,
     hd: usize,
-    bs: usize,
+    ld: usize,
 ) {
-    assert!(acc.len() >= N * hd && p.len() >= (N - 1) * bs + n && v.len() >= n * hd);
+    assert!(acc.len() >= N * hd && p.len() >= (N - 1) * ld + n && v.len() >= n * hd);
     let l = S::LANES;
     let mut c = 0;
     // Two vectors of columns: with four rows that is 8 accumulators, which fit the 16
     // registers of AVX2 with room for the loads (four vectors spill).
     while c + 2 * l <= hd {
-        pv_tile::<S, N, 2>(s, acc, p, v, n, hd, bs, c);
+        pv_tile::<S, N, 2>(s, acc, p, v, n, hd, ld, c);
         c += 2 * l;
     }
     if c + l <= hd {
-        pv_tile::<S, N, 1>(s, acc, p, v, n, hd, bs, c);
+        pv_tile::<S, N, 1>(s, acc, p, v, n, hd, ld, c);
         c += l;
     }
     for x in c..hd {
         for i in 0..N {
             let mut a = acc[i * hd + x];
             for j in 0..n {
-                a += p[i * bs + j] * v[j * hd + x];
+                a += p[i * ld + j] * v[j * hd + x];
             }
             acc[i * hd + x] = a;
         }
@@ -168,14 +175,14 @@ fn pv_tile<S: Simd, const N: usize, const V: usize>(
     v: &[f32],
     n: usize,
     hd: usize,
-    bs: usize,
+    ld: usize,
     c: usize,
 ) {
     let l = S::LANES;
     debug_assert!(c + V * l <= hd);
     let (ap, pp, vp) = (acc.as_mut_ptr(), p.as_ptr(), v.as_ptr());
     // SAFETY (all accesses): i < N rows of `acc` with c + V·l <= hd; j < n rows of `v`;
-    // i·bs + j < (N - 1)·bs + n inside `p` (asserted by the caller).
+    // i·ld + j < (N - 1)·ld + n inside `p` (asserted by the caller).
     let mut a = [[s.zero(); V]; N];
     for (i, a) in a.iter_mut().enumerate() {
         for (x, a) in a.iter_mut().enumerate() {
@@ -188,7 +195,7 @@ fn pv_tile<S: Simd, const N: usize, const V: usize>(
             *vv = unsafe { s.load(vp.wrapping_add(j * hd + c + x * l)) };
         }
         for (i, a) in a.iter_mut().enumerate() {
-            let pj = s.splat(unsafe { *pp.wrapping_add(i * bs + j) });
+            let pj = s.splat(unsafe { *pp.wrapping_add(i * ld + j) });
             for x in 0..V {
                 a[x] = s.fma(pj, vv[x], a[x]);
             }

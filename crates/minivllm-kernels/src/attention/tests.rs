@@ -322,7 +322,7 @@ fn check_micro<S: crate::simd::Simd>(s: S) {
         let q = rand_vec(&mut r, rows * hd);
         let kt = rand_vec(&mut r, hd * bs);
         let mut scores = vec![0.0; rows * bs];
-        micro::qk(s, &q, &kt, &mut scores, hd, bs);
+        micro::qk(s, &q, &kt, &mut scores, (hd, bs, bs));
         for i in 0..rows {
             for j in 0..bs {
                 let want: f32 = (0..hd).map(|d| q[i * hd + d] * kt[d * bs + j]).sum();
@@ -331,7 +331,7 @@ fn check_micro<S: crate::simd::Simd>(s: S) {
             }
         }
         let mut last = vec![0.0; bs];
-        micro::qk(s, &q[(rows - 1) * hd..], &kt, &mut last, hd, bs);
+        micro::qk(s, &q[(rows - 1) * hd..], &kt, &mut last, (hd, bs, bs));
         assert_eq!(last, scores[(rows - 1) * bs..], "qk row alone");
 
         let v = rand_vec(&mut r, bs * hd);
