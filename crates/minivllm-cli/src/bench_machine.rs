@@ -56,7 +56,11 @@ pub struct MachineLimits {
 impl MachineLimits {
     /// The saved limits, if they were measured on this CPU with this many threads.
     pub fn load(cpu: &str, threads: usize) -> Option<Self> {
-        let text = std::fs::read_to_string(cache_path()?).ok()?;
+        Self::load_from(&cache_path()?, cpu, threads)
+    }
+
+    fn load_from(path: &std::path::Path, cpu: &str, threads: usize) -> Option<Self> {
+        let text = std::fs::read_to_string(path).ok()?;
         let m: Self = serde_json::from_str(&text).ok()?;
         (m.cpu == cpu && m.threads == threads).then_some(m)
     }
@@ -103,7 +107,9 @@ pub fn run(args: MachineArgs) -> anyhow::Result<()> {
         date: utc_date(),
         limits,
     };
-    let saved = save(&m);
+    let saved = cache_path()
+        .context("neither XDG_CACHE_HOME nor HOME is set")
+        .and_then(|path| save(&m, path));
     if args.json {
         println!("{}", serde_json::to_string(&m)?);
     } else {
@@ -146,8 +152,7 @@ fn print_table(m: &MachineLimits) {
     }
 }
 
-fn save(m: &MachineLimits) -> anyhow::Result<PathBuf> {
-    let path = cache_path().context("neither XDG_CACHE_HOME nor HOME is set")?;
+fn save(m: &MachineLimits, path: PathBuf) -> anyhow::Result<PathBuf> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -219,9 +224,7 @@ mod tests {
     #[test]
     fn limits_load_only_for_the_same_cpu_and_threads() {
         let dir = std::env::temp_dir().join(format!("minivllm-machine-{}", std::process::id()));
-        // SAFETY (of the env var write): this is the only test in this binary touching
-        // XDG_CACHE_HOME.
-        unsafe { std::env::set_var("XDG_CACHE_HOME", &dir) };
+        let path = dir.join("minivllm").join("machine.json");
         let m = MachineLimits {
             cpu: "Test CPU".into(),
             threads: 2,
@@ -234,13 +237,11 @@ mod tests {
                 all_threads: 15.0,
             }],
         };
-        save(&m).unwrap();
-        assert_eq!(
-            MachineLimits::load("Test CPU", 2).unwrap().bandwidth(),
-            Some(15.0)
-        );
-        assert!(MachineLimits::load("Test CPU", 4).is_none());
-        assert!(MachineLimits::load("Other CPU", 2).is_none());
+        save(&m, path.clone()).unwrap();
+        let load = |cpu, threads| MachineLimits::load_from(&path, cpu, threads);
+        assert_eq!(load("Test CPU", 2).unwrap().bandwidth(), Some(15.0));
+        assert!(load("Test CPU", 4).is_none());
+        assert!(load("Other CPU", 2).is_none());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
