@@ -198,20 +198,29 @@ fn paged_attention_with(
     let work: usize = seqs.iter().map(|s| s.query_len * s.context_len * row).sum();
     let parallel = work >= PAR_MIN_WORK && rayon::current_num_threads() > 1;
     let plan = plan(&cx, out, seqs, parallel);
-    let per_decode = plan.states_per_decode.max(1);
-    let mut states = vec![0.0; plan.states_len];
+    let mut states = vec![0.0; plan.states_len(&cx)];
     let (mut tasks, decodes) = plan.tasks(&cx, &mut states);
     run_all(run, &cx, &mut tasks, parallel);
-    let mut merges = decodes
-        .into_iter()
-        .zip(states.chunks_exact(per_decode))
-        .map(|((seq, out), states)| Task::Merge {
-            states,
-            chunks: seq.context_len.div_ceil(cx.chunk_len),
+    let mut rest = &states[..];
+    let mut merges = Vec::with_capacity(decodes.len());
+    for (seq, out) in decodes {
+        let chunks = seq.context_len.div_ceil(cx.chunk_len);
+        let (mine, tail) = rest.split_at(decode_states_len(&cx, &seq));
+        rest = tail;
+        merges.push(Task::Merge {
+            states: mine,
+            chunks,
             out,
-        })
-        .collect::<Vec<_>>();
+        });
+    }
     run_all(run, &cx, &mut merges, parallel);
+}
+
+/// Floats of chunk states a decode token needs: `[num_kv_heads, chunks, group, state_len]`.
+fn decode_states_len(cx: &Ctx<'_>, seq: &SeqAttn<'_>) -> usize {
+    let sh = cx.shape;
+    let chunks = seq.context_len.div_ceil(cx.chunk_len);
+    sh.num_kv_heads * chunks * sh.group() * cx.state_len()
 }
 
 fn run_all(run: TaskFn, cx: &Ctx<'_>, tasks: &mut Vec<Task<'_>>, parallel: bool) {
@@ -231,9 +240,6 @@ struct Plan<'s, 'o> {
     prefills: Vec<(SeqAttn<'s>, &'o mut [f32])>,
     decodes: Vec<(SeqAttn<'s>, &'o mut [f32])>,
     tile_tokens: usize,
-    /// Chunk states of one decode token (room for the longest decode context).
-    states_per_decode: usize,
-    states_len: usize,
 }
 
 /// Carves `out` into the rows of each sequence and sizes the work.
@@ -263,12 +269,6 @@ fn plan<'s, 'o>(
             prefills.push((s, mine));
         }
     }
-    let max_chunks = decodes
-        .iter()
-        .map(|(s, _)| s.context_len.div_ceil(cx.chunk_len))
-        .max()
-        .unwrap_or(0);
-    let states_per_decode = sh.num_kv_heads * max_chunks * sh.group() * cx.state_len();
     // Tiles of up to ~64 query rows keep a tile's queries and states in L1/L2; with few
     // prefill tokens, smaller tiles give every thread work. Tile size does not change results.
     let prefill_tokens: usize = prefills.iter().map(|(s, _)| s.query_len).sum();
@@ -280,15 +280,21 @@ fn plan<'s, 'o>(
         max_tile
     };
     Plan {
-        states_len: decodes.len() * states_per_decode,
         prefills,
         decodes,
         tile_tokens,
-        states_per_decode,
     }
 }
 
 impl<'s, 'o> Plan<'s, 'o> {
+    /// Floats of chunk states for all decode tokens, one after the other.
+    fn states_len(&self, cx: &Ctx<'_>) -> usize {
+        self.decodes
+            .iter()
+            .map(|(seq, _)| decode_states_len(cx, seq))
+            .sum()
+    }
+
     /// The first-phase tasks (prefill tiles and decode chunks, writing into `states`) and the
     /// decode tokens still to merge.
     #[allow(clippy::type_complexity)]
@@ -310,11 +316,12 @@ impl<'s, 'o> Plan<'s, 'o> {
             }
         }
         let per_chunk = cx.shape.group() * cx.state_len();
-        let decode_states = states.chunks_exact_mut(self.states_per_decode.max(1));
-        for ((seq, _), states) in self.decodes.iter().zip(decode_states) {
+        let mut rest = states;
+        for (seq, _) in &self.decodes {
             let chunks = seq.context_len.div_ceil(cx.chunk_len);
-            let used = &mut states[..cx.shape.num_kv_heads * chunks * per_chunk];
-            for (i, states) in used.chunks_exact_mut(per_chunk).enumerate() {
+            let (mine, tail) = rest.split_at_mut(decode_states_len(cx, seq));
+            rest = tail;
+            for (i, states) in mine.chunks_exact_mut(per_chunk).enumerate() {
                 tasks.push(Task::Chunk {
                     seq: *seq,
                     kv_head: i / chunks,

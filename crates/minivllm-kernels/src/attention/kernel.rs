@@ -162,7 +162,7 @@ fn tile<S: Simd>(
         scr.run.resize(rows * sl, 0.0);
         scr.cur.resize(rows * sl, 0.0);
         let mut run = States::new(&mut scr.run, rows, hd);
-        run.max.fill(f32::NEG_INFINITY);
+        run.clear();
         for c0 in (0..end).step_by(cx.chunk_len) {
             chunk_states(s, cx, seq, kvh, &set, c0, &mut scr.cur, &mut scr.scores);
             for r in 0..rows {
