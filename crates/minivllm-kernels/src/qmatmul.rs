@@ -3,8 +3,9 @@
 //! Every row of `x` is quantised once to 8-bit blocks of 32 (ggml's Q8_0/Q8_1) and every
 //! output is an integer dot product of blocks, as llama.cpp computes ([`crate::qdot`] has
 //! ggml's reference formulas). Decoding a few rows is bound by reading the weights, which
-//! stay 4-8x smaller than f32; many rows (prefill) run the same products in tiles of
-//! `TILE_R × TILE_C`, so that weights and activations are each unpacked once per tile.
+//! stay 4-8x smaller than f32; many rows (prefill) run the same products in tiles (4 activation
+//! rows against a group of 8 weight rows, or `TILE_R × TILE_C` for Q8_0), so that weights and
+//! activations are each unpacked once per tile.
 //!
 //! Weights are split at load into quants, scales and offsets; the bytes are those of the
 //! file, rearranged. 4-bit formats (Q4_0, Q4_1) are interleaved in groups of eight rows
@@ -495,7 +496,8 @@ fn dot_groups(
     }
 }
 
-/// The portable kernel: one output, the same arithmetic as the AVX2 tile with one lane.
+/// The portable kernel: one output with ggml's block arithmetic in one lane (its rounding
+/// differs from the AVX2 tiles', which sum in vector lanes).
 fn dot_portable(w: &QuantMatrix, j: usize, x: &Q8Rows, i: usize) -> f32 {
     let (nb, nbp) = (w.nb, w.nbp);
     let (mut sum, mut offs) = (0.0f32, 0.0f32);
