@@ -129,10 +129,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     // each generated token costs one LM head row.
     let model = llm.engine().model();
     let per_seq_tokens = args.input_len + args.output_len - 1;
-    let flops = args.num_prompts as f64
-        * (per_seq_tokens as f64 * model.layer_flops_per_token()
-            + model.attention_flops(per_seq_tokens * (per_seq_tokens + 1) / 2)
-            + args.output_len as f64 * model.head_flops());
+    let flops = args.num_prompts as f64 * model.sequence_flops(per_seq_tokens, args.output_len);
     let gflops = flops / secs / 1e9;
     let shares = Shares::new(&env, &model.weight_formats());
     if args.json {
@@ -224,11 +221,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let decode_tps = decode_tokens / t.decode.as_secs_f64();
     // What the work weighs: FLOPs of the prefill, bytes and FLOPs of an average decode step.
     let batch = args.batch_size as f64;
-    let n = args.input_len;
-    let prefill_flops = batch
-        * (n as f64 * model.layer_flops_per_token()
-            + model.attention_flops(n * (n + 1) / 2)
-            + model.head_flops());
+    let prefill_flops = batch * model.sequence_flops(args.input_len, 1);
     let mid_context = args.input_len + args.output_len / 2;
     let step_bytes = weight_bytes + batch * (model.kv_bytes_per_position() * mid_context) as f64;
     let step_flops = batch
@@ -308,11 +301,12 @@ impl Shares {
     fn new(env: &Environment, formats: &[(&'static str, usize)]) -> Self {
         let quantised = formats.iter().any(|(f, _)| *f != "F32");
         // The quantised kernels are AVX2 int8 dot products on every x86 ISA we dispatch to.
+        use minivllm::kernels::probe;
         let peak_name = match (env.isa.as_str(), quantised) {
             ("scalar", _) => None,
-            (_, true) => Some("int8 dot (AVX2 maddubs)"),
-            ("avx512", false) => Some("f32 FMA (AVX-512)"),
-            (_, false) => Some("f32 FMA (AVX2)"),
+            (_, true) => Some(probe::INT8_AVX2),
+            ("avx512", false) => Some(probe::F32_FMA_AVX512),
+            (_, false) => Some(probe::F32_FMA_AVX2),
         };
         Self {
             limits: crate::bench_machine::MachineLimits::load(&env.cpu, env.threads),

@@ -74,7 +74,7 @@ impl MachineLimits {
     }
 
     pub fn bandwidth(&self) -> Option<f64> {
-        self.get("memory read")
+        self.get(probe::MEMORY_READ)
     }
 }
 
@@ -231,7 +231,7 @@ mod tests {
             flags: vec!["avx2".into()],
             date: utc_date(),
             limits: vec![LimitRecord {
-                name: "memory read".into(),
+                name: probe::MEMORY_READ.into(),
                 unit: "GB/s".into(),
                 one_thread: 10.0,
                 all_threads: 15.0,

@@ -10,6 +10,12 @@ use std::time::Instant;
 
 use crate::threading;
 
+/// Names of the limits that benchmarks look up.
+pub const MEMORY_READ: &str = "memory read";
+pub const F32_FMA_AVX2: &str = "f32 FMA (AVX2)";
+pub const F32_FMA_AVX512: &str = "f32 FMA (AVX-512)";
+pub const INT8_AVX2: &str = "int8 dot (AVX2 maddubs)";
+
 /// A measured limit, on one thread and on every thread of the kernel pool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
@@ -48,7 +54,7 @@ pub fn read_bandwidth(bytes: usize) -> Limit {
     });
     let gb = (buf.len() * 4) as f64 / 1e9;
     Limit {
-        name: "memory read",
+        name: MEMORY_READ,
         unit: "GB/s",
         one_thread: gb / one,
         all_threads: gb / all,
@@ -107,21 +113,21 @@ const CHAINS: usize = 12;
 #[cfg(target_arch = "x86_64")]
 const PROBES: &[Probe] = &[
     Probe {
-        name: "f32 FMA (AVX2)",
+        name: F32_FMA_AVX2,
         unit: "GFLOP/s",
         available: || std::arch::is_x86_feature_detected!("fma"),
         run: |n| unsafe { x86::fma_avx2(n) },
         ops_per_iter: CHAINS * 8 * 2,
     },
     Probe {
-        name: "f32 FMA (AVX-512)",
+        name: F32_FMA_AVX512,
         unit: "GFLOP/s",
         available: || std::arch::is_x86_feature_detected!("avx512f"),
         run: |n| unsafe { x86::fma_avx512(n) },
         ops_per_iter: CHAINS * 16 * 2,
     },
     Probe {
-        name: "int8 dot (AVX2 maddubs)",
+        name: INT8_AVX2,
         unit: "GOP/s",
         available: || std::arch::is_x86_feature_detected!("avx2"),
         run: |n| unsafe { x86::int8_avx2(n) },
@@ -326,7 +332,7 @@ mod tests {
         let peaks = compute_peaks();
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("fma") {
-            assert!(peaks.iter().any(|p| p.name == "f32 FMA (AVX2)"));
+            assert!(peaks.iter().any(|p| p.name == F32_FMA_AVX2));
         }
         for p in &peaks {
             assert!(p.one_thread > 0.0 && p.all_threads.is_finite(), "{p:?}");

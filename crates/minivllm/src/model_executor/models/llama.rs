@@ -151,6 +151,15 @@ impl LlamaForCausalLM {
         4.0 * (context * c.q_size() * c.num_hidden_layers) as f64
     }
 
+    /// Floating-point operations of one sequence whose `tokens` positions each go through the
+    /// layers once (attending to every position before them) and `sampled` of which go
+    /// through the LM head.
+    pub fn sequence_flops(&self, tokens: usize, sampled: usize) -> f64 {
+        tokens as f64 * self.layer_flops_per_token()
+            + self.attention_flops(tokens * (tokens + 1) / 2)
+            + sampled as f64 * self.head_flops()
+    }
+
     /// Bytes of KV cache that attention reads per cached position, all layers.
     pub fn kv_bytes_per_position(&self) -> usize {
         2 * self.config.kv_size() * std::mem::size_of::<f32>() * self.config.num_hidden_layers
