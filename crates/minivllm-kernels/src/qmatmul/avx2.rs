@@ -3,6 +3,8 @@
 
 use std::arch::x86_64::*;
 
+use half::f16;
+
 use super::{Q8Rows, QuantMatrix, GROUP, SCALE_GROUP};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
@@ -204,3 +206,88 @@ unsafe fn tile_group_of<const R: usize, const STORED_MIN: bool>(
 
 /// How far ahead of the current block a group's quants are prefetched, in bytes (8 blocks).
 const GROUP_PREFETCH: usize = 8 * GROUP * QK / 2;
+
+/// One activation row quantised as [`crate::qdot::quantize_block`] does, bit for bit: the
+/// same `amax / 127` scale and its reciprocal, the same products, and `roundf`'s ties away
+/// from zero (not the vector unit's ties to even, which ggml's own AVX2 path uses), so that
+/// every ISA feeds the dot products the same quants. Writes `qs` (`nb · QK`), `d` and `s`
+/// (`nb` each).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `x` must hold `nb · QK` values.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let nb = d.len();
+    debug_assert!(x.len() == nb * QK && qs.len() == nb * QK && s.len() == nb);
+    // SAFETY (whole body): block b reads x[b·QK..(b+1)·QK] and writes qs at the same
+    // offsets, both in bounds by the contract; the rest is register arithmetic under AVX2.
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let half = _mm256_set1_ps(0.5);
+        let one = _mm256_set1_ps(1.0);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for b in 0..nb {
+            let p = x.as_ptr().add(b * QK);
+            let v: [__m256; 4] = std::array::from_fn(|t| _mm256_loadu_ps(p.add(8 * t)));
+            let mut amax = _mm256_andnot_ps(sign, v[0]);
+            for vt in &v[1..] {
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, *vt));
+            }
+            let nan = v.iter().fold(_mm256_setzero_ps(), |n, vt| {
+                _mm256_or_ps(n, _mm256_cmp_ps::<_CMP_UNORD_Q>(*vt, *vt))
+            });
+            let amax = hmax(amax);
+            let dv = amax / 127.0;
+            let id = if dv != 0.0 { 1.0 / dv } else { 0.0 };
+            if !id.is_finite() || !amax.is_finite() || _mm256_movemask_ps(nan) != 0 {
+                // Subnormal scales and non-finite inputs: the conversions below saturate
+                // differently from Rust's casts, so such blocks take the scalar path.
+                let blk = crate::qdot::quantize_block(&x[b * QK..(b + 1) * QK]);
+                qs[b * QK..(b + 1) * QK].copy_from_slice(&blk.qs);
+                (d[b], s[b]) = (blk.d, blk.s);
+                continue;
+            }
+            let idv = _mm256_set1_ps(id);
+            let q: [__m256i; 4] = std::array::from_fn(|t| {
+                let y = _mm256_mul_ps(v[t], idv);
+                // roundf: truncate, then step away from zero when the dropped part is at
+                // least a half (both steps exact for |y| < 2^23).
+                let t0 = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+                let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(y, t0));
+                let away = _mm256_or_ps(_mm256_and_ps(y, sign), one);
+                let step = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), away);
+                _mm256_cvttps_epi32(_mm256_add_ps(t0, step))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let packed = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let packed = _mm256_permutevar8x32_epi32(packed, order);
+            _mm256_storeu_si256(qs.as_mut_ptr().add(b * QK) as *mut __m256i, packed);
+            let dr = f16::from_f32(dv).to_f32();
+            d[b] = dr;
+            s[b] = hsum_i32(sum) as f32 * dr;
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn hmax(v: __m256) -> f32 {
+    // SAFETY: register-only intrinsics; the caller has AVX.
+    unsafe {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: register-only intrinsics; the caller has AVX2.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
+    }
+}

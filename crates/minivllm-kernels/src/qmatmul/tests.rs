@@ -51,6 +51,46 @@ fn quantize_row_q8_follows_ggml() {
     assert_eq!(q[0], BlockQ8::default());
 }
 
+/// The AVX2 activation quantiser against `quantize_block`, bit for bit: random blocks,
+/// exact ties (`amax` = 127 makes the scale 1, so x.5 values must round away from zero as
+/// `roundf` does), zero, subnormal and non-finite blocks.
+#[test]
+fn avx2_quantiser_matches_scalar_bit_for_bit() {
+    if !use_avx2() {
+        eprintln!("SKIPPED avx2_quantiser_matches_scalar_bit_for_bit: no AVX2+F16C");
+        return;
+    }
+    let mut r = rng(11);
+    let mut x = rand_vec(&mut r, 40 * QK);
+    for (t, v) in x[..QK].iter_mut().enumerate() {
+        *v = t as f32 - 15.5; // ties, both signs
+    }
+    x[0] = 127.0;
+    x[QK..2 * QK].fill(0.0);
+    x[2 * QK..3 * QK].fill(1e-40);
+    x[3 * QK + 4] = f32::NAN;
+    x[4 * QK + 9] = f32::INFINITY;
+    for (t, v) in x[5 * QK..6 * QK].iter_mut().enumerate() {
+        *v *= 10f32.powi(t as i32 % 7 - 3);
+    }
+    let nb = x.len() / QK;
+    let (mut qs, mut d, mut s) = (vec![0i8; nb * QK], vec![0.0; nb], vec![0.0; nb]);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: use_avx2() checked the CPU; x holds nb blocks.
+    unsafe {
+        avx2::quantize_row(&x, &mut qs, &mut d, &mut s)
+    };
+    for (b, xb) in x.chunks_exact(QK).enumerate() {
+        let want = qdot::quantize_block(xb);
+        assert_eq!(&qs[b * QK..(b + 1) * QK], &want.qs, "block {b} quants");
+        assert_eq!(d[b].to_bits(), want.d.to_bits(), "block {b} scale");
+        assert_eq!(s[b].to_bits(), want.s.to_bits(), "block {b} sum");
+    }
+    assert_eq!(qs[1], -15, "-14.5 rounds away from zero");
+    assert_eq!(qs[2], -14, "-13.5 rounds away from zero");
+    assert_eq!(qs[17], 2, "1.5 rounds away from zero");
+}
+
 #[test]
 fn q8_0_bytes_round_trip_through_the_dequantiser() {
     let mut r = rng(1);
