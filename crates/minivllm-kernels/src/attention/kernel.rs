@@ -238,7 +238,17 @@ fn chunk_states<S: Simd>(
         }
         for (k, b0) in (p0..p1).step_by(bs).enumerate() {
             let rb = rows.first_seeing(b0);
-            let (kt, _) = sh.block(cx.key_cache, cx.value_cache, seq.block_table, b0, kvh);
+            let (kt, vals) = sh.block(cx.key_cache, cx.value_cache, seq.block_table, b0, kvh);
+            // A block's keys and values are a few KiB at an address the block table picks:
+            // too short a stream for the hardware prefetcher to learn before it ends, so
+            // decoding large batches waited on them. Ask for the span's values and the next
+            // block's keys while this block's scores are computed.
+            prefetch(s, vals);
+            if b0 + bs < c_end {
+                let (next, _) =
+                    sh.block(cx.key_cache, cx.value_cache, seq.block_table, b0 + bs, kvh);
+                prefetch(s, next);
+            }
             let sc = &mut scores[rb * span + k * bs..];
             micro::qk(s, &rows.q[rb * hd..], kt, sc, (hd, bs, span));
         }
@@ -264,6 +274,16 @@ fn chunk_states<S: Simd>(
         }
     }
 }
+
+/// Hints that all of `x` will be read soon.
+#[inline(always)]
+fn prefetch<S: Simd>(s: S, x: &[f32]) {
+    for line in x.chunks(CACHE_LINE_FLOATS) {
+        s.prefetch(line.as_ptr());
+    }
+}
+
+const CACHE_LINE_FLOATS: usize = 16;
 
 /// Folds one span's raw scores `sc` into row `r`'s max and sum, rescaling its accumulator
 /// if the max grew, and leaves the span's probabilities (relative to the new max) in `sc`.
