@@ -223,7 +223,8 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let batch = args.batch_size as f64;
     let prefill_flops = batch * model.sequence_flops(args.input_len, 1);
     let mid_context = args.input_len + args.output_len / 2;
-    let step_bytes = weight_bytes + batch * (model.kv_bytes_per_position() * mid_context) as f64;
+    let kv_bytes = rt.runner.cache().kv_bytes_per_position();
+    let step_bytes = weight_bytes + batch * (kv_bytes * mid_context) as f64;
     let step_flops = batch
         * (model.layer_flops_per_token() + model.head_flops() + model.attention_flops(mid_context));
     let prefill_gflops = prefill_flops / t.prefill.as_secs_f64() / 1e9;

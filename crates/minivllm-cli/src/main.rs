@@ -60,6 +60,10 @@ pub struct ModelArgs {
     /// Re-quantise float weights at load: `q8_0`.
     #[arg(long)]
     pub quantization: Option<minivllm::model_executor::loader::weights::Quantization>,
+    /// What the KV cache stores: `auto` (float32 with `--dtype float32`, else float16, as
+    /// llama.cpp), `float32`, `float16` or `bfloat16`.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: minivllm::worker::cache_engine::CacheDtype,
 }
 
 /// Engine options beyond the model: scheduling and caching, with vLLM's flag names.
@@ -103,6 +107,7 @@ impl EngineFlags {
             max_num_batched_tokens: self.max_num_batched_tokens,
             block_size: m.block_size,
             kv_cache_memory: m.kv_cache_memory,
+            kv_cache_dtype: m.kv_cache_dtype,
             swap_space: self.swap_space,
             enable_prefix_caching: !self.no_enable_prefix_caching,
             enable_chunked_prefill: !self.no_enable_chunked_prefill,
@@ -180,8 +185,13 @@ impl ModelArgs {
             self.max_model_len,
             &loaded.config,
         )?;
-        let cache =
-            CacheEngine::with_budget(&loaded.config, self.block_size, self.kv_cache_memory)?;
+        let kv_dtype = self.kv_cache_dtype.resolve(self.dtype);
+        let cache = CacheEngine::with_budget(
+            &loaded.config,
+            self.block_size,
+            self.kv_cache_memory,
+            kv_dtype,
+        )?;
         Ok(Runtime {
             runner: ModelRunner::new(loaded.model, cache),
             tokenizer: loaded.tokenizer,

@@ -10,9 +10,11 @@
 //! share each key and value block read (one small matmul per block). Decode tokens are split
 //! by (kv head, chunk), then their chunk states are merged.
 
+mod cache;
 mod kernel;
 mod micro;
 
+pub use cache::{KvBuffer, KvCacheDtype, KvElem, KvSlice, KvSliceMut};
 use kernel::{Ctx, Scratch, Task, TaskFn};
 use rayon::prelude::*;
 
@@ -50,14 +52,14 @@ impl AttnShape {
     /// `kv_head`'s keys (`[head_dim, block_size]`) and values (`[block_size, head_dim]`) in the
     /// block holding logical `pos`.
     #[inline]
-    fn block<'c>(
+    fn block<'c, T>(
         &self,
-        key_cache: &'c [f32],
-        value_cache: &'c [f32],
+        key_cache: &'c [T],
+        value_cache: &'c [T],
         block_table: &[u32],
         pos: usize,
         kv_head: usize,
-    ) -> (&'c [f32], &'c [f32]) {
+    ) -> (&'c [T], &'c [T]) {
         let off = self.head_block_offset(block_table, pos, kv_head);
         let n = self.block_size * self.head_dim;
         (&key_cache[off..off + n], &value_cache[off..off + n])
@@ -103,11 +105,28 @@ pub struct SeqAttn<'a> {
 /// A cache block holds, for each kv head, its values as `[block_size, head_dim]` and its keys
 /// transposed, `[head_dim, block_size]`, so that the scores of a block are a product with
 /// no horizontal sums.
-pub fn reshape_and_cache(
+pub fn reshape_and_cache<'c>(
     key: &[f32],
     value: &[f32],
-    key_cache: &mut [f32],
-    value_cache: &mut [f32],
+    key_cache: impl Into<KvSliceMut<'c>>,
+    value_cache: impl Into<KvSliceMut<'c>>,
+    slot_mapping: &[usize],
+    shape: &AttnShape,
+) {
+    use KvSliceMut as M;
+    match (key_cache.into(), value_cache.into()) {
+        (M::Float32(kc), M::Float32(vc)) => write_cache(key, value, kc, vc, slot_mapping, shape),
+        (M::Float16(kc), M::Float16(vc)) => write_cache(key, value, kc, vc, slot_mapping, shape),
+        (M::BFloat16(kc), M::BFloat16(vc)) => write_cache(key, value, kc, vc, slot_mapping, shape),
+        _ => panic!("reshape_and_cache: key and value caches differ in element type"),
+    }
+}
+
+fn write_cache<T: KvElem>(
+    key: &[f32],
+    value: &[f32],
+    key_cache: &mut [T],
+    value_cache: &mut [T],
     slot_mapping: &[usize],
     shape: &AttnShape,
 ) {
@@ -143,10 +162,15 @@ pub fn reshape_and_cache(
             let src = (t * shape.num_kv_heads + h) * hd;
             let base = (block * shape.num_kv_heads + h) * bs * hd;
             for (d, &k) in key[src..src + hd].iter().enumerate() {
-                key_cache[base + d * bs + off] = k;
+                key_cache[base + d * bs + off] = T::from_f32(k);
             }
             let dst = base + off * hd;
-            value_cache[dst..dst + hd].copy_from_slice(&value[src..src + hd]);
+            for (c, &v) in value_cache[dst..dst + hd]
+                .iter_mut()
+                .zip(&value[src..src + hd])
+            {
+                *c = T::from_f32(v);
+            }
         }
     }
 }
@@ -154,11 +178,11 @@ pub fn reshape_and_cache(
 /// `out[t, h, :]` = attention of query `[t, h, :]` over its sequence's cached keys/values,
 /// with GQA (query head h reads kv head `h / (num_heads / num_kv_heads)`). Tokens of `query`
 /// that no sequence covers are left alone in `out`.
-pub fn paged_attention(
+pub fn paged_attention<'c>(
     out: &mut [f32],
     query: &[f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
+    key_cache: impl Into<KvSlice<'c>>,
+    value_cache: impl Into<KvSlice<'c>>,
     seqs: &[SeqAttn<'_>],
     shape: &AttnShape,
 ) {
@@ -166,8 +190,8 @@ pub fn paged_attention(
         kernel::run_task,
         out,
         query,
-        key_cache,
-        value_cache,
+        key_cache.into(),
+        value_cache.into(),
         seqs,
         shape,
     );
@@ -178,8 +202,8 @@ fn paged_attention_with(
     run: TaskFn,
     out: &mut [f32],
     query: &[f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
+    key_cache: KvSlice<'_>,
+    value_cache: KvSlice<'_>,
     seqs: &[SeqAttn<'_>],
     shape: &AttnShape,
 ) {
@@ -337,8 +361,8 @@ impl<'s, 'o> Plan<'s, 'o> {
 fn check_batch(
     out: &[f32],
     query: &[f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
+    key_cache: KvSlice<'_>,
+    value_cache: KvSlice<'_>,
     seqs: &[SeqAttn<'_>],
     shape: &AttnShape,
 ) {
@@ -353,6 +377,11 @@ fn check_batch(
         key_cache.len(),
         value_cache.len(),
         "paged_attention: caches differ in length"
+    );
+    assert_eq!(
+        key_cache.dtype(),
+        value_cache.dtype(),
+        "paged_attention: key and value caches differ in element type"
     );
     let num_blocks = key_cache.len() / shape.block_len().max(1);
     for (i, s) in seqs.iter().enumerate() {
@@ -380,16 +409,17 @@ fn check_batch(
 }
 
 /// Scalar twin of [`paged_attention`]: single-threaded, two-pass softmax.
-pub fn paged_attention_scalar(
+pub fn paged_attention_scalar<'c>(
     out: &mut [f32],
     query: &[f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
+    key_cache: impl Into<KvSlice<'c>>,
+    value_cache: impl Into<KvSlice<'c>>,
     seqs: &[SeqAttn<'_>],
     shape: &AttnShape,
 ) {
+    let (key_cache, value_cache) = (key_cache.into(), value_cache.into());
     check_batch(out, query, key_cache, value_cache, seqs, shape);
-    let hd = shape.head_dim;
+    let (hd, bs) = (shape.head_dim, shape.block_size);
     let mut scores = Vec::new();
     for s in seqs {
         for i in 0..s.query_len {
@@ -400,22 +430,18 @@ pub fn paged_attention_scalar(
                 let q = &query[(t * shape.num_heads + h) * hd..][..hd];
                 scores.clear();
                 for pos in 0..=last {
-                    let (kt, _) = shape.block(key_cache, value_cache, s.block_table, pos, kvh);
-                    let k = kt
-                        .iter()
-                        .skip(pos % shape.block_size)
-                        .step_by(shape.block_size);
-                    let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+                    // Keys are stored transposed in their block: [head_dim, block_size].
+                    let at = shape.head_block_offset(s.block_table, pos, kvh) + pos % bs;
+                    let dot: f32 = (0..hd).map(|d| q[d] * key_cache.get(at + d * bs)).sum();
                     scores.push(dot * shape.scale);
                 }
                 crate::softmax::softmax_inplace_scalar(&mut scores);
                 let o = &mut out[(t * shape.num_heads + h) * hd..][..hd];
                 o.fill(0.0);
                 for (pos, &p) in scores.iter().enumerate() {
-                    let (_, vb) = shape.block(key_cache, value_cache, s.block_table, pos, kvh);
-                    let v = &vb[(pos % shape.block_size) * hd..][..hd];
-                    for (o, &v) in o.iter_mut().zip(v) {
-                        *o += p * v;
+                    let at = shape.head_block_offset(s.block_table, pos, kvh) + (pos % bs) * hd;
+                    for (x, o) in o.iter_mut().enumerate() {
+                        *o += p * value_cache.get(at + x);
                     }
                 }
             }

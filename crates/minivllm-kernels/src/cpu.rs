@@ -29,7 +29,10 @@ impl Isa {
 pub fn detected() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        // F16C (half-precision loads of the KV cache) came with every AVX2 CPU made.
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
         if avx2 && is_x86_feature_detected!("avx512f") {
             return Isa::Avx512;
         }

@@ -384,18 +384,10 @@ fn check_shapes(x: &[f32], w: &QuantMatrix, out: &[f32], m: usize) {
     );
 }
 
-/// Whether the AVX2 kernels may run: `isa()` honours `MINIVLLM_ISA`; F16C (the scales) is
-/// checked apart.
+/// Whether the AVX2 kernels may run (`isa()` honours `MINIVLLM_ISA`; its AVX2 includes the
+/// F16C that converts the scales).
 fn use_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static F16C: OnceLock<bool> = OnceLock::new();
-        crate::cpu::isa() >= crate::cpu::Isa::Avx2
-            && *F16C.get_or_init(|| is_x86_feature_detected!("f16c"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::cpu::isa() >= crate::cpu::Isa::Avx2
 }
 
 /// A pointer to `out` that parallel tasks write disjoint columns of.

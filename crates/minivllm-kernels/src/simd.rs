@@ -6,6 +6,7 @@
 //! A token type (`Avx2`, `Avx512`) can only be obtained where its features are known to
 //! exist, which is what makes the safe methods of the trait sound.
 
+use half::{bf16, f16};
 /// One register of `LANES` f32 lanes and the operations the kernels need on it.
 pub(crate) trait Simd: Copy + Send + Sync {
     type V: Copy;
@@ -40,6 +41,16 @@ pub(crate) trait Simd: Copy + Send + Sync {
     }
     /// `e^x`, within a few ulp of `f32::exp` over the range where it is finite and normal.
     fn exp(self, x: Self::V) -> Self::V;
+    /// Loads `LANES` f16 values as f32.
+    ///
+    /// # Safety
+    /// `LANES` values must be readable at `p`.
+    unsafe fn load_f16(self, p: *const f16) -> Self::V;
+    /// Loads `LANES` bf16 values as f32.
+    ///
+    /// # Safety
+    /// `LANES` values must be readable at `p`.
+    unsafe fn load_bf16(self, p: *const bf16) -> Self::V;
     /// Hints that the cache line holding `p` will be read soon. Any address is allowed.
     #[inline(always)]
     fn prefetch(self, p: *const f32) {
@@ -95,6 +106,16 @@ impl Simd for Scalar {
         unsafe { *p = v }
     }
     #[inline(always)]
+    unsafe fn load_f16(self, p: *const f16) -> f32 {
+        // SAFETY: the caller guarantees one readable value.
+        unsafe { (*p).to_f32() }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const bf16) -> f32 {
+        // SAFETY: the caller guarantees one readable value.
+        unsafe { (*p).to_f32() }
+    }
+    #[inline(always)]
     fn add(self, a: f32, b: f32) -> f32 {
         a + b
     }
@@ -139,6 +160,7 @@ pub(crate) use x86::{Avx2, Avx512};
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Simd;
+    use half::{bf16, f16};
     use std::arch::x86_64::*;
 
     /// A vector read or written at any alignment.
@@ -244,13 +266,13 @@ mod x86 {
         }
     }
 
-    /// Proof that AVX2 and FMA are available.
+    /// Proof that AVX2, FMA and F16C are available.
     #[derive(Clone, Copy, Debug)]
     pub(crate) struct Avx2(());
 
     impl Avx2 {
         /// # Safety
-        /// The CPU must support `avx2` and `fma`.
+        /// The CPU must support `avx2`, `fma` and `f16c`.
         #[inline(always)]
         pub(crate) unsafe fn new_unchecked() -> Self {
             Avx2(())
@@ -262,7 +284,7 @@ mod x86 {
         }
     }
 
-    // SAFETY (for every `unsafe` block in this impl): an `Avx2` exists only where avx2 and
+    // SAFETY (for every `unsafe` block in this impl): an `Avx2` exists only where avx2, f16c and
     // fma are available, so the intrinsics are supported; pointer validity is the caller's.
     impl Simd for Avx2 {
         type V = __m256;
@@ -283,6 +305,18 @@ mod x86 {
         #[inline(always)]
         unsafe fn store(self, p: *mut f32, v: __m256) {
             unsafe { store_unaligned(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(self, p: *const f16) -> __m256 {
+            unsafe { _mm256_cvtph_ps(load_unaligned(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(self, p: *const bf16) -> __m256 {
+            // bf16 is the top half of an f32.
+            unsafe {
+                let h: __m128i = load_unaligned(p.cast());
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
         }
         #[inline(always)]
         fn add(self, a: __m256, b: __m256) -> __m256 {
@@ -391,7 +425,7 @@ mod x86 {
     }
 
     // SAFETY (for every `unsafe` block in this impl): an `Avx512` exists only where avx512f
-    // is available; pointer validity is the caller's.
+    // (with avx2, fma and f16c) is available; pointer validity is the caller's.
     impl Simd for Avx512 {
         type V = __m512;
         const LANES: usize = 16;
@@ -411,6 +445,17 @@ mod x86 {
         #[inline(always)]
         unsafe fn store(self, p: *mut f32, v: __m512) {
             unsafe { store_unaligned(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(self, p: *const f16) -> __m512 {
+            unsafe { _mm512_cvtph_ps(load_unaligned(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(self, p: *const bf16) -> __m512 {
+            unsafe {
+                let h: __m256i = load_unaligned(p.cast());
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
         }
         #[inline(always)]
         fn add(self, a: __m512, b: __m512) -> __m512 {
@@ -518,23 +563,23 @@ macro_rules! simd_dispatch {
             match $crate::cpu::isa() {
                 #[cfg(target_arch = "x86_64")]
                 $crate::cpu::Isa::Avx512 => {
-                    #[target_feature(enable = "avx512f,avx2,fma")]
+                    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
                     $($unsafety)? fn run($($arg: $ty),*) $(-> $ret)? {
                         // SAFETY: this function is compiled for, and only called with, these
                         // features; the rest of the contract is the caller's.
                         unsafe { $imp(<$t512>::new_unchecked(), $($arg),*) }
                     }
-                    // SAFETY: `isa()` says Avx512 only where avx512f, avx2 and fma exist.
+                    // SAFETY: `isa()` says Avx512 only where avx512f, avx2, fma and f16c exist.
                     unsafe { run($($arg),*) }
                 }
                 #[cfg(target_arch = "x86_64")]
                 $crate::cpu::Isa::Avx2 => {
-                    #[target_feature(enable = "avx2,fma")]
+                    #[target_feature(enable = "avx2,fma,f16c")]
                     $($unsafety)? fn run($($arg: $ty),*) $(-> $ret)? {
                         // SAFETY: as above, for avx2 and fma.
                         unsafe { $imp($crate::simd::Avx2::new_unchecked(), $($arg),*) }
                     }
-                    // SAFETY: `isa()` says Avx2 only where avx2 and fma exist.
+                    // SAFETY: `isa()` says Avx2 only where avx2, fma and f16c exist.
                     unsafe { run($($arg),*) }
                 }
                 // SAFETY: the caller's contract, where the function is unsafe.

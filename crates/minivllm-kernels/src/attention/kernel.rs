@@ -8,16 +8,17 @@
 //! - a row's softmax update uses only the keys below its own limit;
 //! - chunk boundaries are fixed positions (`chunk_len`), and chunk states merge in order.
 
+use super::cache::Load;
 use super::micro;
-use super::{AttnShape, SeqAttn};
+use super::{AttnShape, KvSlice, SeqAttn};
 use crate::simd::{self, simd_dispatch, Simd};
 
 /// What the tasks of one call read.
 #[derive(Clone, Copy)]
 pub(super) struct Ctx<'a> {
     pub query: &'a [f32],
-    pub key_cache: &'a [f32],
-    pub value_cache: &'a [f32],
+    pub key_cache: KvSlice<'a>,
+    pub value_cache: KvSlice<'a>,
     pub shape: &'a AttnShape,
     /// Positions per chunk: a whole number of blocks.
     pub chunk_len: usize,
@@ -218,6 +219,29 @@ fn chunk_states<S: Simd>(
     buf: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
+    let at = (seq, kvh, rows, c0);
+    match (cx.key_cache, cx.value_cache) {
+        (KvSlice::Float32(k), KvSlice::Float32(v)) => chunk_states_of(s, cx, k, v, at, buf, scores),
+        (KvSlice::Float16(k), KvSlice::Float16(v)) => chunk_states_of(s, cx, k, v, at, buf, scores),
+        (KvSlice::BFloat16(k), KvSlice::BFloat16(v)) => {
+            chunk_states_of(s, cx, k, v, at, buf, scores)
+        }
+        _ => unreachable!("check_batch refuses caches of two element types"),
+    }
+}
+
+/// [`chunk_states`] for caches of element type `T`.
+#[allow(clippy::type_complexity)]
+#[inline(always)]
+fn chunk_states_of<S: Simd, T: Load>(
+    s: S,
+    cx: &Ctx<'_>,
+    key_cache: &[T],
+    value_cache: &[T],
+    (seq, kvh, rows, c0): (&SeqAttn<'_>, usize, &RowSet<'_>, usize),
+    buf: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
     let sh = cx.shape;
     let (hd, bs) = (sh.head_dim, sh.block_size);
     let n_rows = rows.q.len() / hd;
@@ -238,15 +262,14 @@ fn chunk_states<S: Simd>(
         }
         for (k, b0) in (p0..p1).step_by(bs).enumerate() {
             let rb = rows.first_seeing(b0);
-            let (kt, vals) = sh.block(cx.key_cache, cx.value_cache, seq.block_table, b0, kvh);
+            let (kt, vals) = sh.block(key_cache, value_cache, seq.block_table, b0, kvh);
             // A block's keys and values are a few KiB at an address the block table picks:
             // too short a stream for the hardware prefetcher to learn before it ends, so
             // decoding large batches waited on them. Ask for the span's values and the next
             // block's keys while this block's scores are computed.
             prefetch(s, vals);
             if b0 + bs < c_end {
-                let (next, _) =
-                    sh.block(cx.key_cache, cx.value_cache, seq.block_table, b0 + bs, kvh);
+                let (next, _) = sh.block(key_cache, value_cache, seq.block_table, b0 + bs, kvh);
                 prefetch(s, next);
             }
             let sc = &mut scores[rb * span + k * bs..];
@@ -257,7 +280,7 @@ fn chunk_states<S: Simd>(
             softmax_step(s, &mut st, r, &mut scores[r * span..r * span + n], sh.scale);
         }
         for (k, b0) in (p0..p1).step_by(bs).enumerate() {
-            let (_, values) = sh.block(cx.key_cache, cx.value_cache, seq.block_table, b0, kvh);
+            let (_, values) = sh.block(key_cache, value_cache, seq.block_table, b0, kvh);
             let mut r = rows.first_seeing(b0);
             while r < n_rows {
                 // Rows of one token share a limit; near the diagonal, tokens see fewer keys.
@@ -277,13 +300,14 @@ fn chunk_states<S: Simd>(
 
 /// Hints that all of `x` will be read soon.
 #[inline(always)]
-fn prefetch<S: Simd>(s: S, x: &[f32]) {
-    for line in x.chunks(CACHE_LINE_FLOATS) {
-        s.prefetch(line.as_ptr());
+fn prefetch<S: Simd, T>(s: S, x: &[T]) {
+    let p = x.as_ptr().cast::<u8>();
+    for off in (0..std::mem::size_of_val(x)).step_by(CACHE_LINE) {
+        s.prefetch(p.wrapping_add(off).cast());
     }
 }
 
-const CACHE_LINE_FLOATS: usize = 16;
+const CACHE_LINE: usize = 64;
 
 /// Folds one span's raw scores `sc` into row `r`'s max and sum, rescaling its accumulator
 /// if the max grew, and leaves the span's probabilities (relative to the new max) in `sc`.

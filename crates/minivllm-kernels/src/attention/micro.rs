@@ -6,6 +6,7 @@
 //! score, over the block's keys for an accumulator), whatever the neighbouring rows and
 //! columns, so a row's result does not depend on how many rows share the call.
 
+use super::cache::Load;
 use crate::simd::Simd;
 
 /// Query rows per register tile.
@@ -13,10 +14,10 @@ const R: usize = 4;
 
 /// `scores[r·ld + j] = Σ_d q[r·hd + d] · kt[d·bs + j]` for every row of `q` and `j < bs`.
 #[inline(always)]
-pub(super) fn qk<S: Simd>(
+pub(super) fn qk<S: Simd, T: Load>(
     s: S,
     q: &[f32],
-    kt: &[f32],
+    kt: &[T],
     scores: &mut [f32],
     (hd, bs, ld): (usize, usize, usize),
 ) {
@@ -28,19 +29,19 @@ pub(super) fn qk<S: Simd>(
     for r in (0..rows).step_by(R) {
         let (q, sc) = (&q[r * hd..], &mut scores[r * ld..]);
         match R.min(rows - r) {
-            4 => qk_rows::<S, 4>(s, q, kt, sc, hd, bs, ld),
-            3 => qk_rows::<S, 3>(s, q, kt, sc, hd, bs, ld),
-            2 => qk_rows::<S, 2>(s, q, kt, sc, hd, bs, ld),
-            _ => qk_rows::<S, 1>(s, q, kt, sc, hd, bs, ld),
+            4 => qk_rows::<S, T, 4>(s, q, kt, sc, hd, bs, ld),
+            3 => qk_rows::<S, T, 3>(s, q, kt, sc, hd, bs, ld),
+            2 => qk_rows::<S, T, 2>(s, q, kt, sc, hd, bs, ld),
+            _ => qk_rows::<S, T, 1>(s, q, kt, sc, hd, bs, ld),
         }
     }
 }
 
 #[inline(always)]
-fn qk_rows<S: Simd, const N: usize>(
+fn qk_rows<S: Simd, T: Load, const N: usize>(
     s: S,
     q: &[f32],
-    kt: &[f32],
+    kt: &[T],
     scores: &mut [f32],
     hd: usize,
     bs: usize,
@@ -50,18 +51,18 @@ fn qk_rows<S: Simd, const N: usize>(
     let l = S::LANES;
     let mut c = 0;
     while c + 2 * l <= bs {
-        qk_tile::<S, N, 2>(s, q, kt, scores, (hd, bs, ld), c);
+        qk_tile::<S, T, N, 2>(s, q, kt, scores, (hd, bs, ld), c);
         c += 2 * l;
     }
     if c + l <= bs {
-        qk_tile::<S, N, 1>(s, q, kt, scores, (hd, bs, ld), c);
+        qk_tile::<S, T, N, 1>(s, q, kt, scores, (hd, bs, ld), c);
         c += l;
     }
     for j in c..bs {
         for i in 0..N {
             let mut sum = 0.0;
             for d in 0..hd {
-                sum += q[i * hd + d] * kt[d * bs + j];
+                sum += q[i * hd + d] * kt[d * bs + j].to_f32();
             }
             scores[i * ld + j] = sum;
         }
@@ -70,10 +71,10 @@ fn qk_rows<S: Simd, const N: usize>(
 
 /// Columns `c..c + V·LANES` of [`qk_rows`].
 #[inline(always)]
-fn qk_tile<S: Simd, const N: usize, const V: usize>(
+fn qk_tile<S: Simd, T: Load, const N: usize, const V: usize>(
     s: S,
     q: &[f32],
-    kt: &[f32],
+    kt: &[T],
     scores: &mut [f32],
     (hd, bs, ld): (usize, usize, usize),
     c: usize,
@@ -88,7 +89,7 @@ fn qk_tile<S: Simd, const N: usize, const V: usize>(
     for d in 0..hd {
         let mut kv = [s.zero(); V];
         for (v, kv) in kv.iter_mut().enumerate() {
-            *kv = unsafe { s.load(kp.wrapping_add(d * bs + c + v * l)) };
+            *kv = unsafe { T::load(s, kp.wrapping_add(d * bs + c + v * l)) };
         }
         for (i, acc) in acc.iter_mut().enumerate() {
             let qv = s.splat(unsafe { *qp.wrapping_add(i * hd + d) });
@@ -106,11 +107,11 @@ fn qk_tile<S: Simd, const N: usize, const V: usize>(
 
 /// `acc[r·hd + x] += Σ_{j<n} p[r·ld + j] · v[j·hd + x]` for every row of `acc`.
 #[inline(always)]
-pub(super) fn pv<S: Simd>(
+pub(super) fn pv<S: Simd, T: Load>(
     s: S,
     acc: &mut [f32],
     p: &[f32],
-    v: &[f32],
+    v: &[T],
     n: usize,
     hd: usize,
     ld: usize,
@@ -123,20 +124,20 @@ pub(super) fn pv<S: Simd>(
     for r in (0..rows).step_by(R) {
         let (a, p) = (&mut acc[r * hd..], &p[r * ld..]);
         match R.min(rows - r) {
-            4 => pv_rows::<S, 4>(s, a, p, v, n, hd, ld),
-            3 => pv_rows::<S, 3>(s, a, p, v, n, hd, ld),
-            2 => pv_rows::<S, 2>(s, a, p, v, n, hd, ld),
-            _ => pv_rows::<S, 1>(s, a, p, v, n, hd, ld),
+            4 => pv_rows::<S, T, 4>(s, a, p, v, n, hd, ld),
+            3 => pv_rows::<S, T, 3>(s, a, p, v, n, hd, ld),
+            2 => pv_rows::<S, T, 2>(s, a, p, v, n, hd, ld),
+            _ => pv_rows::<S, T, 1>(s, a, p, v, n, hd, ld),
         }
     }
 }
 
 #[inline(always)]
-fn pv_rows<S: Simd, const N: usize>(
+fn pv_rows<S: Simd, T: Load, const N: usize>(
     s: S,
     acc: &mut [f32],
     p: &[f32],
-    v: &[f32],
+    v: &[T],
     n: usize,
     hd: usize,
     ld: usize,
@@ -147,18 +148,18 @@ fn pv_rows<S: Simd, const N: usize>(
     // Two vectors of columns: with four rows that is 8 accumulators, which fit the 16
     // registers of AVX2 with room for the loads (four vectors spill).
     while c + 2 * l <= hd {
-        pv_tile::<S, N, 2>(s, acc, p, v, n, hd, ld, c);
+        pv_tile::<S, T, N, 2>(s, acc, p, v, n, hd, ld, c);
         c += 2 * l;
     }
     if c + l <= hd {
-        pv_tile::<S, N, 1>(s, acc, p, v, n, hd, ld, c);
+        pv_tile::<S, T, N, 1>(s, acc, p, v, n, hd, ld, c);
         c += l;
     }
     for x in c..hd {
         for i in 0..N {
             let mut a = acc[i * hd + x];
             for j in 0..n {
-                a += p[i * ld + j] * v[j * hd + x];
+                a += p[i * ld + j] * v[j * hd + x].to_f32();
             }
             acc[i * hd + x] = a;
         }
@@ -168,11 +169,11 @@ fn pv_rows<S: Simd, const N: usize>(
 /// Columns `c..c + V·LANES` of [`pv_rows`].
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn pv_tile<S: Simd, const N: usize, const V: usize>(
+fn pv_tile<S: Simd, T: Load, const N: usize, const V: usize>(
     s: S,
     acc: &mut [f32],
     p: &[f32],
-    v: &[f32],
+    v: &[T],
     n: usize,
     hd: usize,
     ld: usize,
@@ -192,7 +193,7 @@ fn pv_tile<S: Simd, const N: usize, const V: usize>(
     for j in 0..n {
         let mut vv = [s.zero(); V];
         for (x, vv) in vv.iter_mut().enumerate() {
-            *vv = unsafe { s.load(vp.wrapping_add(j * hd + c + x * l)) };
+            *vv = unsafe { T::load(s, vp.wrapping_add(j * hd + c + x * l)) };
         }
         for (i, a) in a.iter_mut().enumerate() {
             let pj = s.splat(unsafe { *pp.wrapping_add(i * ld + j) });

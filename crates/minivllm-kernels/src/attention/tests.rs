@@ -175,7 +175,7 @@ fn check_with(seed: u64, what: &str, run: TaskFn) {
         let mut out = vec![0.0; b.query.len()];
         let seqs = b.seq_attn();
         let (q, kc, vc) = (&b.query, &b.key_cache, &b.value_cache);
-        paged_attention_with(run, &mut out, q, kc, vc, &seqs, &shape);
+        paged_attention_with(run, &mut out, q, kc.into(), vc.into(), &seqs, &shape);
         assert_close(&out, &reference(&b), 1e-5, 1e-4, what);
     }
 }
@@ -188,6 +188,69 @@ fn dispatch_matches_reference() {
 #[test]
 fn portable_matches_reference() {
     check_with(30, "run_task_portable", kernel::run_task_portable);
+}
+
+/// Half-precision caches: both kernels agree with the scalar twin over the same rounded
+/// cache (the kernels widen each value exactly), and with the f32 reference up to that
+/// rounding.
+#[test]
+fn half_precision_caches_match_scalar() {
+    fn check<T: KvElem>(run: TaskFn, what: &str, ref_tol: f32) {
+        for (i, (shape, lens)) in shapes().into_iter().enumerate() {
+            let b = make_batch(60 + i as u64, shape, &lens);
+            let kc: Vec<T> = b.key_cache.iter().map(|&x| T::from_f32(x)).collect();
+            let vc: Vec<T> = b.value_cache.iter().map(|&x| T::from_f32(x)).collect();
+            let seqs = b.seq_attn();
+            let mut want = vec![0.0; b.query.len()];
+            paged_attention_scalar(&mut want, &b.query, &kc, &vc, &seqs, &shape);
+            let mut got = vec![0.0; b.query.len()];
+            paged_attention_with(
+                run,
+                &mut got,
+                &b.query,
+                (&kc).into(),
+                (&vc).into(),
+                &seqs,
+                &shape,
+            );
+            let what = format!("{what} {}", T::DTYPE);
+            assert_close(&got, &want, 1e-5, 1e-4, &what);
+            assert_close(&got, &reference(&b), ref_tol, ref_tol, &what);
+        }
+    }
+    for (run, what) in [
+        (kernel::run_task as TaskFn, "dispatched"),
+        (kernel::run_task_portable, "portable"),
+    ] {
+        check::<half::f16>(run, what, 3e-3);
+        check::<half::bf16>(run, what, 3e-2);
+    }
+}
+
+#[test]
+fn reshape_and_cache_rounds_to_the_cache_type() {
+    let shape = AttnShape {
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 2,
+        block_size: 2,
+        scale: 1.0,
+    };
+    let mut kc = KvBuffer::zeros(KvCacheDtype::BFloat16, shape.block_len());
+    let mut vc = KvBuffer::zeros(KvCacheDtype::BFloat16, shape.block_len());
+    let x = 1.0 + 1.0 / 512.0; // not a bf16: rounds to 1 (ties to even)
+    reshape_and_cache(
+        &[x, 3.0],
+        &[x, -2.5],
+        kc.view_mut(),
+        vc.view_mut(),
+        &[1],
+        &shape,
+    );
+    // Keys transposed: [dim, offset]; values [offset, dim].
+    assert_eq!([kc.get(1), kc.get(3)], [1.0, 3.0]);
+    assert_eq!([vc.get(2), vc.get(3)], [1.0, -2.5]);
+    assert_eq!(kc.get(0), 0.0);
 }
 
 #[test]
@@ -247,8 +310,16 @@ fn empty_batch_is_noop() {
         block_size: 2,
         scale: 0.5,
     };
-    paged_attention(&mut [], &[], &[], &[], &[], &shape);
-    reshape_and_cache(&[], &[], &mut [], &mut [], &[], &shape);
+    let none: &[f32] = &[];
+    paged_attention(&mut [], &[], none, none, &[], &shape);
+    reshape_and_cache(
+        &[],
+        &[],
+        &mut [] as &mut [f32],
+        &mut [] as &mut [f32],
+        &[],
+        &shape,
+    );
 }
 
 /// Runs `paged_attention` in a pool of `threads` (tile sizes depend on the thread count).

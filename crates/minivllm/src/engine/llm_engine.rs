@@ -21,7 +21,7 @@ use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
 use crate::sampling_params::{SamplingParams, ValidationError};
 use crate::sequence::{FinishReason, RequestId, SeqId, Sequence, StopReason, TokenId};
-use crate::worker::cache_engine::{CacheEngine, CacheError};
+use crate::worker::cache_engine::{CacheDtype, CacheEngine, CacheError};
 use crate::worker::model_runner::ModelRunner;
 
 const WATERMARK: f32 = 0.01;
@@ -38,6 +38,8 @@ pub struct EngineArgs {
     pub block_size: usize,
     /// Bytes of KV cache.
     pub kv_cache_memory: u64,
+    /// What the KV cache stores (`--kv-cache-dtype`).
+    pub kv_cache_dtype: CacheDtype,
     /// Bytes of CPU swap pool for preemption by swapping (`--swap-space`); 0 preempts by
     /// recompute only.
     pub swap_space: u64,
@@ -59,6 +61,7 @@ impl Default for EngineArgs {
             max_num_batched_tokens: None,
             block_size: 16,
             kv_cache_memory: 1 << 30,
+            kv_cache_dtype: CacheDtype::Auto,
             swap_space: 0,
             enable_prefix_caching: true,
             enable_chunked_prefill: true,
@@ -272,8 +275,10 @@ impl LLMEngine {
     ) -> Result<Self, EngineError> {
         let config: ModelConfig = model.config().clone();
         let max_model_len = resolve_max_model_len(args.max_model_len, &config)?;
-        let cache = CacheEngine::with_budget(&config, args.block_size, args.kv_cache_memory)?
-            .with_swap_space(args.swap_space)?;
+        let kv_dtype = args.kv_cache_dtype.resolve(args.load.dtype);
+        let cache =
+            CacheEngine::with_budget(&config, args.block_size, args.kv_cache_memory, kv_dtype)?
+                .with_swap_space(args.swap_space)?;
         // A new sequence is admitted only while 1% of blocks stay free (the watermark), so
         // a prompt of max_model_len must fit in the rest or it could never start.
         let watermark_blocks = (cache.num_blocks() as f32 * WATERMARK).ceil() as usize;

@@ -1,15 +1,59 @@
 //! The KV cache memory: every layer's key and value blocks, and the CPU swap pool that
 //! preempted sequences' blocks are copied out to (`--swap-space`).
 
+use minivllm_kernels::attention::{KvBuffer, KvCacheDtype};
+
 use crate::config::ModelConfig;
 use crate::core::block_pool::{BlockId, CpuBlockId};
 use crate::model_executor::layers::attention::LayerKvCache;
+use crate::model_executor::loader::weights::DType;
+
+/// vLLM's `--kv-cache-dtype`: what the KV cache stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheDtype {
+    /// f32 with `--dtype float32` (the reference path), else f16, as llama.cpp's default:
+    /// half the bytes that decoding a large batch streams, for a rounding of keys and
+    /// values well below that of 8-bit activations.
+    #[default]
+    Auto,
+    Float32,
+    Float16,
+    BFloat16,
+}
+
+impl CacheDtype {
+    /// The element type to allocate, given the weights' `--dtype`.
+    pub fn resolve(self, weights: DType) -> KvCacheDtype {
+        match self {
+            CacheDtype::Auto if weights == DType::Float32 => KvCacheDtype::Float32,
+            CacheDtype::Auto | CacheDtype::Float16 => KvCacheDtype::Float16,
+            CacheDtype::Float32 => KvCacheDtype::Float32,
+            CacheDtype::BFloat16 => KvCacheDtype::BFloat16,
+        }
+    }
+}
+
+impl std::str::FromStr for CacheDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(CacheDtype::Auto),
+            "float32" | "float" | "fp32" => Ok(CacheDtype::Float32),
+            "float16" | "half" | "fp16" => Ok(CacheDtype::Float16),
+            "bfloat16" | "bf16" => Ok(CacheDtype::BFloat16),
+            _ => Err(format!(
+                "unknown --kv-cache-dtype {s:?} (supported: auto, float32, float16, bfloat16)"
+            )),
+        }
+    }
+}
 
 /// Owns the paged KV cache: `num_blocks` blocks of `block_size` tokens in every layer.
 pub struct CacheEngine {
     block_size: usize,
     num_blocks: usize,
-    /// Floats per block in one layer's key (or value) cache.
+    dtype: KvCacheDtype,
+    /// Values per block in one layer's key (or value) cache.
     block_len: usize,
     layers: Vec<LayerKvCache>,
     /// The swap pool: `num_cpu_blocks` blocks per layer in the same layout. On a CPU engine
@@ -41,22 +85,22 @@ pub enum CacheError {
 }
 
 impl CacheEngine {
-    /// Bytes one block takes across all layers, keys and values (f32).
-    pub fn block_bytes(config: &ModelConfig, block_size: usize) -> u64 {
-        (2 * config.num_hidden_layers * block_size * config.kv_size() * std::mem::size_of::<f32>())
-            as u64
+    /// Bytes one block takes across all layers, keys and values.
+    pub fn block_bytes(config: &ModelConfig, block_size: usize, dtype: KvCacheDtype) -> u64 {
+        (2 * config.num_hidden_layers * block_size * config.kv_size() * dtype.size()) as u64
     }
 
-    /// As many blocks as fit in `budget_bytes`.
+    /// As many blocks of `dtype` as fit in `budget_bytes`.
     pub fn with_budget(
         config: &ModelConfig,
         block_size: usize,
         budget_bytes: u64,
+        dtype: KvCacheDtype,
     ) -> Result<Self, CacheError> {
         if block_size == 0 {
             return Err(CacheError::ZeroBlockSize);
         }
-        let block_bytes = Self::block_bytes(config, block_size);
+        let block_bytes = Self::block_bytes(config, block_size, dtype);
         let num_blocks = (budget_bytes / block_bytes) as usize;
         if num_blocks == 0 {
             return Err(CacheError::TooSmall {
@@ -65,22 +109,34 @@ impl CacheEngine {
                 block_size,
             });
         }
-        Ok(Self::new(config, block_size, num_blocks))
+        Ok(Self::with_dtype(config, block_size, num_blocks, dtype))
     }
 
+    /// An f32 cache of `num_blocks` blocks: the reference path's.
     pub fn new(config: &ModelConfig, block_size: usize, num_blocks: usize) -> Self {
+        Self::with_dtype(config, block_size, num_blocks, KvCacheDtype::Float32)
+    }
+
+    pub fn with_dtype(
+        config: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvCacheDtype,
+    ) -> Self {
         let block_len = block_size * config.kv_size();
         tracing::info!(
             num_blocks,
             block_size,
             tokens = num_blocks * block_size,
+            %dtype,
             "KV cache allocated"
         );
         Self {
             block_size,
             num_blocks,
+            dtype,
             block_len,
-            layers: alloc_layers(config.num_hidden_layers, num_blocks * block_len),
+            layers: alloc_layers(config.num_hidden_layers, num_blocks * block_len, dtype),
             cpu_layers: Vec::new(),
             num_cpu_blocks: 0,
         }
@@ -91,8 +147,7 @@ impl CacheEngine {
         if swap_space == 0 {
             return Ok(self);
         }
-        let block_bytes =
-            (2 * self.layers.len() * self.block_len * std::mem::size_of::<f32>()) as u64;
+        let block_bytes = self.kv_bytes_per_position() as u64 * self.block_size as u64;
         match (swap_space / block_bytes) as usize {
             0 => Err(CacheError::SwapTooSmall {
                 swap_space,
@@ -102,9 +157,24 @@ impl CacheEngine {
         }
     }
 
+    /// What the cache stores.
+    pub fn dtype(&self) -> KvCacheDtype {
+        self.dtype
+    }
+
+    /// Bytes of keys and values one cached position takes, all layers: what attention reads
+    /// per position of context.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        2 * self.layers.len() * self.block_len / self.block_size * self.dtype.size()
+    }
+
     /// Replaces the swap pool with one of `num_cpu_blocks` blocks.
     pub fn with_cpu_blocks(mut self, num_cpu_blocks: usize) -> Self {
-        self.cpu_layers = alloc_layers(self.layers.len(), num_cpu_blocks * self.block_len);
+        self.cpu_layers = alloc_layers(
+            self.layers.len(),
+            num_cpu_blocks * self.block_len,
+            self.dtype,
+        );
         self.num_cpu_blocks = num_cpu_blocks;
         tracing::info!(num_cpu_blocks, "swap space allocated");
         self
@@ -130,7 +200,7 @@ impl CacheEngine {
             for cache in [&mut layer.key, &mut layer.value] {
                 for &(src, dst) in pairs {
                     let (s, d) = (src.0 as usize * block_len, dst.0 as usize * block_len);
-                    cache.copy_within(s..s + block_len, d);
+                    cache.copy_within(s, d, block_len);
                 }
             }
         }
@@ -159,14 +229,14 @@ impl CacheEngine {
     }
 }
 
-/// `num_layers` zeroed key and value caches of `len` floats each. vec![0.0; n] asks the
-/// allocator for zeroed pages, which the OS maps lazily: a large budget costs memory only as
-/// blocks are first written.
-fn alloc_layers(num_layers: usize, len: usize) -> Vec<LayerKvCache> {
+/// `num_layers` zeroed key and value caches of `len` values each. Zeroed vectors come from
+/// the allocator as zeroed pages, which the OS maps lazily: a large budget costs memory only
+/// as blocks are first written.
+fn alloc_layers(num_layers: usize, len: usize, dtype: KvCacheDtype) -> Vec<LayerKvCache> {
     (0..num_layers)
         .map(|_| LayerKvCache {
-            key: vec![0.0; len],
-            value: vec![0.0; len],
+            key: KvBuffer::zeros(dtype, len),
+            value: KvBuffer::zeros(dtype, len),
         })
         .collect()
 }
@@ -181,8 +251,7 @@ fn copy_between(
     for (from, to) in src.iter().zip(dst.iter_mut()) {
         for (s, d) in [(&from.key, &mut to.key), (&from.value, &mut to.value)] {
             for &(i, j) in pairs {
-                d[j * block_len..(j + 1) * block_len]
-                    .copy_from_slice(&s[i * block_len..(i + 1) * block_len]);
+                d.copy_from(j * block_len, s, i * block_len, block_len);
             }
         }
     }
@@ -224,6 +293,9 @@ mod tests {
         let len = cache.block_len;
         for (l, layer) in cache.layers.iter_mut().enumerate() {
             for (kind, c) in [&mut layer.key, &mut layer.value].into_iter().enumerate() {
+                let KvBuffer::Float32(c) = c else {
+                    panic!("CacheEngine::new makes f32 caches")
+                };
                 for (i, x) in c.iter_mut().enumerate() {
                     *x = mark(l, kind, i / len, i % len);
                 }
@@ -239,10 +311,10 @@ mod tests {
         for (l, layer) in cache.layers.iter().enumerate() {
             for (kind, c) in [&layer.key, &layer.value].into_iter().enumerate() {
                 for off in 0..len {
-                    assert_eq!(c[off], mark(l, kind, 1, off));
-                    assert_eq!(c[2 * len + off], mark(l, kind, 3, off));
-                    assert_eq!(c[len + off], -1.0);
-                    assert_eq!(c[3 * len + off], -1.0);
+                    assert_eq!(c.get(off), mark(l, kind, 1, off));
+                    assert_eq!(c.get(2 * len + off), mark(l, kind, 3, off));
+                    assert_eq!(c.get(len + off), -1.0);
+                    assert_eq!(c.get(3 * len + off), -1.0);
                 }
             }
         }
@@ -251,7 +323,7 @@ mod tests {
     #[test]
     fn swap_space_is_counted_in_whole_blocks() {
         let cfg = tiny_config();
-        let block_bytes = CacheEngine::block_bytes(&cfg, 2);
+        let block_bytes = CacheEngine::block_bytes(&cfg, 2, KvCacheDtype::Float32);
         let cache = CacheEngine::new(&cfg, 2, 4);
         let cache = cache.with_swap_space(3 * block_bytes + 1).unwrap();
         assert_eq!(cache.num_cpu_blocks(), 3);

@@ -1,4 +1,6 @@
-use minivllm_kernels::attention::{paged_attention, reshape_and_cache, AttnShape, SeqAttn};
+use minivllm_kernels::attention::{
+    paged_attention, reshape_and_cache, AttnShape, KvBuffer, SeqAttn,
+};
 
 use crate::model_executor::input_metadata::InputMetadata;
 
@@ -20,8 +22,8 @@ impl<'a> AttentionMetadata<'a> {
 /// One layer's paged KV cache: values `[num_blocks, num_kv_heads, block_size, head_dim]`, keys
 /// `[num_blocks, num_kv_heads, head_dim, block_size]` (see `reshape_and_cache`).
 pub struct LayerKvCache {
-    pub key: Vec<f32>,
-    pub value: Vec<f32>,
+    pub key: KvBuffer,
+    pub value: KvBuffer,
 }
 
 /// Multi-head attention with grouped KV heads over a paged cache.
@@ -56,11 +58,12 @@ impl PagedAttention {
         reshape_and_cache(
             k,
             v,
-            &mut cache.key,
-            &mut cache.value,
+            cache.key.view_mut(),
+            cache.value.view_mut(),
             meta.slot_mapping,
             &self.shape,
         );
-        paged_attention(out, q, &cache.key, &cache.value, &meta.seqs, &self.shape);
+        let (kc, vc) = (cache.key.view(), cache.value.view());
+        paged_attention(out, q, kc, vc, &meta.seqs, &self.shape);
     }
 }

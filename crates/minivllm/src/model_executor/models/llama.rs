@@ -160,11 +160,6 @@ impl LlamaForCausalLM {
             + sampled as f64 * self.head_flops()
     }
 
-    /// Bytes of KV cache that attention reads per cached position, all layers.
-    pub fn kv_bytes_per_position(&self) -> usize {
-        2 * self.config.kv_size() * std::mem::size_of::<f32>() * self.config.num_hidden_layers
-    }
-
     /// Runs the flat batch described by `input`, writing its K/V into `kv_caches` (one per
     /// layer, blocks of `block_size` tokens), and returns the logits of the positions in
     /// `input.logits_indices`: `[logits_indices.len(), vocab_size]`.
