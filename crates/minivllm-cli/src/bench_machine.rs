@@ -51,6 +51,10 @@ pub struct MachineLimits {
     /// When it was measured (UTC date).
     pub date: String,
     pub limits: Vec<LimitRecord>,
+    /// What one parallel kernel pays to fork over the kernel pool and join, in µs: with the
+    /// workers awake, and after they slept.
+    #[serde(default)]
+    pub fork_join_us: Option<(f64, f64)>,
 }
 
 impl MachineLimits {
@@ -100,12 +104,14 @@ pub fn run(args: MachineArgs) -> anyhow::Result<()> {
         args.buffer as usize,
     ))];
     limits.extend(probe::compute_peaks().into_iter().map(LimitRecord::from));
+    let fj = probe::fork_join();
     let m = MachineLimits {
         cpu: env.cpu.clone(),
         threads: env.threads,
         flags: cpu_flags(),
         date: utc_date(),
         limits,
+        fork_join_us: Some((fj.awake_us, fj.asleep_us)),
     };
     let saved = cache_path()
         .context("neither XDG_CACHE_HOME nor HOME is set")
@@ -145,6 +151,12 @@ fn print_table(m: &MachineLimits) {
             l.name,
             format!("{:.1} {}", l.one_thread, l.unit),
             format!("{:.1} {}", l.all_threads, l.unit)
+        );
+    }
+    if let Some((awake, asleep)) = m.fork_join_us {
+        println!(
+            "kernel pool fork/join: {awake:.1} µs with the workers awake, {asleep:.1} µs after \
+             they slept"
         );
     }
     if m.flags.iter().any(|f| f == "amx_tile") {
@@ -236,10 +248,13 @@ mod tests {
                 one_thread: 10.0,
                 all_threads: 15.0,
             }],
+            fork_join_us: Some((1.5, 9.0)),
         };
         save(&m, path.clone()).unwrap();
         let load = |cpu, threads| MachineLimits::load_from(&path, cpu, threads);
-        assert_eq!(load("Test CPU", 2).unwrap().bandwidth(), Some(15.0));
+        let back = load("Test CPU", 2).unwrap();
+        assert_eq!(back.bandwidth(), Some(15.0));
+        assert_eq!(back.fork_join_us, Some((1.5, 9.0)));
         assert!(load("Test CPU", 4).is_none());
         assert!(load("Other CPU", 2).is_none());
         std::fs::remove_dir_all(dir).unwrap();

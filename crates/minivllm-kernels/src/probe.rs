@@ -6,7 +6,9 @@
 //! so it measures throughput; the bandwidth probe sums a buffer far larger than any cache.
 
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
 
 use crate::threading;
 
@@ -58,6 +60,49 @@ pub fn read_bandwidth(bytes: usize) -> Limit {
         unit: "GB/s",
         one_thread: gb / one,
         all_threads: gb / all,
+    }
+}
+
+/// What one parallel kernel pays, beyond its own work, to fork over the kernel pool and join
+/// again: a decode step runs a few hundred such kernels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ForkJoin {
+    /// With the other workers awake (kernels in quick succession, as within a step), µs.
+    pub awake_us: f64,
+    /// After a pause long enough for them to sleep (the first kernel of a step), µs.
+    pub asleep_us: f64,
+}
+
+/// Measures [`ForkJoin`]: each worker gets a fixed spin of work, and what the parallel call
+/// takes beyond it is the cost.
+pub fn fork_join() -> ForkJoin {
+    const WORK: Duration = Duration::from_micros(10);
+    let time = |pause: Duration, calls: usize| {
+        threading::install(|| {
+            let threads = rayon::current_num_threads();
+            let mut total = Duration::ZERO;
+            for _ in 0..calls {
+                if !pause.is_zero() {
+                    std::thread::sleep(pause);
+                }
+                let t = Instant::now();
+                (0..threads).into_par_iter().for_each(|_| spin(WORK));
+                total += t.elapsed();
+            }
+            (total / calls as u32).saturating_sub(WORK).as_secs_f64() * 1e6
+        })
+    };
+    ForkJoin {
+        awake_us: time(Duration::ZERO, 5000),
+        asleep_us: time(Duration::from_millis(2), 300),
+    }
+}
+
+/// Busy-waits for `d`: the work a fork/join probe gives each thread.
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
     }
 }
 
