@@ -26,6 +26,8 @@ enum BenchKind {
     /// Measure this machine's limits (read bandwidth, each instruction set's peak); the other
     /// benchmarks then quote their figures as a share of them.
     Machine(crate::bench_machine::MachineArgs),
+    /// Offline throughput at several numbers of sequences, with an SVG chart.
+    Sweep(crate::bench_sweep::SweepArgs),
 }
 
 #[derive(clap::Args)]
@@ -73,11 +75,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchKind::Throughput(a) => throughput(a),
         BenchKind::Serve(a) => crate::bench_serve::run(a),
         BenchKind::Machine(a) => crate::bench_machine::run(a),
+        BenchKind::Sweep(a) => crate::bench_sweep::run(a),
     }
 }
 
 /// Deterministic pseudo-random token ids, so runs and peers see the same prompts.
-fn random_prompts(n: usize, len: usize, vocab: u64) -> Vec<Vec<u32>> {
+pub(crate) fn random_prompts(n: usize, len: usize, vocab: u64) -> Vec<Vec<u32>> {
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     (0..n)
         .map(|_| {
@@ -380,7 +383,7 @@ impl Environment {
         }
     }
 
-    fn print(&self) {
+    pub(crate) fn print(&self) {
         let rss = self
             .peak_rss_mb
             .map_or("unknown".into(), |m| format!("{m:.0} MB"));
@@ -390,7 +393,7 @@ impl Environment {
         );
     }
 
-    fn add_to(&self, report: &mut serde_json::Value) {
+    pub(crate) fn add_to(&self, report: &mut serde_json::Value) {
         report["cpu"] = self.cpu.clone().into();
         report["isa"] = self.isa.clone().into();
         report["threads"] = self.threads.into();

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_machine;
 mod bench_serve;
+mod bench_sweep;
 mod download;
 mod generate;
 mod serve;
