@@ -54,8 +54,10 @@ pub struct ModelArgs {
     /// Memory for the KV cache, e.g. `4GiB`, `512MiB`.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     pub kv_cache_memory: u64,
-    /// Weight precision: `auto` keeps the file's quantised blocks (Q4_0, Q4_1, Q8_0) as
-    /// they are; `float32` dequantises everything (the reference path).
+    /// Weight precision: `auto` keeps the file's quantised blocks (Q4_0, Q4_1, Q8_0) and
+    /// f16/bf16 tensors as they are; `float16`/`bfloat16` round float weights to half
+    /// precision (quantised blocks stay); `float32` dequantises everything (the reference
+    /// path).
     #[arg(long, default_value = "auto")]
     pub dtype: minivllm::model_executor::loader::weights::DType,
     /// Re-quantise float weights at load: `q8_0`.

@@ -17,6 +17,7 @@
 pub mod activation;
 pub mod attention;
 pub mod cpu;
+pub mod hmatmul;
 pub mod matmul;
 pub mod norm;
 pub mod probe;

@@ -72,7 +72,7 @@ thread_local! {
 ///
 /// # Safety
 /// As [`gemm_nt`].
-unsafe fn gemm_nt_any(g: Gemm) {
+pub(crate) unsafe fn gemm_nt_any(g: Gemm) {
     if g.m >= PACK_MIN_M {
         PANELS.with_borrow_mut(|panels| {
             // Column blocks bound the panel buffer (and keep it in L2) however wide `w` is.

@@ -16,8 +16,9 @@ use minivllm::worker::model_runner::ModelRunner;
 use safetensors::tensor::TensorView;
 
 /// Writes the GGUF's weights, dequantised and under Hugging Face names, as `model.safetensors`
-/// next to the reference folder's config and tokenizer files.
-fn write_hf_folder(dir: &std::path::Path) {
+/// (f32, or rounded to bf16 with `bf16`) next to the reference folder's config and tokenizer
+/// files.
+fn write_hf_folder(dir: &std::path::Path, bf16: bool) {
     let gguf = GgufFile::open(&common::test_model_path()).unwrap();
     let config = config_from_gguf(&gguf).unwrap();
     let weights = GgufWeights::new(&gguf, &config);
@@ -25,15 +26,25 @@ fn write_hf_folder(dir: &std::path::Path) {
     for t in &gguf.tensors {
         let name = hf_name(&t.name).expect("llama tensor");
         let tensor = weights.load(&name).unwrap();
-        let bytes: Vec<u8> = tensor.data.iter().flat_map(|f| f.to_le_bytes()).collect();
+        let bytes: Vec<u8> = if bf16 {
+            let b = tensor.data.iter().map(|&f| half::bf16::from_f32(f));
+            b.flat_map(|b| b.to_le_bytes()).collect()
+        } else {
+            tensor.data.iter().flat_map(|f| f.to_le_bytes()).collect()
+        };
         tensors.insert(name, (tensor.shape, bytes));
     }
+    let dtype = if bf16 {
+        safetensors::Dtype::BF16
+    } else {
+        safetensors::Dtype::F32
+    };
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
         .map(|(n, (shape, bytes))| {
             (
                 n.clone(),
-                TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap(),
+                TensorView::new(dtype, shape.clone(), bytes).unwrap(),
             )
         })
         .collect();
@@ -49,9 +60,15 @@ fn write_hf_folder(dir: &std::path::Path) {
     }
 }
 
+const TOKENS: [u32; 9] = [504, 3575, 282, 4649, 314, 7042, 30, 198, 198];
+
 fn logits_for(spec: &str, tokens: &[u32]) -> Vec<f32> {
     // f32 on both sides: the GGUF's blocks would otherwise stay quantised.
-    let m = load_model(spec, &LoadOptions::FLOAT32).unwrap();
+    logits_with(spec, tokens, &LoadOptions::FLOAT32)
+}
+
+fn logits_with(spec: &str, tokens: &[u32], opts: &LoadOptions) -> Vec<f32> {
+    let m = load_model(spec, opts).unwrap();
     let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 8));
     let mut input = InputMetadata::default();
     input.add_sequence(tokens, tokens.len(), &[0, 1, 2], 16, false);
@@ -63,8 +80,8 @@ fn logits_for(spec: &str, tokens: &[u32]) -> Vec<f32> {
 fn hf_folder_and_gguf_give_the_same_logits() {
     minivllm::kernels::threading::init_threads(2);
     let dir = tempfile::tempdir().unwrap();
-    write_hf_folder(dir.path());
-    let tokens = [504, 3575, 282, 4649, 314, 7042, 30, 198, 198];
+    write_hf_folder(dir.path(), false);
+    let tokens = TOKENS;
     let from_gguf = logits_for(common::test_model_path().to_str().unwrap(), &tokens);
     let from_hf = logits_for(dir.path().to_str().unwrap(), &tokens);
     assert_eq!(from_gguf.len(), from_hf.len());
@@ -80,4 +97,56 @@ fn hf_folder_and_gguf_give_the_same_logits() {
         .tokenizer;
     let ids = a.encode("The capital of France is", true).unwrap();
     assert_eq!(ids, [504, 3575, 282, 4649, 314]);
+}
+
+fn worst_difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
+}
+
+/// A bf16 checkpoint stays bf16 in memory (`--dtype auto`), and computes what the same
+/// weights widened to f32 compute (widening is exact; the product is the f32 one).
+#[test]
+fn bf16_checkpoint_is_kept_in_bf16() {
+    minivllm::kernels::threading::init_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    write_hf_folder(dir.path(), true);
+    let spec = dir.path().to_str().unwrap();
+    let m = load_model(spec, &LoadOptions::default()).unwrap();
+    let formats = m.model.weight_formats();
+    assert_eq!(formats.iter().map(|f| f.0).collect::<Vec<_>>(), ["BF16"]);
+    let kept = logits_with(spec, &TOKENS, &LoadOptions::default());
+    let widened = logits_for(spec, &TOKENS);
+    let worst = worst_difference(&kept, &widened);
+    assert!(
+        worst <= 1e-4,
+        "bf16 kept vs widened: max |logit difference| {worst:e}"
+    );
+}
+
+/// `--dtype float16` / `bfloat16` round f32 weights to half precision at load: logits move by
+/// that rounding only (measured: f16 0.031, bf16 0.156 at most, in logits of magnitude ~20).
+#[test]
+fn float_weights_round_to_the_asked_half_precision() {
+    use minivllm::model_executor::loader::weights::DType;
+    minivllm::kernels::threading::init_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    write_hf_folder(dir.path(), false);
+    let spec = dir.path().to_str().unwrap();
+    let f32_logits = logits_for(spec, &TOKENS);
+    for (dtype, format, bound) in [(DType::Float16, "F16", 0.1), (DType::BFloat16, "BF16", 1.0)] {
+        let opts = LoadOptions {
+            dtype,
+            quantization: None,
+        };
+        let m = load_model(spec, &opts).unwrap();
+        assert_eq!(m.model.weight_formats()[0].0, format);
+        let worst = worst_difference(&logits_with(spec, &TOKENS, &opts), &f32_logits);
+        eprintln!("{format} weights: max |logit difference| from f32 {worst:.4}");
+        assert!(worst < bound, "{format}: max |logit difference| {worst}");
+        assert!(worst > 0.0, "{format}: rounding should show");
+    }
 }

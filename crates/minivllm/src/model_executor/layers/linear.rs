@@ -1,3 +1,4 @@
+use minivllm_kernels::hmatmul::{matmul_half, HalfKind, HalfMatrix};
 use minivllm_kernels::matmul::matmul;
 use minivllm_kernels::qdot::{has_dot, quantize_q8_0};
 use minivllm_kernels::qmatmul::{matmul_quant, QuantMatrix};
@@ -7,14 +8,15 @@ use crate::model_executor::loader::weights::{
 };
 use crate::model_executor::loader::LoadError;
 
-/// A `[rows, cols]` weight matrix as kept in memory: f32, or the GGML blocks it was stored
-/// in (or re-quantised to), which decoding reads 4-8× fewer bytes of.
+/// A `[rows, cols]` weight matrix as kept in memory: f32, f16 or bf16, or the GGML blocks
+/// it was stored in (or re-quantised to), which decoding reads 4-8× fewer bytes of.
 pub enum WeightMatrix {
     F32 {
         data: Vec<f32>,
         rows: usize,
         cols: usize,
     },
+    Half(HalfMatrix),
     Quant(QuantMatrix),
 }
 
@@ -30,11 +32,29 @@ impl WeightMatrix {
         opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
         let rows = parts.iter().map(|(_, r)| r).sum();
-        if opts.dtype == DType::Auto {
+        if opts.dtype != DType::Float32 {
             if let Some((ty, data)) = load_quantized_parts(src, parts, cols)? {
                 return quant_matrix(parts[0].0, ty, rows, cols, data);
             }
         }
+        // Float weights: `auto` keeps an f16/bf16 checkpoint's precision (widening it to f32
+        // and back is exact), `float16`/`bfloat16` round to it, `float32` widens.
+        let half = match opts.dtype {
+            DType::Float16 => Some(HalfKind::F16),
+            DType::BFloat16 => Some(HalfKind::BF16),
+            DType::Float32 => None,
+            DType::Auto => {
+                let kinds: Vec<Option<HalfKind>> = parts
+                    .iter()
+                    .map(|(name, _)| src.stored_half(name))
+                    .collect();
+                kinds
+                    .iter()
+                    .all(|k| *k == kinds[0])
+                    .then_some(kinds[0])
+                    .flatten()
+            }
+        };
         let mut data = Vec::with_capacity(rows * cols);
         for &(name, r) in parts {
             data.extend(src.load(name)?.expect_shape(name, &[r, cols])?);
@@ -55,7 +75,10 @@ impl WeightMatrix {
                 );
                 Ok(Self::f32(data, rows, cols))
             }
-            None => Ok(Self::f32(data, rows, cols)),
+            None => Ok(match half {
+                Some(kind) => WeightMatrix::Half(HalfMatrix::from_f32(kind, &data, rows, cols)),
+                None => Self::f32(data, rows, cols),
+            }),
         }
     }
 
@@ -67,6 +90,7 @@ impl WeightMatrix {
     pub fn rows(&self) -> usize {
         match self {
             WeightMatrix::F32 { rows, .. } => *rows,
+            WeightMatrix::Half(h) => h.rows(),
             WeightMatrix::Quant(q) => q.rows(),
         }
     }
@@ -74,6 +98,7 @@ impl WeightMatrix {
     pub fn cols(&self) -> usize {
         match self {
             WeightMatrix::F32 { cols, .. } => *cols,
+            WeightMatrix::Half(h) => h.cols(),
             WeightMatrix::Quant(q) => q.cols(),
         }
     }
@@ -82,6 +107,7 @@ impl WeightMatrix {
     pub fn format(&self) -> &'static str {
         match self {
             WeightMatrix::F32 { .. } => "F32",
+            WeightMatrix::Half(h) => h.kind().name(),
             WeightMatrix::Quant(q) => q.ty().name(),
         }
     }
@@ -90,6 +116,7 @@ impl WeightMatrix {
     pub fn nbytes(&self) -> usize {
         match self {
             WeightMatrix::F32 { data, .. } => data.len() * 4,
+            WeightMatrix::Half(h) => h.nbytes(),
             WeightMatrix::Quant(q) => q.nbytes(),
         }
     }
@@ -100,6 +127,7 @@ impl WeightMatrix {
             WeightMatrix::F32 { data, cols, .. } => {
                 out.copy_from_slice(&data[r * cols..(r + 1) * cols])
             }
+            WeightMatrix::Half(h) => h.widen_rows(r, out),
             WeightMatrix::Quant(q) => q.dequantize_row(r, out),
         }
     }
@@ -110,6 +138,7 @@ impl WeightMatrix {
         let (x, out) = (&x[..m * cols], &mut out[..m * rows]);
         match self {
             WeightMatrix::F32 { data, .. } => matmul(x, data, out, m, cols, rows),
+            WeightMatrix::Half(h) => matmul_half(x, h, out, m),
             WeightMatrix::Quant(q) => matmul_quant(x, q, out, m),
         }
     }

@@ -7,6 +7,8 @@ use super::gguf::{GgufFile, GgufTensorInfo, GgufValue};
 use super::weights::{QuantTensor, Tensor, WeightSource};
 use super::LoadError;
 use crate::config::{ModelConfig, RopeScaling};
+use minivllm_kernels::hmatmul::HalfKind;
+use minivllm_kernels::quant::GgmlType;
 
 /// Architectures whose GGUF tensors and metadata follow llama.cpp's `llama` layout.
 const LLAMA_LIKE: &[&str] = &["llama", "mistral"];
@@ -195,6 +197,14 @@ impl WeightSource for GgufWeights<'_> {
         let data = self.unpermuted(info, self.file.dequantize(&info.name)?);
         self.file.release_tensor(info);
         Ok(Tensor { shape, data })
+    }
+
+    fn stored_half(&self, name: &str) -> Option<HalfKind> {
+        match self.info(name).ok()?.ggml_type {
+            GgmlType::F16 => Some(HalfKind::F16),
+            GgmlType::BF16 => Some(HalfKind::BF16),
+            _ => None,
+        }
     }
 
     fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {

@@ -9,6 +9,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::weights::{Tensor, WeightSource};
 use super::LoadError;
+use minivllm_kernels::hmatmul::HalfKind;
 
 pub struct SafetensorsWeights {
     shards: Vec<(PathBuf, Mmap)>,
@@ -77,6 +78,20 @@ impl SafetensorsWeights {
 impl WeightSource for SafetensorsWeights {
     fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
+    }
+
+    fn stored_half(&self, name: &str) -> Option<HalfKind> {
+        let (_, mmap) = &self.shards[*self.index.get(name)?];
+        match SafeTensors::deserialize(mmap)
+            .ok()?
+            .tensor(name)
+            .ok()?
+            .dtype()
+        {
+            Dtype::F16 => Some(HalfKind::F16),
+            Dtype::BF16 => Some(HalfKind::BF16),
+            _ => None,
+        }
     }
 
     fn load(&self, name: &str) -> Result<Tensor, LoadError> {

@@ -1,5 +1,6 @@
 //! The model code's one view of stored weights, whatever the file format.
 
+use minivllm_kernels::hmatmul::HalfKind;
 use minivllm_kernels::quant::GgmlType;
 
 use super::LoadError;
@@ -37,6 +38,11 @@ pub trait WeightSource {
         let _ = name;
         Ok(None)
     }
+    /// The half-precision format the tensor is stored in, if it is f16 or bf16.
+    fn stored_half(&self, name: &str) -> Option<HalfKind> {
+        let _ = name;
+        None
+    }
 }
 
 /// A tensor in a GGML block format the kernels compute on directly, shape in PyTorch order.
@@ -50,12 +56,17 @@ pub struct QuantTensor {
 /// vLLM's `--dtype`: the precision float weights are kept in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DType {
-    /// What the file holds: quantised blocks stay quantised (Q4_0, Q4_1, Q8_0); other
-    /// formats are dequantised to f32 until they get kernels of their own.
+    /// What the file holds: quantised blocks stay quantised (Q4_0, Q4_1, Q8_0), f16 and bf16
+    /// tensors stay f16 and bf16; other formats are dequantised to f32 until they get kernels
+    /// of their own.
     #[default]
     Auto,
     /// Everything dequantised to f32: the reference path.
     Float32,
+    /// Float weights rounded to f16 (quantised blocks stay as they are).
+    Float16,
+    /// Float weights rounded to bf16 (quantised blocks stay as they are).
+    BFloat16,
 }
 
 impl std::str::FromStr for DType {
@@ -64,11 +75,11 @@ impl std::str::FromStr for DType {
         match s.to_ascii_lowercase().as_str() {
             "auto" => Ok(DType::Auto),
             "float32" | "float" | "fp32" => Ok(DType::Float32),
-            "bfloat16" | "float16" | "half" | "fp16" => Err(format!(
-                "--dtype {s} is not supported yet (supported: auto, float32); \
-                 use --quantization q8_0 for smaller weights"
+            "float16" | "half" | "fp16" => Ok(DType::Float16),
+            "bfloat16" | "bf16" => Ok(DType::BFloat16),
+            _ => Err(format!(
+                "unknown --dtype {s:?} (supported: auto, float32, float16, bfloat16)"
             )),
-            _ => Err(format!("unknown --dtype {s:?} (supported: auto, float32)")),
         }
     }
 }
