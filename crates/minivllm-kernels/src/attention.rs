@@ -14,6 +14,7 @@ mod cache;
 mod kernel;
 mod micro;
 
+pub(crate) use cache::Load;
 pub use cache::{KvBuffer, KvCacheDtype, KvElem, KvSlice, KvSliceMut};
 use kernel::{Ctx, Scratch, Task, TaskFn};
 use rayon::prelude::*;

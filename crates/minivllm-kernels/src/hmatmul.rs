@@ -12,7 +12,8 @@ use std::cell::RefCell;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::matmul::{gemm_nt_any, rows_per_task, Gemm};
+use crate::attention::Load;
+use crate::matmul::{gemm_nt_any, rows_per_task, Gemm, SendGemm};
 use crate::simd::{simd_dispatch, Simd};
 
 /// Weight rows widened at a time: with `k` up to a few thousand, a slab of f32 stays in L2.
@@ -97,49 +98,34 @@ impl HalfMatrix {
 
 simd_dispatch! {
     fn widen_f16(src: &[f16], dst: &mut [f32]);
-    generic = widen_f16_generic;
+    generic = widen_generic;
     avx512 = crate::simd::Avx512;
     scalar = widen_f16_portable;
 }
 
 simd_dispatch! {
     fn widen_bf16(src: &[bf16], dst: &mut [f32]);
-    generic = widen_bf16_generic;
+    generic = widen_generic;
     avx512 = crate::simd::Avx512;
     scalar = widen_bf16_portable;
 }
 
 fn widen_f16_portable(src: &[f16], dst: &mut [f32]) {
-    widen_f16_generic(crate::simd::Scalar, src, dst)
+    widen_generic(crate::simd::Scalar, src, dst)
 }
 
 fn widen_bf16_portable(src: &[bf16], dst: &mut [f32]) {
-    widen_bf16_generic(crate::simd::Scalar, src, dst)
+    widen_generic(crate::simd::Scalar, src, dst)
 }
 
 #[inline(always)]
-fn widen_f16_generic<S: Simd>(s: S, src: &[f16], dst: &mut [f32]) {
+fn widen_generic<S: Simd, T: Load>(s: S, src: &[T], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen: lengths differ");
     let l = S::LANES;
     let mut i = 0;
     while i + l <= src.len() {
         // SAFETY: i + LANES <= len of both slices.
-        unsafe { s.store(dst.as_mut_ptr().add(i), s.load_f16(src.as_ptr().add(i))) };
-        i += l;
-    }
-    for (d, x) in dst[i..].iter_mut().zip(&src[i..]) {
-        *d = x.to_f32();
-    }
-}
-
-#[inline(always)]
-fn widen_bf16_generic<S: Simd>(s: S, src: &[bf16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen: lengths differ");
-    let l = S::LANES;
-    let mut i = 0;
-    while i + l <= src.len() {
-        // SAFETY: i + LANES <= len of both slices.
-        unsafe { s.store(dst.as_mut_ptr().add(i), s.load_bf16(src.as_ptr().add(i))) };
+        unsafe { s.store(dst.as_mut_ptr().add(i), T::load(s, src.as_ptr().add(i))) };
         i += l;
     }
     for (d, x) in dst[i..].iter_mut().zip(&src[i..]) {
@@ -199,21 +185,6 @@ pub fn matmul_half_scalar(x: &[f32], w: &HalfMatrix, out: &mut [f32], m: usize) 
     let mut wide = vec![0.0; w.rows * w.cols];
     w.widen_rows(0, &mut wide);
     crate::matmul::matmul_scalar(x, &wide, out, m, w.cols, w.rows);
-}
-
-/// A [`Gemm`] shared by tasks that write disjoint output columns.
-#[derive(Clone, Copy)]
-struct SendGemm(Gemm);
-// SAFETY: tasks only read x and write disjoint columns of out, as argued at the use.
-unsafe impl Send for SendGemm {}
-// SAFETY: as above.
-unsafe impl Sync for SendGemm {}
-
-impl SendGemm {
-    // A method, not field access, so that closures capture the whole Send wrapper.
-    fn get(self) -> Gemm {
-        self.0
-    }
 }
 
 #[cfg(test)]

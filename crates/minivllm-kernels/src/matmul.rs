@@ -100,7 +100,7 @@ pub(crate) fn rows_per_task(m: usize, k: usize, n: usize, threads: usize) -> usi
 
 /// A [`Gemm`] that may cross to rayon's threads; users guarantee disjoint writes.
 #[derive(Clone, Copy)]
-struct SendGemm(Gemm);
+pub(crate) struct SendGemm(pub(crate) Gemm);
 // SAFETY: only used for disjoint writes and shared reads, as argued at the use.
 unsafe impl Send for SendGemm {}
 // SAFETY: as above.
@@ -108,7 +108,7 @@ unsafe impl Sync for SendGemm {}
 
 impl SendGemm {
     // A method, not field access, so that closures capture the whole Send wrapper.
-    fn get(self) -> Gemm {
+    pub(crate) fn get(self) -> Gemm {
         self.0
     }
 }
