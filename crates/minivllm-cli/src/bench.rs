@@ -303,7 +303,10 @@ struct Shares {
 
 impl Shares {
     fn new(env: &Environment, formats: &[(&'static str, usize)]) -> Self {
-        let quantised = formats.iter().any(|(f, _)| *f != "F32");
+        // F16/BF16 weights are widened and multiplied in f32, like F32 ones.
+        let quantised = formats
+            .iter()
+            .any(|(f, _)| !matches!(*f, "F32" | "F16" | "BF16"));
         // The quantised kernels are AVX2 int8 dot products on every x86 ISA we dispatch to.
         use minivllm::kernels::probe;
         let peak_name = match (env.isa.as_str(), quantised) {
