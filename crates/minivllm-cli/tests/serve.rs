@@ -123,6 +123,42 @@ fn serve_openai_api() {
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["data"][0]["id"], "smol");
+
+    // A huge `n` is refused before anything is sized by it (it used to abort the process
+    // on allocation failure when streamed), and the server keeps serving.
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "n": 1_000_000_000_000u64, "stream": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                                         "n": 257, "max_tokens": 2}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "n": 1, "best_of": 300, "max_tokens": 2}),
+        ),
+    ] {
+        let (status, v) = post(&server, path, body.clone());
+        assert_eq!(status, 400, "{body}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("--max-num-seqs 256"), "{msg}");
+    }
+    let body = json!({"prompt": prompt, "n": 2, "best_of": 3, "stream": true});
+    let (status, v) = post(&server, "/v1/completions", body);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "best_of");
+    // 3 sampled, the 2 most likely returned (usage counts those, as vLLM's does).
+    let (status, v) = post(
+        &server,
+        "/v1/completions",
+        json!({"prompt": prompt, "n": 2, "best_of": 3, "max_tokens": 3, "seed": 1}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 6, "{v}");
 }
 
 /// The value of an unlabelled-beyond-`model_name` sample in a `/metrics` text, or of the

@@ -328,6 +328,19 @@ fn bad_requests_fail_alone_and_the_engine_keeps_serving() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("already in use"), "{e}");
+    for (n, best_of) in [(1_000_000_000_000, None), (2, Some(257))] {
+        let wide = SamplingParams {
+            n,
+            best_of,
+            temperature: 0.8,
+            ..greedy(4)
+        };
+        let e = engine
+            .add_request("wide", PromptInput::Text("hi".into()), wide, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--max-num-seqs 256"), "{e}");
+    }
     let mut outs = Vec::new();
     while engine.has_unfinished_requests() {
         outs.extend(engine.step().unwrap());

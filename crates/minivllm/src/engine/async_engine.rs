@@ -58,6 +58,7 @@ pub struct AsyncEngine {
     shared: Arc<Shared>,
     tokenizer: Arc<Tokenizer>,
     max_model_len: usize,
+    max_num_seqs: usize,
 }
 
 impl AsyncEngine {
@@ -75,6 +76,7 @@ impl AsyncEngine {
         });
         let tokenizer = engine.tokenizer().clone();
         let max_model_len = engine.max_model_len();
+        let max_num_seqs = engine.max_num_seqs();
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("minivllm-engine".into())
@@ -85,6 +87,7 @@ impl AsyncEngine {
             shared,
             tokenizer,
             max_model_len,
+            max_num_seqs,
         }
     }
 
@@ -146,6 +149,10 @@ impl AsyncEngine {
 
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
+    }
+
+    pub fn max_num_seqs(&self) -> usize {
+        self.max_num_seqs
     }
 }
 

@@ -92,6 +92,11 @@ pub enum EngineError {
     TokenOutOfVocab { token: TokenId, vocab_size: usize },
     #[error("request id {0:?} is already in use")]
     DuplicateRequest(String),
+    #[error(
+        "the request asks for {width} sequences (n, or best_of when larger), more than \
+         --max-num-seqs {max_num_seqs}: all of a request's sequences must fit in one batch"
+    )]
+    TooManySequences { width: usize, max_num_seqs: usize },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error("model input: {0}")]
@@ -242,6 +247,7 @@ pub struct LLMEngine {
     scheduler: Scheduler,
     sampler: Sampler,
     max_model_len: usize,
+    max_num_seqs: usize,
     vocab_size: usize,
     requests: HashMap<RequestId, RequestState>,
     seqs: HashMap<SeqId, SeqState>,
@@ -304,6 +310,7 @@ impl LLMEngine {
             scheduler: Scheduler::new(sched_cfg, block_manager),
             sampler: Sampler::default(),
             max_model_len,
+            max_num_seqs: args.max_num_seqs,
             requests: HashMap::new(),
             seqs: HashMap::new(),
             next_seq_id: 0,
@@ -328,6 +335,11 @@ impl LLMEngine {
 
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
+    }
+
+    /// Most sequences one step runs (`--max-num-seqs`), and so the most a request may fork.
+    pub fn max_num_seqs(&self) -> usize {
+        self.max_num_seqs
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -396,6 +408,7 @@ impl LLMEngine {
             return Err(EngineError::DuplicateRequest(request_id.0));
         }
         params.validate()?;
+        check_width(&params, self.max_num_seqs)?;
         let (text, prompt_ids) = match prompt {
             PromptInput::Text(t) => {
                 let ids = self.tokenizer.encode(&t, true)?;
@@ -788,6 +801,19 @@ fn with_chosen(token: TokenId, logprob: f32, top: Vec<(TokenId, f32)>) -> TokenL
 }
 
 /// `--max-model-len` checked against the model's context length (the default).
+/// A request's sequences (`n`, or `best_of` when larger) must fit in one batch: a wider one
+/// could never be scheduled whole, and its per-sequence state would be allocated for nothing.
+pub fn check_width(params: &SamplingParams, max_num_seqs: usize) -> Result<(), EngineError> {
+    let width = params.best_of.unwrap_or(params.n).max(params.n);
+    if width > max_num_seqs {
+        return Err(EngineError::TooManySequences {
+            width,
+            max_num_seqs,
+        });
+    }
+    Ok(())
+}
+
 pub fn resolve_max_model_len(
     asked: Option<usize>,
     config: &ModelConfig,

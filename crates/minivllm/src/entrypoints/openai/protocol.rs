@@ -49,6 +49,8 @@ pub struct CommonParams {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub n: Option<usize>,
+    /// Sequences sampled, of which the `n` most likely are returned (vLLM's `best_of`).
+    pub best_of: Option<usize>,
     pub stop: Option<StopField>,
     pub seed: Option<u64>,
     pub presence_penalty: Option<f32>,
@@ -78,6 +80,7 @@ impl CommonParams {
         let d = SamplingParams::default();
         SamplingParams {
             n: self.n.unwrap_or(d.n),
+            best_of: self.best_of,
             temperature: self.temperature.unwrap_or(d.temperature),
             top_p: self.top_p.unwrap_or(d.top_p),
             top_k: self.top_k.unwrap_or(d.top_k),
@@ -110,6 +113,13 @@ impl CommonParams {
             return Err(ApiError::bad_request(
                 "Stream options can only be defined when `stream=True`.",
                 Some("stream_options"),
+            ));
+        }
+        // The n best are known only when all best_of sequences have finished.
+        if self.stream && self.best_of.is_some_and(|b| b != self.n.unwrap_or(1)) {
+            return Err(ApiError::bad_request(
+                "best_of different from n is not supported when streaming.",
+                Some("best_of"),
             ));
         }
         Ok(())
@@ -308,6 +318,7 @@ impl From<EngineError> for ApiError {
             | EngineError::TokenOutOfVocab { .. }
             | EngineError::DuplicateRequest(_)
             | EngineError::Tokenizer(_) => Self::bad_request(e.to_string(), None),
+            EngineError::TooManySequences { .. } => Self::bad_request(e.to_string(), Some("n")),
             EngineError::Overloaded { .. } | EngineError::Stopped => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
             }

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId};
 use super::protocol::ApiError;
+use crate::engine::llm_engine::check_width;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
 use crate::sampling_params::SamplingParams;
@@ -59,6 +60,8 @@ pub fn checked_params(
     prompt_len: usize,
 ) -> Result<SamplingParams, ApiError> {
     params.validate()?;
+    // Before anything is sized by `n`: the streams' per-choice state, the engine's forks.
+    check_width(&params, s.engine.max_num_seqs())?;
     params.validate_for_model(s.engine.tokenizer().vocab_size(), MAX_LOGPROBS)?;
     params.max_tokens = Some(params.max_tokens_for(prompt_len, s.engine.max_model_len())?);
     Ok(params)
