@@ -146,6 +146,21 @@ fn serve_openai_api() {
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(msg.contains("--max-num-seqs 256"), "{msg}");
     }
+    // Only JSON bodies: a form or text POST is what a web page can send without a preflight.
+    let body = json!({"prompt": prompt, "max_tokens": 2}).to_string();
+    for mime in ["text/plain", "application/x-www-form-urlencoded", ""] {
+        let headers = [("Content-Type", mime)];
+        for path in ["/v1/completions", "/tokenize"] {
+            let (status, _, text) =
+                request_with(server.port, "POST", path, &headers, Some(&body)).unwrap();
+            assert_eq!(status, 415, "{mime:?} {path}: {text}");
+        }
+    }
+    let headers = [("Content-Type", "application/json; charset=utf-8")];
+    let (status, _, text) =
+        request_with(server.port, "POST", "/tokenize", &headers, Some(&body)).unwrap();
+    assert_eq!(status, 200, "{text}");
+
     let body = json!({"prompt": prompt, "n": 2, "best_of": 3, "stream": true});
     let (status, v) = post(&server, "/v1/completions", body);
     assert_eq!(status, 400, "{v}");

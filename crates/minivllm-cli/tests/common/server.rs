@@ -88,13 +88,22 @@ pub fn send(
     body: &str,
 ) -> std::io::Result<TcpStream> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    // JSON unless the caller names another Content-Type.
+    let own_type = headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"));
+    let json = if own_type {
+        ""
+    } else {
+        "Content-Type: application/json\r\n"
+    };
     let extra: String = headers
         .iter()
         .map(|(k, v)| format!("{k}: {v}\r\n"))
         .collect();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{json}\
          {extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )?;

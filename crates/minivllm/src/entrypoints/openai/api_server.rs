@@ -81,6 +81,7 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .merge(v1)
+        .route_layer(middleware::from_fn(require_json))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state);
     let router = match cors {
@@ -165,6 +166,30 @@ async fn request_id_and_log(mut req: Request, next: Next) -> Response {
 /// byte by byte from response times.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// POST bodies must be declared JSON. A form or text body is a CORS "simple request" that a
+/// web page may send to a local server without a preflight; refusing it (415, as vLLM's
+/// FastAPI does for bodies it cannot parse) keeps such pages from driving a keyless server.
+async fn require_json(req: Request, next: Next) -> Response {
+    if req.method() != axum::http::Method::POST {
+        return next.run(req).await;
+    }
+    let json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+    if json {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "the request body must be JSON, sent with Content-Type: application/json",
+        None,
+    )
+    .into_response()
 }
 
 async fn require_api_key(State(s): State<Shared>, req: Request, next: Next) -> Response {
