@@ -289,6 +289,24 @@ fn tokenize_request_ids_echo_and_content_parts() {
     assert!(head.contains("x-request-id: my-req-1"), "{head}");
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["id"], "cmpl-my-req-1");
+    // Two requests in flight with the same client id both run (the engine names them apart).
+    let long = json!({"prompt": "Hi", "max_tokens": 64, "stream": true}).to_string();
+    let mut first = server::send(server.port, "POST", "/v1/completions", &headers, &long).unwrap();
+    // Its response has begun, so the engine holds the request, before the second arrives.
+    let mut status_line = [0u8; 12];
+    first.read_exact(&mut status_line).unwrap();
+    assert_eq!(&status_line, b"HTTP/1.1 200");
+    let (status, _, text) = request_with(
+        server.port,
+        "POST",
+        "/v1/completions",
+        &headers,
+        Some(&body),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let first = read_to_end_lossy(first);
+    assert!(first.contains("[DONE]"), "{first}");
 
     // echo with logprobs covers the prompt's tokens too, the first one without a logprob.
     let (status, v) = post(

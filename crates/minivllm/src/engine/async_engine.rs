@@ -52,6 +52,14 @@ impl Shared {
 }
 
 /// A handle to the engine thread; clones share it. The thread ends when the last handle drops.
+/// One request for [`AsyncEngine::generate_many`].
+pub struct NewRequest {
+    pub request_id: String,
+    pub prompt: PromptInput,
+    pub params: SamplingParams,
+    pub priority: i32,
+}
+
 #[derive(Clone)]
 pub struct AsyncEngine {
     commands: mpsc::UnboundedSender<Command>,
@@ -100,19 +108,45 @@ impl AsyncEngine {
         params: SamplingParams,
         priority: i32,
     ) -> Result<mpsc::UnboundedReceiver<RequestOutput>, EngineError> {
-        let (outputs, rx) = mpsc::unbounded_channel();
-        let (reply, accepted) = oneshot::channel();
-        let cmd = Command::Add(Box::new(AddRequest {
+        let one = NewRequest {
             request_id: request_id.into(),
             prompt,
             params,
             priority,
-            outputs,
-            reply,
-        }));
-        self.commands.send(cmd).map_err(|_| EngineError::Stopped)?;
-        accepted.await.map_err(|_| EngineError::Stopped)??;
-        Ok(rx)
+        };
+        let mut streams = self.generate_many(vec![one]).await?;
+        Ok(streams.remove(0))
+    }
+
+    /// Queues several requests (a completion's prompts) before waiting for any to be
+    /// accepted, so that they enter the engine together: awaited one by one, each would wait
+    /// for the step in progress, one prompt per step. On an error, the requests already
+    /// queued are aborted as their receivers drop.
+    pub async fn generate_many(
+        &self,
+        requests: Vec<NewRequest>,
+    ) -> Result<Vec<mpsc::UnboundedReceiver<RequestOutput>>, EngineError> {
+        let mut pending = Vec::with_capacity(requests.len());
+        for r in requests {
+            let (outputs, rx) = mpsc::unbounded_channel();
+            let (reply, accepted) = oneshot::channel();
+            let cmd = Command::Add(Box::new(AddRequest {
+                request_id: r.request_id,
+                prompt: r.prompt,
+                params: r.params,
+                priority: r.priority,
+                outputs,
+                reply,
+            }));
+            self.commands.send(cmd).map_err(|_| EngineError::Stopped)?;
+            pending.push((rx, accepted));
+        }
+        let mut streams = Vec::with_capacity(pending.len());
+        for (rx, accepted) in pending {
+            accepted.await.map_err(|_| EngineError::Stopped)??;
+            streams.push(rx);
+        }
+        Ok(streams)
     }
 
     pub fn abort(&self, request_id: impl Into<String>) {
@@ -342,6 +376,27 @@ mod tests {
             "{:?}",
             a.outputs[0].text
         );
+    }
+
+    #[tokio::test]
+    async fn requests_queued_together_share_steps() {
+        let engine = engine();
+        let before = engine.stats().num_steps;
+        let requests = (0..32)
+            .map(|i| NewRequest {
+                request_id: format!("r{i}"),
+                prompt: format!("Prompt number {i} is").into(),
+                params: params(1),
+                priority: 0,
+            })
+            .collect();
+        let streams = engine.generate_many(requests).await.unwrap();
+        for rx in streams {
+            assert!(last(rx).await.finished);
+        }
+        // One at a time they took a step each; queued together, one or two steps in all.
+        let steps = engine.stats().num_steps - before;
+        assert!(steps <= 2, "32 one-token requests took {steps} steps");
     }
 
     #[tokio::test]

@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -14,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId};
 use super::protocol::ApiError;
+use crate::engine::async_engine::NewRequest;
 use crate::engine::llm_engine::check_width;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
@@ -75,8 +77,9 @@ pub struct Prompt {
 
 pub type Streams = Vec<mpsc::UnboundedReceiver<RequestOutput>>;
 
-/// Queues one engine request per prompt, named `{prefix}-{request id}-{i}` so engine logs
-/// line up with the HTTP request's id.
+/// Queues one engine request per prompt, all at once, named `{prefix}-{request id}-{serial}-{i}`
+/// so engine logs line up with the HTTP request's id; the serial keeps the names unique when
+/// two clients send the same `X-Request-Id`.
 pub async fn submit(
     s: &AppState,
     request_id: &RequestId,
@@ -85,21 +88,20 @@ pub async fn submit(
     params: &[SamplingParams],
     priority: i32,
 ) -> Result<Streams, ApiError> {
-    let mut streams = Vec::with_capacity(prompts.len());
-    for (i, (p, params)) in prompts.iter().zip(params).enumerate() {
-        // On error the streams already opened drop here, which aborts their requests.
-        streams.push(
-            s.engine
-                .generate(
-                    format!("{prefix}-{}-{i}", request_id.0),
-                    p.ids.clone().into(),
-                    params.clone(),
-                    priority,
-                )
-                .await?,
-        );
-    }
-    Ok(streams)
+    static SERIAL: AtomicU64 = AtomicU64::new(0);
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    let requests = prompts
+        .iter()
+        .zip(params)
+        .enumerate()
+        .map(|(i, (p, params))| NewRequest {
+            request_id: format!("{prefix}-{}-{serial}-{i}", request_id.0),
+            prompt: p.ids.clone().into(),
+            params: params.clone(),
+            priority,
+        })
+        .collect();
+    Ok(s.engine.generate_many(requests).await?)
 }
 
 pub async fn last_output(
