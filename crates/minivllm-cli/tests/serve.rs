@@ -277,14 +277,11 @@ fn tokenize_request_ids_echo_and_content_parts() {
     // A client's request id names the response, and comes back as a header.
     let body = json!({"prompt": "Hi", "max_tokens": 2}).to_string();
     let headers = [("X-Request-Id", "my-req-1")];
-    let (status, head, text) = request_with(
-        server.port,
-        "POST",
-        "/v1/completions",
-        &headers,
-        Some(&body),
-    )
-    .unwrap();
+    let complete = || {
+        let path = "/v1/completions";
+        request_with(server.port, "POST", path, &headers, Some(&body)).unwrap()
+    };
+    let (status, head, text) = complete();
     assert_eq!(status, 200, "{text}");
     assert!(head.contains("x-request-id: my-req-1"), "{head}");
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -296,14 +293,7 @@ fn tokenize_request_ids_echo_and_content_parts() {
     let mut status_line = [0u8; 12];
     first.read_exact(&mut status_line).unwrap();
     assert_eq!(&status_line, b"HTTP/1.1 200");
-    let (status, _, text) = request_with(
-        server.port,
-        "POST",
-        "/v1/completions",
-        &headers,
-        Some(&body),
-    )
-    .unwrap();
+    let (status, _, text) = complete();
     assert_eq!(status, 200, "{text}");
     let first = read_to_end_lossy(first);
     assert!(first.contains("[DONE]"), "{first}");
