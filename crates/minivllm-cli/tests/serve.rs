@@ -146,6 +146,26 @@ fn serve_openai_api() {
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(msg.contains("--max-num-seqs 256"), "{msg}");
     }
+    // logit_bias reaches the sampler: +100 on one token makes greedy decoding repeat it.
+    let (status, v) = post(
+        &server,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 3, "temperature": 0,
+               "logit_bias": {"28": 100}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, t) = post(&server, "/detokenize", json!({"tokens": [28]}));
+    let forced = t["prompt"].as_str().unwrap().repeat(3);
+    assert_eq!(v["choices"][0]["text"], forced, "{v}");
+    for bias in [json!({"28": 101}), json!({"999999": 1}), json!({"x": 1})] {
+        let (status, v) = post(
+            &server,
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 1, "logit_bias": bias}),
+        );
+        assert_eq!(status, 400, "{bias}: {v}");
+    }
+
     // Only JSON bodies: a form or text POST is what a web page can send without a preflight.
     let body = json!({"prompt": prompt, "max_tokens": 2}).to_string();
     for mime in ["text/plain", "application/x-www-form-urlencoded", ""] {

@@ -158,6 +158,21 @@ impl SamplingParams {
                 ));
             }
         }
+        // OpenAI's bound: -100 and 100 already ban or force a token, and larger values
+        // (or NaN) would only poison the softmax.
+        if let Some((id, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(*b))
+        {
+            return Err(ValidationError::of(
+                "logit_bias",
+                format!(
+                    "logit_bias values must be in [-100, 100], got {} for token {id}.",
+                    py_float(*bias)
+                ),
+            ));
+        }
         for (name, value) in [
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),

@@ -65,6 +65,8 @@ pub struct CommonParams {
     #[serde(default)]
     pub ignore_eos: bool,
     pub stop_token_ids: Option<Vec<TokenId>>,
+    /// Token id (a JSON string key, as OpenAI sends it) to a bias added to its logit.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     pub include_stop_str_in_output: Option<bool>,
     pub skip_special_tokens: Option<bool>,
     #[serde(default)]
@@ -95,6 +97,7 @@ impl CommonParams {
                 .map(StopField::into_vec)
                 .unwrap_or_default(),
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            logit_bias: self.logit_bias().unwrap_or_default(),
             ignore_eos: self.ignore_eos,
             max_tokens,
             min_tokens: self.min_tokens.unwrap_or(d.min_tokens),
@@ -115,6 +118,7 @@ impl CommonParams {
                 Some("stream_options"),
             ));
         }
+        self.logit_bias()?;
         // The n best are known only when all best_of sequences have finished.
         if self.stream && self.best_of.is_some_and(|b| b != self.n.unwrap_or(1)) {
             return Err(ApiError::bad_request(
@@ -123,6 +127,22 @@ impl CommonParams {
             ));
         }
         Ok(())
+    }
+
+    /// `logit_bias` with its keys read as token ids.
+    fn logit_bias(&self) -> Result<std::collections::BTreeMap<TokenId, f32>, ApiError> {
+        let Some(bias) = &self.logit_bias else {
+            return Ok(Default::default());
+        };
+        bias.iter()
+            .map(|(k, &v)| match k.trim().parse::<TokenId>() {
+                Ok(id) => Ok((id, v)),
+                Err(_) => Err(ApiError::bad_request(
+                    format!("logit_bias keys must be token ids, got {k:?}."),
+                    Some("logit_bias"),
+                )),
+            })
+            .collect()
     }
 
     pub fn include_usage(&self) -> bool {
