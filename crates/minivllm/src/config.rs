@@ -75,6 +75,21 @@ impl ModelConfig {
                 self.head_dim
             ));
         }
+        // Written so that NaN fails: such values load fine and then yield NaN logits.
+        let positive_finite = |x: f32| x.is_finite() && x > 0.0;
+        if !positive_finite(self.rope_theta) {
+            return bad(format!(
+                "rope_theta must be a positive number, got {}",
+                self.rope_theta
+            ));
+        }
+        if !positive_finite(self.rms_norm_eps) {
+            return bad(format!(
+                "rms_norm_eps must be a positive number, got {}",
+                self.rms_norm_eps
+            ));
+        }
+        self.validate_rope_scaling()?;
         if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
             if f.len() != self.head_dim / 2 {
                 return bad(format!(
@@ -85,6 +100,49 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    fn validate_rope_scaling(&self) -> Result<(), LoadError> {
+        let positive_finite = |x: f32| x.is_finite() && x > 0.0;
+        let bad = |what: &str, v: f32| {
+            Err(LoadError::Config(format!(
+                "rope scaling {what} must be a positive number, got {v}"
+            )))
+        };
+        match &self.rope_scaling {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } if !positive_finite(*factor) => bad("factor", *factor),
+            RopeScaling::Linear { .. } => Ok(()),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                for (what, v) in [
+                    ("factor", *factor),
+                    ("low_freq_factor", *low_freq_factor),
+                    ("high_freq_factor", *high_freq_factor),
+                ] {
+                    if !positive_finite(v) {
+                        return bad(what, v);
+                    }
+                }
+                // The smoothing between the two divides by their difference.
+                if high_freq_factor <= low_freq_factor || *original_max_position_embeddings == 0 {
+                    return Err(LoadError::Config(format!(
+                        "llama3 rope scaling needs high_freq_factor > low_freq_factor and a \
+                         positive original_max_position_embeddings, got {high_freq_factor}, \
+                         {low_freq_factor}, {original_max_position_embeddings}"
+                    )));
+                }
+                Ok(())
+            }
+            RopeScaling::FreqFactors(f) => match f.iter().find(|&&v| !positive_finite(v)) {
+                Some(&v) => bad("frequency factor", v),
+                None => Ok(()),
+            },
+        }
     }
 
     pub fn q_size(&self) -> usize {
@@ -108,6 +166,14 @@ impl ModelConfig {
             "MistralForCausalLM" | "mistral" => "mistral",
             other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
         };
+        // LLaMA's MLP is SwiGLU; another activation would compute a different model.
+        if let Some(act) = json.get("hidden_act").and_then(Value::as_str) {
+            if act != "silu" {
+                return Err(LoadError::Config(format!(
+                    "unsupported hidden_act {act:?} (LLaMA models use \"silu\")"
+                )));
+            }
+        }
         let hidden_size = req_usize(json, "hidden_size")?;
         let num_attention_heads = req_usize(json, "num_attention_heads")?;
         let head_dim = match opt_usize(json, "head_dim")? {
@@ -249,6 +315,49 @@ mod tests {
         j["num_key_value_heads"] = json!(4);
         let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
         assert!(e.contains("not a multiple"), "{e}");
+    }
+
+    #[test]
+    fn rejects_values_that_would_compute_nan() {
+        let cases: [(&str, Value); 7] = [
+            ("rope_theta", json!(0.0)),
+            ("rope_theta", json!(-10000.0)),
+            ("rms_norm_eps", json!(0.0)),
+            (
+                "rope_scaling",
+                json!({"rope_type": "linear", "factor": 0.0}),
+            ),
+            (
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+            ),
+            (
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": -1.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+            ),
+            ("hidden_act", json!("gelu")),
+        ];
+        for (key, value) in cases {
+            let mut j = base();
+            j[key] = value.clone();
+            let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+            let named = if key == "rope_scaling" {
+                "rope scaling"
+            } else {
+                key
+            };
+            assert!(e.contains(named), "{key} = {value}: {e}");
+        }
+        // A NaN (not expressible in JSON) is caught by the same check.
+        let mut cfg = ModelConfig::from_hf_json(&base()).unwrap();
+        cfg.rms_norm_eps = f32::NAN;
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("rms_norm_eps"));
     }
 
     #[test]
