@@ -181,13 +181,14 @@ impl ModelArgs {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         minivllm::kernels::threading::init_threads(threads.max(1));
         check_default_model(&self.model)?;
-        let loaded =
+        let mut loaded =
             minivllm::model_executor::model_loader::load_model(&self.model, &self.load_options())
                 .with_context(|| format!("cannot load model {}", self.model))?;
         let max_model_len = minivllm::engine::llm_engine::resolve_max_model_len(
             self.max_model_len,
             &loaded.config,
         )?;
+        loaded.model.set_max_model_len(max_model_len)?;
         let kv_dtype = self.kv_cache_dtype.resolve(self.dtype);
         let cache = CacheEngine::with_budget(
             &loaded.config,

@@ -275,7 +275,7 @@ impl LLMEngine {
 
     /// Builds an engine around an already loaded model.
     pub fn new(
-        model: LlamaForCausalLM,
+        mut model: LlamaForCausalLM,
         tokenizer: Tokenizer,
         args: &EngineArgs,
     ) -> Result<Self, EngineError> {
@@ -296,6 +296,10 @@ impl LLMEngine {
                  raise --kv-cache-memory or lower --max-model-len"
             )));
         }
+        // After the cache check, which refuses an absurd max_model_len with a clear message.
+        model
+            .set_max_model_len(max_model_len)
+            .map_err(|e| EngineError::Config(e.to_string()))?;
         let sched_cfg = scheduler_config(args, max_model_len, cache.num_cpu_blocks())?;
         let block_manager = BlockManager::new(BlockManagerConfig {
             num_blocks: cache.num_blocks(),

@@ -2,23 +2,57 @@ use minivllm_kernels::rope::rotary_embedding_neox;
 
 use crate::config::{ModelConfig, RopeScaling};
 
-/// Rotary position embedding with its cos/sin table precomputed for every position.
+/// Rotary position embedding with its cos/sin table precomputed for every position in use.
 pub struct RotaryEmbedding {
     /// `[max_positions, head_dim]`: per position, `head_dim/2` cosines then as many sines.
     cos_sin_cache: Vec<f32>,
+    inv_freq: Vec<f32>,
     head_dim: usize,
     max_positions: usize,
+}
+
+/// Positions tabled at load. The engine then sizes the table to `--max-model-len`
+/// ([`RotaryEmbedding::resize`]): the model's own context (128K for Llama 3.1, or whatever a
+/// file claims) would cost memory that the run never uses, or abort on a crafted value.
+const INITIAL_POSITIONS: usize = 8192;
+
+/// Why a RoPE table could not be sized.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot allocate the RoPE table for {positions} positions ({bytes} bytes)")]
+pub struct RopeTableError {
+    pub positions: usize,
+    pub bytes: u128,
 }
 
 impl RotaryEmbedding {
     pub fn new(config: &ModelConfig) -> Self {
         let head_dim = config.head_dim;
-        let inv_freq = inverse_frequencies(config.rope_theta, head_dim, &config.rope_scaling);
-        let max_positions = config.max_position_embeddings;
+        let mut rope = Self {
+            cos_sin_cache: Vec::new(),
+            inv_freq: inverse_frequencies(config.rope_theta, head_dim, &config.rope_scaling),
+            head_dim,
+            max_positions: 0,
+        };
+        let initial = config.max_position_embeddings.min(INITIAL_POSITIONS);
+        rope.resize(initial)
+            .unwrap_or_else(|e| panic!("{e}: {initial} positions always fit"));
+        rope
+    }
+
+    /// Tables positions `0..positions` (allocation failure is an error, not an abort).
+    pub fn resize(&mut self, positions: usize) -> Result<(), RopeTableError> {
+        let head_dim = self.head_dim;
+        let too_big = || RopeTableError {
+            positions,
+            bytes: positions as u128 * head_dim as u128 * 4,
+        };
+        let len = positions.checked_mul(head_dim).ok_or_else(too_big)?;
+        let mut table = Vec::new();
+        table.try_reserve_exact(len).map_err(|_| too_big())?;
+        table.resize(len, 0.0f32);
         let half = head_dim / 2;
-        let mut cos_sin_cache = vec![0.0f32; max_positions * head_dim];
-        for (pos, row) in cos_sin_cache.chunks_exact_mut(head_dim).enumerate() {
-            for (i, &f) in inv_freq.iter().enumerate() {
+        for (pos, row) in table.chunks_exact_mut(head_dim.max(1)).enumerate() {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
                 // The angle is formed in f32 as transformers does, so long positions round
                 // the same way as the reference implementation.
                 let angle = pos as f32 * f;
@@ -26,11 +60,9 @@ impl RotaryEmbedding {
                 row[half + i] = (angle as f64).sin() as f32;
             }
         }
-        Self {
-            cos_sin_cache,
-            head_dim,
-            max_positions,
-        }
+        self.cos_sin_cache = table;
+        self.max_positions = positions;
+        Ok(())
     }
 
     pub fn max_positions(&self) -> usize {
@@ -107,6 +139,34 @@ mod tests {
             let r = s / p;
             assert!((0.125 - 1e-6..=1.0 + 1e-6).contains(&r), "{r}");
         }
+    }
+
+    #[test]
+    fn table_is_sized_on_demand_and_refuses_absurd_sizes() {
+        let json = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+            "max_position_embeddings": 1u64 << 60, // a crafted file's claim
+        });
+        let cfg = ModelConfig::from_hf_json(&json).unwrap();
+        let mut rope = RotaryEmbedding::new(&cfg);
+        assert_eq!(rope.max_positions(), INITIAL_POSITIONS);
+        let small = RotaryEmbedding::new(&ModelConfig {
+            max_position_embeddings: 100,
+            ..cfg.clone()
+        });
+        assert_eq!(small.max_positions(), 100);
+        assert!(rope.resize(1 << 60).is_err());
+        assert!(rope.resize(usize::MAX).is_err());
+        rope.resize(10_000).unwrap();
+        assert_eq!(rope.max_positions(), 10_000);
+        // Row p holds cos/sin of p · inv_freq, whatever size the table was built at.
+        let (hd, p) = (cfg.head_dim, 9_999);
+        let f = rope.inv_freq[1];
+        assert_eq!(
+            rope.cos_sin_cache[p * hd + 1],
+            ((p as f32 * f) as f64).cos() as f32
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::norm::RmsNorm;
-use crate::model_executor::layers::rotary::RotaryEmbedding;
+use crate::model_executor::layers::rotary::{RopeTableError, RotaryEmbedding};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
@@ -92,6 +92,12 @@ impl LlamaForCausalLM {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Sizes what depends on the longest sequence (the RoPE table) to `max_model_len`
+    /// positions, which must not exceed the model's context.
+    pub fn set_max_model_len(&mut self, max_model_len: usize) -> Result<(), RopeTableError> {
+        self.rotary.resize(max_model_len)
     }
 
     fn layer_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
@@ -188,7 +194,7 @@ impl LlamaForCausalLM {
             .find(|&&p| p >= self.rotary.max_positions())
         {
             return Err(InputError::BadBatch(format!(
-                "position {p} is beyond the model's context ({} tokens)",
+                "position {p} is beyond the {} positions the model is sized for (max_model_len)",
                 self.rotary.max_positions()
             )));
         }
