@@ -453,8 +453,13 @@ fn api_key_queue_limit_body_limit_and_cors() {
         assert_eq!(request(port, "GET", open, None).unwrap().0, 200, "{open}");
     }
 
+    let small = json!({"prompt": "hi"}).to_string();
+    for path in ["/tokenize", "/detokenize"] {
+        let (status, text) = request(port, "POST", path, Some(&small)).unwrap();
+        assert_eq!(status, 401, "{path} without the key: {text}");
+    }
     let big = json!({"prompt": "x".repeat(8 << 10)}).to_string();
-    let (status, text) = request(port, "POST", "/tokenize", Some(&big)).unwrap();
+    let (status, _, text) = request_with(port, "POST", "/tokenize", &key, Some(&big)).unwrap();
     assert_eq!(status, 413, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["error"]["code"], 413);

@@ -65,11 +65,14 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
     let body_limit = config.max_request_body_bytes;
     let cors = cors_layer(&config.allowed_origins);
     let state = Arc::new(AppState { engine, config });
-    // Only the OpenAI API needs the key, as in vLLM: probes and scrapers keep working.
+    // Every route that takes work needs the key: probes and scrapers keep working, but the
+    // tokenizer routes (CPU work on any text) are not open to whoever can reach the port.
     let v1 = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -78,8 +81,6 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
         .route("/health", get(|| async {}))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
         .merge(v1)
         .route_layer(middleware::from_fn(require_json))
         .layer(DefaultBodyLimit::max(body_limit))
