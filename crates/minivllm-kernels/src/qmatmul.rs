@@ -331,11 +331,17 @@ fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], avx2: bo
         return unsafe { avx2::quantize_row(x, qs, d, s) };
     }
     let _ = avx2;
-    for (b, xb) in x.chunks_exact(QK).enumerate() {
-        let q = qdot::quantize_block(xb);
-        (d[b], s[b]) = (q.d, q.s);
-        qs[b * QK..(b + 1) * QK].copy_from_slice(&q.qs);
+    for b in 0..d.len() {
+        quantize_block_into(x, b, qs, d, s);
     }
+}
+
+/// Block `b` of an activation row by the scalar reference, stored into the row's `qs`, `d`
+/// and `s`.
+fn quantize_block_into(x: &[f32], b: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let q = qdot::quantize_block(&x[b * QK..(b + 1) * QK]);
+    (d[b], s[b]) = (q.d, q.s);
+    qs[b * QK..(b + 1) * QK].copy_from_slice(&q.qs);
 }
 
 thread_local! {

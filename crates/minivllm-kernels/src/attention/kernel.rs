@@ -265,7 +265,7 @@ fn chunk_states_of<S: Simd, T: Load>(
             let (kt, vals) = sh.block(key_cache, value_cache, seq.block_table, b0, kvh);
             // A block's keys and values are a few KiB at an address the block table picks:
             // too short a stream for the hardware prefetcher to learn before it ends, so
-            // decoding large batches waited on them. Ask for the span's values and the next
+            // decoding large batches waited on them. Ask for this block's values and the next
             // block's keys while this block's scores are computed.
             prefetch(s, vals);
             if b0 + bs < c_end {

@@ -242,9 +242,7 @@ pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &m
             if !id.is_finite() || !amax.is_finite() || _mm256_movemask_ps(nan) != 0 {
                 // Subnormal scales and non-finite inputs: the conversions below saturate
                 // differently from Rust's casts, so such blocks take the scalar path.
-                let blk = crate::qdot::quantize_block(&x[b * QK..(b + 1) * QK]);
-                qs[b * QK..(b + 1) * QK].copy_from_slice(&blk.qs);
-                (d[b], s[b]) = (blk.d, blk.s);
+                super::quantize_block_into(x, b, qs, d, s);
                 continue;
             }
             let idv = _mm256_set1_ps(id);

@@ -147,7 +147,7 @@ impl CacheEngine {
         if swap_space == 0 {
             return Ok(self);
         }
-        let block_bytes = self.kv_bytes_per_position() as u64 * self.block_size as u64;
+        let block_bytes = self.bytes_per_block() as u64;
         match (swap_space / block_bytes) as usize {
             0 => Err(CacheError::SwapTooSmall {
                 swap_space,
@@ -165,7 +165,13 @@ impl CacheEngine {
     /// Bytes of keys and values one cached position takes, all layers: what attention reads
     /// per position of context.
     pub fn kv_bytes_per_position(&self) -> usize {
-        2 * self.layers.len() * self.block_len / self.block_size * self.dtype.size()
+        self.bytes_per_block() / self.block_size
+    }
+
+    /// Bytes one block takes across all layers, keys and values ([`Self::block_bytes`] of
+    /// this cache).
+    fn bytes_per_block(&self) -> usize {
+        2 * self.layers.len() * self.block_len * self.dtype.size()
     }
 
     /// Replaces the swap pool with one of `num_cpu_blocks` blocks.
