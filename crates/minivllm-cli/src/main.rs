@@ -6,6 +6,7 @@ mod bench_serve;
 mod bench_sweep;
 mod download;
 mod generate;
+mod quantize;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -34,6 +35,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(Box<serve::ServeArgs>),
+    /// Write a GGUF model's weights in another block format (as llama.cpp's llama-quantize).
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// Options every command that runs a model shares, with vLLM's names.
@@ -54,13 +57,16 @@ pub struct ModelArgs {
     /// Memory for the KV cache, e.g. `4GiB`, `512MiB`.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     pub kv_cache_memory: u64,
-    /// Weight precision: `auto` keeps the file's quantised blocks (Q4_0, Q4_1, Q8_0) and
+    /// Weight precision: `auto` keeps the file's quantised blocks (Q4_0, Q4_1, Q5_0, Q5_1,
+    /// Q8_0, Q4_K, Q5_K, Q6_K) and
     /// f16/bf16 tensors as they are; `float16`/`bfloat16` round float weights to half
     /// precision (quantised blocks stay); `float32` dequantises everything (the reference
     /// path).
     #[arg(long, default_value = "auto")]
     pub dtype: minivllm::model_executor::loader::weights::DType,
-    /// Re-quantise float weights at load: `q8_0`.
+    /// Re-quantise float weights at load: `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `q4_k`,
+    /// `q5_k` or `q6_k` (rows that are not whole blocks of 256 take llama.cpp's fallback for
+    /// the K formats: Q5_0, Q5_1 and Q8_0).
     #[arg(long)]
     pub quantization: Option<minivllm::model_executor::loader::weights::Quantization>,
     /// What the KV cache stores: `auto` (float32 with `--dtype float32`, else float16, as
@@ -151,6 +157,7 @@ fn main() {
         Command::DownloadDefaultModel(args) => download::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(*args),
+        Command::Quantize(args) => quantize::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -224,3 +224,48 @@ fn n_completions_and_stop_strings_from_the_command_line() {
         stdout(&out)
     );
 }
+
+fn quantize(model: &str, output: &str, quantization: &str) -> Output {
+    minivllm(&[
+        "quantize",
+        "--model",
+        model,
+        "--output",
+        output,
+        "--quantization",
+        quantization,
+    ])
+}
+
+/// `quantize` writes a file that `generate` then runs in its new formats; a bad target or
+/// the input as output is refused.
+#[test]
+fn quantize_writes_a_model_that_generates() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("smollm2.q4_k_m.gguf");
+    let out_file = out_path.to_str().unwrap();
+    let q = quantize(&m, out_file, "q4_k_m");
+    assert!(q.status.success(), "{}", stderr(&q));
+    assert!(stderr(&q).contains("16 Q4_K"), "{}", stderr(&q));
+    let out = minivllm(&[
+        "generate",
+        "--model",
+        out_file,
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("Paris"), "{}", stdout(&out));
+    let bad = quantize(&m, out_file, "q3_k");
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("q4_k_m"), "{}", stderr(&bad));
+    assert_fails_with(
+        &quantize(out_file, out_file, "q8_0"),
+        "both the input and the output",
+    );
+}

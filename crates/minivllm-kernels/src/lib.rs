@@ -18,6 +18,7 @@ pub mod activation;
 pub mod attention;
 pub mod cpu;
 pub mod hmatmul;
+pub mod kquants;
 pub mod matmul;
 pub mod norm;
 pub mod probe;

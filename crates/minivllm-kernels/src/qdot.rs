@@ -7,6 +7,7 @@
 
 use half::f16;
 
+use crate::kquants;
 use crate::quant::{f16_at, GgmlType};
 
 /// Elements per block of every format here.
@@ -37,7 +38,10 @@ impl Default for BlockQ8 {
 
 /// Weight formats with a quantised dot product here.
 pub fn has_dot(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+    ) || kquants::is_kquant(ty)
 }
 
 fn round_f16(x: f32) -> f32 {
@@ -84,15 +88,80 @@ pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Quantises `x` to GGUF blocks of `ty` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 by ggml's reference
+/// quantisers,
+/// K-quants by [`kquants::quantize`]): for `--quantization`. `None` if `ty` has no
+/// quantiser here or `x` is not whole blocks of it.
+pub fn quantize_to(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
+    if !x.len().is_multiple_of(ty.block_size()) {
+        return None;
+    }
+    match ty {
+        GgmlType::Q8_0 => Some(quantize_q8_0(x)),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let mut out = Vec::with_capacity(x.len() / QK * ty.type_size());
+            for xb in x.chunks_exact(QK) {
+                quantize_block_q4_q5(ty, xb, &mut out);
+            }
+            Some(out)
+        }
+        _ if kquants::is_kquant(ty) => Some(kquants::quantize(ty, x)),
+        _ => None,
+    }
+}
+
+/// One block as ggml's `quantize_row_q{4,5}_0_ref` (the value of largest magnitude maps to
+/// -8 or -16) or `quantize_row_q{4,5}_1_ref` (minimum to maximum in 15 or 31 steps).
+fn quantize_block_q4_q5(ty: GgmlType, xb: &[f32], out: &mut Vec<u8>) {
+    let five = matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1);
+    let nmax: i32 = if five { 31 } else { 15 };
+    let half = (nmax + 1) as f32 / 2.0;
+    let (d, offset, min) = if matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0) {
+        let max = xb
+            .iter()
+            .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+        (max / -half, half + 0.5, 0.0)
+    } else {
+        let min = xb.iter().fold(f32::MAX, |a, &v| a.min(v));
+        let max = xb.iter().fold(f32::MIN, |a, &v| a.max(v));
+        ((max - min) / nmax as f32, 0.5, min)
+    };
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+    }
+    // ggml truncates `x·id + offset` (a positive number) towards zero: rounding to nearest.
+    let q: [u8; QK] =
+        std::array::from_fn(|j| (((xb[j] - min) * id + offset) as i32).clamp(0, nmax) as u8);
+    if five {
+        let qh = (0..QK).fold(0u32, |h, j| h | (((q[j] >> 4) & 1) as u32) << j);
+        out.extend_from_slice(&qh.to_le_bytes());
+    }
+    out.extend((0..QK / 2).map(|j| (q[j] & 0x0F) | ((q[j + QK / 2] & 0x0F) << 4)));
+}
+
 /// `Σ w · x` for one weight row of type `ty` (whole blocks) and its activation blocks, by
 /// ggml's reference formulas. Panics on a type without [`has_dot`].
+///
+/// K-quants meet activation blocks of 32 here too (ggml pairs them with Q8_K's blocks of
+/// 256): each block of 32 takes its sub-block's scale (and minimum), `d·sc·Σ q·y·d_x -
+/// dmin·m·s_x`, or for Q6_K two halves of 16, `d·sc·Σ (q - 32)·y·d_x`.
 pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
     let size = ty.type_size();
+    let per_block = ty.block_size() / QK;
     assert_eq!(
-        w.len(),
+        w.len() * per_block,
         x.len() * size,
         "vec_dot: weight row and activation blocks differ"
     );
+    if kquants::is_kquant(ty) {
+        return w
+            .chunks_exact(size)
+            .zip(x.chunks_exact(per_block))
+            .map(|(wb, xb)| vec_dot_k(ty, &kquants::decode(ty, wb), xb))
+            .sum();
+    }
     let mut sum = 0.0f32;
     for (wb, xb) in w.chunks_exact(size).zip(x) {
         sum += match ty {
@@ -114,6 +183,24 @@ pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
                 }
                 sumi as f32 * (f16_at(wb, 0) * xb.d) + f16_at(wb, 2) * xb.s
             }
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                // d, (m,) qh: the fifth bits of values 0..32, qs: their nibbles as Q4's.
+                let at = if ty == GgmlType::Q5_1 { 4 } else { 2 };
+                let qh = u32::from_le_bytes(wb[at..at + 4].try_into().expect("4 bytes"));
+                let offset = if ty == GgmlType::Q5_0 { 16 } else { 0 };
+                let q = |l: usize| {
+                    let b = wb[at + 4 + l % (QK / 2)];
+                    let low = if l < QK / 2 { b & 0x0F } else { b >> 4 };
+                    (low as i32 | (((qh >> l) & 1) as i32) << 4) - offset
+                };
+                let sumi: i32 = (0..QK).map(|l| q(l) * xb.qs[l] as i32).sum();
+                let m = if ty == GgmlType::Q5_1 {
+                    f16_at(wb, 2) * xb.s
+                } else {
+                    0.0
+                };
+                sumi as f32 * (f16_at(wb, 0) * xb.d) + m
+            }
             GgmlType::Q8_0 => {
                 let sumi: i32 = (0..QK)
                     .map(|j| wb[2 + j] as i8 as i32 * xb.qs[j] as i32)
@@ -122,6 +209,29 @@ pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
             }
             other => panic!("vec_dot: no quantised dot product for {other}"),
         };
+    }
+    sum
+}
+
+/// One K-quant block against its 8 activation blocks.
+fn vec_dot_k(ty: GgmlType, k: &kquants::KBlock, x: &[BlockQ8]) -> f32 {
+    let d = k.d.to_f32();
+    let mut sum = 0.0f32;
+    for (t, xb) in x.iter().enumerate() {
+        let q = &k.q[t * QK..(t + 1) * QK];
+        if ty == GgmlType::Q6_K {
+            for h in 0..2 {
+                let sumi: i32 = (16 * h..16 * h + 16)
+                    .map(|l| (q[l] as i32 - 32) * xb.qs[l] as i32)
+                    .sum();
+                let sc = k.sc[2 * t + h] as i8 as f32;
+                sum += sumi as f32 * (d * sc * xb.d);
+            }
+        } else {
+            let sumi: i32 = (0..QK).map(|l| q[l] as i32 * xb.qs[l] as i32).sum();
+            let (d1, m1) = (d * k.sc[t] as f32, k.dmin.to_f32() * k.m[t] as f32);
+            sum += sumi as f32 * (d1 * xb.d) - m1 * xb.s;
+        }
     }
     sum
 }

@@ -27,9 +27,10 @@ use std::cell::RefCell;
 use half::f16;
 use rayon::prelude::*;
 
+use crate::kquants::{self, KBlock};
 use crate::matmul::rows_per_task;
 use crate::qdot::{self, BlockQ8, QK};
-use crate::quant::GgmlType;
+use crate::quant::{GgmlType, QK_K};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -66,9 +67,36 @@ pub struct QuantMatrix {
     qs: Vec<u8>,
     /// Block scales: per row, zero past `nb` (rows layout), or `[group][block][GROUP]`.
     d: Vec<f16>,
-    /// Q4_1's block offsets (empty for the other formats), laid out as `d`.
+    /// Q4_1's block offsets (empty for the other formats), laid out as `d`. K-quants: `d`
+    /// and `mins` hold each super-block's `d` and `dmin`, `[group][super-block][GROUP]`.
     mins: Vec<f16>,
+    /// K-quants: per group and block of 32, [`SUB_BYTES`] bytes: the 6-bit scales of its
+    /// eight rows, then their 6-bit minima (Q4_K, Q5_K), or the i8 scales of the block's
+    /// first 16 values, then of its last 16 (Q6_K).
+    sub: Vec<u8>,
+    /// The bits above each quant's low nibble, per group and block, as [`hbits_bytes`]
+    /// describes (Q5_0, Q5_1, Q5_K, Q6_K; empty otherwise).
+    hbits: Vec<u8>,
 }
+
+/// K-quant sub-block scale bytes per group and block.
+const SUB_BYTES: usize = 2 * GROUP;
+
+/// Bytes of high bits per group and block: none for 4-bit formats; for 5-bit ones, 32, whose
+/// byte `t` holds in bit `n` the fifth bit of byte `t` of nibble vector `n` (vectors 0-3 the
+/// low nibbles of the block's four quant vectors, 4-7 their high nibbles); for Q6_K, two
+/// such planes of 32 bytes, plane `h`'s byte `t` holding in bits `2p..2p + 2` the top two
+/// bits of byte `t` of nibble vector `4h + p`.
+fn hbits_bytes(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => 32,
+        GgmlType::Q6_K => 64,
+        _ => 0,
+    }
+}
+
+/// Blocks of 32 per K-quant super-block.
+const KSUB: usize = QK_K / QK;
 
 /// Rows of 4-bit weights interleaved per group: one activation block meets `GROUP` weight
 /// rows in one register, each lane accumulating its own row.
@@ -90,7 +118,7 @@ enum Layout {
 /// Why a [`QuantMatrix`] could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantMatrixError {
-    #[error("no quantised matrix product for {0} weights (supported: Q4_0, Q4_1, Q8_0)")]
+    #[error("no quantised matrix product for {0} weights (supported: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)")]
     Unsupported(GgmlType),
     #[error("{ty}: rows of {cols} values are not a whole number of {block}-value blocks", block = .ty.block_size())]
     PartialRow { ty: GgmlType, cols: usize },
@@ -135,13 +163,18 @@ impl QuantMatrix {
         } else {
             Layout::Groups
         };
+        let kq = kquants::is_kquant(ty);
+        let padded = rows.next_multiple_of(GROUP);
         let (scales, quants) = match layout {
             Layout::Rows => (rows * nbp, rows * nb * quant_bytes(ty)),
-            Layout::Groups => {
-                let padded = rows.next_multiple_of(GROUP) * nb;
-                (padded, padded * quant_bytes(ty))
-            }
+            Layout::Groups if kq => (padded * (nb / KSUB), padded * nb * QK / 2),
+            Layout::Groups => (padded * nb, padded * nb * quant_bytes(ty)),
         };
+        let has_mins = matches!(
+            ty,
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K
+        );
+        let group_blocks = padded / GROUP * nb;
         let mut m = QuantMatrix {
             ty,
             layout,
@@ -151,31 +184,157 @@ impl QuantMatrix {
             nbp,
             qs: vec![0; quants],
             d: vec![f16::ZERO; scales],
-            mins: vec![f16::ZERO; if ty == GgmlType::Q4_1 { scales } else { 0 }],
+            mins: vec![f16::ZERO; if has_mins { scales } else { 0 }],
+            sub: vec![0; if kq { group_blocks * SUB_BYTES } else { 0 }],
+            hbits: vec![0; group_blocks * hbits_bytes(ty)],
         };
-        let header = ty.type_size() - quant_bytes(ty);
-        for (blk, b) in data.chunks_exact(ty.type_size()).enumerate() {
-            let (r, bi) = (blk / nb.max(1), blk % nb.max(1));
-            let at = m.scale_index(r, bi);
-            m.d[at] = f16::from_le_bytes([b[0], b[1]]);
-            if ty == GgmlType::Q4_1 {
-                m.mins[at] = f16::from_le_bytes([b[2], b[3]]);
-            }
-            let q = &b[header..];
-            match layout {
-                Layout::Rows => {
-                    let q0 = (r * nb + bi) * q.len();
-                    m.qs[q0..q0 + q.len()].copy_from_slice(q);
-                }
-                Layout::Groups => {
-                    for (j, quad) in q.chunks_exact(4).enumerate() {
-                        let q0 = m.group_quad(r, bi, j);
-                        m.qs[q0..q0 + 4].copy_from_slice(quad);
-                    }
-                }
-            }
+        if kq {
+            m.fill_k(&data);
+        } else {
+            m.fill(&data);
         }
         Ok(m)
+    }
+
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: each block's scale (and offset) and quants into their
+    /// places.
+    fn fill(&mut self, data: &[u8]) {
+        let (ty, nb) = (self.ty, self.nb.max(1));
+        for (blk, b) in data.chunks_exact(ty.type_size()).enumerate() {
+            let (r, bi) = (blk / nb, blk % nb);
+            let at = self.scale_index(r, bi);
+            self.d[at] = f16::from_le_bytes([b[0], b[1]]);
+            if let Some(m) = self.mins.get_mut(at) {
+                *m = f16::from_le_bytes([b[2], b[3]]);
+            }
+            match self.layout {
+                Layout::Rows => {
+                    let q0 = (r * self.nb + bi) * QK;
+                    self.qs[q0..q0 + QK].copy_from_slice(&b[2..]);
+                }
+                Layout::Groups => self.put_quants(r, bi, &block_quants(ty, b)),
+            }
+        }
+    }
+
+    /// Groups layout: the unsigned quants of block `b` of row `r`, low nibbles into `qs`
+    /// and the bits above them into `hbits`.
+    fn put_quants(&mut self, r: usize, b: usize, q: &[u8]) {
+        for j in 0..4 {
+            let q0 = self.group_quad(r, b, j);
+            for e in 0..4 {
+                let i = 4 * j + e;
+                self.qs[q0 + e] = (q[i] & 0x0F) | ((q[i + QK / 2] & 0x0F) << 4);
+            }
+        }
+        let (gb, row) = ((r / GROUP) * self.nb + b, r % GROUP);
+        let hb = hbits_bytes(self.ty);
+        let h = &mut self.hbits[gb * hb..(gb + 1) * hb];
+        for (i, &v) in q.iter().enumerate() {
+            let (n, byte) = nibble_slot(i, row);
+            match hb {
+                32 => h[byte] |= ((v >> 4) & 1) << n,
+                64 => h[(n / 4) * 32 + byte] |= ((v >> 4) & 3) << (2 * (n % 4)),
+                _ => {}
+            }
+        }
+    }
+
+    /// K-quants: each super-block's `d` and `dmin`, then each block of 32 as a 4-bit block
+    /// of the groups layout (low nibbles), its sub-block scales in `sub` and its high bits
+    /// in `hbits`.
+    fn fill_k(&mut self, data: &[u8]) {
+        let nsb = (self.nb / KSUB).max(1);
+        for (blk, b) in data.chunks_exact(self.ty.type_size()).enumerate() {
+            let (r, sb) = (blk / nsb, blk % nsb);
+            let k = kquants::decode(self.ty, b);
+            let at = self.super_index(r, sb);
+            self.d[at] = k.d;
+            if let Some(m) = self.mins.get_mut(at) {
+                *m = k.dmin;
+            }
+            for t in 0..KSUB {
+                self.put_k_block(r, sb * KSUB + t, &k, t);
+            }
+        }
+    }
+
+    /// Stores sub-block `t` (values `32t..32t + 32`) of `k` as block `b` of row `r`.
+    fn put_k_block(&mut self, r: usize, b: usize, k: &KBlock, t: usize) {
+        self.put_quants(r, b, &k.q[t * QK..(t + 1) * QK]);
+        let (gb, row) = ((r / GROUP) * self.nb + b, r % GROUP);
+        let sub = &mut self.sub[gb * SUB_BYTES..(gb + 1) * SUB_BYTES];
+        (sub[row], sub[GROUP + row]) = if self.ty == GgmlType::Q6_K {
+            (k.sc[2 * t], k.sc[2 * t + 1])
+        } else {
+            (k.sc[t], k.m[t])
+        };
+    }
+
+    /// K-quants: index in `d` and `mins` of super-block `sb` of row `r`.
+    fn super_index(&self, r: usize, sb: usize) -> usize {
+        ((r / GROUP) * (self.nb / KSUB) + sb) * GROUP + r % GROUP
+    }
+
+    /// Groups layout: the 16 low-nibble bytes of block `b` of row `r`, in the file's order
+    /// for Q4_0/Q4_1 (byte `i` holds values `i` and `i + 16`).
+    fn nibbles(&self, r: usize, b: usize) -> [u8; QK / 2] {
+        let mut q = [0; QK / 2];
+        for (j, quad) in q.chunks_exact_mut(4).enumerate() {
+            let q0 = self.group_quad(r, b, j);
+            quad.copy_from_slice(&self.qs[q0..q0 + 4]);
+        }
+        q
+    }
+
+    /// Groups layout: the 32 unsigned quants of block `b` of row `r`.
+    fn quants(&self, r: usize, b: usize) -> [u8; QK] {
+        let nib = self.nibbles(r, b);
+        let (gb, row) = ((r / GROUP) * self.nb + b, r % GROUP);
+        let hb = hbits_bytes(self.ty);
+        let h = &self.hbits[gb * hb..(gb + 1) * hb];
+        std::array::from_fn(|i| {
+            let low = if i < QK / 2 {
+                nib[i] & 0x0F
+            } else {
+                nib[i - QK / 2] >> 4
+            };
+            let (n, byte) = nibble_slot(i, row);
+            let high = match hb {
+                32 => (h[byte] >> n) & 1,
+                64 => (h[(n / 4) * 32 + byte] >> (2 * (n % 4))) & 3,
+                _ => 0,
+            };
+            low | (high << 4)
+        })
+    }
+
+    /// K-quants: block `b` of row `r` as its two sub-block scale bytes (see `sub`) and its
+    /// 32 unsigned quants.
+    fn k_block(&self, r: usize, b: usize) -> (u8, u8, [u8; QK]) {
+        let (gb, row) = ((r / GROUP) * self.nb + b, r % GROUP);
+        let sub = &self.sub[gb * SUB_BYTES..(gb + 1) * SUB_BYTES];
+        (sub[row], sub[GROUP + row], self.quants(r, b))
+    }
+
+    /// K-quants: super-block `sb` of row `r` as [`KBlock`].
+    fn kblock(&self, r: usize, sb: usize) -> KBlock {
+        let at = self.super_index(r, sb);
+        let mut k = KBlock {
+            d: self.d[at],
+            dmin: self.mins.get(at).copied().unwrap_or(f16::ZERO),
+            ..KBlock::default()
+        };
+        for t in 0..KSUB {
+            let (s0, s1, q) = self.k_block(r, sb * KSUB + t);
+            k.q[t * QK..(t + 1) * QK].copy_from_slice(&q);
+            if self.ty == GgmlType::Q6_K {
+                (k.sc[2 * t], k.sc[2 * t + 1]) = (s0, s1);
+            } else {
+                (k.sc[t], k.m[t]) = (s0, s1);
+            }
+        }
+        k
     }
 
     /// Index in `d` and `mins` of block `b` of row `r`.
@@ -205,45 +364,54 @@ impl QuantMatrix {
 
     /// Bytes held, which is what one pass over the matrix reads.
     pub fn nbytes(&self) -> usize {
-        self.qs.len() + 2 * (self.d.len() + self.mins.len())
+        self.qs.len() + 2 * (self.d.len() + self.mins.len()) + self.sub.len() + self.hbits.len()
     }
 
     fn quant_bytes(&self) -> usize {
         quant_bytes(self.ty)
     }
 
-    /// Block `b` of row `r`: `(d, m, quants)`, with `m` Q4_1's offset (0 otherwise) and the
-    /// first `quant_bytes()` of `quants` the block's quants in the file's order.
+    /// Block `b` of row `r` (not a K-quant): `(d, m, quants)`, with `m` Q4_1's or Q5_1's
+    /// offset (0 otherwise) and `quants` the unsigned quants (the groups layout) or the i8
+    /// quants' bytes (Q8_0).
     fn block(&self, r: usize, b: usize) -> (f32, f32, [u8; QK]) {
-        let qb = self.quant_bytes();
         let at = self.scale_index(r, b);
         let m = self.mins.get(at).map_or(0.0, |m| m.to_f32());
-        let mut q = [0; QK];
-        match self.layout {
+        let q = match self.layout {
             Layout::Rows => {
-                let q0 = (r * self.nb + b) * qb;
-                q[..qb].copy_from_slice(&self.qs[q0..q0 + qb]);
+                let q0 = (r * self.nb + b) * QK;
+                self.qs[q0..q0 + QK].try_into().expect("one block")
             }
-            Layout::Groups => {
-                for (j, quad) in q[..qb].chunks_exact_mut(4).enumerate() {
-                    let q0 = self.group_quad(r, b, j);
-                    quad.copy_from_slice(&self.qs[q0..q0 + 4]);
-                }
-            }
-        }
+            Layout::Groups => self.quants(r, b),
+        };
         (self.d[at].to_f32(), m, q)
     }
 
     /// Row `r` as GGML blocks, as the file stored it.
     pub fn row_blocks(&self, r: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.nb * self.ty.type_size());
+        if kquants::is_kquant(self.ty) {
+            for sb in 0..self.nb / KSUB {
+                kquants::encode(self.ty, &self.kblock(r, sb), &mut out);
+            }
+            return out;
+        }
         for b in 0..self.nb {
             let at = self.scale_index(r, b);
             out.extend_from_slice(&self.d[at].to_le_bytes());
             if let Some(m) = self.mins.get(at) {
                 out.extend_from_slice(&m.to_le_bytes());
             }
-            out.extend_from_slice(&self.block(r, b).2[..self.quant_bytes()]);
+            let q = self.block(r, b).2;
+            if self.layout == Layout::Rows {
+                out.extend_from_slice(&q);
+                continue;
+            }
+            if hbits_bytes(self.ty) == 32 {
+                let qh = (0..QK).fold(0u32, |h, i| h | (((q[i] >> 4) & 1) as u32) << i);
+                out.extend_from_slice(&qh.to_le_bytes());
+            }
+            out.extend((0..QK / 2).map(|i| (q[i] & 0x0F) | ((q[i + QK / 2] & 0x0F) << 4)));
         }
         out
     }
@@ -251,30 +419,56 @@ impl QuantMatrix {
     /// Dequantises row `r` into `out` (`cols` long) with ggml's arithmetic.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert_eq!(out.len(), self.cols, "dequantize_row: output length");
+        if kquants::is_kquant(self.ty) {
+            for (sb, y) in out.chunks_exact_mut(QK_K).enumerate() {
+                let k = self.kblock(r, sb);
+                for (i, y) in y.iter_mut().enumerate() {
+                    *y = k.value(self.ty, i);
+                }
+            }
+            return;
+        }
         for (b, y) in out.chunks_exact_mut(QK).enumerate() {
             let (d, m, q) = self.block(r, b);
-            let q = &q[..self.quant_bytes()];
-            match self.ty {
-                GgmlType::Q4_0 => {
-                    for (j, &q) in q.iter().enumerate() {
-                        y[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
-                        y[j + QK / 2] = ((q >> 4) as i32 - 8) as f32 * d;
-                    }
-                }
-                GgmlType::Q4_1 => {
-                    for (j, &q) in q.iter().enumerate() {
-                        y[j] = (q & 0x0F) as f32 * d + m;
-                        y[j + QK / 2] = (q >> 4) as f32 * d + m;
-                    }
-                }
-                _ => {
-                    for (y, &q) in y.iter_mut().zip(q) {
-                        *y = q as i8 as f32 * d;
-                    }
-                }
+            for (y, &q) in y.iter_mut().zip(&q) {
+                *y = match self.ty {
+                    GgmlType::Q4_0 => (q as i32 - 8) as f32 * d,
+                    GgmlType::Q5_0 => (q as i32 - 16) as f32 * d,
+                    GgmlType::Q4_1 | GgmlType::Q5_1 => q as f32 * d + m,
+                    _ => q as i8 as f32 * d,
+                };
             }
         }
     }
+}
+
+/// Where value `i` (0..32) of a block of row `r % GROUP == row` sits in the groups layout:
+/// its nibble vector (0-3 low nibbles of the four quant vectors, 4-7 their high nibbles)
+/// and its byte in that vector.
+fn nibble_slot(i: usize, row: usize) -> (usize, usize) {
+    let k = i % (QK / 2);
+    ((i / (QK / 2)) * 4 + k / 4, row * 4 + k % 4)
+}
+
+/// The 32 unsigned quants of a Q4_0, Q4_1, Q5_0 or Q5_1 block as the file stores it: 16
+/// bytes of nibbles at its end (byte `i` holding values `i` and `i + 16`), and for the 5-bit
+/// formats the fifth bits of values 0..32 as a little-endian u32 just before them.
+fn block_quants(ty: GgmlType, b: &[u8]) -> [u8; QK] {
+    let n = b.len();
+    let qs = &b[n - QK / 2..];
+    let qh = if hbits_bytes(ty) == 32 {
+        u32::from_le_bytes(b[n - QK / 2 - 4..n - QK / 2].try_into().expect("4 bytes"))
+    } else {
+        0
+    };
+    std::array::from_fn(|i| {
+        let low = if i < QK / 2 {
+            qs[i] & 0x0F
+        } else {
+            qs[i - QK / 2] >> 4
+        };
+        low | ((((qh >> i) & 1) as u8) << 4)
+    })
 }
 
 /// Quant bytes per block of a format with a dot product here.
@@ -293,6 +487,8 @@ struct Q8Rows {
     qs: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    /// `Σ q` over each block's first and last 16 values, for Q6_K's scales per 16.
+    halves: Vec<[i32; 2]>,
 }
 
 impl Q8Rows {
@@ -306,6 +502,8 @@ impl Q8Rows {
         self.d.resize(m * nbp, 0.0);
         self.s.clear();
         self.s.resize(m * nbp, 0.0);
+        self.halves.clear();
+        self.halves.resize(m * nbp, [0; 2]);
         if nb == 0 {
             return;
         }
@@ -314,33 +512,56 @@ impl Q8Rows {
             .par_chunks_exact(nb * QK)
             .zip(self.qs.par_chunks_exact_mut(nb * QK))
             .zip(self.d.par_chunks_exact_mut(nbp))
-            .zip(self.s.par_chunks_exact_mut(nbp));
+            .zip(self.s.par_chunks_exact_mut(nbp))
+            .zip(self.halves.par_chunks_exact_mut(nbp));
         rows.with_min_len(QUANTIZE_ROWS_PER_TASK)
-            .for_each(|(((x, qs), d), s)| quantize_row(x, qs, &mut d[..nb], &mut s[..nb], avx2));
+            .for_each(|((((x, qs), d), s), halves)| {
+                let sums = RowSums {
+                    d: &mut d[..nb],
+                    s: &mut s[..nb],
+                    halves: &mut halves[..nb],
+                };
+                quantize_row(x, qs, sums, avx2)
+            });
     }
 }
 
 /// Activation rows quantised per parallel task: a few microseconds of work each.
 const QUANTIZE_ROWS_PER_TASK: usize = 16;
 
-/// One row of [`Q8Rows::quantize`]: `nb` blocks into `qs`, `d` and `s` (`nb` long).
-fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], avx2: bool) {
+/// One activation row's per-block numbers (`nb` each) besides its quants.
+struct RowSums<'a> {
+    d: &'a mut [f32],
+    s: &'a mut [f32],
+    halves: &'a mut [[i32; 2]],
+}
+
+/// One row of [`Q8Rows::quantize`]: `nb` blocks into `qs` and `sums`.
+fn quantize_row(x: &[f32], qs: &mut [i8], sums: RowSums, avx2: bool) {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
         // SAFETY: `avx2` came from `use_avx2()`; x holds nb blocks (chunked above).
-        return unsafe { avx2::quantize_row(x, qs, d, s) };
+        return unsafe { avx2::quantize_row(x, qs, sums) };
     }
     let _ = avx2;
-    for b in 0..d.len() {
-        quantize_block_into(x, b, qs, d, s);
+    let mut sums = sums;
+    for b in 0..sums.d.len() {
+        quantize_block_into(x, b, qs, &mut sums);
     }
 }
 
-/// Block `b` of an activation row by the scalar reference, stored into the row's `qs`, `d`
-/// and `s`.
-fn quantize_block_into(x: &[f32], b: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+/// Block `b` of an activation row by the scalar reference, stored into the row's `qs` and
+/// `sums`.
+fn quantize_block_into(x: &[f32], b: usize, qs: &mut [i8], sums: &mut RowSums) {
     let q = qdot::quantize_block(&x[b * QK..(b + 1) * QK]);
-    (d[b], s[b]) = (q.d, q.s);
+    (sums.d[b], sums.s[b]) = (q.d, q.s);
+    let half = |h: usize| {
+        q.qs[h * QK / 2..(h + 1) * QK / 2]
+            .iter()
+            .map(|&v| v as i32)
+            .sum()
+    };
+    sums.halves[b] = [half(0), half(1)];
     qs[b * QK..(b + 1) * QK].copy_from_slice(&q.qs);
 }
 
@@ -521,31 +742,57 @@ fn dot_groups(
 /// The portable kernel: one output with ggml's block arithmetic in one lane (its rounding
 /// differs from the AVX2 tiles', which sum in vector lanes).
 fn dot_portable(w: &QuantMatrix, j: usize, x: &Q8Rows, i: usize) -> f32 {
+    if kquants::is_kquant(w.ty) {
+        return dot_portable_k(w, j, x, i);
+    }
     let (nb, nbp) = (w.nb, w.nbp);
     let (mut sum, mut offs) = (0.0f32, 0.0f32);
     for b in 0..nb {
         let (d, m, q) = w.block(j, b);
-        let q = &q[..w.quant_bytes()];
         let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
         let (dx, sx) = (x.d[i * nbp + b], x.s[i * nbp + b]);
-        let sumi: i32 = match w.ty {
-            GgmlType::Q8_0 => q
-                .iter()
-                .zip(y)
-                .map(|(&q, &y)| q as i8 as i32 * y as i32)
-                .sum(),
-            _ => (0..QK / 2)
-                .map(|t| {
-                    (q[t] & 0x0F) as i32 * y[t] as i32 + (q[t] >> 4) as i32 * y[t + QK / 2] as i32
-                })
-                .sum(),
-        };
+        let signed = w.layout == Layout::Rows;
+        let sumi: i32 = q
+            .iter()
+            .zip(y)
+            .map(|(&q, &y)| if signed { q as i8 as i32 } else { q as i32 } * y as i32)
+            .sum();
         sum += sumi as f32 * (d * dx);
         offs += match w.ty {
             GgmlType::Q4_0 => -8.0 * d * sx,
-            GgmlType::Q4_1 => m * sx,
+            GgmlType::Q5_0 => -16.0 * d * sx,
+            GgmlType::Q4_1 | GgmlType::Q5_1 => m * sx,
             _ => 0.0,
         };
+    }
+    sum + offs
+}
+
+/// [`dot_portable`] for K-quants, in the AVX2 kernel's arithmetic: each block of 32 as a
+/// 4-bit block whose scale is `d·sc` (Q4_K, Q5_K: offset `-dmin·m`), or as two halves of 16
+/// with their own scales whose `-32` offset is taken off the integer sums through the
+/// activations' sums (Q6_K).
+fn dot_portable_k(w: &QuantMatrix, j: usize, x: &Q8Rows, i: usize) -> f32 {
+    let (nb, nbp) = (w.nb, w.nbp);
+    let (mut sum, mut offs) = (0.0f32, 0.0f32);
+    for b in 0..nb {
+        let at = w.super_index(j, b / KSUB);
+        let d = w.d[at].to_f32();
+        let (s0, s1, q) = w.k_block(j, b);
+        let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
+        let (dx, sx, halves) = (x.d[i * nbp + b], x.s[i * nbp + b], x.halves[i * nbp + b]);
+        let isum =
+            |r: std::ops::Range<usize>| -> i32 { r.map(|t| q[t] as i32 * y[t] as i32).sum() };
+        if w.ty == GgmlType::Q6_K {
+            let (dlo, dhi) = (d * s0 as i8 as f32, d * s1 as i8 as f32);
+            let lo = isum(0..QK / 2) - 32 * halves[0];
+            let hi = isum(QK / 2..QK) - 32 * halves[1];
+            sum += lo as f32 * (dlo * dx);
+            sum += hi as f32 * (dhi * dx);
+        } else {
+            sum += isum(0..QK) as f32 * ((d * s0 as f32) * dx);
+            offs += -(w.mins[at].to_f32() * s1 as f32) * sx;
+        }
     }
     sum + offs
 }

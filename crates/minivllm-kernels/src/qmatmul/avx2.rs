@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{Q8Rows, QuantMatrix, GROUP, SCALE_GROUP};
+use super::{Q8Rows, QuantMatrix, RowSums, GROUP, KSUB, SCALE_GROUP, SUB_BYTES};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
 
@@ -122,8 +122,9 @@ unsafe fn tile_q8_0<const R: usize, const C: usize>(
 /// in block order whatever `R`, so a row's result does not depend on its batch.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `w` must be Q4_0 or Q4_1 in the groups layout, with
-/// group `g`, and rows `i..i + R` of `x` must exist, with the same number of blocks.
+/// The CPU must have AVX2, FMA and F16C; `w` must be in the groups layout (Q4_0, Q4_1 or a
+/// K-quant), with group `g`, and rows `i..i + R` of `x` must exist, with the same number of
+/// blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile_group<const R: usize>(
     w: &QuantMatrix,
@@ -131,11 +132,15 @@ pub(super) unsafe fn tile_group<const R: usize>(
     x: &Q8Rows,
     i: usize,
 ) -> [[f32; GROUP]; R] {
-    // SAFETY (both): forwarded contract.
-    if w.ty == GgmlType::Q4_1 {
-        unsafe { tile_group_of::<R, true>(w, g, x, i) }
-    } else {
-        unsafe { tile_group_of::<R, false>(w, g, x, i) }
+    // SAFETY (all): forwarded contract.
+    match w.ty {
+        GgmlType::Q4_1 => unsafe { tile_group_of::<R, true>(w, g, x, i) },
+        GgmlType::Q5_0 => unsafe { tile_group_k::<R, Q5_0>(w, g, x, i) },
+        GgmlType::Q5_1 => unsafe { tile_group_k::<R, Q5_1>(w, g, x, i) },
+        GgmlType::Q4_K => unsafe { tile_group_k::<R, Q4_K>(w, g, x, i) },
+        GgmlType::Q5_K => unsafe { tile_group_k::<R, Q5_K>(w, g, x, i) },
+        GgmlType::Q6_K => unsafe { tile_group_k::<R, Q6_K>(w, g, x, i) },
+        _ => unsafe { tile_group_of::<R, false>(w, g, x, i) },
     }
 }
 
@@ -204,21 +209,192 @@ unsafe fn tile_group_of<const R: usize, const STORED_MIN: bool>(
     }
 }
 
+// The formats of `tile_group_k`.
+const Q5_0: u8 = 0;
+const Q5_1: u8 = 1;
+const Q4_K: u8 = 2;
+const Q5_K: u8 = 3;
+const Q6_K: u8 = 4;
+
+/// [`tile_group`] for 5-bit formats and K-quants. Each block of 32 is the 4-bit case with
+/// the bits above the nibbles or-ed in from `hbits`; K-quants' scales `d·sc` are made per
+/// block from the super-block's `d` and the 6- or 8-bit `sc` of eight rows.
+/// Wider quants overflow 16 bits sooner, so the 16-bit sums are widened every 4 (5 bits:
+/// 4 · 2 · 31 · 127 = 31,496) or 2 (6 bits: 2 · 2 · 63 · 127 = 32,004) products. Q6_K's
+/// halves of 16 have their own scales, so their sums stay apart, and its `-32` offset is
+/// taken off each half's integer sum as 32 times the activations' sum over the half: exact,
+/// where an offset in floats would cancel most of the sum's bits.
+// Index loops: the nibble index `n` selects both a register and an activation quad.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_group_k<const R: usize, const F: u8>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; GROUP]; R] {
+    const { assert!(F <= Q6_K) };
+    let bits = match F {
+        Q4_K => 4,
+        Q6_K => 6,
+        _ => 5,
+    };
+    let per_block = F == Q5_0 || F == Q5_1;
+    let (nb, nbp) = (w.nb, w.nbp);
+    let block_bytes = GROUP * QK / 2;
+    let hb = super::hbits_bytes(w.ty);
+    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
+    let wsub = w.sub.as_ptr().wrapping_add(g * nb * SUB_BYTES);
+    let wh = w.hbits.as_ptr().wrapping_add(g * nb * hb);
+    let scales_per_group = if per_block { nb } else { nb / KSUB };
+    let wd = w.d.as_ptr().wrapping_add(g * scales_per_group * GROUP) as *const u16;
+    let wm = w.mins.as_ptr().wrapping_add(g * scales_per_group * GROUP) as *const u16;
+    let xq: [*const i8; R] = std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK));
+    let row = |v: &[f32], r: usize| v.as_ptr().wrapping_add((i + r) * nbp);
+    let xd: [*const f32; R] = std::array::from_fn(|r| row(&x.d, r));
+    let xs: [*const f32; R] = std::array::from_fn(|r| row(&x.s, r));
+    let xh: [*const [i32; 2]; R] =
+        std::array::from_fn(|r| x.halves.as_ptr().wrapping_add((i + r) * nbp));
+    // SAFETY (whole body): group g holds nb blocks of `block_bytes` quants and `hb`
+    // high-bit bytes, and `scales_per_group` scales (and minima, for Q5_1, Q4_K and Q5_K)
+    // of GROUP rows each, plus SUB_BYTES scale bytes per block for K-quants; activation rows
+    // i..i + R hold nb blocks of QK quants and nbp scales and sums. The rest is register
+    // arithmetic under AVX2/FMA/F16C.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let low = _mm256_set1_epi8(0x0F);
+        let neg = _mm256_set1_ps(-0.0);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let (mut dsup, mut msup) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for b in 0..nb {
+            if per_block || b % KSUB == 0 {
+                let at = if per_block { b } else { b / KSUB } * GROUP;
+                dsup = _mm256_cvtph_ps(_mm_loadu_si128(wd.add(at) as *const __m128i));
+                if F != Q6_K && F != Q5_0 {
+                    msup = _mm256_cvtph_ps(_mm_loadu_si128(wm.add(at) as *const __m128i));
+                }
+            }
+            let q = wq.add(b * block_bytes);
+            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(GROUP_PREFETCH) as *const i8);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for j in 0..4 {
+                let raw = _mm256_loadu_si256(q.add(j * 32) as *const __m256i);
+                v[j] = _mm256_and_si256(raw, low);
+                v[4 + j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+            }
+            if bits == 5 {
+                // Bit n of each byte to bit 4 of nibble vector n. A 16-bit shift moves no
+                // bit across a byte boundary into bit 4 for these distances.
+                let h = _mm256_loadu_si256(wh.add(b * 32) as *const __m256i);
+                let bit = _mm256_set1_epi8(0x10);
+                let or = |v: __m256i, h: __m256i| _mm256_or_si256(v, _mm256_and_si256(h, bit));
+                v[0] = or(v[0], _mm256_slli_epi16(h, 4));
+                v[1] = or(v[1], _mm256_slli_epi16(h, 3));
+                v[2] = or(v[2], _mm256_slli_epi16(h, 2));
+                v[3] = or(v[3], _mm256_slli_epi16(h, 1));
+                v[4] = or(v[4], h);
+                v[5] = or(v[5], _mm256_srli_epi16(h, 1));
+                v[6] = or(v[6], _mm256_srli_epi16(h, 2));
+                v[7] = or(v[7], _mm256_srli_epi16(h, 3));
+            }
+            if bits == 6 {
+                let top = _mm256_set1_epi8(0x30);
+                let or = |v: __m256i, h: __m256i| _mm256_or_si256(v, _mm256_and_si256(h, top));
+                for p in 0..2 {
+                    let h = _mm256_loadu_si256(wh.add(b * 64 + 32 * p) as *const __m256i);
+                    v[4 * p] = or(v[4 * p], _mm256_slli_epi16(h, 4));
+                    v[4 * p + 1] = or(v[4 * p + 1], _mm256_slli_epi16(h, 2));
+                    v[4 * p + 2] = or(v[4 * p + 2], h);
+                    v[4 * p + 3] = or(v[4 * p + 3], _mm256_srli_epi16(h, 2));
+                }
+            }
+            let s = wsub.wrapping_add(b * SUB_BYTES);
+            let sub = |at: usize| _mm_loadl_epi64(s.add(at) as *const __m128i);
+            let (dlo, dhi, mlo);
+            if F == Q5_0 {
+                (dlo, dhi) = (dsup, dsup);
+                mlo = _mm256_mul_ps(dsup, _mm256_set1_ps(-16.0));
+            } else if F == Q5_1 {
+                (dlo, dhi, mlo) = (dsup, dsup, msup);
+            } else if F == Q6_K {
+                let (s0, s1) = (sub(0), sub(GROUP));
+                dlo = _mm256_mul_ps(dsup, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s0)));
+                dhi = _mm256_mul_ps(dsup, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s1)));
+                mlo = _mm256_setzero_ps();
+            } else {
+                let (s0, s1) = (sub(0), sub(GROUP));
+                dlo = _mm256_mul_ps(dsup, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s0)));
+                let m = _mm256_mul_ps(msup, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s1)));
+                mlo = _mm256_xor_ps(m, neg);
+                dhi = dlo;
+            }
+            for r in 0..R {
+                let y = xq[r].add(b * QK) as *const i32;
+                let quad = |t: usize| _mm256_set1_epi32(std::ptr::read_unaligned(y.add(t)));
+                let mb = |n: usize| _mm256_maddubs_epi16(v[n], quad(n));
+                let widen = |a: __m256i| _mm256_madd_epi16(a, ones);
+                let dx = _mm256_set1_ps(*xd[r].add(b));
+                if bits == 6 {
+                    let lo = _mm256_add_epi32(
+                        widen(_mm256_add_epi16(mb(0), mb(1))),
+                        widen(_mm256_add_epi16(mb(2), mb(3))),
+                    );
+                    let hi = _mm256_add_epi32(
+                        widen(_mm256_add_epi16(mb(4), mb(5))),
+                        widen(_mm256_add_epi16(mb(6), mb(7))),
+                    );
+                    let [ylo, yhi] = *xh[r].add(b);
+                    let lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * ylo));
+                    let hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * yhi));
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(dlo, dx), acc[r]);
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dhi, dx), acc[r]);
+                    continue;
+                }
+                let isum = if bits == 5 {
+                    let half = |n: usize| {
+                        widen(_mm256_add_epi16(
+                            _mm256_add_epi16(mb(n), mb(n + 1)),
+                            _mm256_add_epi16(mb(n + 2), mb(n + 3)),
+                        ))
+                    };
+                    _mm256_add_epi32(half(0), half(4))
+                } else {
+                    let mut s16 = mb(0);
+                    for n in 1..8 {
+                        s16 = _mm256_add_epi16(s16, mb(n));
+                    }
+                    widen(s16)
+                };
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dlo, dx), acc[r]);
+                acc[r] = _mm256_fmadd_ps(mlo, _mm256_set1_ps(*xs[r].add(b)), acc[r]);
+            }
+        }
+        let mut out = [[0.0; GROUP]; R];
+        for r in 0..R {
+            _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+        }
+        out
+    }
+}
+
 /// How far ahead of the current block a group's quants are prefetched, in bytes (8 blocks).
 const GROUP_PREFETCH: usize = 8 * GROUP * QK / 2;
 
 /// One activation row quantised as [`crate::qdot::quantize_block`] does, bit for bit: the
 /// same `amax / 127` scale and its reciprocal, the same products, and `roundf`'s ties away
 /// from zero (not the vector unit's ties to even, which ggml's own AVX2 path uses), so that
-/// every ISA feeds the dot products the same quants. Writes `qs` (`nb · QK`), `d` and `s`
+/// every ISA feeds the dot products the same quants. Writes `qs` (`nb · QK`) and `sums`
 /// (`nb` each).
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; `x` must hold `nb · QK` values.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    let nb = d.len();
-    debug_assert!(x.len() == nb * QK && qs.len() == nb * QK && s.len() == nb);
+pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], mut sums: RowSums) {
+    let nb = sums.d.len();
+    debug_assert!(x.len() == nb * QK && qs.len() == nb * QK);
+    debug_assert!(sums.s.len() == nb && sums.halves.len() == nb);
     // SAFETY (whole body): block b reads x[b·QK..(b+1)·QK] and writes qs at the same
     // offsets, both in bounds by the contract; the rest is register arithmetic under AVX2.
     unsafe {
@@ -242,7 +418,7 @@ pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &m
             if !id.is_finite() || !amax.is_finite() || _mm256_movemask_ps(nan) != 0 {
                 // Subnormal scales and non-finite inputs: the conversions below saturate
                 // differently from Rust's casts, so such blocks take the scalar path.
-                super::quantize_block_into(x, b, qs, d, s);
+                super::quantize_block_into(x, b, qs, &mut sums);
                 continue;
             }
             let idv = _mm256_set1_ps(id);
@@ -264,8 +440,10 @@ pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &m
             let packed = _mm256_permutevar8x32_epi32(packed, order);
             _mm256_storeu_si256(qs.as_mut_ptr().add(b * QK) as *mut __m256i, packed);
             let dr = f16::from_f32(dv).to_f32();
-            d[b] = dr;
-            s[b] = hsum_i32(sum) as f32 * dr;
+            sums.d[b] = dr;
+            sums.s[b] = hsum_i32(sum) as f32 * dr;
+            let low = hsum_i32(_mm256_add_epi32(q[0], q[1]));
+            sums.halves[b] = [low, hsum_i32(sum) - low];
         }
     }
 }

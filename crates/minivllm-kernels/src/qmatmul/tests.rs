@@ -6,22 +6,59 @@ use super::*;
 use crate::quant;
 use crate::testutil::*;
 
-const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+const TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 
 /// `rows × cols` random weights of `ty`: random scales and quants, as a file could hold.
 fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> QuantMatrix {
+    QuantMatrix::new(ty, rows, cols, random_bytes(rng, ty, rows, cols)).unwrap()
+}
+
+/// The bytes of [`random_matrix`]. K-quant blocks are random bytes but for their f16
+/// scales, so every bit of the packed quants and sub-block scales is exercised.
+fn random_bytes(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let mut data = Vec::new();
+    if kquants::is_kquant(ty) {
+        for _ in 0..rows * cols / ty.block_size() {
+            let mut b: Vec<u8> = (0..ty.type_size()).map(|_| rng.random()).collect();
+            let scales: &[usize] = if ty == GgmlType::Q6_K {
+                &[208]
+            } else {
+                &[0, 2]
+            };
+            for &at in scales {
+                let v = f16::from_f32(rng.random_range(0.0002f32..0.002));
+                b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+            data.extend(b);
+        }
+        return data;
+    }
     for _ in 0..rows * cols / QK {
         let d = f16::from_f32(rng.random_range(0.001f32..0.05));
         data.extend_from_slice(&d.to_le_bytes());
-        if ty == GgmlType::Q4_1 {
+        let offset = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+        if offset {
             let m = f16::from_f32(rng.random_range(-0.4f32..0.1));
             data.extend_from_slice(&m.to_le_bytes());
         }
-        let quants = ty.type_size() - if ty == GgmlType::Q4_1 { 4 } else { 2 };
+        let quants = ty.type_size() - if offset { 4 } else { 2 };
         data.extend((0..quants).map(|_| rng.random::<u8>()));
     }
-    QuantMatrix::new(ty, rows, cols, data).unwrap()
+    data
+}
+
+/// Weight columns that are whole blocks of `ty`, close to `k`.
+fn cols_for(ty: GgmlType, k: usize) -> usize {
+    k.next_multiple_of(ty.block_size())
 }
 
 fn dequantized(w: &QuantMatrix) -> Vec<f32> {
@@ -74,17 +111,30 @@ fn avx2_quantiser_matches_scalar_bit_for_bit() {
         *v *= 10f32.powi(t as i32 % 7 - 3);
     }
     let nb = x.len() / QK;
-    let (mut qs, mut d, mut s) = (vec![0i8; nb * QK], vec![0.0; nb], vec![0.0; nb]);
+    let mut qs = vec![0i8; nb * QK];
+    let (mut d, mut s, mut halves) = (vec![0.0; nb], vec![0.0; nb], vec![[0; 2]; nb]);
+    let sums = RowSums {
+        d: &mut d,
+        s: &mut s,
+        halves: &mut halves,
+    };
     #[cfg(target_arch = "x86_64")]
     // SAFETY: use_avx2() checked the CPU; x holds nb blocks.
     unsafe {
-        avx2::quantize_row(&x, &mut qs, &mut d, &mut s)
+        avx2::quantize_row(&x, &mut qs, sums)
     };
     for (b, xb) in x.chunks_exact(QK).enumerate() {
         let want = qdot::quantize_block(xb);
         assert_eq!(&qs[b * QK..(b + 1) * QK], &want.qs, "block {b} quants");
         assert_eq!(d[b].to_bits(), want.d.to_bits(), "block {b} scale");
         assert_eq!(s[b].to_bits(), want.s.to_bits(), "block {b} sum");
+        let half = |h: usize| -> i32 {
+            want.qs[h * 16..(h + 1) * 16]
+                .iter()
+                .map(|&q| q as i32)
+                .sum()
+        };
+        assert_eq!(halves[b], [half(0), half(1)], "block {b} half sums");
     }
     assert_eq!(qs[1], -15, "-14.5 rounds away from zero");
     assert_eq!(qs[2], -14, "-13.5 rounds away from zero");
@@ -103,17 +153,60 @@ fn q8_0_bytes_round_trip_through_the_dequantiser() {
     assert_close(&back, &x, 1.0 / 254.0 + 1e-3, 0.0, "q8_0 round trip");
 }
 
+/// `quantize_to` writes blocks that dequantise to within half a step of the input (Q4_1,
+/// Q5_1: of the block's range in 15 or 31 steps; Q4_0, Q5_0: a whole step on the side
+/// opposite the largest magnitude, whose range ends a step short), and refuses partial
+/// blocks and types without a quantiser.
+#[test]
+fn four_and_five_bit_quantisers_round_trip_within_half_a_step() {
+    let mut r = rng(7);
+    let mut x = rand_vec(&mut r, 8 * QK);
+    x[40] = 3.0;
+    x[64..96].fill(0.0);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ] {
+        let bytes = qdot::quantize_to(ty, &x).unwrap();
+        assert_eq!(bytes.len(), 8 * ty.type_size());
+        let mut back = vec![0.0; x.len()];
+        quant::dequantize(ty, &bytes, &mut back).unwrap();
+        for (b, (y, xb)) in back.chunks(QK).zip(x.chunks(QK)).enumerate() {
+            let hi = xb.iter().fold(f32::MIN, |a, &v| a.max(v));
+            let lo = xb.iter().fold(f32::MAX, |a, &v| a.min(v));
+            let amax = hi.abs().max(lo.abs());
+            let tol = match ty {
+                GgmlType::Q4_0 => amax / 8.0,
+                GgmlType::Q5_0 => amax / 16.0,
+                GgmlType::Q4_1 => (hi - lo) / 30.0,
+                _ => (hi - lo) / 62.0,
+            };
+            assert_close(y, xb, tol + 2e-3 * amax, 0.0, &format!("{ty} block {b}"));
+        }
+        assert!(back[64..96].iter().all(|&v| v == 0.0), "{ty}: zero block");
+    }
+    assert_eq!(qdot::quantize_to(GgmlType::Q4_0, &x[..40]), None);
+    assert_eq!(qdot::quantize_to(GgmlType::Q3_K, &[0.0; 256]), None);
+}
+
 #[test]
 fn weights_keep_their_bytes_and_values() {
     let mut r = rng(6);
     for ty in TYPES {
-        let w = random_matrix(&mut r, ty, 3, 9 * QK);
-        let bytes: Vec<u8> = (0..3).flat_map(|j| w.row_blocks(j)).collect();
-        let mut want = vec![0.0f32; 3 * 9 * QK];
+        let cols = cols_for(ty, 9 * QK);
+        let bytes = random_bytes(&mut r, ty, 3, cols);
+        let w = QuantMatrix::new(ty, 3, cols, bytes.clone()).unwrap();
+        let mut want = vec![0.0f32; 3 * cols];
         quant::dequantize(ty, &bytes, &mut want).unwrap();
         // The split layout holds the file's bytes, and no more than them but for padding
         // (scale rows to SCALE_GROUP blocks, or 4-bit rows to a whole GROUP).
-        assert_eq!(QuantMatrix::new(ty, 3, 9 * QK, bytes.clone()).unwrap(), w);
+        let back: Vec<u8> = (0..3).flat_map(|j| w.row_blocks(j)).collect();
+        assert!(
+            back == bytes,
+            "{ty}: row_blocks differ from the file's bytes"
+        );
         let padded_rows = if ty == GgmlType::Q8_0 { 3 } else { GROUP };
         let limit = bytes.len() / 3 * padded_rows + padded_rows * 2 * 2 * SCALE_GROUP;
         assert!(w.nbytes() <= limit, "{ty}: {} > {limit}", w.nbytes());
@@ -134,9 +227,10 @@ fn weights_keep_their_bytes_and_values() {
 fn scalar_dot_equals_dot_of_dequantised_blocks() {
     let mut r = rng(2);
     for ty in TYPES {
-        let w = random_matrix(&mut r, ty, 3, 8 * QK);
-        let x = rand_vec(&mut r, 8 * QK);
-        let mut xq = vec![BlockQ8::default(); 8];
+        let k = cols_for(ty, 8 * QK);
+        let w = random_matrix(&mut r, ty, 3, k);
+        let x = rand_vec(&mut r, k);
+        let mut xq = vec![BlockQ8::default(); k / QK];
         qdot::quantize_row_q8(&x, &mut xq);
         let xd: Vec<f32> = xq
             .iter()
@@ -144,7 +238,7 @@ fn scalar_dot_equals_dot_of_dequantised_blocks() {
             .collect();
         let wd = dequantized(&w);
         for j in 0..3 {
-            let want: f64 = wd[j * 8 * QK..(j + 1) * 8 * QK]
+            let want: f64 = wd[j * k..(j + 1) * k]
                 .iter()
                 .zip(&xd)
                 .map(|(&a, &b)| a as f64 * b as f64)
@@ -175,7 +269,7 @@ fn avx2_tiles_match_scalar() {
     let mut r = rng(3);
     for ty in TYPES {
         for nb in [1, 2, 7, 8, 9, 18] {
-            let k = nb * QK;
+            let k = cols_for(ty, nb * QK);
             let w = random_matrix(&mut r, ty, 8, k);
             let x = rand_vec(&mut r, 4 * k);
             let mut want = vec![0.0; 4 * 8];
@@ -246,6 +340,7 @@ fn matmul_quant_matches_reference_on_odd_shapes() {
             (7, 576, 200),
             (31, 64, 300),
         ] {
+            let k = cols_for(ty, k);
             let w = random_matrix(&mut r, ty, n, k);
             let x = rand_vec(&mut r, m * k);
             let mut want = vec![0.0; m * n];
@@ -269,7 +364,7 @@ fn matmul_quant_matches_reference_on_odd_shapes() {
 fn each_row_is_independent_of_the_batch() {
     let mut r = rng(5);
     for ty in TYPES {
-        let (k, n) = (192, 37);
+        let (k, n) = (cols_for(ty, 192), 37);
         let w = random_matrix(&mut r, ty, n, k);
         let x = rand_vec(&mut r, 70 * k);
         let mut batch = vec![0.0; 70 * n];
@@ -289,9 +384,13 @@ fn each_row_is_independent_of_the_batch() {
 #[test]
 fn bad_matrices_are_refused() {
     assert_eq!(
-        QuantMatrix::new(GgmlType::Q4_K, 1, 256, vec![0; 144]),
-        Err(QuantMatrixError::Unsupported(GgmlType::Q4_K))
+        QuantMatrix::new(GgmlType::Q3_K, 1, 256, vec![0; 110]),
+        Err(QuantMatrixError::Unsupported(GgmlType::Q3_K))
     );
+    assert!(matches!(
+        QuantMatrix::new(GgmlType::Q4_K, 1, 288, vec![0; 162]),
+        Err(QuantMatrixError::PartialRow { .. })
+    ));
     assert!(matches!(
         QuantMatrix::new(GgmlType::Q8_0, 1, 40, vec![0; 68]),
         Err(QuantMatrixError::PartialRow { .. })

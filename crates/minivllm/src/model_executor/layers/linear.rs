@@ -1,11 +1,9 @@
 use minivllm_kernels::hmatmul::{matmul_half, HalfKind, HalfMatrix};
 use minivllm_kernels::matmul::matmul;
-use minivllm_kernels::qdot::{has_dot, quantize_q8_0};
+use minivllm_kernels::qdot::{has_dot, quantize_to};
 use minivllm_kernels::qmatmul::{matmul_quant, QuantMatrix};
 
-use crate::model_executor::loader::weights::{
-    DType, LoadOptions, QuantTensor, Quantization, WeightSource,
-};
+use crate::model_executor::loader::weights::{DType, LoadOptions, QuantTensor, WeightSource};
 use crate::model_executor::loader::LoadError;
 
 /// A `[rows, cols]` weight matrix as kept in memory: f32, f16 or bf16, or the GGML blocks
@@ -18,6 +16,18 @@ pub enum WeightMatrix {
     },
     Half(HalfMatrix),
     Quant(QuantMatrix),
+    /// Projections stacked by rows whose stored formats differ (llama.cpp's `_M` mixes give
+    /// v more bits than q and k): each keeps its own format and writes its own columns.
+    Stacked {
+        parts: Vec<WeightMatrix>,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+thread_local! {
+    /// One part's output for [`WeightMatrix::Stacked`], kept between calls.
+    static PART_OUT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 impl WeightMatrix {
@@ -33,8 +43,8 @@ impl WeightMatrix {
     ) -> Result<Self, LoadError> {
         let rows = parts.iter().map(|(_, r)| r).sum();
         if opts.dtype != DType::Float32 {
-            if let Some((ty, data)) = load_quantized_parts(src, parts, cols)? {
-                return quant_matrix(parts[0].0, ty, rows, cols, data);
+            if let Some(loaded) = load_quantized_parts(src, parts, cols)? {
+                return stack_quantized(parts, loaded, rows, cols);
             }
         }
         // Float weights: `auto` keeps an f16/bf16 checkpoint's precision (widening it to f32
@@ -60,21 +70,22 @@ impl WeightMatrix {
             data.extend(src.load(name)?.expect_shape(name, &[r, cols])?);
         }
         match opts.quantization {
-            Some(q) if cols.is_multiple_of(q.ggml_type().block_size()) => {
-                let blocks = match q {
-                    Quantization::Q8_0 => quantize_q8_0(&data),
-                };
-                quant_matrix(parts[0].0, q.ggml_type(), rows, cols, blocks)
-            }
-            Some(q) => {
-                tracing::warn!(
-                    tensor = parts[0].0,
-                    cols,
-                    "rows are not whole {} blocks: kept in f32",
-                    q.ggml_type()
-                );
-                Ok(Self::f32(data, rows, cols))
-            }
+            Some(q) => match q.ggml_type_for(cols) {
+                Some(ty) => {
+                    let blocks =
+                        quantize_to(ty, &data).expect("every --quantization has a quantiser");
+                    quant_matrix(parts[0].0, ty, rows, cols, blocks)
+                }
+                None => {
+                    tracing::warn!(
+                        tensor = parts[0].0,
+                        cols,
+                        "rows are not whole {} blocks: kept in f32",
+                        q.ggml_type()
+                    );
+                    Ok(Self::f32(data, rows, cols))
+                }
+            },
             None => Ok(match half {
                 Some(kind) => WeightMatrix::Half(HalfMatrix::from_f32(kind, &data, rows, cols)),
                 None => Self::f32(data, rows, cols),
@@ -89,7 +100,7 @@ impl WeightMatrix {
 
     pub fn rows(&self) -> usize {
         match self {
-            WeightMatrix::F32 { rows, .. } => *rows,
+            WeightMatrix::F32 { rows, .. } | WeightMatrix::Stacked { rows, .. } => *rows,
             WeightMatrix::Half(h) => h.rows(),
             WeightMatrix::Quant(q) => q.rows(),
         }
@@ -97,18 +108,27 @@ impl WeightMatrix {
 
     pub fn cols(&self) -> usize {
         match self {
-            WeightMatrix::F32 { cols, .. } => *cols,
+            WeightMatrix::F32 { cols, .. } | WeightMatrix::Stacked { cols, .. } => *cols,
             WeightMatrix::Half(h) => h.cols(),
             WeightMatrix::Quant(q) => q.cols(),
         }
     }
 
-    /// The storage format's name: `F32`, `Q4_1`, ...
+    /// The matrices that hold the data: the parts of a stack, or this one.
+    pub fn leaves(&self) -> &[WeightMatrix] {
+        match self {
+            WeightMatrix::Stacked { parts, .. } => parts,
+            other => std::slice::from_ref(other),
+        }
+    }
+
+    /// The storage format's name: `F32`, `Q4_1`, ..., or `mixed` for a stack of several.
     pub fn format(&self) -> &'static str {
         match self {
             WeightMatrix::F32 { .. } => "F32",
             WeightMatrix::Half(h) => h.kind().name(),
             WeightMatrix::Quant(q) => q.ty().name(),
+            WeightMatrix::Stacked { .. } => "mixed",
         }
     }
 
@@ -118,6 +138,7 @@ impl WeightMatrix {
             WeightMatrix::F32 { data, .. } => data.len() * 4,
             WeightMatrix::Half(h) => h.nbytes(),
             WeightMatrix::Quant(q) => q.nbytes(),
+            WeightMatrix::Stacked { parts, .. } => parts.iter().map(Self::nbytes).sum(),
         }
     }
 
@@ -129,6 +150,16 @@ impl WeightMatrix {
             }
             WeightMatrix::Half(h) => h.widen_rows(r, out),
             WeightMatrix::Quant(q) => q.dequantize_row(r, out),
+            WeightMatrix::Stacked { parts, .. } => {
+                let mut r = r;
+                for p in parts {
+                    if r < p.rows() {
+                        return p.row_into(r, out);
+                    }
+                    r -= p.rows();
+                }
+                panic!("row_into: row past the stack's {} rows", self.rows());
+            }
         }
     }
 
@@ -140,16 +171,54 @@ impl WeightMatrix {
             WeightMatrix::F32 { data, .. } => matmul(x, data, out, m, cols, rows),
             WeightMatrix::Half(h) => matmul_half(x, h, out, m),
             WeightMatrix::Quant(q) => matmul_quant(x, q, out, m),
+            WeightMatrix::Stacked { parts, .. } => {
+                // Taken, not borrowed: a nested product on this thread (rayon runs other
+                // work while waiting) finds an empty buffer instead of a borrowed one.
+                let mut part_out = PART_OUT.take();
+                let mut c0 = 0;
+                for p in parts {
+                    let pr = p.rows();
+                    part_out.clear();
+                    part_out.resize(m * pr, 0.0);
+                    p.matmul(x, &mut part_out, m);
+                    for (o, po) in out.chunks_exact_mut(rows).zip(part_out.chunks_exact(pr)) {
+                        o[c0..c0 + pr].copy_from_slice(po);
+                    }
+                    c0 += pr;
+                }
+                PART_OUT.set(part_out);
+            }
         }
     }
 }
 
-/// The parts' stored blocks concatenated, if all are in one format with a dot product.
+/// The parts' blocks as one quantised matrix when they share a format, or as a stack of
+/// one matrix per part.
+fn stack_quantized(
+    parts: &[(&str, usize)],
+    loaded: Vec<QuantTensor>,
+    rows: usize,
+    cols: usize,
+) -> Result<WeightMatrix, LoadError> {
+    let ty = loaded[0].ty;
+    if loaded.iter().all(|t| t.ty == ty) {
+        let data = loaded.into_iter().flat_map(|t| t.data).collect();
+        return quant_matrix(parts[0].0, ty, rows, cols, data);
+    }
+    let parts = parts
+        .iter()
+        .zip(loaded)
+        .map(|(&(name, r), t)| quant_matrix(name, t.ty, r, cols, t.data))
+        .collect::<Result<_, _>>()?;
+    Ok(WeightMatrix::Stacked { parts, rows, cols })
+}
+
+/// The parts' stored blocks, if every part is in a format with a dot product.
 fn load_quantized_parts(
     src: &dyn WeightSource,
     parts: &[(&str, usize)],
     cols: usize,
-) -> Result<Option<(minivllm_kernels::quant::GgmlType, Vec<u8>)>, LoadError> {
+) -> Result<Option<Vec<QuantTensor>>, LoadError> {
     let mut loaded: Vec<QuantTensor> = Vec::with_capacity(parts.len());
     for &(name, rows) in parts {
         let Some(t) = src.load_quantized(name)? else {
@@ -164,17 +233,7 @@ fn load_quantized_parts(
         }
         loaded.push(t);
     }
-    let ty = loaded[0].ty;
-    if !has_dot(ty) || loaded.iter().any(|t| t.ty != ty) {
-        // Mixed formats (as llama.cpp's *_M mixes give q and v): stacked in f32 instead.
-        return Ok(None);
-    }
-    let data = loaded
-        .iter()
-        .map(|t| t.data.as_slice())
-        .collect::<Vec<_>>()
-        .concat();
-    Ok(Some((ty, data)))
+    Ok(loaded.iter().all(|t| has_dot(t.ty)).then_some(loaded))
 }
 
 fn quant_matrix(
@@ -239,5 +298,108 @@ impl Linear {
     /// `out[m, out_features] = x[m, in_features] · Wᵀ`.
     pub fn forward(&self, x: &[f32], out: &mut [f32], m: usize) {
         self.weight.matmul(x, out, m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use minivllm_kernels::quant::GgmlType;
+
+    use super::*;
+    use crate::model_executor::loader::weights::Tensor;
+
+    /// Tensors held in memory in a block format.
+    struct Blocks(HashMap<&'static str, QuantTensor>);
+
+    impl WeightSource for Blocks {
+        fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+            let t = &self.0[name];
+            let mut data = vec![0.0; t.shape.iter().product()];
+            minivllm_kernels::quant::dequantize(t.ty, &t.data, &mut data).unwrap();
+            Ok(Tensor {
+                shape: t.shape.clone(),
+                data,
+            })
+        }
+        fn contains(&self, name: &str) -> bool {
+            self.0.contains_key(name)
+        }
+        fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {
+            Ok(self.0.get(name).cloned())
+        }
+    }
+
+    fn tensor(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> QuantTensor {
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 1000) as f32
+                    / 500.0
+                    - 1.0
+            })
+            .collect();
+        QuantTensor {
+            shape: vec![rows, cols],
+            ty,
+            data: quantize_to(ty, &x).unwrap(),
+        }
+    }
+
+    /// A q/k/v stack whose v is stored in more bits (llama.cpp's Q4_K_M) keeps each part in
+    /// its format and computes what the parts compute alone, each in its own columns.
+    #[test]
+    fn parts_in_different_formats_stack_without_conversion() {
+        let cols = 512;
+        let src = Blocks(HashMap::from([
+            ("q", tensor(GgmlType::Q4_K, 24, cols, 1)),
+            ("k", tensor(GgmlType::Q4_K, 8, cols, 2)),
+            ("v", tensor(GgmlType::Q6_K, 8, cols, 3)),
+        ]));
+        let opts = LoadOptions::default();
+        let parts = [("q", 24), ("k", 8), ("v", 8)];
+        let w = WeightMatrix::load_rows(&src, &parts, cols, &opts).unwrap();
+        assert_eq!((w.rows(), w.cols(), w.format()), (40, cols, "mixed"));
+        let formats: Vec<_> = w.leaves().iter().map(WeightMatrix::format).collect();
+        assert_eq!(formats, ["Q4_K", "Q4_K", "Q6_K"]);
+        let m = 3;
+        let x: Vec<f32> = (0..m * cols)
+            .map(|i| ((i * 7) % 13) as f32 / 6.0 - 1.0)
+            .collect();
+        let mut out = vec![0.0; m * 40];
+        w.matmul(&x, &mut out, m);
+        let mut c0 = 0;
+        for (name, rows) in parts {
+            let alone = WeightMatrix::load_rows(&src, &[(name, rows)], cols, &opts).unwrap();
+            let mut want = vec![0.0; m * rows];
+            alone.matmul(&x, &mut want, m);
+            for i in 0..m {
+                assert_eq!(
+                    out[i * 40 + c0..i * 40 + c0 + rows],
+                    want[i * rows..(i + 1) * rows]
+                );
+            }
+            let (mut got_row, mut want_row) = (vec![0.0; cols], vec![0.0; cols]);
+            w.row_into(c0 + rows - 1, &mut got_row);
+            alone.row_into(rows - 1, &mut want_row);
+            assert_eq!(got_row, want_row, "{name}");
+            c0 += rows;
+        }
+        // Parts in one format still make one matrix.
+        let qk = WeightMatrix::load_rows(&src, &parts[..2], cols, &opts).unwrap();
+        assert_eq!(qk.format(), "Q4_K");
+        assert_eq!(qk.leaves().len(), 1);
+    }
+
+    #[test]
+    fn quantization_falls_back_where_rows_are_not_whole_k_blocks() {
+        use crate::model_executor::loader::weights::Quantization as Q;
+        assert_eq!(Q::Q4_K.ggml_type_for(512), Some(GgmlType::Q4_K));
+        assert_eq!(Q::Q4_K.ggml_type_for(576), Some(GgmlType::Q5_0));
+        assert_eq!(Q::Q5_K.ggml_type_for(576), Some(GgmlType::Q5_1));
+        assert_eq!(Q::Q6_K.ggml_type_for(576), Some(GgmlType::Q8_0));
+        assert_eq!(Q::Q4_0.ggml_type_for(40), None);
+        assert_eq!("Q4_K".parse::<Q>(), Ok(Q::Q4_K));
+        assert!("q3_k".parse::<Q>().unwrap_err().contains("supported"));
     }
 }

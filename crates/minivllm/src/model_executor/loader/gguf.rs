@@ -597,37 +597,7 @@ fn min_value_size(ty: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn put_str(buf: &mut Vec<u8>, s: &str) {
-        buf.extend((s.len() as u64).to_le_bytes());
-        buf.extend(s.as_bytes());
-    }
-
-    fn put_value(buf: &mut Vec<u8>, v: &GgufValue) {
-        match v {
-            GgufValue::U8(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::I8(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::U16(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::I16(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::U32(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::I32(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::U64(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::I64(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::F32(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::F64(x) => buf.extend(x.to_le_bytes()),
-            GgufValue::Bool(b) => buf.push(*b as u8),
-            GgufValue::String(s) => put_str(buf, s),
-            GgufValue::Array(items) => {
-                let elem = items.first().map_or(0, GgufValue::type_id);
-                buf.extend(elem.to_le_bytes());
-                buf.extend((items.len() as u64).to_le_bytes());
-                for item in items {
-                    assert_eq!(item.type_id(), elem, "GGUF arrays are homogeneous");
-                    put_value(buf, item);
-                }
-            }
-        }
-    }
+    use crate::model_executor::loader::gguf_writer::{put_str, put_value};
 
     /// Lays files out as gguf-py's writer does, with raw escape hatches for broken ones.
     struct Writer {

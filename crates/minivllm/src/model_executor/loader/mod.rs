@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 pub mod gguf;
+pub mod gguf_quantize;
 pub mod gguf_weights;
+pub mod gguf_writer;
 
 pub mod hf;
 pub mod safetensors;

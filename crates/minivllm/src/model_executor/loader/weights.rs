@@ -56,9 +56,9 @@ pub struct QuantTensor {
 /// vLLM's `--dtype`: the precision float weights are kept in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DType {
-    /// What the file holds: quantised blocks stay quantised (Q4_0, Q4_1, Q8_0), f16 and bf16
-    /// tensors stay f16 and bf16; other formats are dequantised to f32 until they get kernels
-    /// of their own.
+    /// What the file holds: quantised blocks stay quantised (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    /// Q4_K, Q5_K, Q6_K), f16 and bf16 tensors stay f16 and bf16; other formats (Q2_K, Q3_K,
+    /// IQ*) are dequantised to f32 until they get kernels of their own.
     #[default]
     Auto,
     /// Everything dequantised to f32: the reference path.
@@ -84,27 +84,74 @@ impl std::str::FromStr for DType {
     }
 }
 
-/// vLLM's `--quantization`: re-quantise float weights to a block format at load.
+/// vLLM's `--quantization`: re-quantise float weights to a GGML block format at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // GGML's names
 pub enum Quantization {
     Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 impl Quantization {
+    pub const ALL: [Quantization; 8] = [
+        Quantization::Q8_0,
+        Quantization::Q4_0,
+        Quantization::Q4_1,
+        Quantization::Q5_0,
+        Quantization::Q5_1,
+        Quantization::Q4_K,
+        Quantization::Q5_K,
+        Quantization::Q6_K,
+    ];
+
     pub fn ggml_type(self) -> GgmlType {
         match self {
             Quantization::Q8_0 => GgmlType::Q8_0,
+            Quantization::Q4_0 => GgmlType::Q4_0,
+            Quantization::Q4_1 => GgmlType::Q4_1,
+            Quantization::Q5_0 => GgmlType::Q5_0,
+            Quantization::Q5_1 => GgmlType::Q5_1,
+            Quantization::Q4_K => GgmlType::Q4_K,
+            Quantization::Q5_K => GgmlType::Q5_K,
+            Quantization::Q6_K => GgmlType::Q6_K,
         }
+    }
+
+    /// The format for rows of `cols` values: this one, or where rows are not whole blocks
+    /// of 256 the 32-value format that llama.cpp's quantizer falls back to (Q4_K to Q5_0,
+    /// Q5_K to Q5_1, Q6_K to Q8_0); `None` if rows are not whole blocks of 32 either.
+    pub fn ggml_type_for(self, cols: usize) -> Option<GgmlType> {
+        let ty = self.ggml_type();
+        let fallback = match ty {
+            GgmlType::Q4_K => GgmlType::Q5_0,
+            GgmlType::Q5_K => GgmlType::Q5_1,
+            GgmlType::Q6_K => GgmlType::Q8_0,
+            other => other,
+        };
+        [ty, fallback]
+            .into_iter()
+            .find(|t| cols.is_multiple_of(t.block_size()))
     }
 }
 
 impl std::str::FromStr for Quantization {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "q8_0" => Ok(Quantization::Q8_0),
-            _ => Err(format!("unknown --quantization {s:?} (supported: q8_0)")),
-        }
+        Quantization::ALL
+            .into_iter()
+            .find(|q| q.ggml_type().name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                format!(
+                    "unknown --quantization {s:?} (supported: q8_0, q4_0, q4_1, q5_0, q5_1, \
+                     q4_k, q5_k, q6_k)"
+                )
+            })
     }
 }
 
@@ -121,4 +168,19 @@ impl LoadOptions {
         dtype: DType::Float32,
         quantization: None,
     };
+
+    /// The options for the output projection and the token embeddings (tied, they are the
+    /// output projection): with `--quantization` below 6 bits they take Q6_K (Q8_0 where
+    /// rows are not whole blocks of 256), as llama.cpp's quantizer gives `output.weight`,
+    /// since rounding the logits' own weights to 4 or 5 bits moves them the most.
+    pub fn for_output(&self) -> LoadOptions {
+        let quantization = self.quantization.map(|q| match q {
+            Quantization::Q8_0 | Quantization::Q6_K => q,
+            _ => Quantization::Q6_K,
+        });
+        LoadOptions {
+            quantization,
+            ..*self
+        }
+    }
 }

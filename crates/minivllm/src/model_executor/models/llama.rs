@@ -65,8 +65,13 @@ impl LlamaForCausalLM {
         config.validate()?;
         let c = config;
         let h = c.hidden_size;
-        let embed_tokens =
-            WeightMatrix::load_rows(src, &[("model.embed_tokens.weight", c.vocab_size)], h, opts)?;
+        let out_opts = opts.for_output();
+        let embed_tokens = WeightMatrix::load_rows(
+            src,
+            &[("model.embed_tokens.weight", c.vocab_size)],
+            h,
+            &out_opts,
+        )?;
         let layers = (0..c.num_hidden_layers)
             .map(|i| load_layer(c, src, i, opts))
             .collect::<Result<Vec<_>, _>>()?;
@@ -78,7 +83,13 @@ impl LlamaForCausalLM {
             }
             None
         } else {
-            Some(Linear::load(src, "lm_head.weight", h, c.vocab_size, opts)?)
+            Some(Linear::load(
+                src,
+                "lm_head.weight",
+                h,
+                c.vocab_size,
+                &out_opts,
+            )?)
         };
         Ok(Self {
             config: c.clone(),
@@ -116,7 +127,7 @@ impl LlamaForCausalLM {
     /// Bytes of weight matrices per storage format, largest first: `[("Q4_1", 70e6), ...]`.
     pub fn weight_formats(&self) -> Vec<(&'static str, usize)> {
         let mut by_format = std::collections::BTreeMap::new();
-        for m in self.matrices() {
+        for m in self.matrices().flat_map(WeightMatrix::leaves) {
             *by_format.entry(m.format()).or_insert(0) += m.nbytes();
         }
         let mut v: Vec<_> = by_format.into_iter().collect();
