@@ -651,12 +651,7 @@ fn dot_rows(
         unsafe { *out.get().add(i * n + j) = v };
     };
     if !avx2 {
-        for j in j0..j0 + nj {
-            for i in 0..m {
-                store(i, j, dot_portable(w, j, xq, i));
-            }
-        }
-        return;
+        return dot_rows_portable(xq, w, store, m, j0, nj);
     }
     #[cfg(target_arch = "x86_64")]
     if w.layout == Layout::Groups {
@@ -739,62 +734,101 @@ fn dot_groups(
     }
 }
 
-/// The portable kernel: one output with ggml's block arithmetic in one lane (its rounding
-/// differs from the AVX2 tiles', which sum in vector lanes).
-fn dot_portable(w: &QuantMatrix, j: usize, x: &Q8Rows, i: usize) -> f32 {
-    if kquants::is_kquant(w.ty) {
-        return dot_portable_k(w, j, x, i);
-    }
-    let (nb, nbp) = (w.nb, w.nbp);
-    let (mut sum, mut offs) = (0.0f32, 0.0f32);
-    for b in 0..nb {
-        let (d, m, q) = w.block(j, b);
-        let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
-        let (dx, sx) = (x.d[i * nbp + b], x.s[i * nbp + b]);
-        let signed = w.layout == Layout::Rows;
-        let sumi: i32 = q
-            .iter()
-            .zip(y)
-            .map(|(&q, &y)| if signed { q as i8 as i32 } else { q as i32 } * y as i32)
-            .sum();
-        sum += sumi as f32 * (d * dx);
-        offs += match w.ty {
-            GgmlType::Q4_0 => -8.0 * d * sx,
-            GgmlType::Q5_0 => -16.0 * d * sx,
-            GgmlType::Q4_1 | GgmlType::Q5_1 => m * sx,
-            _ => 0.0,
-        };
-    }
-    sum + offs
+/// One weight row unpacked for the portable kernel: per block of 32, its quants (unsigned,
+/// or Q8_0's i8 bytes), the scales of its two halves of 16 (equal but for Q6_K), and the
+/// factor of the activations' block sum that applies the format's offset.
+#[derive(Default)]
+struct PortableRow {
+    q: Vec<[u8; QK]>,
+    scales: Vec<[f32; 2]>,
+    offset: Vec<f32>,
 }
 
-/// [`dot_portable`] for K-quants, in the AVX2 kernel's arithmetic: each block of 32 as a
-/// 4-bit block whose scale is `d·sc` (Q4_K, Q5_K: offset `-dmin·m`), or as two halves of 16
-/// with their own scales whose `-32` offset is taken off the integer sums through the
-/// activations' sums (Q6_K).
-fn dot_portable_k(w: &QuantMatrix, j: usize, x: &Q8Rows, i: usize) -> f32 {
-    let (nb, nbp) = (w.nb, w.nbp);
-    let (mut sum, mut offs) = (0.0f32, 0.0f32);
-    for b in 0..nb {
-        let at = w.super_index(j, b / KSUB);
-        let d = w.d[at].to_f32();
-        let (s0, s1, q) = w.k_block(j, b);
-        let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
-        let (dx, sx, halves) = (x.d[i * nbp + b], x.s[i * nbp + b], x.halves[i * nbp + b]);
-        let isum =
-            |r: std::ops::Range<usize>| -> i32 { r.map(|t| q[t] as i32 * y[t] as i32).sum() };
-        if w.ty == GgmlType::Q6_K {
-            let (dlo, dhi) = (d * s0 as i8 as f32, d * s1 as i8 as f32);
-            let lo = isum(0..QK / 2) - 32 * halves[0];
-            let hi = isum(QK / 2..QK) - 32 * halves[1];
-            sum += lo as f32 * (dlo * dx);
-            sum += hi as f32 * (dhi * dx);
-        } else {
-            sum += isum(0..QK) as f32 * ((d * s0 as f32) * dx);
-            offs += -(w.mins[at].to_f32() * s1 as f32) * sx;
+impl PortableRow {
+    /// Unpacks row `j` of `w`, reusing the buffers.
+    fn unpack(&mut self, w: &QuantMatrix, j: usize) {
+        self.q.clear();
+        self.scales.clear();
+        self.offset.clear();
+        for b in 0..w.nb {
+            if kquants::is_kquant(w.ty) {
+                let at = w.super_index(j, b / KSUB);
+                let d = w.d[at].to_f32();
+                let (s0, s1, q) = w.k_block(j, b);
+                self.q.push(q);
+                if w.ty == GgmlType::Q6_K {
+                    self.scales.push([d * s0 as i8 as f32, d * s1 as i8 as f32]);
+                    self.offset.push(0.0);
+                } else {
+                    self.scales.push([d * s0 as f32; 2]);
+                    self.offset.push(-(w.mins[at].to_f32() * s1 as f32));
+                }
+                continue;
+            }
+            let (d, m, q) = w.block(j, b);
+            self.q.push(q);
+            self.scales.push([d; 2]);
+            self.offset.push(match w.ty {
+                GgmlType::Q4_0 => -8.0 * d,
+                GgmlType::Q5_0 => -16.0 * d,
+                GgmlType::Q4_1 | GgmlType::Q5_1 => m,
+                _ => 0.0,
+            });
         }
     }
-    sum + offs
+
+    /// `w[j] · x[i]` for the row unpacked from `w`, in the AVX2 kernels' arithmetic per
+    /// block (its rounding differs from theirs, which sum in vector lanes). Q6_K's `-32` is
+    /// taken off each half's integer sum through the activations' half sums.
+    fn dot(&self, w: &QuantMatrix, x: &Q8Rows, i: usize) -> f32 {
+        let (nb, nbp) = (w.nb, w.nbp);
+        let signed = w.layout == Layout::Rows;
+        let (mut sum, mut offs) = (0.0f32, 0.0f32);
+        for b in 0..nb {
+            let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
+            let q = &self.q[b];
+            let at = i * nbp + b;
+            let isum = |r: std::ops::Range<usize>| -> i32 {
+                r.map(|t| if signed { q[t] as i8 as i32 } else { q[t] as i32 } * y[t] as i32)
+                    .sum()
+            };
+            let [dlo, dhi] = self.scales[b];
+            if w.ty == GgmlType::Q6_K {
+                let [ylo, yhi] = x.halves[at];
+                sum += (isum(0..QK / 2) - 32 * ylo) as f32 * (dlo * x.d[at]);
+                sum += (isum(QK / 2..QK) - 32 * yhi) as f32 * (dhi * x.d[at]);
+            } else {
+                sum += isum(0..QK) as f32 * (dlo * x.d[at]);
+                offs += self.offset[b] * x.s[at];
+            }
+        }
+        sum + offs
+    }
+}
+
+thread_local! {
+    /// The portable kernel's unpacked weight row, kept between calls.
+    static PORTABLE_ROW: std::cell::Cell<PortableRow> = std::cell::Cell::new(PortableRow::default());
+}
+
+/// The portable path of [`dot_rows`]: each weight row unpacked once, then dotted with every
+/// activation row.
+fn dot_rows_portable(
+    xq: &Q8Rows,
+    w: &QuantMatrix,
+    store: impl Fn(usize, usize, f32),
+    m: usize,
+    j0: usize,
+    nj: usize,
+) {
+    let mut row = PORTABLE_ROW.take();
+    for j in j0..j0 + nj {
+        row.unpack(w, j);
+        for i in 0..m {
+            store(i, j, row.dot(w, xq, i));
+        }
+    }
+    PORTABLE_ROW.set(row);
 }
 
 /// Single-threaded reference for [`matmul_quant`]: ggml's block formulas, scalar, on the

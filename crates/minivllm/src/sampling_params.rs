@@ -42,6 +42,12 @@ impl ValidationError {
     }
 }
 
+/// Most stop strings one request may have, and the longest each may be: they bound the
+/// work of building a request's stop-string automaton (matching then costs per output
+/// byte, whatever the list). OpenAI allows 4; llama.cpp and vLLM set no bound.
+pub const MAX_STOP_STRINGS: usize = 1024;
+pub const MAX_STOP_STRING_BYTES: usize = 4096;
+
 /// How to sample the completions of one request (vLLM's `SamplingParams`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -260,6 +266,24 @@ impl SamplingParams {
             return Err(ValidationError::of(
                 "stop",
                 "stop cannot contain an empty string.",
+            ));
+        }
+        if self.stop.len() > MAX_STOP_STRINGS {
+            return Err(ValidationError::of(
+                "stop",
+                format!(
+                    "stop may hold at most {MAX_STOP_STRINGS} strings, got {}.",
+                    self.stop.len()
+                ),
+            ));
+        }
+        if let Some(long) = self.stop.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
+            return Err(ValidationError::of(
+                "stop",
+                format!(
+                    "each stop string may be at most {MAX_STOP_STRING_BYTES} bytes long, got one of {}.",
+                    long.len()
+                ),
             ));
         }
         if self.is_greedy() {
@@ -563,6 +587,22 @@ mod tests {
                 },
                 "stop",
                 "stop cannot contain an empty string.",
+            ),
+            (
+                SamplingParams {
+                    stop: vec!["x".into(); 1025],
+                    ..d()
+                },
+                "stop",
+                "stop may hold at most 1024 strings, got 1025.",
+            ),
+            (
+                SamplingParams {
+                    stop: vec!["é".repeat(2049)],
+                    ..d()
+                },
+                "stop",
+                "each stop string may be at most 4096 bytes long, got one of 4098.",
             ),
             (
                 SamplingParams {

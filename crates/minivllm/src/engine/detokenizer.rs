@@ -6,6 +6,7 @@
 //! window twice, with and without the new tokens, and keeps the difference. The window is
 //! trimmed as text is emitted, so a step costs the same however long the output already is.
 
+use crate::engine::stop_strings::{StopScanner, StopStrings};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
 use crate::sequence::StopReason;
 
@@ -43,10 +44,9 @@ impl Default for DetokenizerConfig {
 #[derive(Debug, Clone)]
 pub struct IncrementalDetokenizer {
     skip_special_tokens: bool,
-    stop: Vec<String>,
+    /// The stop strings' automaton and where this output stands in it.
+    stop: Option<StopScanner>,
     include_stop_str_in_output: bool,
-    /// Longest stop string, in bytes.
-    max_stop_len: usize,
     /// The tail of prompt + output still needed to decode the next token; the tokens before
     /// it have been turned into text for good.
     window: Vec<u32>,
@@ -77,11 +77,9 @@ impl IncrementalDetokenizer {
         // continues a character cut at its left still has that character's start (vLLM keeps
         // two extra for the same reason).
         let tail = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT_TOKENS + 2)..];
-        let stop: Vec<String> = cfg.stop.into_iter().filter(|s| !s.is_empty()).collect();
         IncrementalDetokenizer {
             skip_special_tokens: cfg.skip_special_tokens,
-            max_stop_len: stop.iter().map(String::len).max().unwrap_or(0),
-            stop,
+            stop: StopStrings::new(&cfg.stop).map(StopScanner::new),
             include_stop_str_in_output: cfg.include_stop_str_in_output,
             window: tail.to_vec(),
             prefix_offset: tail.len().saturating_sub(PROMPT_CONTEXT_TOKENS),
@@ -184,56 +182,33 @@ impl IncrementalDetokenizer {
     }
 
     /// Looks for a stop string completed by the text from `new_start` on; on a hit, cuts
-    /// the output and finishes the sequence.
+    /// the output and finishes the sequence. Earlier occurrences would have stopped the
+    /// sequence when their last byte arrived, so only one ending in the new text can be
+    /// here; the earliest start wins, so that no part of any stop string is left in the text.
     fn find_stop(&mut self, new_start: usize) -> Option<StopReason> {
-        if self.stop.is_empty() {
-            return None;
-        }
-        // Earlier occurrences would have stopped the sequence when their last byte arrived,
-        // so only one ending in the new text can be here.
-        let mut from = new_start.saturating_sub(self.max_stop_len - 1);
-        while !self.output_text.is_char_boundary(from) {
-            from -= 1;
-        }
-        let region = &self.output_text[from..];
-        // The earliest start wins, so that no part of any stop string is left in the text;
-        // of those starting together, the shortest, as the one that was complete first.
-        let (start, stop) = self
+        let hit = self
             .stop
-            .iter()
-            .filter_map(|s| region.find(s.as_str()).map(|at| (from + at, s)))
-            .min_by_key(|(at, s)| (*at, at + s.len()))?;
+            .as_mut()?
+            .feed(new_start, &self.output_text[new_start..])?;
         let cut = if self.include_stop_str_in_output {
-            start + stop.len()
+            hit.start + hit.pattern.len()
         } else {
-            start
+            hit.start
         };
-        let reason = StopReason::String(stop.clone());
         self.output_text.truncate(cut);
         self.finished = true;
         self.visible_len = self.output_text.len();
-        Some(reason)
+        Some(StopReason::String(hit.pattern))
     }
 
     /// Length of the longest suffix of the output that is a proper prefix of a stop string.
     /// With `include_stop_str_in_output` nothing need be held: a stop found later ends in
     /// text not yet produced, so the cut falls after everything already there.
     fn stop_prefix_suffix_len(&self) -> usize {
-        if self.include_stop_str_in_output {
-            return 0;
+        match &self.stop {
+            Some(scanner) if !self.include_stop_str_in_output => scanner.pending(),
+            _ => 0,
         }
-        let text = self.output_text.as_str();
-        self.stop
-            .iter()
-            .filter_map(|stop| {
-                stop.char_indices()
-                    .map(|(at, _)| at)
-                    .skip(1)
-                    .filter(|&len| text.ends_with(&stop[..len]))
-                    .max()
-            })
-            .max()
-            .unwrap_or(0)
     }
 }
 

@@ -4,4 +4,5 @@ pub mod detokenizer;
 pub mod greedy;
 pub mod llm_engine;
 pub mod metrics;
+pub mod stop_strings;
 pub mod tokenizer;
