@@ -13,7 +13,8 @@ M=target/release/minivllm
 OUT=${OUT:-/tmp/kq}
 mkdir -p "$OUT"
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), threads 2"
-for t in "${@:-Q4_K_M Q5_K_M Q6_K}"; do
+[ $# -gt 0 ] || set -- Q4_K_M Q5_K_M Q6_K
+for t in "$@"; do
   m=$OUT/smol-$t.gguf
   [ -s "$m" ] || LD_LIBRARY_PATH=$B "$B/llama-quantize" "$F32" "$m" "$t" 2 >/dev/null 2>&1
   echo "=== $t ($(stat -c %s "$m") bytes)"
