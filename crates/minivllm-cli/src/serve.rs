@@ -3,7 +3,9 @@
 use anyhow::Context;
 use minivllm::engine::async_engine::{AsyncEngine, AsyncEngineOptions};
 use minivllm::engine::llm_engine::LLMEngine;
-use minivllm::entrypoints::openai::api_server::{self, ServerConfig};
+use std::time::Duration;
+
+use minivllm::entrypoints::openai::api_server::{self, ConnectionLimits, ServerConfig};
 
 use crate::EngineFlags;
 
@@ -30,6 +32,27 @@ pub struct ServeArgs {
     /// Larger request bodies are refused with 413, e.g. `8MiB`.
     #[arg(long, default_value = "8MiB", value_parser = crate::parse_bytes)]
     pub max_request_body_size: u64,
+    /// Seconds a client has to send a request's headers before its connection is closed.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub header_read_timeout: f64,
+    /// Connections served at once; further ones wait in the listen backlog.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+    /// Seconds a response may take to start before the request gets 408 (off by default:
+    /// long prompts queue behind others).
+    #[arg(long, value_parser = positive_seconds)]
+    pub request_timeout: Option<f64>,
+    /// Seconds requests in flight may take to finish after SIGINT/SIGTERM; connections
+    /// still open then are closed.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub shutdown_timeout: f64,
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -43,6 +66,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         allowed_origins: args.allowed_origins,
         max_request_body_bytes: usize::try_from(args.max_request_body_size)
             .context("--max-request-body-size is too large")?,
+    };
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
+        max_connections: args.max_connections as usize,
+        shutdown_timeout: Duration::from_secs_f64(args.shutdown_timeout),
+        request_timeout: args.request_timeout.map(Duration::from_secs_f64),
     };
     let options = AsyncEngineOptions {
         max_waiting_requests: args.max_waiting_requests,
@@ -79,7 +108,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = first_signal.send(());
         };
         tokio::select! {
-            r = api_server::serve(listener, engine, config, graceful) => r.context("server error"),
+            r = api_server::serve(listener, engine, config, limits, graceful) => r.context("server error"),
             // Dropping the runtime drops every response stream, which aborts their requests.
             _ = async { if signalled.await.is_ok() { shutdown_signal().await } else { std::future::pending().await } } => {
                 eprintln!("aborting the requests in flight");

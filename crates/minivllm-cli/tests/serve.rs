@@ -682,3 +682,101 @@ fn sigterm_finishes_requests_in_flight_and_a_second_one_aborts() {
     assert!(status.success(), "{status}");
     assert!(!read_to_end_lossy(long).contains("data: [DONE]"));
 }
+
+/// A connection that sends part of its headers and then nothing.
+fn slow_client(server: &Server) -> TcpStream {
+    use std::io::Write;
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    s
+}
+
+/// Whether the server closed `s` within `within` (a read that returns end of file).
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // a 408 before the close is fine
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Slow clients cannot hold the server: a connection that never finishes its headers is
+/// closed after `--header-read-timeout`; at `--max-connections` further connections wait
+/// (are not accepted) until one closes (here, by that timeout); and `--shutdown-timeout`
+/// ends a graceful shutdown that a long response would otherwise hold open.
+#[cfg(unix)]
+#[test]
+fn slow_clients_are_timed_out_limited_and_cut_at_shutdown() {
+    let mut server = start_with(
+        &model(),
+        &[
+            "--header-read-timeout",
+            "1",
+            "--max-connections",
+            "2",
+            "--shutdown-timeout",
+            "2",
+        ],
+    );
+    let mut first = slow_client(&server);
+    assert!(
+        closed_within(&mut first, Duration::from_secs(5)),
+        "header timeout"
+    );
+
+    // Two idle connections fill the limit; a third client's request waits for a slot.
+    let a = slow_client(&server);
+    let _b = slow_client(&server);
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let (status, _) = request(server.port, "GET", "/health", None).unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "served at once though both slots were taken ({:?})",
+        started.elapsed()
+    );
+    drop(a);
+
+    // A response still streaming when shutdown begins is cut at the deadline instead of
+    // holding the server until it ends.
+    let long = open_stream(
+        &server,
+        json!({"prompt": "Tell me a story.", "max_tokens": 900, "ignore_eos": true, "stream": true}),
+    );
+    let shutdown = Instant::now();
+    signal(&server, "-TERM");
+    let status = wait_exit(&mut server, Duration::from_secs(8));
+    assert!(status.success(), "{status}");
+    assert!(
+        shutdown.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        shutdown.elapsed()
+    );
+    assert!(!read_to_end_lossy(long).contains("data: [DONE]"));
+}
+
+/// `--request-timeout`: a request whose response has not started in time gets 408, and the
+/// engine's work for it is dropped (the server goes on serving).
+#[test]
+fn request_timeout_answers_408() {
+    let server = start_with(&model(), &["--request-timeout", "0.05"]);
+    let body = json!({"prompt": "word ".repeat(700), "max_tokens": 200, "ignore_eos": true});
+    let (status, text) = request(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+    )
+    .unwrap();
+    assert_eq!(status, 408, "{text}");
+    let (status, _) = request(server.port, "GET", "/health", None).unwrap();
+    assert_eq!(status, 200);
+    wait_for_metrics(&server, "the timed-out request gone", |m| {
+        metric(m, "vllm:num_requests_running", "") == 0.0
+    });
+}

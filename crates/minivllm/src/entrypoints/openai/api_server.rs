@@ -1,9 +1,10 @@
-//! The OpenAI-compatible HTTP server: routes, and the layers every request passes through
-//! (request ids and logs, API key, body size limit, CORS).
+//! The OpenAI-compatible HTTP server: routes, the layers every request passes through
+//! (request ids and logs, API key, body size limit, CORS), and the accept loop that bounds
+//! connections (header-read timeout, connection limit, shutdown deadline).
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -11,9 +12,14 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+use tower_http::timeout::TimeoutLayer;
 use tracing::Instrument;
 
 use super::protocol::ApiError;
@@ -92,16 +98,98 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
     router.layer(middleware::from_fn(request_id_and_log))
 }
 
-/// Serves until `shutdown` resolves, then lets requests in flight finish.
+/// What the server grants each connection.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// A client must send a request's headers within this time, or its connection closes.
+    pub header_read_timeout: Duration,
+    /// Connections served at once; more wait in the listen backlog (nothing is accepted, so
+    /// no file descriptor is spent) until one closes.
+    pub max_connections: usize,
+    /// After shutdown starts, connections still open this long are closed.
+    pub shutdown_timeout: Duration,
+    /// A request whose response has not started within this time gets 408 (off: `None`).
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            shutdown_timeout: Duration::from_secs(30),
+            request_timeout: None,
+        }
+    }
+}
+
+/// Serves until `shutdown` resolves, then lets requests in flight finish for up to
+/// `limits.shutdown_timeout` and closes what remains.
 pub async fn serve(
     listener: TcpListener,
     engine: AsyncEngine,
     config: ServerConfig,
+    limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(engine, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let mut app = router(engine, config);
+    if let Some(t) = limits.request_timeout {
+        app = app.layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            t,
+        ));
+    }
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, say: the error is the listener's, not the
+                    // server's end; wait for connections to close instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let conn =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let conn = graceful.watch(conn);
+        connections.spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection: {e}");
+            }
+            drop(permit);
+        });
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    let open = connections.len();
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(limits.shutdown_timeout) => {
+            tracing::warn!(
+                "shutdown: closing the connections still open after {:?} ({open} were open)",
+                limits.shutdown_timeout
+            );
+            // Dropping a connection's task closes its socket and drops its response
+            // streams, which aborts their requests.
+            connections.shutdown().await;
+        }
+    }
+    Ok(())
 }
 
 fn cors_layer(origins: &[String]) -> Option<CorsLayer> {
