@@ -780,3 +780,35 @@ fn request_timeout_answers_408() {
         metric(m, "vllm:num_requests_running", "") == 0.0
     });
 }
+
+/// Tokenising multi-megabyte prompts runs off the async workers: while two such requests
+/// are in flight, `/health` still answers at once.
+#[test]
+fn large_tokenize_requests_do_not_stall_health() {
+    let server = start(&model());
+    let port = server.port;
+    let big =
+        json!({"prompt": "Lorem ipsum dolor sit amet, consectetur. ".repeat(80_000)}).to_string();
+    let started = Instant::now();
+    let heavy: Vec<_> = (0..2)
+        .map(|_| {
+            let big = big.clone();
+            std::thread::spawn(move || request(port, "POST", "/tokenize", Some(&big)).unwrap().0)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut worst = Duration::ZERO;
+    while !heavy.iter().all(|h| h.is_finished()) {
+        let t = Instant::now();
+        let (status, _) = request(port, "GET", "/health", None).unwrap();
+        assert_eq!(status, 200);
+        worst = worst.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    for h in heavy {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    eprintln!("two 3.3 MB prompts tokenised in {took:?}; slowest /health meanwhile {worst:?}");
+    assert!(worst < Duration::from_millis(500), "/health took {worst:?}");
+}

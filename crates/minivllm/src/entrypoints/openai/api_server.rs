@@ -58,6 +58,9 @@ impl ServerConfig {
 pub struct AppState {
     pub engine: AsyncEngine,
     pub config: ServerConfig,
+    /// Permits for requests' CPU work off the async workers (see `serving_engine::off_async`):
+    /// one per core, so such work queues instead of taking every thread.
+    pub cpu: Semaphore,
 }
 
 pub type Shared = Arc<AppState>;
@@ -70,7 +73,12 @@ pub struct RequestId(pub String);
 pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
     let body_limit = config.max_request_body_bytes;
     let cors = cors_layer(&config.allowed_origins);
-    let state = Arc::new(AppState { engine, config });
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let state = Arc::new(AppState {
+        engine,
+        config,
+        cpu: Semaphore::new(cores),
+    });
     // Every route that takes work needs the key: probes and scrapers keep working, but the
     // tokenizer routes (CPU work on any text) are not open to whoever can reach the port.
     let v1 = Router::new()

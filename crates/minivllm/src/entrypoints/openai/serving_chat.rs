@@ -5,20 +5,20 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn};
 use super::serving_engine::{
-    check_model, checked_params, delta, finish_reason, last_output, now, parse, sse, stop_reason,
-    submit, token_text, top, usage, Prompt,
+    check_model, checked_params, delta, finish_reason, json_response, last_output, now, off_async,
+    parse, sse, stop_reason, submit, token_text, top, usage, Prompt,
 };
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput};
+use crate::sampling_params::SamplingParams;
 use crate::sequence::TokenId;
 
 /// Renders `messages` with the model's chat template and tokenises the result.
@@ -46,19 +46,8 @@ pub async fn chat_completions(
     Extension(rid): Extension<RequestId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: ChatCompletionRequest = parse(body)?;
-    req.check()?;
-    check_model(&s, req.common.model.as_deref())?;
-    // The template writes the BOS itself.
-    let prompt = render_chat(&s, &req.messages, req.add_generation_prompt, false)?;
-    let top_logprobs = req.top_logprobs.unwrap_or(0);
-    let logprobs = req.logprobs.then_some(top_logprobs);
-    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    let params = checked_params(
-        &s,
-        req.common.sampling_params(max_tokens, logprobs),
-        prompt.ids.len(),
-    )?;
+    let (req, prompt, params) = off_async(&s, move |s| prepare(s, body)).await?;
+    let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let n = params.n;
     let prompts = [prompt];
     let mut streams = submit(
@@ -84,7 +73,28 @@ pub async fn chat_completions(
         return Ok(sse(move |tx| reply.stream(rx, include_usage, tx)));
     }
     let out = last_output(rx).await?;
-    Ok(Json(reply.full(&out)).into_response())
+    Ok(off_async(&s, move |_| json_response(&reply.full(&out))).await)
+}
+
+/// The request parsed and checked, its messages rendered and tokenised, and its sampling
+/// parameters.
+fn prepare(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(ChatCompletionRequest, Prompt, SamplingParams), ApiError> {
+    let req: ChatCompletionRequest = parse(body)?;
+    req.check()?;
+    check_model(s, req.common.model.as_deref())?;
+    // The template writes the BOS itself.
+    let prompt = render_chat(s, &req.messages, req.add_generation_prompt, false)?;
+    let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    let params = checked_params(
+        s,
+        req.common.sampling_params(max_tokens, logprobs),
+        prompt.ids.len(),
+    )?;
+    Ok((req, prompt, params))
 }
 
 /// What every response of one request shares.

@@ -3,19 +3,19 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::api_server::{RequestId, Shared};
+use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, CompletionRequest, PromptField};
 use super::serving_engine::{
-    check_model, checked_params, delta, finish_reason, last_output, merge, now, parse, stop_reason,
-    submit, token_text, top, usage, Prompt, Streams,
+    check_model, checked_params, delta, finish_reason, json_response, last_output, merge, now,
+    off_async, parse, stop_reason, submit, token_text, top, usage, Prompt, Streams,
 };
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
+use crate::sampling_params::SamplingParams;
 use crate::sequence::TokenId;
 
 pub async fn completions(
@@ -23,20 +23,8 @@ pub async fn completions(
     Extension(rid): Extension<RequestId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse(body)?;
-    req.common.check()?;
-    check_model(&s, req.common.model.as_deref())?;
+    let (req, prompts, base, params) = off_async(&s, move |s| prepare(s, body)).await?;
     let tok = s.engine.tokenizer().clone();
-    let prompts = prompts(&tok, req.prompt.clone())?;
-    let mut base = req.common.sampling_params(req.max_tokens, req.logprobs);
-    if req.echo {
-        // Echoed prompts carry their tokens' logprobs too, as in OpenAI's legacy API.
-        base.prompt_logprobs = req.logprobs;
-    }
-    let params = prompts
-        .iter()
-        .map(|p| checked_params(&s, base.clone(), p.ids.len()))
-        .collect::<Result<Vec<_>, _>>()?;
     let streams = submit(&s, &rid, "cmpl", &prompts, &params, req.common.priority).await?;
     let reply = Reply {
         id: format!("cmpl-{}", rid.0),
@@ -54,7 +42,37 @@ pub async fn completions(
             reply.stream(streams, include_usage, tx)
         }));
     }
-    Ok(Json(reply.full(streams).await?).into_response())
+    let mut outs = Vec::with_capacity(streams.len());
+    for rx in streams {
+        outs.push(last_output(rx).await?);
+    }
+    Ok(off_async(&s, move |_| json_response(&reply.full(&outs))).await)
+}
+
+/// The request parsed and checked, its prompts tokenised, and each prompt's sampling
+/// parameters (after the shared ones).
+type Prepared = (
+    CompletionRequest,
+    Vec<Prompt>,
+    SamplingParams,
+    Vec<SamplingParams>,
+);
+
+fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
+    let req: CompletionRequest = parse(body)?;
+    req.common.check()?;
+    check_model(s, req.common.model.as_deref())?;
+    let prompts = prompts(s.engine.tokenizer(), req.prompt.clone())?;
+    let mut base = req.common.sampling_params(req.max_tokens, req.logprobs);
+    if req.echo {
+        // Echoed prompts carry their tokens' logprobs too, as in OpenAI's legacy API.
+        base.prompt_logprobs = req.logprobs;
+    }
+    let params = prompts
+        .iter()
+        .map(|p| checked_params(s, base.clone(), p.ids.len()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((req, prompts, base, params))
 }
 
 fn prompts(tok: &Tokenizer, field: PromptField) -> Result<Vec<Prompt>, ApiError> {
@@ -145,11 +163,10 @@ impl Reply {
         lp.into_json()
     }
 
-    async fn full(&self, streams: Streams) -> Result<Value, ApiError> {
+    fn full(&self, outs: &[RequestOutput]) -> Value {
         let mut choices = Vec::new();
         let (mut prompt_tokens, mut completion_tokens) = (0, 0);
-        for (i, rx) in streams.into_iter().enumerate() {
-            let out = last_output(rx).await?;
+        for (i, out) in outs.iter().enumerate() {
             prompt_tokens += out.prompt_token_ids.len();
             for o in &out.outputs {
                 completion_tokens += o.token_ids.len();
@@ -158,13 +175,13 @@ impl Reply {
                 } else {
                     o.text.clone()
                 };
-                let logprobs = self.logprobs(&out, o, 0, self.echo, &mut 0);
+                let logprobs = self.logprobs(out, o, 0, self.echo, &mut 0);
                 choices.push(self.choice(i * self.n + o.index, text, logprobs, o));
             }
         }
         let mut body = self.body(Value::Array(choices));
         body["usage"] = usage(prompt_tokens, completion_tokens);
-        Ok(body)
+        body
     }
 
     async fn stream(

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::api_server::{AppState, RequestId};
+use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::ApiError;
 use crate::engine::async_engine::NewRequest;
 use crate::engine::llm_engine::check_width;
@@ -39,6 +39,32 @@ pub fn parse<T: serde::de::DeserializeOwned>(
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text(), None))?;
     serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request: {e}"), None))
+}
+
+/// Runs a request's CPU work (parsing a large body, tokenising, rendering a chat template,
+/// building a large response) on tokio's blocking threads, at most one task per core at a
+/// time: more wait their turn, and the async workers stay free for I/O, so `/health` and
+/// the streams in flight keep answering while a multi-megabyte prompt is tokenised.
+pub async fn off_async<T: Send + 'static>(
+    s: &Shared,
+    f: impl FnOnce(&AppState) -> T + Send + 'static,
+) -> T {
+    let _permit = s
+        .cpu
+        .acquire()
+        .await
+        .expect("the CPU semaphore is never closed");
+    let s = s.clone();
+    match tokio::task::spawn_blocking(move || f(&s)).await {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// `v` as a JSON response, serialised by the caller's thread.
+pub fn json_response(v: &Value) -> Response {
+    let body = serde_json::to_vec(v).expect("a JSON value serialises");
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// vLLM answers a model name it does not serve with 404, which OpenAI's clients raise as

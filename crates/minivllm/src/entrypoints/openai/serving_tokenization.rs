@@ -4,21 +4,25 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::Json;
-use serde_json::{json, Value};
+use axum::response::Response;
+use serde_json::json;
 
-use super::api_server::Shared;
+use super::api_server::{AppState, Shared};
 use super::protocol::{ApiError, DetokenizeRequest, TokenizeRequest};
 use super::serving_chat::render_chat;
-use super::serving_engine::{check_model, parse};
+use super::serving_engine::{check_model, json_response, off_async, parse};
 use crate::engine::llm_engine::EngineError;
 
 pub async fn tokenize(
     State(s): State<Shared>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
+    off_async(&s, move |s| tokenize_now(s, body)).await
+}
+
+fn tokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: TokenizeRequest = parse(body)?;
-    check_model(&s, req.model.as_deref())?;
+    check_model(s, req.model.as_deref())?;
     let tok = s.engine.tokenizer();
     let ids = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => tok
@@ -26,7 +30,7 @@ pub async fn tokenize(
             .map_err(EngineError::from)?,
         (None, Some(messages)) => {
             let add_special = req.add_special_tokens.unwrap_or(false);
-            render_chat(&s, messages, req.add_generation_prompt, add_special)?.ids
+            render_chat(s, messages, req.add_generation_prompt, add_special)?.ids
         }
         _ => {
             return Err(ApiError::bad_request(
@@ -40,7 +44,7 @@ pub async fn tokenize(
             .map(|&id| tok.id_to_token(id).unwrap_or_default())
             .collect::<Vec<_>>()
     });
-    Ok(Json(json!({
+    Ok(json_response(&json!({
         "count": ids.len(),
         "max_model_len": s.engine.max_model_len(),
         "tokens": ids,
@@ -51,9 +55,13 @@ pub async fn tokenize(
 pub async fn detokenize(
     State(s): State<Shared>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
+    off_async(&s, move |s| detokenize_now(s, body)).await
+}
+
+fn detokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: DetokenizeRequest = parse(body)?;
-    check_model(&s, req.model.as_deref())?;
+    check_model(s, req.model.as_deref())?;
     let tok = s.engine.tokenizer();
     let vocab_size = tok.vocab_size();
     if let Some(&token) = req.tokens.iter().find(|&&t| t as usize >= vocab_size) {
@@ -63,5 +71,5 @@ pub async fn detokenize(
         ));
     }
     let prompt = tok.decode(&req.tokens, false).map_err(EngineError::from)?;
-    Ok(Json(json!({ "prompt": prompt })))
+    Ok(json_response(&json!({ "prompt": prompt })))
 }
