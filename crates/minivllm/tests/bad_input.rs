@@ -5,6 +5,8 @@ mod common;
 use std::io::Write;
 
 use minivllm::engine::greedy::generate_greedy;
+use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
+use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::model_loader::load_model;
 use minivllm::worker::cache_engine::CacheEngine;
@@ -99,4 +101,87 @@ fn token_ids_outside_the_vocabulary_are_rejected() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("999999") && e.contains("vocabulary"), "{e}");
+}
+
+/// The test model rewritten with metadata `key` set to `value`.
+fn mutated_gguf(key: &str, value: GgufValue) -> tempfile::TempPath {
+    let src = GgufFile::open(&common::test_model_path()).unwrap();
+    let mut metadata = src.metadata.clone();
+    metadata.insert(key.to_string(), value);
+    let tensors: Vec<TensorEntry> = src
+        .tensors
+        .iter()
+        .map(|t| TensorEntry {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ggml_type,
+        })
+        .collect();
+    let path = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    write_gguf(&path, &metadata, &tensors, src.alignment, |i| {
+        let bytes = src
+            .tensor(&tensors[i].name)
+            .map(|t| src.tensor_bytes(t).to_vec());
+        Ok(bytes.unwrap_or_default())
+    })
+    .unwrap();
+    path
+}
+
+/// Metadata that would size allocations, or that contradicts the file, is refused with an
+/// error naming it, before anything is allocated from it.
+#[test]
+fn absurd_or_contradictory_model_numbers_are_refused() {
+    let huge = GgufValue::U64(1 << 40);
+    for (key, value, needle) in [
+        (
+            "llama.feed_forward_length",
+            huge.clone(),
+            "expected [1099511627776, 576]",
+        ),
+        (
+            "llama.embedding_length",
+            huge.clone(),
+            "head_dim (122167958641)",
+        ),
+        (
+            "llama.block_count",
+            huge.clone(),
+            "missing tensor model.layers.30",
+        ),
+        (
+            "llama.block_count",
+            GgufValue::U32(29),
+            "block_count is 29 but the file holds 30",
+        ),
+        (
+            "llama.attention.head_count",
+            huge.clone(),
+            "head_dim must be positive",
+        ),
+        (
+            "llama.attention.head_count_kv",
+            GgufValue::U32(1 << 30),
+            "num_key_value_heads",
+        ),
+        (
+            "llama.vocab_size",
+            huge.clone(),
+            "expected [1099511627776, 576]",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            GgufValue::U32(1 << 30),
+            "eos_token_id 1073741824",
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            GgufValue::U32(49152),
+            "bos_token_id 49152",
+        ),
+    ] {
+        let path = mutated_gguf(key, value);
+        let e = load_err(path.to_str().unwrap());
+        assert!(e.contains(needle), "{key}: {e}");
+    }
 }

@@ -421,6 +421,7 @@ fn parse(path: &Path, data: &[u8]) -> Result<Parsed, LoadError> {
         }
     }
 
+    check_no_overlap(&tensors).map_err(bad)?;
     Ok(Parsed {
         version,
         metadata,
@@ -428,6 +429,26 @@ fn parse(path: &Path, data: &[u8]) -> Result<Parsed, LoadError> {
         alignment,
         data_offset,
     })
+}
+
+/// Tensors whose data share bytes are a corrupt (or crafted) index: writing one tensor's
+/// weights would be reading another's. Empty tensors overlap nothing.
+fn check_no_overlap(tensors: &[GgufTensorInfo]) -> Result<(), String> {
+    let mut spans: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .filter(|t| t.n_bytes() > 0)
+        .map(|t| (t.offset, t.offset + t.n_bytes(), t.name.as_str()))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        let ((_, end, a), (start, _, b)) = (w[0], w[1]);
+        if start < end {
+            return Err(format!(
+                "tensors {a} and {b} overlap in the file's data section"
+            ));
+        }
+    }
+    Ok(())
 }
 
 enum InfoError {
@@ -718,6 +739,17 @@ mod tests {
                 GgmlType::F32,
                 &f32_bytes(&[1., 2., 3., 4., 5., 6.]),
             )
+    }
+
+    #[test]
+    fn overlapping_tensor_data_is_refused() {
+        let w = Writer::new()
+            .kv("general.architecture", s("llama"))
+            .info("a", &[8], GgmlType::F32.id(), 0)
+            .info("b", &[8], GgmlType::F32.id(), 0);
+        let mut bytes = w.build();
+        bytes.resize(bytes.len().next_multiple_of(32) + 64, 0);
+        assert_err(&bytes, &["tensors a and b overlap"]);
     }
 
     #[test]

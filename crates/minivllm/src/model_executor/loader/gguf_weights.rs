@@ -73,7 +73,33 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         tie_word_embeddings: file.tensor("output.weight").is_none(),
     };
     cfg.validate()?;
+    check_layer_count(file, cfg.num_hidden_layers)?;
     Ok(cfg)
+}
+
+/// `block_count` must name every layer the file holds: fewer would silently drop layers
+/// (and load a model that computes garbage), more fails later on a missing tensor.
+fn check_layer_count(file: &GgufFile, block_count: usize) -> Result<(), LoadError> {
+    let layers = file
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            t.name
+                .strip_prefix("blk.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .max()
+        .map_or(0, |last| last + 1);
+    if layers > block_count {
+        return Err(LoadError::Config(format!(
+            "block_count is {block_count} but the file holds {layers} layers (blk.0 to blk.{})",
+            layers - 1
+        )));
+    }
+    Ok(())
 }
 
 fn rope_scaling_from_gguf(
