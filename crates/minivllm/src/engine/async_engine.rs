@@ -218,11 +218,18 @@ fn engine_loop(
         if engine.has_unfinished_requests() {
             step(&mut engine, &mut streams, shared);
         }
-        *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = engine.stats();
-        shared
-            .num_free_blocks
-            .store(engine.num_free_blocks(), Ordering::Relaxed);
+        publish(&engine, shared);
     }
+}
+
+/// Makes the engine's counts visible to `/metrics` and `stats()`. Called after each step
+/// before its outputs are sent, so that a client that has its last output never finds its
+/// request still counted as running.
+fn publish(engine: &LLMEngine, shared: &Shared) {
+    *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = engine.stats();
+    shared
+        .num_free_blocks
+        .store(engine.num_free_blocks(), Ordering::Relaxed);
 }
 
 fn step(
@@ -232,6 +239,7 @@ fn step(
 ) {
     match engine.step() {
         Ok(outputs) => {
+            publish(engine, shared);
             let now = Instant::now();
             let mut gone = Vec::new();
             let mut metrics = shared.metrics();
@@ -397,6 +405,25 @@ mod tests {
         // One at a time they took a step each; queued together, one or two steps in all.
         let steps = engine.stats().num_steps - before;
         assert!(steps <= 2, "32 one-token requests took {steps} steps");
+    }
+
+    /// The counts are published before the last output is sent: read as soon as it
+    /// arrives, they no longer count the request (before, they did for a moment after).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stats_count_a_request_done_by_the_time_its_last_output_arrives() {
+        let engine = engine();
+        for i in 0..100 {
+            let mut rx = engine
+                .generate(format!("r{i}"), "Hi".into(), params(1), 0)
+                .await
+                .unwrap();
+            while let Some(out) = rx.recv().await {
+                if out.finished {
+                    let s = engine.stats();
+                    assert_eq!((s.num_running, s.num_waiting), (0, 0), "request {i}");
+                }
+            }
+        }
     }
 
     #[tokio::test]
