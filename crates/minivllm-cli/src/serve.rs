@@ -26,7 +26,9 @@ pub struct ServeArgs {
     /// Origins allowed to call from a browser (CORS), comma-separated, or `*`. Default: none.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
-    /// Answer 503 to new requests while this many wait to be scheduled (default: no limit).
+    /// Answer 503 to a request that would leave more than this many sequences waiting to be
+    /// scheduled, a request counting as the `n` (or `best_of`) it forks into (default: no
+    /// limit).
     #[arg(long)]
     pub max_waiting_requests: Option<usize>,
     /// Larger request bodies are refused with 413, e.g. `8MiB`.

@@ -109,6 +109,11 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// The waiting sequences, first to be scheduled first.
+    pub fn waiting(&self) -> &[SeqId] {
+        &self.waiting
+    }
+
     pub fn num_running(&self) -> usize {
         self.running.len()
     }

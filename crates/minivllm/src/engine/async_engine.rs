@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::llm_engine::{EngineError, EngineStats, LLMEngine, PromptInput};
+use crate::engine::llm_engine::{width, EngineError, EngineStats, LLMEngine, PromptInput};
 use crate::engine::metrics::RequestMetrics;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::RequestOutput;
@@ -33,8 +33,9 @@ struct AddRequest {
 /// How the engine thread admits requests.
 #[derive(Debug, Clone, Default)]
 pub struct AsyncEngineOptions {
-    /// Refuse new requests (`EngineError::Overloaded`) while this many wait to be scheduled,
-    /// so a burst costs a quick 503 rather than unbounded memory and latency.
+    /// Refuse a request (`EngineError::Overloaded`) that would leave more than this many
+    /// sequences waiting to be scheduled (see `over_limit`), so a burst costs a quick 503
+    /// rather than unbounded memory and latency.
     pub max_waiting_requests: Option<usize>,
 }
 
@@ -276,6 +277,14 @@ fn step(
     }
 }
 
+/// Whether admitting a request of `params` would leave more than `max` sequences waiting,
+/// counting each waiting request as the sequences it forks into. An empty queue admits any
+/// request (its width is already bounded by `--max-num-seqs`).
+fn over_limit(engine: &LLMEngine, params: &SamplingParams, max: usize) -> bool {
+    let waiting = engine.num_waiting_sequences();
+    waiting > 0 && waiting + width(params) > max
+}
+
 fn abort(engine: &mut LLMEngine, shared: &Shared, id: &str, why: &str) {
     tracing::info!(request_id = %id, reason = why, "aborted request");
     engine.abort_request(id);
@@ -300,7 +309,7 @@ fn handle(
                 reply,
             } = *add;
             let result = match options.max_waiting_requests {
-                Some(max) if engine.num_waiting_requests() >= max => {
+                Some(max) if over_limit(engine, &params, max) => {
                     Err(EngineError::Overloaded { max_waiting: max })
                 }
                 _ => engine.add_request(request_id.clone(), prompt, params, priority),
@@ -424,6 +433,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A request that forks counts as its sequences against `max_waiting_requests`.
+    #[tokio::test]
+    async fn waiting_forks_count_against_the_queue_limit() {
+        let args = EngineArgs {
+            model: crate::testing::test_model_path().display().to_string(),
+            kv_cache_memory: 64 << 20,
+            max_model_len: Some(1024),
+            max_num_seqs: 3,
+            ..EngineArgs::default()
+        };
+        let options = AsyncEngineOptions {
+            max_waiting_requests: Some(4),
+        };
+        let engine =
+            AsyncEngine::with_options(LLMEngine::from_engine_args(&args).unwrap(), options);
+        let forks = |max_tokens| SamplingParams {
+            n: 3,
+            temperature: 1.0,
+            seed: Some(1),
+            ..params(max_tokens)
+        };
+        // Three sequences run; a second request of three waits, counting 3 of the 4.
+        let mut running = engine
+            .generate("a", "Hi".into(), forks(300), 0)
+            .await
+            .unwrap();
+        running.recv().await.unwrap();
+        let _waiting = engine
+            .generate("b", "Hi".into(), forks(4), 0)
+            .await
+            .unwrap();
+        let _one_more = engine
+            .generate("c", "Hi".into(), params(4), 0)
+            .await
+            .unwrap();
+        let refused = engine.generate("d", "Hi".into(), params(4), 0).await;
+        assert!(
+            matches!(refused, Err(EngineError::Overloaded { max_waiting: 4 })),
+            "{refused:?}"
+        );
     }
 
     #[tokio::test]

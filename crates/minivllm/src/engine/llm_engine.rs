@@ -359,6 +359,22 @@ impl LLMEngine {
         self.scheduler.num_waiting()
     }
 
+    /// The sequences that waiting requests will run once admitted: a request that forks
+    /// into `n` (or `best_of`) sequences after its prompt counts that many, though it waits
+    /// as one.
+    pub fn num_waiting_sequences(&self) -> usize {
+        self.scheduler
+            .waiting()
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .map(|seq| &seq.request)
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .filter_map(|r| self.requests.get(r))
+            .map(|r| width(&r.params))
+            .sum()
+    }
+
     pub fn stats(&self) -> EngineStats {
         let bm = self.scheduler.block_manager();
         let pc = bm.prefix_cache_stats();
@@ -807,8 +823,13 @@ fn with_chosen(token: TokenId, logprob: f32, top: Vec<(TokenId, f32)>) -> TokenL
 /// `--max-model-len` checked against the model's context length (the default).
 /// A request's sequences (`n`, or `best_of` when larger) must fit in one batch: a wider one
 /// could never be scheduled whole, and its per-sequence state would be allocated for nothing.
+/// The sequences a request runs: `best_of` if set, else `n`.
+pub fn width(params: &SamplingParams) -> usize {
+    params.best_of.unwrap_or(params.n).max(params.n)
+}
+
 pub fn check_width(params: &SamplingParams, max_num_seqs: usize) -> Result<(), EngineError> {
-    let width = params.best_of.unwrap_or(params.n).max(params.n);
+    let width = width(params);
     if width > max_num_seqs {
         return Err(EngineError::TooManySequences {
             width,
