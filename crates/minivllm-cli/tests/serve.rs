@@ -11,7 +11,9 @@ mod common;
 #[path = "common/server.rs"]
 mod server;
 use common::model;
-use server::{request, request_with, send, start, start_with, Server};
+use server::{
+    metric, metrics, request, request_with, send, start, start_with, wait_for_metrics, Server,
+};
 
 fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
     let (status, text) = request(server.port, "POST", path, Some(&body.to_string())).unwrap();
@@ -194,36 +196,6 @@ fn serve_openai_api() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"].as_array().unwrap().len(), 2, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 6, "{v}");
-}
-
-/// The value of an unlabelled-beyond-`model_name` sample in a `/metrics` text, or of the
-/// sample whose labels contain `label`.
-fn metric(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} {label} in metrics:\n{text}"))
-}
-
-fn metrics(server: &Server) -> String {
-    let (status, text) = request(server.port, "GET", "/metrics", None).unwrap();
-    assert_eq!(status, 200);
-    text
-}
-
-fn wait_for_metrics(server: &Server, what: &str, ok: impl Fn(&str) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = metrics(server);
-        if ok(&text) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Starts a streaming request and reads until its first event, leaving the stream open.

@@ -148,3 +148,33 @@ fn dechunk(mut s: &str) -> String {
     }
     out
 }
+
+/// The value of an unlabelled-beyond-`model_name` sample in a `/metrics` text, or of the
+/// sample whose labels contain `label`.
+pub fn metric(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} {label} in metrics:\n{text}"))
+}
+
+pub fn metrics(server: &Server) -> String {
+    let (status, text) = request(server.port, "GET", "/metrics", None).unwrap();
+    assert_eq!(status, 200);
+    text
+}
+
+pub fn wait_for_metrics(server: &Server, what: &str, ok: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = metrics(server);
+        if ok(&text) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

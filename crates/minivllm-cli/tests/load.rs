@@ -1,0 +1,182 @@
+//! A load test over loopback: 1,000 requests at 64 at a time, streamed and not, of mixed
+//! prompt lengths, one in ten invalid and one in ten streams dropped by its client midway.
+//! No 5xx; every valid request gets the text it gets alone (greedy); the engine's counts
+//! return to zero; and the server's memory after the run is within 10 % of after warm-up.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use serde_json::{json, Value};
+
+mod common;
+#[path = "common/server.rs"]
+#[allow(dead_code)] // `start` goes unused here
+mod server;
+use common::model;
+use server::{metric, metrics, request, send, start_with, wait_for_metrics, Server};
+
+const REQUESTS: usize = 1000;
+const CONCURRENCY: usize = 64;
+
+/// The prompts, short to a few hundred tokens, and how many tokens each generates.
+fn prompts() -> Vec<(String, usize)> {
+    (0..8)
+        .map(|i| {
+            let words = [1, 5, 20, 60, 120, 200, 300, 40][i];
+            let text = format!(
+                "Item {i}: {}",
+                "the quick brown fox jumps ".repeat(words / 5 + 1)
+            );
+            (text, 4 + i % 5)
+        })
+        .collect()
+}
+
+fn body(prompt: &(String, usize), stream: bool) -> Value {
+    json!({"prompt": prompt.0, "max_tokens": prompt.1, "temperature": 0, "stream": stream})
+}
+
+/// The generated text of a completion response, streamed (server-sent events) or not.
+fn text_of(status: u16, raw: &str, stream: bool) -> String {
+    assert_eq!(status, 200, "{raw}");
+    if !stream {
+        let v: Value = serde_json::from_str(raw).unwrap();
+        return v["choices"][0]["text"].as_str().unwrap().to_string();
+    }
+    raw.split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}"));
+            v["choices"][0]["text"].as_str().unwrap_or("").to_string()
+        })
+        .collect()
+}
+
+fn rss_kib(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// One request of the mix, by its index: invalid, dropped midway, or run to the end.
+fn one_request(server: &Server, i: usize, prompts: &[(String, usize)], alone: &[String]) {
+    let k = i % prompts.len();
+    let stream = i % 2 == 1;
+    match i % 10 {
+        0 => {
+            let bad = json!({"prompt": prompts[k].0, "max_tokens": 4, "temperature": -1});
+            let (status, text) = request(
+                server.port,
+                "POST",
+                "/v1/completions",
+                Some(&bad.to_string()),
+            )
+            .unwrap();
+            assert_eq!(status, 400, "{text}");
+        }
+        3 => {
+            // A client that reads the first event and goes away.
+            let long = json!({"prompt": prompts[k].0, "max_tokens": 64, "ignore_eos": true,
+                              "stream": true});
+            let mut s = send(
+                server.port,
+                "POST",
+                "/v1/completions",
+                &[],
+                &long.to_string(),
+            )
+            .unwrap();
+            let mut buf = [0u8; 512];
+            let n = s.read(&mut buf).unwrap();
+            let head = String::from_utf8_lossy(&buf[..n]);
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        }
+        _ => {
+            let b = body(&prompts[k], stream).to_string();
+            let (status, raw) = request(server.port, "POST", "/v1/completions", Some(&b)).unwrap();
+            assert!(status < 500, "request {i}: {status} {raw}");
+            assert_eq!(
+                text_of(status, &raw, stream),
+                alone[k],
+                "request {i} (prompt {k})"
+            );
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_thousand_mixed_requests_at_64_concurrency() {
+    let server = start_with(&model(), &["--max-num-seqs", "64"]);
+    let prompts = prompts();
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let b = body(p, false).to_string();
+            let (status, raw) = request(server.port, "POST", "/v1/completions", Some(&b)).unwrap();
+            text_of(status, &raw, false)
+        })
+        .collect();
+    // Warm-up: one round at full concurrency, so buffers have grown to their working size.
+    let run = |range: std::ops::Range<usize>| {
+        let next = AtomicUsize::new(range.start);
+        let failures = Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..CONCURRENCY {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= range.end {
+                        return;
+                    }
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        one_request(&server, i, &prompts, &alone)
+                    }));
+                    if let Err(e) = r {
+                        let msg = e
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        failures.lock().unwrap().push(format!("request {i}: {msg}"));
+                    }
+                });
+            }
+        });
+        let failures = failures.into_inner().unwrap();
+        assert!(
+            failures.is_empty(),
+            "{} failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    };
+    let settled = |what: &str| {
+        wait_for_metrics(&server, what, |m| {
+            metric(m, "vllm:num_requests_running", "") == 0.0
+                && metric(m, "vllm:num_requests_waiting", "") == 0.0
+                && metric(m, "vllm:kv_cache_usage_perc", "") == 0.0
+        });
+    };
+    run(0..2 * CONCURRENCY);
+    settled("the warm-up to drain");
+    let warm = rss_kib(&server);
+    let started = std::time::Instant::now();
+    run(0..REQUESTS);
+    settled("the run to drain");
+    let after = rss_kib(&server);
+    eprintln!(
+        "{REQUESTS} requests in {:?}; RSS {warm} KiB after warm-up, {after} KiB after the run",
+        started.elapsed()
+    );
+    let m = metrics(&server);
+    assert!(m.contains("vllm:request_success_total"), "{m}");
+    assert!(
+        (after as f64) <= warm as f64 * 1.10,
+        "memory grew from {warm} KiB to {after} KiB"
+    );
+}
