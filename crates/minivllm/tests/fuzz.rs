@@ -1,11 +1,15 @@
 //! Property tests over hostile input: GGUF files with bytes and metadata values mutated,
 //! Hugging Face `config.json` values replaced, request bodies with any field set to any
 //! JSON, and random bytes and text through the tokenizer and detokenizer. Every case must
-//! end in a value or an error: a panic fails the test, an abort or a hang fails the run.
+//! end in a value or an error: a panic fails the test, an abort or a hang fails the run,
+//! and so does any single allocation above [`ALLOCATION_BOUND`] (the inputs are a few
+//! kilobytes: a larger allocation is sized by a number the input claims, not by the input).
 
 mod common;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use minivllm::config::ModelConfig;
@@ -18,6 +22,50 @@ use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
 use minivllm_kernels::quant::GgmlType;
 use proptest::prelude::*;
 use serde_json::{json, Value};
+
+/// The largest single allocation any case may make.
+const ALLOCATION_BOUND: usize = 64 << 20;
+
+/// The system allocator, noting the largest allocation asked of it.
+struct Counting;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every method forwards to the system allocator with the caller's arguments, so
+// the caller's contract is the system allocator's; the counter is only an atomic max.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Fails if any allocation so far (in any test of this file) passed the bound.
+fn assert_allocations_bounded() {
+    let largest = LARGEST.load(Ordering::Relaxed);
+    assert!(
+        largest <= ALLOCATION_BOUND,
+        "an allocation of {largest} bytes (bound {ALLOCATION_BOUND})"
+    );
+}
 
 /// The test model's metadata but for its vocabulary (a few tokens instead of 49,152, so
 /// each case writes and parses a small file).
@@ -207,6 +255,7 @@ proptest! {
             bytes.truncate(c.index(bytes.len()));
         }
         open_and_configure(&bytes);
+        assert_allocations_bounded();
     }
 
     /// One metadata key (the model's numbers, or any key) set to any value.
@@ -218,6 +267,7 @@ proptest! {
         let mut m = base_metadata().clone();
         m.insert(key, value);
         open_and_configure(&gguf_bytes(&m));
+        assert_allocations_bounded();
     }
 
     /// One or more `config.json` values replaced by any JSON.
@@ -234,6 +284,7 @@ proptest! {
         if let Ok(cfg) = ModelConfig::from_hf_json(&config) {
             let _ = cfg.validate();
         }
+        assert_allocations_bounded();
     }
 
     /// Request bodies with any fields set to any JSON.
@@ -249,6 +300,7 @@ proptest! {
         }
         check_request(&completion);
         check_request(&chat);
+        assert_allocations_bounded();
     }
 
     /// Random bytes (as text, lossily) and random Unicode round the tokenizer.
@@ -260,6 +312,7 @@ proptest! {
             let back = tok.decode(&ids, false).unwrap();
             prop_assert!(!back.is_empty() || t.is_empty() || ids.len() <= 1);
         }
+        assert_allocations_bounded();
     }
 
     /// Any token ids, pushed one at a time with any stop strings: the visible text is
@@ -281,6 +334,7 @@ proptest! {
         }
         d.finish();
         prop_assert_eq!(d.visible_text(), d.output_text());
+        assert_allocations_bounded();
     }
 }
 
