@@ -5,7 +5,7 @@ The binary is `MINIVLLM_BIN` (default target/debug/minivllm) and the model `MINI
 """
 
 import os
-import socket
+import re
 import subprocess
 import tempfile
 import time
@@ -43,11 +43,11 @@ def model() -> str:
     return path
 
 
-def _free_port() -> int:
-    # The port is free once this socket closes; the server binds it right after.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _bound_url(logs: str):
+    # `serving <name> on http://127.0.0.1:PORT`: with --port 0 the server picks a free port
+    # itself and says which, so no other process can take it first.
+    m = re.search(r" on (http://[0-9.]+:[0-9]+)", logs)
+    return m.group(1) if m else None
 
 
 def _healthy(url: str) -> bool:
@@ -61,28 +61,27 @@ def _healthy(url: str) -> bool:
 @pytest.fixture(scope="session")
 def server_url(binary: str, model: str):
     """Starts the server, waits for GET /health, yields its base url, kills it at teardown."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     cmd = [
         binary, "serve",
         "--model", model,
         "--served-model-name", SERVED_MODEL_NAME,
-        "--port", str(port),
+        "--port", "0",
         "--kv-cache-memory", "128MiB",
         "--max-model-len", str(MAX_MODEL_LEN),
     ]
-    # stderr goes to a file, not a pipe nobody reads, so the server never blocks on its logs.
-    with tempfile.TemporaryFile(mode="w+") as log:
+    # stderr goes to a file, not a pipe nobody reads, so the server never blocks on its logs;
+    # we read it through a descriptor of our own, so reading never moves the server's writes.
+    with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "serve.log", "a") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
 
         def logs() -> str:
-            log.flush()
-            log.seek(0)
-            return log.read()
+            return (Path(tmp) / "serve.log").read_text(errors="replace")
 
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while not _healthy(url):
+            url = None
+            while url is None or not _healthy(url):
+                url = url or _bound_url(logs())
                 if proc.poll() is not None:
                     pytest.fail(f"minivllm serve exited with {proc.returncode}:\n{logs()}")
                 if time.monotonic() > deadline:

@@ -89,6 +89,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
+        // The bound address, so that `--port 0` says which port it got.
+        let addr = listener.local_addr().map_or(addr, |a| a.to_string());
         eprintln!(
             "serving {} on http://{addr}{}",
             config.served_model_name,

@@ -9,7 +9,16 @@ mod common;
 #[allow(dead_code)] // this file needs only `start`
 mod server;
 use common::model;
-use server::{free_port, start};
+use server::start;
+
+/// A port nothing listens on (free when this returns).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
 
 fn bench_serve(base_url: &str, extra: &[&str]) -> Output {
     let tokenizer = model();

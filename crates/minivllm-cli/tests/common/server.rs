@@ -3,7 +3,7 @@
 //! compile it unused.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,22 +20,14 @@ impl Drop for Server {
     }
 }
 
-pub fn free_port() -> u16 {
-    // The port is free once this listener drops; the server binds it right after.
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 pub fn start(model: &str) -> Server {
     start_with(model, &[])
 }
 
 pub fn start_with(model: &str, extra: &[&str]) -> Server {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_minivllm"))
+    // Port 0: the server binds a free port itself and says which, so no other process can
+    // take it between our choosing it and the server binding it.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_minivllm"))
         .args([
             "serve",
             "--model",
@@ -43,7 +35,7 @@ pub fn start_with(model: &str, extra: &[&str]) -> Server {
             "--served-model-name",
             "smol",
             "--port",
-            &port.to_string(),
+            "0",
             "--kv-cache-memory",
             "64MiB",
             "--max-model-len",
@@ -52,9 +44,16 @@ pub fn start_with(model: &str, extra: &[&str]) -> Server {
         .args(extra)
         .env_remove("MINIVLLM_API_KEY")
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start minivllm serve");
-    let mut server = Server { child, port };
+    let port = bound_port(child.stderr.take().expect("piped stderr"));
+    let mut server = Server { child, port: 0 };
+    let Ok(port) = port.recv_timeout(Duration::from_secs(120)) else {
+        let status = server.child.try_wait().ok().flatten();
+        panic!("the server never said which port it bound (exit status {status:?})");
+    };
+    server.port = port;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Ok((200, _)) = request(port, "GET", "/health", None) {
@@ -66,6 +65,33 @@ pub fn start_with(model: &str, extra: &[&str]) -> Server {
         assert!(Instant::now() < deadline, "server not healthy in time");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Reads the server's stderr on a thread of its own (so the pipe never fills), passing it on
+/// to ours, and sends the port of its `serving … on http://host:port` line.
+fn bound_port(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<u16> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("{line}");
+            let port = line.split_once(" on http://").and_then(|(_, addr)| {
+                addr.split_whitespace()
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()
+            });
+            if let Some(port) = port {
+                let _ = tx.send(port);
+            }
+        }
+    });
+    rx
 }
 
 /// A minimal HTTP/1.1 client: one request per connection, body read to the end.
