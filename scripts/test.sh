@@ -20,14 +20,24 @@ cargo_test
 
 # The scalar kernels end to end: the reference checks again, SIMD switched off, run from the
 # test binary just built (as cargo would: from the package's folder).
-reference_test=$(cargo_test --no-run --message-format=json 2>/dev/null | python3 -c '
+test_binary() { # the executable of test target $1, from the build above
+  cargo_test --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "model_reference" and m.get("executable"):
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$1" | head -1
+}
+reference_test=$(test_binary model_reference)
 [ -n "$reference_test" ] || { echo "test.sh: no model_reference test binary found" >&2; exit 1; }
 (cd crates/minivllm && MINIVLLM_ISA=scalar "$reference_test")
+
+# Which instruction sets the kernel tests ran on this machine, and which they skipped.
+kernel_tests=$(test_binary minivllm_kernels)
+[ -n "$kernel_tests" ] || { echo "test.sh: no kernel test binary found" >&2; exit 1; }
+echo "kernel tests by instruction set (tests that ran or skipped each):"
+(cd crates/minivllm-kernels && "$kernel_tests" --nocapture 2>&1 | grep -E '^(RAN|SKIPPED) ' \
+  | sed -E 's/ kernels in .*//' | sort | uniq -c)
 
 # The OpenAI-compatible server through OpenAI's own Python client (tests/python, in .venv).
 # MINIVLLM_BIN picks the server binary (default target/debug/minivllm, built above),

@@ -278,9 +278,10 @@ mod x86 {
             Avx2(())
         }
 
+        /// The token where the CPU has AVX2, for tests; says which test ran or skipped it.
         #[cfg(test)]
         pub(crate) fn new() -> Option<Self> {
-            (crate::cpu::detected() >= crate::cpu::Isa::Avx2).then_some(Avx2(()))
+            tested_isa(crate::cpu::Isa::Avx2).then_some(Avx2(()))
         }
     }
 
@@ -406,6 +407,22 @@ mod x86 {
         }
     }
 
+    /// Whether a test can run `isa`'s kernels here, printed either way (`RAN`/`SKIPPED`,
+    /// with the test's name) so that a machine without the ISA shows what it did not test
+    /// instead of passing silently.
+    #[cfg(test)]
+    fn tested_isa(isa: crate::cpu::Isa) -> bool {
+        let ok = crate::cpu::detected() >= isa;
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let verdict = if ok {
+            "RAN"
+        } else {
+            "SKIPPED (not on this CPU)"
+        };
+        eprintln!("{verdict} {isa:?} kernels in {test}");
+        ok
+    }
+
     /// Proof that AVX-512F (and AVX2/FMA, which the tails use) are available.
     #[derive(Clone, Copy, Debug)]
     pub(crate) struct Avx512(());
@@ -418,9 +435,10 @@ mod x86 {
             Avx512(())
         }
 
+        /// The token where the CPU has AVX-512, for tests; says which test ran or skipped it.
         #[cfg(test)]
         pub(crate) fn new() -> Option<Self> {
-            (crate::cpu::detected() >= crate::cpu::Isa::Avx512).then_some(Avx512(()))
+            tested_isa(crate::cpu::Isa::Avx512).then_some(Avx512(()))
         }
     }
 
