@@ -416,25 +416,6 @@ mod tests {
         assert!(steps <= 2, "32 one-token requests took {steps} steps");
     }
 
-    /// The counts are published before the last output is sent: read as soon as it
-    /// arrives, they no longer count the request (before, they did for a moment after).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn stats_count_a_request_done_by_the_time_its_last_output_arrives() {
-        let engine = engine();
-        for i in 0..100 {
-            let mut rx = engine
-                .generate(format!("r{i}"), "Hi".into(), params(1), 0)
-                .await
-                .unwrap();
-            while let Some(out) = rx.recv().await {
-                if out.finished {
-                    let s = engine.stats();
-                    assert_eq!((s.num_running, s.num_waiting), (0, 0), "request {i}");
-                }
-            }
-        }
-    }
-
     /// A request that forks counts as its sequences against `max_waiting_requests`.
     #[tokio::test]
     async fn waiting_forks_count_against_the_queue_limit() {
