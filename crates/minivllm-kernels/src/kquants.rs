@@ -61,7 +61,8 @@ impl KBlock {
 
 /// The 6-bit scale and minimum of sub-block `j` from Q4_K/Q5_K's 12 packed bytes (ggml's
 /// `get_scale_min_k4`).
-fn unpack_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+#[inline(always)]
+pub(crate) fn unpack_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

@@ -413,18 +413,10 @@ fn block_q3_k(b: &[u8; 110], y: &mut [f32; QK_K]) {
     }
 }
 
-/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block, ggml's
-/// `get_scale_min_k4`.
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block, as f32.
 #[inline(always)]
 fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
-    let (sc, m) = if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    };
+    let (sc, m) = crate::kquants::unpack_scale_min(j, q);
     (sc as f32, m as f32)
 }
 

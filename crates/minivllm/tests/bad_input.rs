@@ -108,15 +108,7 @@ fn mutated_gguf(key: &str, value: GgufValue) -> tempfile::TempPath {
     let src = GgufFile::open(&common::test_model_path()).unwrap();
     let mut metadata = src.metadata.clone();
     metadata.insert(key.to_string(), value);
-    let tensors: Vec<TensorEntry> = src
-        .tensors
-        .iter()
-        .map(|t| TensorEntry {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            ty: t.ggml_type,
-        })
-        .collect();
+    let tensors: Vec<TensorEntry> = src.tensors.iter().map(TensorEntry::from).collect();
     let path = tempfile::NamedTempFile::new().unwrap().into_temp_path();
     write_gguf(&path, &metadata, &tensors, src.alignment, |i| {
         let bytes = src

@@ -446,7 +446,12 @@ impl LLMEngine {
         self.next_arrival += 1;
         self.seqs.insert(
             seq_id,
-            self.new_seq_state(&request_id, &prompt_ids, &params, 0),
+            self.new_seq_state(
+                &request_id,
+                self.detokenizer(&prompt_ids, &params),
+                &params,
+                0,
+            ),
         );
         let mut seq = Sequence::new(seq_id, prompt_ids.clone(), priority, arrival);
         // Cached prefix blocks have no logits to score, so such prompts are computed whole.
@@ -492,22 +497,31 @@ impl LLMEngine {
         SeqId(self.next_seq_id)
     }
 
-    fn new_seq_state(
+    /// A request's first sequence's detokenizer (which builds its stop-string automaton).
+    fn detokenizer(
         &self,
-        request: &RequestId,
         prompt_ids: &[TokenId],
         params: &SamplingParams,
-        index: usize,
-    ) -> SeqState {
+    ) -> IncrementalDetokenizer {
         let cfg = DetokenizerConfig {
             skip_special_tokens: params.skip_special_tokens,
             spaces_between_special_tokens: params.spaces_between_special_tokens,
             stop: params.stop.clone(),
             include_stop_str_in_output: params.include_stop_str_in_output,
         };
+        IncrementalDetokenizer::new(&self.tokenizer, prompt_ids, cfg)
+    }
+
+    fn new_seq_state(
+        &self,
+        request: &RequestId,
+        detok: IncrementalDetokenizer,
+        params: &SamplingParams,
+        index: usize,
+    ) -> SeqState {
         SeqState {
             request: request.clone(),
-            detok: IncrementalDetokenizer::new(&self.tokenizer, prompt_ids, cfg),
+            detok,
             sampling: SeqSamplingState::new(params.seed, index),
             cumulative_logprob: 0.0,
             logprobs: Vec::new(),
@@ -702,7 +716,10 @@ impl LLMEngine {
         let child = self.new_seq_id();
         let req = &self.requests[req_id];
         let index = req.seq_ids.len();
-        let state = self.new_seq_state(req_id, &req.prompt_ids, &req.params, index);
+        // The parent has no output yet, so its detokenizer is the child's too, and cloning
+        // it shares the stop-string automaton instead of building one per fork.
+        let detok = self.seqs[&parent].detok.clone();
+        let state = self.new_seq_state(req_id, detok, &req.params, index);
         let p = self.scheduler.seq(parent).expect("parent exists");
         let seq = Sequence::new(child, p.token_ids.clone(), p.priority, p.arrival);
         self.scheduler.fork_seq(parent, seq);

@@ -85,7 +85,8 @@ impl StopStrings {
     fn link(&mut self) {
         let mut queue = std::collections::VecDeque::from([ROOT]);
         while let Some(node) = queue.pop_front() {
-            for (b, child) in self.nodes[node as usize].next.clone() {
+            for k in 0..self.nodes[node as usize].next.len() {
+                let (b, child) = self.nodes[node as usize].next[k];
                 let fail = if node == ROOT {
                     ROOT
                 } else {

@@ -14,6 +14,7 @@ use minivllm_kernels::qdot::quantize_to;
 use minivllm_kernels::quant::GgmlType;
 
 use super::gguf::{GgufFile, GgufTensorInfo, GgufValue};
+use super::gguf_weights::layer_index;
 use super::gguf_writer::{write_gguf, TensorEntry};
 use super::weights::Quantization;
 use super::LoadError;
@@ -63,33 +64,24 @@ impl FileQuantization {
     /// The format for tensor `name` (a GGUF name: `blk.3.attn_v.weight`) with rows of
     /// `cols` values, in a model of `n_layers`; `None` keeps the tensor as it is.
     pub fn tensor_type(self, name: &str, cols: usize, n_layers: usize) -> Option<GgmlType> {
-        let output = name == "output.weight" || name == "token_embd.weight";
-        let q = match self {
-            _ if output => Quantization::Q6_K,
+        let base = match self {
             FileQuantization::Plain(q) => q,
-            FileQuantization::Q4_K_M | FileQuantization::Q5_K_M => {
-                let more_bits = (name.ends_with(".attn_v.weight")
-                    || name.ends_with(".ffn_down.weight"))
-                    && layer_of(name).is_some_and(|i| use_more_bits(i, n_layers));
-                match self {
-                    _ if more_bits => Quantization::Q6_K,
-                    FileQuantization::Q4_K_M => Quantization::Q4_K,
-                    _ => Quantization::Q5_K,
-                }
-            }
+            FileQuantization::Q4_K_M => Quantization::Q4_K,
+            FileQuantization::Q5_K_M => Quantization::Q5_K,
         };
-        let q = match self {
-            // A plain 8-bit file keeps 8 bits for the output too.
-            FileQuantization::Plain(Quantization::Q8_0) => Quantization::Q8_0,
-            _ => q,
+        let mix = matches!(self, FileQuantization::Q4_K_M | FileQuantization::Q5_K_M);
+        let more_bits = mix
+            && (name.ends_with(".attn_v.weight") || name.ends_with(".ffn_down.weight"))
+            && layer_index(name).is_some_and(|i| use_more_bits(i, n_layers));
+        let q = if name == "output.weight" || name == "token_embd.weight" {
+            base.for_output()
+        } else if more_bits {
+            Quantization::Q6_K
+        } else {
+            base
         };
         q.ggml_type_for(cols)
     }
-}
-
-/// The layer of a `blk.N.…` tensor.
-fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 /// llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third
@@ -136,9 +128,8 @@ pub fn quantize_gguf(
         .tensors
         .iter()
         .map(|t| TensorEntry {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
             ty: planned_type(t, target, n_layers),
+            ..t.into()
         })
         .collect();
     let mut metadata = file.metadata.clone();

@@ -77,20 +77,18 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     Ok(cfg)
 }
 
+/// The layer of a `blk.N.…` tensor.
+pub fn layer_index(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
 /// `block_count` must name every layer the file holds: fewer would silently drop layers
 /// (and load a model that computes garbage), more fails later on a missing tensor.
 fn check_layer_count(file: &GgufFile, block_count: usize) -> Result<(), LoadError> {
     let layers = file
         .tensors
         .iter()
-        .filter_map(|t| {
-            t.name
-                .strip_prefix("blk.")?
-                .split('.')
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
+        .filter_map(|t| layer_index(&t.name))
         .max()
         .map_or(0, |last| last + 1);
     if layers > block_count {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use minivllm_kernels::quant::GgmlType;
 
-use super::gguf::GgufValue;
+use super::gguf::{GgufTensorInfo, GgufValue};
 use super::LoadError;
 
 /// One tensor of the file to write: its name, its dims in ggml order (row length first)
@@ -18,6 +18,17 @@ pub struct TensorEntry {
     pub name: String,
     pub dims: Vec<u64>,
     pub ty: GgmlType,
+}
+
+impl From<&GgufTensorInfo> for TensorEntry {
+    /// A tensor of an open file, to be written as it is.
+    fn from(t: &GgufTensorInfo) -> Self {
+        TensorEntry {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ggml_type,
+        }
+    }
 }
 
 impl TensorEntry {

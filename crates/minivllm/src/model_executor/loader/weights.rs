@@ -123,6 +123,17 @@ impl Quantization {
         }
     }
 
+    /// The format for the output projection and the token embeddings (tied, they are the
+    /// output projection): below 6 bits, Q6_K, as llama.cpp's quantizer gives
+    /// `output.weight`, since rounding the logits' own weights to 4 or 5 bits moves them the
+    /// most.
+    pub fn for_output(self) -> Quantization {
+        match self {
+            Quantization::Q8_0 | Quantization::Q6_K => self,
+            _ => Quantization::Q6_K,
+        }
+    }
+
     /// The format for rows of `cols` values: this one, or where rows are not whole blocks
     /// of 256 the 32-value format that llama.cpp's quantizer falls back to (Q4_K to Q5_0,
     /// Q5_K to Q5_1, Q6_K to Q8_0); `None` if rows are not whole blocks of 32 either.
@@ -169,15 +180,10 @@ impl LoadOptions {
         quantization: None,
     };
 
-    /// The options for the output projection and the token embeddings (tied, they are the
-    /// output projection): with `--quantization` below 6 bits they take Q6_K (Q8_0 where
-    /// rows are not whole blocks of 256), as llama.cpp's quantizer gives `output.weight`,
-    /// since rounding the logits' own weights to 4 or 5 bits moves them the most.
+    /// The options for the output projection and the token embeddings: see
+    /// [`Quantization::for_output`] (Q8_0 where rows are not whole blocks of 256).
     pub fn for_output(&self) -> LoadOptions {
-        let quantization = self.quantization.map(|q| match q {
-            Quantization::Q8_0 | Quantization::Q6_K => q,
-            _ => Quantization::Q6_K,
-        });
+        let quantization = self.quantization.map(Quantization::for_output);
         LoadOptions {
             quantization,
             ..*self
