@@ -4,17 +4,18 @@
 //! output is an integer dot product of blocks, as llama.cpp computes ([`crate::qdot`] has
 //! ggml's reference formulas). Decoding a few rows is bound by reading the weights, which
 //! stay 4-8x smaller than f32; many rows (prefill) run the same products in tiles (4 activation
-//! rows against a group of 8 weight rows, or `TILE_R × TILE_C` for Q8_0), so that weights and
-//! activations are each unpacked once per tile.
+//! rows against a group of 8 weight rows), so that weights and activations are each unpacked
+//! once per tile.
 //!
 //! Weights are split at load into quants, scales and offsets; the bytes are those of the
-//! file, rearranged. 4-bit formats (Q4_0, Q4_1) are interleaved in groups of eight rows
-//! ([`Layout::Groups`], after the row-interleaved `_R8` layouts of ik_llama.cpp and
-//! llama.cpp's CPU repack): each 32-bit lane of a register holds four quants of its own row,
-//! so one broadcast activation quad meets eight rows at once, the block's integer sums come
-//! out one row per lane with no horizontal sums, and eight rows' scales convert and multiply
-//! as one vector. Q8_0 stays row by row, each row's scales padded to whole groups of
-//! `SCALE_GROUP` blocks so that they too convert eight at a time.
+//! file, rearranged. Every format is interleaved in groups of eight rows (after the
+//! row-interleaved `_R8` layouts of ik_llama.cpp and llama.cpp's CPU repack): each 32-bit
+//! lane of a register holds four quants of its own row, so one broadcast activation quad
+//! meets eight rows at once, the block's integer sums come out one row per lane with no
+//! horizontal sums, and eight rows' scales convert and multiply as one vector. Each group is
+//! one sequential stream of memory, which is what decoding, bound by reading it, wants. (Q8_0
+//! walked rows four at a time until the fifth pass: 20 % slower per byte in decode, with
+//! a horizontal sum per output.)
 //!
 //! One path for every batch size is deliberate: each output is summed in an order that
 //! depends only on its own row, so a sequence's logits are bit-for-bit the same whatever
@@ -35,37 +36,29 @@ use crate::quant::{GgmlType, QK_K};
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
-/// Blocks whose scales are handled as one f32 vector.
-const SCALE_GROUP: usize = 8;
-/// Activation rows per tile.
+/// Activation rows per tile (each against `GROUP` weight rows).
 const TILE_R: usize = 4;
-/// Weight rows per tile.
-const TILE_C: usize = 2;
-/// Weight rows per tile when `x` has a single row (decoding one sequence): more rows in
-/// flight, and registers to spare without the other activation rows.
-const TILE_C_ONE_ROW: usize = 4;
-/// Activation rows per tile of the groups layout (each against `GROUP` weight rows).
-const GROUP_TILE_R: usize = 4;
-/// Activation rows swept over each pair of weight rows: with `k` up to a few thousand,
+/// Activation rows swept over each group of weight rows: with `k` up to a few thousand,
 /// their blocks stay in L2.
 const X_CHUNK: usize = 64;
 
-/// A `[rows, cols]` weight matrix in a GGML block format (Q4_0, Q4_1, Q8_0), held as
-/// quants, f16 scales and (Q4_1) f16 offsets.
+/// A `[rows, cols]` weight matrix in a GGML block format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/// Q4_K, Q5_K, Q6_K), held as quants, f16 scales and offsets, in groups of [`GROUP`] rows
+/// (the last padded with zero blocks).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantMatrix {
     ty: GgmlType,
-    layout: Layout,
     rows: usize,
     cols: usize,
     /// Blocks per row.
     nb: usize,
-    /// `nb` rounded up to `SCALE_GROUP`: the stride of `d` and `mins` in the rows layout.
-    nbp: usize,
-    /// Rows layout: each row's quants, `quant_bytes()` per block, blocks back to back.
-    /// Groups layout: see [`Layout::Groups`].
+    /// For each group and block, its rows' quant bytes as vectors of 32 bytes (4 for the
+    /// 4-6-bit formats, whose bytes hold low nibbles, 8 for Q8_0), vector `j` holding bytes
+    /// `4j..4j + 4` of row 0, then of row 1, and so on. Unpacking a 4-bit vector's low
+    /// nibbles gives elements `4j..4j + 4` of every row, its high nibbles elements
+    /// `16 + 4j..`: each 32-bit lane one row, ready for a broadcast activation quad.
     qs: Vec<u8>,
-    /// Block scales: per row, zero past `nb` (rows layout), or `[group][block][GROUP]`.
+    /// Block scales, `[group][block][GROUP]`.
     d: Vec<f16>,
     /// Q4_1's block offsets (empty for the other formats), laid out as `d`. K-quants: `d`
     /// and `mins` hold each super-block's `d` and `dmin`, `[group][super-block][GROUP]`.
@@ -98,22 +91,9 @@ fn hbits_bytes(ty: GgmlType) -> usize {
 /// Blocks of 32 per K-quant super-block.
 const KSUB: usize = QK_K / QK;
 
-/// Rows of 4-bit weights interleaved per group: one activation block meets `GROUP` weight
-/// rows in one register, each lane accumulating its own row.
+/// Rows of weights interleaved per group: one activation block meets `GROUP` weight rows
+/// in one register, each lane accumulating its own row.
 pub(crate) const GROUP: usize = 8;
-
-/// How a [`QuantMatrix`] orders its blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Layout {
-    /// Row after row (Q8_0).
-    Rows,
-    /// 4-bit formats: rows in groups of [`GROUP`] (the last padded with zero blocks); for
-    /// each group and block, the 16 quant bytes of its rows as 4 vectors of 32 bytes, vector
-    /// `j` holding bytes `4j..4j + 4` of row 0, then of row 1, and so on. Unpacking a vector's
-    /// low nibbles gives elements `4j..4j + 4` of every row, its high nibbles elements
-    /// `16 + 4j..`: each 32-bit lane one row, ready for a broadcast activation quad.
-    Groups,
-}
 
 /// Why a [`QuantMatrix`] could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -157,19 +137,10 @@ impl QuantMatrix {
             });
         }
         let nb = cols / QK;
-        let nbp = nb.next_multiple_of(SCALE_GROUP);
-        let layout = if ty == GgmlType::Q8_0 {
-            Layout::Rows
-        } else {
-            Layout::Groups
-        };
         let kq = kquants::is_kquant(ty);
         let padded = rows.next_multiple_of(GROUP);
-        let (scales, quants) = match layout {
-            Layout::Rows => (rows * nbp, rows * nb * quant_bytes(ty)),
-            Layout::Groups if kq => (padded * (nb / KSUB), padded * nb * QK / 2),
-            Layout::Groups => (padded * nb, padded * nb * quant_bytes(ty)),
-        };
+        let scales = padded * if kq { nb / KSUB } else { nb };
+        let quants = padded * nb * quant_bytes(ty);
         let has_mins = matches!(
             ty,
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K
@@ -177,11 +148,9 @@ impl QuantMatrix {
         let group_blocks = padded / GROUP * nb;
         let mut m = QuantMatrix {
             ty,
-            layout,
             rows,
             cols,
             nb,
-            nbp,
             qs: vec![0; quants],
             d: vec![f16::ZERO; scales],
             mins: vec![f16::ZERO; if has_mins { scales } else { 0 }],
@@ -207,17 +176,18 @@ impl QuantMatrix {
             if let Some(m) = self.mins.get_mut(at) {
                 *m = f16::from_le_bytes([b[2], b[3]]);
             }
-            match self.layout {
-                Layout::Rows => {
-                    let q0 = (r * self.nb + bi) * QK;
-                    self.qs[q0..q0 + QK].copy_from_slice(&b[2..]);
+            if ty == GgmlType::Q8_0 {
+                for (j, quad) in b[2..].chunks_exact(4).enumerate() {
+                    let q0 = self.group_quad(r, bi, j);
+                    self.qs[q0..q0 + 4].copy_from_slice(quad);
                 }
-                Layout::Groups => self.put_quants(r, bi, &block_quants(ty, b)),
+            } else {
+                self.put_quants(r, bi, &block_quants(ty, b));
             }
         }
     }
 
-    /// Groups layout: the unsigned quants of block `b` of row `r`, low nibbles into `qs`
+    /// 4-6-bit formats: the unsigned quants of block `b` of row `r`, low nibbles into `qs`
     /// and the bits above them into `hbits`.
     fn put_quants(&mut self, r: usize, b: usize, q: &[u8]) {
         for j in 0..4 {
@@ -276,10 +246,11 @@ impl QuantMatrix {
         ((r / GROUP) * (self.nb / KSUB) + sb) * GROUP + r % GROUP
     }
 
-    /// Groups layout: the 16 low-nibble bytes of block `b` of row `r`, in the file's order
-    /// for Q4_0/Q4_1 (byte `i` holds values `i` and `i + 16`).
-    fn nibbles(&self, r: usize, b: usize) -> [u8; QK / 2] {
-        let mut q = [0; QK / 2];
+    /// The `N` quant bytes of block `b` of row `r`: for the 4-6-bit formats the 16
+    /// low-nibble bytes, in the file's order for Q4_0/Q4_1 (byte `i` holds values `i` and
+    /// `i + 16`); for Q8_0 the 32 quants.
+    fn quant_bytes_of<const N: usize>(&self, r: usize, b: usize) -> [u8; N] {
+        let mut q = [0; N];
         for (j, quad) in q.chunks_exact_mut(4).enumerate() {
             let q0 = self.group_quad(r, b, j);
             quad.copy_from_slice(&self.qs[q0..q0 + 4]);
@@ -287,9 +258,12 @@ impl QuantMatrix {
         q
     }
 
-    /// Groups layout: the 32 unsigned quants of block `b` of row `r`.
+    /// The 32 quants of block `b` of row `r`: unsigned, or Q8_0's i8 bytes.
     fn quants(&self, r: usize, b: usize) -> [u8; QK] {
-        let nib = self.nibbles(r, b);
+        if self.ty == GgmlType::Q8_0 {
+            return self.quant_bytes_of::<QK>(r, b);
+        }
+        let nib = self.quant_bytes_of::<{ QK / 2 }>(r, b);
         let (gb, row) = ((r / GROUP) * self.nb + b, r % GROUP);
         let hb = hbits_bytes(self.ty);
         let h = &self.hbits[gb * hb..(gb + 1) * hb];
@@ -337,17 +311,15 @@ impl QuantMatrix {
         k
     }
 
-    /// Index in `d` and `mins` of block `b` of row `r`.
+    /// Index in `d` and `mins` of block `b` of row `r` (not a K-quant).
     fn scale_index(&self, r: usize, b: usize) -> usize {
-        match self.layout {
-            Layout::Rows => r * self.nbp + b,
-            Layout::Groups => ((r / GROUP) * self.nb + b) * GROUP + r % GROUP,
-        }
+        ((r / GROUP) * self.nb + b) * GROUP + r % GROUP
     }
 
-    /// Groups layout: offset in `qs` of quant bytes `4j..4j + 4` of block `b` of row `r`.
+    /// Offset in `qs` of quant bytes `4j..4j + 4` of block `b` of row `r`.
     fn group_quad(&self, r: usize, b: usize, j: usize) -> usize {
-        (((r / GROUP) * self.nb + b) * 4 + j) * 4 * GROUP + (r % GROUP) * 4
+        let vectors = self.quant_bytes() / 4;
+        (((r / GROUP) * self.nb + b) * vectors + j) * 4 * GROUP + (r % GROUP) * 4
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -372,19 +344,11 @@ impl QuantMatrix {
     }
 
     /// Block `b` of row `r` (not a K-quant): `(d, m, quants)`, with `m` Q4_1's or Q5_1's
-    /// offset (0 otherwise) and `quants` the unsigned quants (the groups layout) or the i8
-    /// quants' bytes (Q8_0).
+    /// offset (0 otherwise) and `quants` as [`Self::quants`].
     fn block(&self, r: usize, b: usize) -> (f32, f32, [u8; QK]) {
         let at = self.scale_index(r, b);
         let m = self.mins.get(at).map_or(0.0, |m| m.to_f32());
-        let q = match self.layout {
-            Layout::Rows => {
-                let q0 = (r * self.nb + b) * QK;
-                self.qs[q0..q0 + QK].try_into().expect("one block")
-            }
-            Layout::Groups => self.quants(r, b),
-        };
-        (self.d[at].to_f32(), m, q)
+        (self.d[at].to_f32(), m, self.quants(r, b))
     }
 
     /// Row `r` as GGML blocks, as the file stored it.
@@ -403,7 +367,7 @@ impl QuantMatrix {
                 out.extend_from_slice(&m.to_le_bytes());
             }
             let q = self.block(r, b).2;
-            if self.layout == Layout::Rows {
+            if self.ty == GgmlType::Q8_0 {
                 out.extend_from_slice(&q);
                 continue;
             }
@@ -480,8 +444,8 @@ fn quant_bytes(ty: GgmlType) -> usize {
     }
 }
 
-/// Activation rows quantised for the kernels: the layout of [`QuantMatrix`], with scales
-/// `d` and block sums `s` (`d · Σ q`, see [`BlockQ8`]) as f32, padded with zeros.
+/// Activation rows quantised for the kernels: `nb` blocks per row, with scales `d` and
+/// block sums `s` (`d · Σ q`, see [`BlockQ8`]) as f32.
 #[derive(Default)]
 struct Q8Rows {
     qs: Vec<i8>,
@@ -496,14 +460,10 @@ impl Q8Rows {
     /// split the rows over the pool (quantising 512 rows on one thread while the other
     /// waited was a quarter of a prefill's time).
     fn quantize(&mut self, x: &[f32], m: usize, nb: usize) {
-        let nbp = nb.next_multiple_of(SCALE_GROUP);
         self.qs.resize(m * nb * QK, 0);
-        self.d.clear();
-        self.d.resize(m * nbp, 0.0);
-        self.s.clear();
-        self.s.resize(m * nbp, 0.0);
-        self.halves.clear();
-        self.halves.resize(m * nbp, [0; 2]);
+        self.d.resize(m * nb, 0.0);
+        self.s.resize(m * nb, 0.0);
+        self.halves.resize(m * nb, [0; 2]);
         if nb == 0 {
             return;
         }
@@ -511,16 +471,12 @@ impl Q8Rows {
         let rows = x
             .par_chunks_exact(nb * QK)
             .zip(self.qs.par_chunks_exact_mut(nb * QK))
-            .zip(self.d.par_chunks_exact_mut(nbp))
-            .zip(self.s.par_chunks_exact_mut(nbp))
-            .zip(self.halves.par_chunks_exact_mut(nbp));
+            .zip(self.d.par_chunks_exact_mut(nb))
+            .zip(self.s.par_chunks_exact_mut(nb))
+            .zip(self.halves.par_chunks_exact_mut(nb));
         rows.with_min_len(QUANTIZE_ROWS_PER_TASK)
             .for_each(|((((x, qs), d), s), halves)| {
-                let sums = RowSums {
-                    d: &mut d[..nb],
-                    s: &mut s[..nb],
-                    halves: &mut halves[..nb],
-                };
+                let sums = RowSums { d, s, halves };
                 quantize_row(x, qs, sums, avx2)
             });
     }
@@ -654,46 +610,10 @@ fn dot_rows(
         return dot_rows_portable(xq, w, store, m, j0, nj);
     }
     #[cfg(target_arch = "x86_64")]
-    if w.layout == Layout::Groups {
-        return dot_groups(xq, w, store, m, j0, nj);
-    }
-    #[cfg(target_arch = "x86_64")]
-    for i0 in (0..m).step_by(X_CHUNK) {
-        let i1 = (i0 + X_CHUNK).min(m);
-        let tile_c = if i1 - i0 == 1 { TILE_C_ONE_ROW } else { TILE_C };
-        for j in (j0..j0 + nj).step_by(tile_c) {
-            let cols = tile_c.min(j0 + nj - j);
-            for i in (i0..i1).step_by(TILE_R) {
-                macro_rules! go {
-                    ($r:literal, $c:literal) => {{
-                        // SAFETY: `avx2` came from `use_avx2()`; weight rows j..j + $c <= n
-                        // and activation rows i..i + $r <= m exist, with w.nb blocks each.
-                        let v = unsafe { avx2::tile::<$r, $c>(w, j, xq, i) };
-                        for (r, row) in v.iter().enumerate() {
-                            for (c, &v) in row.iter().enumerate() {
-                                store(i + r, j + c, v);
-                            }
-                        }
-                    }};
-                }
-                match (TILE_R.min(i1 - i), cols) {
-                    (1, 4) => go!(1, 4),
-                    (1, 3) => go!(1, 3),
-                    (4, 2) => go!(4, 2),
-                    (3, 2) => go!(3, 2),
-                    (2, 2) => go!(2, 2),
-                    (1, 2) => go!(1, 2),
-                    (4, _) => go!(4, 1),
-                    (3, _) => go!(3, 1),
-                    (2, _) => go!(2, 1),
-                    _ => go!(1, 1),
-                }
-            }
-        }
-    }
+    dot_groups(xq, w, store, m, j0, nj);
 }
 
-/// [`dot_rows`] for the groups layout (`j0` a multiple of [`GROUP`]), on AVX2.
+/// [`dot_rows`] on AVX2 (`j0` a multiple of [`GROUP`]).
 #[cfg(target_arch = "x86_64")]
 fn dot_groups(
     xq: &Q8Rows,
@@ -707,7 +627,7 @@ fn dot_groups(
     for i0 in (0..m).step_by(X_CHUNK) {
         let i1 = (i0 + X_CHUNK).min(m);
         for g in j0 / GROUP..(j0 + nj).div_ceil(GROUP) {
-            for i in (i0..i1).step_by(GROUP_TILE_R) {
+            for i in (i0..i1).step_by(TILE_R) {
                 macro_rules! go {
                     ($r:literal) => {{
                         // SAFETY: `dot_rows` runs this only where `use_avx2()` holds; group g
@@ -723,7 +643,7 @@ fn dot_groups(
                         }
                     }};
                 }
-                match GROUP_TILE_R.min(i1 - i) {
+                match TILE_R.min(i1 - i) {
                     4 => go!(4),
                     3 => go!(3),
                     2 => go!(2),
@@ -781,13 +701,13 @@ impl PortableRow {
     /// block (its rounding differs from theirs, which sum in vector lanes). Q6_K's `-32` is
     /// taken off each half's integer sum through the activations' half sums.
     fn dot(&self, w: &QuantMatrix, x: &Q8Rows, i: usize) -> f32 {
-        let (nb, nbp) = (w.nb, w.nbp);
-        let signed = w.layout == Layout::Rows;
+        let nb = w.nb;
+        let signed = w.ty == GgmlType::Q8_0;
         let (mut sum, mut offs) = (0.0f32, 0.0f32);
         for b in 0..nb {
             let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
             let q = &self.q[b];
-            let at = i * nbp + b;
+            let at = i * nb + b;
             let isum = |r: std::ops::Range<usize>| -> i32 {
                 r.map(|t| if signed { q[t] as i8 as i32 } else { q[t] as i32 } * y[t] as i32)
                     .sum()

@@ -201,14 +201,14 @@ fn weights_keep_their_bytes_and_values() {
         let mut want = vec![0.0f32; 3 * cols];
         quant::dequantize(ty, &bytes, &mut want).unwrap();
         // The split layout holds the file's bytes, and no more than them but for padding
-        // (scale rows to SCALE_GROUP blocks, or 4-bit rows to a whole GROUP).
+        // rows to a whole GROUP (and K-quants' sub-block scales, a byte each, where the
+        // file packs them in 6 bits).
         let back: Vec<u8> = (0..3).flat_map(|j| w.row_blocks(j)).collect();
         assert!(
             back == bytes,
             "{ty}: row_blocks differ from the file's bytes"
         );
-        let padded_rows = if ty == GgmlType::Q8_0 { 3 } else { GROUP };
-        let limit = bytes.len() / 3 * padded_rows + padded_rows * 2 * 2 * SCALE_GROUP;
+        let limit = bytes.len() / 3 * GROUP + GROUP * 32;
         assert!(w.nbytes() <= limit, "{ty}: {} > {limit}", w.nbytes());
         // Row dequantisation agrees with ggml's bit for bit.
         let got = dequantized(&w);
@@ -276,41 +276,15 @@ fn avx2_tiles_match_scalar() {
             matmul_quant_scalar(&x, &w, &mut want, 4);
             let what = format!("{ty} nb={nb}");
             #[cfg(target_arch = "x86_64")]
-            if ty == GgmlType::Q8_0 {
-                check_row_tiles(&w, &x, &want, &what);
-            } else {
-                check_group_tiles(&w, &x, &want, &what);
-            }
+            check_group_tiles(&w, &x, &want, &what);
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn check_row_tiles(w: &QuantMatrix, x: &[f32], want: &[f32], what: &str) {
-    let xq = q8_rows(x, 4, w.cols());
-    // SAFETY: use_avx2() checked the CPU; rows 0..4 of w and of xq exist.
-    let (one, four, wide) = unsafe {
-        (
-            avx2::tile::<1, 1>(w, 1, &xq, 2),
-            avx2::tile::<4, 2>(w, 0, &xq, 0),
-            avx2::tile::<1, 4>(w, 0, &xq, 3),
-        )
-    };
-    assert_close(&one[0], &want[2 * 8 + 1..2 * 8 + 2], 1e-5, 1e-5, what);
-    for (i, row) in four.iter().enumerate() {
-        assert_close(row, &want[i * 8..i * 8 + 2], 1e-5, 1e-5, what);
-    }
-    assert_close(&wide[0], &want[3 * 8..3 * 8 + 4], 1e-5, 1e-5, what);
-    // Bit-for-bit the same whichever tile computed it: batch invariance.
-    assert_eq!(one[0][0].to_bits(), four[2][1].to_bits(), "{what}");
-    assert_eq!(wide[0][1].to_bits(), four[3][1].to_bits(), "{what}");
-}
-
-#[cfg(target_arch = "x86_64")]
 fn check_group_tiles(w: &QuantMatrix, x: &[f32], want: &[f32], what: &str) {
     let xq = q8_rows(x, 4, w.cols());
-    // SAFETY: use_avx2() checked the CPU; w is a 4-bit matrix with group 0, and rows 0..4
-    // of xq exist.
+    // SAFETY: use_avx2() checked the CPU; w has group 0, and rows 0..4 of xq exist.
     let (one, three, four) = unsafe {
         (
             avx2::tile_group::<1>(w, 0, &xq, 2),
