@@ -71,7 +71,7 @@ enum DatasetName {
 pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
     check(&args)?;
     crate::check_default_model(&args.tokenizer)?;
-    let tok = minivllm::model_executor::model_loader::load_tokenizer(&args.tokenizer)
+    let tok = minivllm::engine::tokenizer::load_tokenizer(&args.tokenizer)
         .with_context(|| format!("cannot load the tokenizer {}", args.tokenizer))?;
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
     let requests = match args.dataset_name {

@@ -205,7 +205,7 @@ impl ModelArgs {
         )?;
         Ok(Runtime {
             runner: ModelRunner::new(loaded.model, cache),
-            tokenizer: loaded.tokenizer,
+            tokenizer: minivllm::engine::tokenizer::Tokenizer::load(&loaded.location)?,
             max_model_len,
         })
     }

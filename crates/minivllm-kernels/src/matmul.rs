@@ -281,9 +281,11 @@ unsafe fn micro<S: Simd, const R: usize, const C: usize>(s: S, g: Gemm, accumula
         // Not `array::from_fn`: its closure would not get the caller's target features.
         let mut xv = [s.zero(); R];
         for i in 0..R {
+            // SAFETY: in bounds, as stated above for this function's accesses.
             xv[i] = unsafe { s.load(xr[i].wrapping_add(p)) };
         }
         for j in 0..C {
+            // SAFETY: in bounds, as stated above for this function's accesses.
             let wv = unsafe { s.load(wr[j].wrapping_add(p)) };
             for i in 0..R {
                 acc[i][j] = s.fma(xv[i], wv, acc[i][j]);
@@ -306,8 +308,10 @@ unsafe fn micro<S: Simd, const R: usize, const C: usize>(s: S, g: Gemm, accumula
         for (j, &sum) in sums.iter().enumerate() {
             let mut v = sum;
             for q in kv..k {
+                // SAFETY: in bounds, as stated above for this function's accesses.
                 v += unsafe { *xr[i].add(q) * *wr[j].add(q) };
             }
+            // SAFETY: in bounds, as stated above for this function's accesses.
             let o = unsafe { &mut *g.out.add(i * g.ldo + j) };
             *o = if accumulate { *o + v } else { v };
         }
@@ -463,9 +467,11 @@ unsafe fn packed_micro<S: Simd, const R: usize>(
     for p in 0..g.k {
         let mut wv = [s.zero(); PV];
         for (v, wv) in wv.iter_mut().enumerate() {
+            // SAFETY: in bounds, as stated above for this function's accesses.
             *wv = unsafe { s.load(wp.wrapping_add(v * l)) };
         }
         for i in 0..R {
+            // SAFETY: in bounds, as stated above for this function's accesses.
             let xb = s.splat(unsafe { *xr[i].wrapping_add(p) });
             for v in 0..PV {
                 acc[i][v] = s.fma(xb, wv[v], acc[i][v]);
@@ -478,6 +484,7 @@ unsafe fn packed_micro<S: Simd, const R: usize>(
         if g.n == width {
             for (v, &a) in acc.iter().enumerate() {
                 let po = o.wrapping_add(v * l);
+                // SAFETY: in bounds, as stated above for this function's accesses.
                 unsafe { s.store(po, if accumulate { s.add(s.load(po), a) } else { a }) };
             }
         } else {
@@ -485,9 +492,11 @@ unsafe fn packed_micro<S: Simd, const R: usize>(
             let mut tmp = [0.0f32; 64];
             debug_assert!(width <= tmp.len());
             for (v, &a) in acc.iter().enumerate() {
+                // SAFETY: in bounds, as stated above for this function's accesses.
                 unsafe { s.store(tmp.as_mut_ptr().wrapping_add(v * l), a) };
             }
             for (c, &t) in tmp[..g.n].iter().enumerate() {
+                // SAFETY: in bounds, as stated above for this function's accesses.
                 let dst = unsafe { &mut *o.add(c) };
                 *dst = if accumulate { *dst + t } else { t };
             }
@@ -594,6 +603,7 @@ mod tests {
     #[test]
     fn single_thread_driver_matches_scalar() {
         // Wide shapes here cross several PACK_NC column blocks on one thread.
+        // SAFETY: in bounds, as stated above for this function's accesses.
         check_against_scalar(16, "gemm_nt_any", |x, w, out, m, k, n| unsafe {
             gemm_nt_any(Gemm::dense(x, w, out, m, k, n))
         });
@@ -601,6 +611,7 @@ mod tests {
 
     #[test]
     fn portable_kernel_matches_scalar() {
+        // SAFETY: in bounds, as stated above for this function's accesses.
         check_against_scalar(12, "gemm_nt_portable", |x, w, out, m, k, n| unsafe {
             gemm_nt_portable(Gemm::dense(x, w, out, m, k, n))
         });
@@ -610,6 +621,7 @@ mod tests {
     #[test]
     fn simd_kernels_match_scalar() {
         fn run<S: Simd>(s: S) {
+            // SAFETY: in bounds, as stated above for this function's accesses.
             check_against_scalar(13, "gemm_nt_generic", |x, w, out, m, k, n| unsafe {
                 gemm_nt_generic(s, Gemm::dense(x, w, out, m, k, n))
             });
@@ -627,6 +639,7 @@ mod tests {
         fn run<S: Simd>(s: S) {
             // A panel buffer reused across shapes, as the thread-local one is.
             let panels = RefCell::new(Vec::new());
+            // SAFETY: in bounds, as stated above for this function's accesses.
             check_against_scalar(15, "gemm_nt_packed_generic", |x, w, out, m, k, n| unsafe {
                 gemm_nt_packed_generic(s, Gemm::dense(x, w, out, m, k, n), &mut panels.borrow_mut())
             });
@@ -661,6 +674,7 @@ mod tests {
             n,
             k,
         };
+        // SAFETY: in bounds, as stated above for this function's accesses.
         unsafe { gemm_nt(g) };
         for i in 0..m {
             for j in 0..ldo {

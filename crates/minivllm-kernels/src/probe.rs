@@ -161,6 +161,7 @@ const PROBES: &[Probe] = &[
         name: F32_FMA_AVX2,
         unit: "GFLOP/s",
         available: || std::arch::is_x86_feature_detected!("fma"),
+        // SAFETY: `available` checked that the CPU has these instructions.
         run: |n| unsafe { x86::fma_avx2(n) },
         ops_per_iter: CHAINS * 8 * 2,
     },
@@ -168,6 +169,7 @@ const PROBES: &[Probe] = &[
         name: F32_FMA_AVX512,
         unit: "GFLOP/s",
         available: || std::arch::is_x86_feature_detected!("avx512f"),
+        // SAFETY: `available` checked that the CPU has these instructions.
         run: |n| unsafe { x86::fma_avx512(n) },
         ops_per_iter: CHAINS * 16 * 2,
     },
@@ -175,6 +177,7 @@ const PROBES: &[Probe] = &[
         name: INT8_AVX2,
         unit: "GOP/s",
         available: || std::arch::is_x86_feature_detected!("avx2"),
+        // SAFETY: `available` checked that the CPU has these instructions.
         run: |n| unsafe { x86::int8_avx2(n) },
         ops_per_iter: x86::INT8_AVX2_CHAINS * 32 * 2,
     },
@@ -182,6 +185,7 @@ const PROBES: &[Probe] = &[
         name: "int8 dot (AVX-VNNI)",
         unit: "GOP/s",
         available: || std::arch::is_x86_feature_detected!("avxvnni"),
+        // SAFETY: `available` checked that the CPU has these instructions.
         run: |n| unsafe { x86::int8_avxvnni(n) },
         ops_per_iter: CHAINS * 32 * 2,
     },
@@ -189,6 +193,7 @@ const PROBES: &[Probe] = &[
         name: "int8 dot (AVX512-VNNI)",
         unit: "GOP/s",
         available: || std::arch::is_x86_feature_detected!("avx512vnni"),
+        // SAFETY: `available` checked that the CPU has these instructions.
         run: |n| unsafe { x86::int8_avx512vnni(n) },
         ops_per_iter: CHAINS * 64 * 2,
     },
@@ -196,6 +201,7 @@ const PROBES: &[Probe] = &[
         name: "bf16 dot (AVX512-BF16)",
         unit: "GFLOP/s",
         available: || std::arch::is_x86_feature_detected!("avx512bf16"),
+        // SAFETY: `available` checked that the CPU has these instructions.
         run: |n| unsafe { x86::bf16_avx512(n) },
         ops_per_iter: CHAINS * 32 * 2,
     },

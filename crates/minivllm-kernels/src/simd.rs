@@ -293,27 +293,33 @@ mod x86 {
         shared_x86_methods!();
         #[inline(always)]
         fn zero(self) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_setzero_ps() }
         }
         #[inline(always)]
         fn splat(self, x: f32) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_set1_ps(x) }
         }
         #[inline(always)]
         unsafe fn load(self, p: *const f32) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { load_unaligned(p) }
         }
         #[inline(always)]
         unsafe fn store(self, p: *mut f32, v: __m256) {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { store_unaligned(p, v) }
         }
         #[inline(always)]
         unsafe fn load_f16(self, p: *const f16) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_cvtph_ps(load_unaligned(p.cast())) }
         }
         #[inline(always)]
         unsafe fn load_bf16(self, p: *const bf16) -> __m256 {
             // bf16 is the top half of an f32.
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe {
                 let h: __m128i = load_unaligned(p.cast());
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
@@ -321,30 +327,37 @@ mod x86 {
         }
         #[inline(always)]
         fn add(self, a: __m256, b: __m256) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_add_ps(a, b) }
         }
         #[inline(always)]
         fn sub(self, a: __m256, b: __m256) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_sub_ps(a, b) }
         }
         #[inline(always)]
         fn mul(self, a: __m256, b: __m256) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_mul_ps(a, b) }
         }
         #[inline(always)]
         fn div(self, a: __m256, b: __m256) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_div_ps(a, b) }
         }
         #[inline(always)]
         fn max(self, a: __m256, b: __m256) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_max_ps(a, b) }
         }
         #[inline(always)]
         fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm256_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
         fn hsum(self, v: __m256) -> f32 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe {
                 let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
                 let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -354,6 +367,7 @@ mod x86 {
         }
         #[inline(always)]
         fn hsum4(self, v: [__m256; 4]) -> [f32; 4] {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe {
                 // Pairwise adds leave lane sums of a, b, c, d in each 128-bit half.
                 let ab = _mm256_hadd_ps(v[0], v[1]);
@@ -368,6 +382,7 @@ mod x86 {
         }
         #[inline(always)]
         fn hmax(self, v: __m256) -> f32 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe {
                 let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
                 let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -377,6 +392,7 @@ mod x86 {
         }
         #[inline(always)]
         fn exp(self, x: __m256) -> __m256 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe {
                 let x = _mm256_min_ps(
                     _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
@@ -450,26 +466,32 @@ mod x86 {
         shared_x86_methods!();
         #[inline(always)]
         fn zero(self) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_setzero_ps() }
         }
         #[inline(always)]
         fn splat(self, x: f32) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_set1_ps(x) }
         }
         #[inline(always)]
         unsafe fn load(self, p: *const f32) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { load_unaligned(p) }
         }
         #[inline(always)]
         unsafe fn store(self, p: *mut f32, v: __m512) {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { store_unaligned(p, v) }
         }
         #[inline(always)]
         unsafe fn load_f16(self, p: *const f16) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_cvtph_ps(load_unaligned(p.cast())) }
         }
         #[inline(always)]
         unsafe fn load_bf16(self, p: *const bf16) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe {
                 let h: __m256i = load_unaligned(p.cast());
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
@@ -477,38 +499,47 @@ mod x86 {
         }
         #[inline(always)]
         fn add(self, a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_add_ps(a, b) }
         }
         #[inline(always)]
         fn sub(self, a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_sub_ps(a, b) }
         }
         #[inline(always)]
         fn mul(self, a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_mul_ps(a, b) }
         }
         #[inline(always)]
         fn div(self, a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_div_ps(a, b) }
         }
         #[inline(always)]
         fn max(self, a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_max_ps(a, b) }
         }
         #[inline(always)]
         fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
         fn hsum(self, v: __m512) -> f32 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_reduce_add_ps(v) }
         }
         #[inline(always)]
         fn hmax(self, v: __m512) -> f32 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe { _mm512_reduce_max_ps(v) }
         }
         #[inline(always)]
         fn exp(self, x: __m512) -> __m512 {
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             unsafe {
                 let x = _mm512_min_ps(
                     _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
@@ -776,6 +807,7 @@ mod tests {
         let mut r = rng(7);
         let v: Vec<f32> = rand_vec(&mut r, 4 * S::LANES);
         let regs: [S::V; 4] =
+            // SAFETY: the token exists only where the CPU has this ISA; pointers follow the method's contract.
             std::array::from_fn(|i| unsafe { s.load(v[i * S::LANES..].as_ptr()) });
         let sums = s.hsum4(regs);
         for (i, sum) in sums.iter().enumerate() {

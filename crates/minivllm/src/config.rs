@@ -3,7 +3,15 @@
 
 use serde_json::Value;
 
-use crate::model_executor::loader::LoadError;
+/// Why a model's configuration cannot be used. (The loaders report it as their
+/// `LoadError`, under the same messages.)
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("bad model config: {0}")]
+    Invalid(String),
+    #[error("unsupported model architecture {0:?} (supported: llama, mistral)")]
+    UnsupportedArchitecture(String),
+}
 
 /// How rotary frequencies are stretched for long contexts.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,8 +53,8 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// Checks the shapes fit together, so the model code can rely on them.
-    pub fn validate(&self) -> Result<(), LoadError> {
-        let bad = |m: String| Err(LoadError::Config(m));
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -102,10 +110,10 @@ impl ModelConfig {
         Ok(())
     }
 
-    fn validate_rope_scaling(&self) -> Result<(), LoadError> {
+    fn validate_rope_scaling(&self) -> Result<(), ConfigError> {
         let positive_finite = |x: f32| x.is_finite() && x > 0.0;
         let bad = |what: &str, v: f32| {
-            Err(LoadError::Config(format!(
+            Err(ConfigError::Invalid(format!(
                 "rope scaling {what} must be a positive number, got {v}"
             )))
         };
@@ -130,7 +138,7 @@ impl ModelConfig {
                 }
                 // The smoothing between the two divides by their difference.
                 if high_freq_factor <= low_freq_factor || *original_max_position_embeddings == 0 {
-                    return Err(LoadError::Config(format!(
+                    return Err(ConfigError::Invalid(format!(
                         "llama3 rope scaling needs high_freq_factor > low_freq_factor and a \
                          positive original_max_position_embeddings, got {high_freq_factor}, \
                          {low_freq_factor}, {original_max_position_embeddings}"
@@ -154,7 +162,7 @@ impl ModelConfig {
     }
 
     /// Parses a Hugging Face `config.json` (transformers 4 and 5 layouts).
-    pub fn from_hf_json(json: &Value) -> Result<Self, LoadError> {
+    pub fn from_hf_json(json: &Value) -> Result<Self, ConfigError> {
         let arch = json
             .get("architectures")
             .and_then(|a| a.get(0))
@@ -164,12 +172,12 @@ impl ModelConfig {
         let architecture = match arch {
             "LlamaForCausalLM" | "llama" => "llama",
             "MistralForCausalLM" | "mistral" => "mistral",
-            other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
+            other => return Err(ConfigError::UnsupportedArchitecture(other.to_string())),
         };
         // LLaMA's MLP is SwiGLU; another activation would compute a different model.
         if let Some(act) = json.get("hidden_act").and_then(Value::as_str) {
             if act != "silu" {
-                return Err(LoadError::Config(format!(
+                return Err(ConfigError::Invalid(format!(
                     "unsupported hidden_act {act:?} (LLaMA models use \"silu\")"
                 )));
             }
@@ -219,20 +227,20 @@ impl ModelConfig {
     }
 }
 
-fn opt_usize(json: &Value, key: &str) -> Result<Option<usize>, LoadError> {
+fn opt_usize(json: &Value, key: &str) -> Result<Option<usize>, ConfigError> {
     match json.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-            LoadError::Config(format!("{key} must be a non-negative integer, got {v}"))
+            ConfigError::Invalid(format!("{key} must be a non-negative integer, got {v}"))
         }),
     }
 }
 
-fn req_usize(json: &Value, key: &str) -> Result<usize, LoadError> {
-    opt_usize(json, key)?.ok_or_else(|| LoadError::Config(format!("config.json lacks {key}")))
+fn req_usize(json: &Value, key: &str) -> Result<usize, ConfigError> {
+    opt_usize(json, key)?.ok_or_else(|| ConfigError::Invalid(format!("config.json lacks {key}")))
 }
 
-fn parse_hf_rope_scaling(scaling: Option<&Value>) -> Result<RopeScaling, LoadError> {
+fn parse_hf_rope_scaling(scaling: Option<&Value>) -> Result<RopeScaling, ConfigError> {
     let Some(s) = scaling else {
         return Ok(RopeScaling::None);
     };
@@ -241,11 +249,11 @@ fn parse_hf_rope_scaling(scaling: Option<&Value>) -> Result<RopeScaling, LoadErr
         .or_else(|| s.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("default");
-    let num = |k: &str| -> Result<f32, LoadError> {
+    let num = |k: &str| -> Result<f32, ConfigError> {
         s.get(k)
             .and_then(Value::as_f64)
             .map(|v| v as f32)
-            .ok_or_else(|| LoadError::Config(format!("rope scaling {kind:?} lacks {k}")))
+            .ok_or_else(|| ConfigError::Invalid(format!("rope scaling {kind:?} lacks {k}")))
     };
     match kind {
         "default" => Ok(RopeScaling::None),
@@ -258,7 +266,7 @@ fn parse_hf_rope_scaling(scaling: Option<&Value>) -> Result<RopeScaling, LoadErr
             high_freq_factor: num("high_freq_factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
         }),
-        other => Err(LoadError::Config(format!(
+        other => Err(ConfigError::Invalid(format!(
             "unsupported rope scaling type {other:?} (supported: default, linear, llama3)"
         ))),
     }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod core;
 pub mod engine;
 pub mod entrypoints;
+pub mod ids;
 pub mod model_executor;
 pub mod outputs;
 pub mod sampling_params;

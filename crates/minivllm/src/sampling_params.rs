@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::sequence::TokenId;
+use crate::ids::TokenId;
+use crate::model_executor::sampling_metadata::SamplingOptions;
 
 /// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
 pub const SAMPLING_EPS: f32 = 1e-5;
@@ -132,6 +133,24 @@ impl SamplingParams {
 
     pub fn is_greedy(&self) -> bool {
         self.temperature < SAMPLING_EPS
+    }
+
+    /// What the sampler reads of these settings, for one step.
+    pub fn sampling_options(&self) -> SamplingOptions<'_> {
+        SamplingOptions {
+            greedy: self.is_greedy(),
+            temperature: self.temperature,
+            top_k: self.top_k(),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: &self.logit_bias,
+            min_tokens: self.min_tokens,
+            stop_token_ids: &self.stop_token_ids,
+            logprobs: self.logprobs,
+        }
     }
 
     /// How many sequences the request forks into.

@@ -1,29 +1,6 @@
 //! Requests, the sequences they fork into, and their lifecycle.
 
-use std::fmt;
-
-/// A token id in the model's vocabulary.
-pub type TokenId = u32;
-
-/// One sequence (one completion of one request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SeqId(pub u64);
-
-impl fmt::Display for SeqId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "seq {}", self.0)
-    }
-}
-
-/// A request as the caller named it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub String);
-
-impl fmt::Display for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use crate::ids::{RequestId, SeqId, TokenId};
 
 /// Why a sequence stopped, with vLLM's names (`finish_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

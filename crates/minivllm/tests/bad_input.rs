@@ -12,8 +12,11 @@ use minivllm::model_executor::model_loader::load_model;
 use minivllm::worker::cache_engine::CacheEngine;
 use minivllm::worker::model_runner::ModelRunner;
 
+/// Why loading `spec` as the engine does (the model, then its tokenizer) fails.
 fn load_err(spec: &str) -> String {
-    match load_model(spec, &LoadOptions::default()) {
+    let loaded = load_model(spec, &LoadOptions::default())
+        .and_then(|_| minivllm::engine::tokenizer::load_tokenizer(spec));
+    match loaded {
         Ok(_) => panic!("{spec} loaded"),
         Err(e) => e.to_string(),
     }

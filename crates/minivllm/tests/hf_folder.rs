@@ -92,9 +92,7 @@ fn hf_folder_and_gguf_give_the_same_logits() {
         .fold(0.0f32, f32::max);
     assert!(worst <= 1e-5, "max |logit difference| {worst:e}");
     // Same tokenizer behaviour from both sources.
-    let a = load_model(dir.path().to_str().unwrap(), &LoadOptions::FLOAT32)
-        .unwrap()
-        .tokenizer;
+    let a = minivllm::engine::tokenizer::load_tokenizer(dir.path().to_str().unwrap()).unwrap();
     let ids = a.encode("The capital of France is", true).unwrap();
     assert_eq!(ids, [504, 3575, 282, 4649, 314]);
 }

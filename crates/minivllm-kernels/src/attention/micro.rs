@@ -89,9 +89,11 @@ fn qk_tile<S: Simd, T: Load, const N: usize, const V: usize>(
     for d in 0..hd {
         let mut kv = [s.zero(); V];
         for (v, kv) in kv.iter_mut().enumerate() {
+            // SAFETY: in bounds, as the comment at the top of this function's loops says.
             *kv = unsafe { T::load(s, kp.wrapping_add(d * bs + c + v * l)) };
         }
         for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: in bounds, as the comment at the top of this function's loops says.
             let qv = s.splat(unsafe { *qp.wrapping_add(i * hd + d) });
             for v in 0..V {
                 acc[v] = s.fma(qv, kv[v], acc[v]);
@@ -100,6 +102,7 @@ fn qk_tile<S: Simd, T: Load, const N: usize, const V: usize>(
     }
     for (i, acc) in acc.iter().enumerate() {
         for (v, &a) in acc.iter().enumerate() {
+            // SAFETY: in bounds, as the comment at the top of this function's loops says.
             unsafe { s.store(op.wrapping_add(i * ld + c + v * l), a) };
         }
     }
@@ -187,15 +190,18 @@ fn pv_tile<S: Simd, T: Load, const N: usize, const V: usize>(
     let mut a = [[s.zero(); V]; N];
     for (i, a) in a.iter_mut().enumerate() {
         for (x, a) in a.iter_mut().enumerate() {
+            // SAFETY: in bounds, as the comment at the top of this function's loops says.
             *a = unsafe { s.load(ap.wrapping_add(i * hd + c + x * l)) };
         }
     }
     for j in 0..n {
         let mut vv = [s.zero(); V];
         for (x, vv) in vv.iter_mut().enumerate() {
+            // SAFETY: in bounds, as the comment at the top of this function's loops says.
             *vv = unsafe { T::load(s, vp.wrapping_add(j * hd + c + x * l)) };
         }
         for (i, a) in a.iter_mut().enumerate() {
+            // SAFETY: in bounds, as the comment at the top of this function's loops says.
             let pj = s.splat(unsafe { *pp.wrapping_add(i * ld + j) });
             for x in 0..V {
                 a[x] = s.fma(pj, vv[x], a[x]);
@@ -204,6 +210,7 @@ fn pv_tile<S: Simd, T: Load, const N: usize, const V: usize>(
     }
     for (i, a) in a.iter().enumerate() {
         for (x, &a) in a.iter().enumerate() {
+            // SAFETY: in bounds, as the comment at the top of this function's loops says.
             unsafe { s.store(ap.wrapping_add(i * hd + c + x * l), a) };
         }
     }

@@ -9,6 +9,28 @@ use super::{Q8Rows, QuantMatrix, RowSums, GROUP, KSUB, SUB_BYTES};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
 
+/// Where activation rows `i..i + R` of a [`Q8Rows`] (`nb` blocks each) start: their quants,
+/// scales, sums and half sums. Made with `wrapping_add`, so making them is safe; the
+/// kernels that read through them state why the rows exist.
+struct XRows<const R: usize> {
+    qs: [*const i8; R],
+    d: [*const f32; R],
+    s: [*const f32; R],
+    halves: [*const [i32; 2]; R],
+}
+
+impl<const R: usize> XRows<R> {
+    #[inline(always)]
+    fn new(x: &Q8Rows, i: usize, nb: usize) -> Self {
+        XRows {
+            qs: std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK)),
+            d: std::array::from_fn(|r| x.d.as_ptr().wrapping_add((i + r) * nb)),
+            s: std::array::from_fn(|r| x.s.as_ptr().wrapping_add((i + r) * nb)),
+            halves: std::array::from_fn(|r| x.halves.as_ptr().wrapping_add((i + r) * nb)),
+        }
+    }
+}
+
 /// `out[r][c] = w[g·GROUP + c] · x[i + r]` for a 4-bit matrix: lane `c`
 /// of each register is weight row `g·GROUP + c`. Per block, each activation quad is
 /// broadcast against the matching quads of all eight rows, and the eight `vpmaddubsw`
@@ -26,15 +48,22 @@ pub(super) unsafe fn tile_group<const R: usize>(
     x: &Q8Rows,
     i: usize,
 ) -> [[f32; GROUP]; R] {
-    // SAFETY (all): forwarded contract.
     match w.ty {
+        // SAFETY: the caller's contract, forwarded.
         GgmlType::Q4_1 => unsafe { tile_group_of::<R, true>(w, g, x, i) },
+        // SAFETY: the caller's contract, forwarded.
         GgmlType::Q5_0 => unsafe { tile_group_k::<R, Q5_0>(w, g, x, i) },
+        // SAFETY: the caller's contract, forwarded.
         GgmlType::Q5_1 => unsafe { tile_group_k::<R, Q5_1>(w, g, x, i) },
+        // SAFETY: the caller's contract, forwarded.
         GgmlType::Q4_K => unsafe { tile_group_k::<R, Q4_K>(w, g, x, i) },
+        // SAFETY: the caller's contract, forwarded.
         GgmlType::Q5_K => unsafe { tile_group_k::<R, Q5_K>(w, g, x, i) },
+        // SAFETY: the caller's contract, forwarded.
         GgmlType::Q6_K => unsafe { tile_group_k::<R, Q6_K>(w, g, x, i) },
+        // SAFETY: the caller's contract, forwarded.
         GgmlType::Q8_0 => unsafe { tile_group_q8_0::<R>(w, g, x, i) },
+        // SAFETY: the caller's contract, forwarded.
         _ => unsafe { tile_group_of::<R, false>(w, g, x, i) },
     }
 }
@@ -53,12 +82,16 @@ unsafe fn tile_group_of<const R: usize, const STORED_MIN: bool>(
     let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
     let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP) as *const u16;
     let wm = w.mins.as_ptr().wrapping_add(g * nb * GROUP) as *const u16;
-    let xq: [*const i8; R] = std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK));
-    let xd: [*const f32; R] = std::array::from_fn(|r| x.d.as_ptr().wrapping_add((i + r) * nb));
-    let xs: [*const f32; R] = std::array::from_fn(|r| x.s.as_ptr().wrapping_add((i + r) * nb));
+    let XRows {
+        qs: xq,
+        d: xd,
+        s: xs,
+        ..
+    } = XRows::<R>::new(x, i, nb);
     // SAFETY (whole body): group g holds nb blocks of `block_bytes` quants and GROUP scales
     // (and offsets, for Q4_1) each; activation rows i..i + R hold nb blocks of QK quants and
     // nb scales and sums. The rest is register arithmetic under AVX2/FMA/F16C.
+    // SAFETY: the caller's contract, forwarded.
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let low = _mm256_set1_epi8(0x0F);
@@ -145,17 +178,18 @@ unsafe fn tile_group_k<const R: usize, const F: u8>(
     let scales_per_group = if per_block { nb } else { nb / KSUB };
     let wd = w.d.as_ptr().wrapping_add(g * scales_per_group * GROUP) as *const u16;
     let wm = w.mins.as_ptr().wrapping_add(g * scales_per_group * GROUP) as *const u16;
-    let xq: [*const i8; R] = std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK));
-    let row = |v: &[f32], r: usize| v.as_ptr().wrapping_add((i + r) * nb);
-    let xd: [*const f32; R] = std::array::from_fn(|r| row(&x.d, r));
-    let xs: [*const f32; R] = std::array::from_fn(|r| row(&x.s, r));
-    let xh: [*const [i32; 2]; R] =
-        std::array::from_fn(|r| x.halves.as_ptr().wrapping_add((i + r) * nb));
+    let XRows {
+        qs: xq,
+        d: xd,
+        s: xs,
+        halves: xh,
+    } = XRows::<R>::new(x, i, nb);
     // SAFETY (whole body): group g holds nb blocks of `block_bytes` quants and `hb`
     // high-bit bytes, and `scales_per_group` scales (and minima, for Q5_1, Q4_K and Q5_K)
     // of GROUP rows each, plus SUB_BYTES scale bytes per block for K-quants; activation rows
     // i..i + R hold nb blocks of QK quants and nb scales and sums. The rest is register
     // arithmetic under AVX2/FMA/F16C.
+    // SAFETY: the caller's contract, forwarded.
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let low = _mm256_set1_epi8(0x0F);
@@ -301,11 +335,11 @@ unsafe fn tile_group_q8_0<const R: usize>(
     let block_bytes = GROUP * QK;
     let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
     let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP) as *const u16;
-    let xq: [*const i8; R] = std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK));
-    let xd: [*const f32; R] = std::array::from_fn(|r| x.d.as_ptr().wrapping_add((i + r) * nb));
+    let XRows { qs: xq, d: xd, .. } = XRows::<R>::new(x, i, nb);
     // SAFETY (whole body): group g holds nb blocks of `block_bytes` quants and GROUP scales
     // each; activation rows i..i + R hold nb blocks of QK quants and nb scales. The rest is
     // register arithmetic under AVX2/FMA/F16C.
+    // SAFETY: the caller's contract, forwarded.
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
@@ -373,6 +407,7 @@ pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], mut sums: RowSums) {
     debug_assert!(sums.s.len() == nb && sums.halves.len() == nb);
     // SAFETY (whole body): block b reads x[b·QK..(b+1)·QK] and writes qs at the same
     // offsets, both in bounds by the contract; the rest is register arithmetic under AVX2.
+    // SAFETY: the caller's contract, forwarded.
     unsafe {
         let sign = _mm256_set1_ps(-0.0);
         let half = _mm256_set1_ps(0.5);

@@ -2,28 +2,8 @@
 //! blocks whose contents are cached for reuse (prefix caching).
 
 use std::collections::HashMap;
-use std::fmt;
 
-/// A physical KV-cache block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockId(pub u32);
-
-impl fmt::Display for BlockId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "block {}", self.0)
-    }
-}
-
-/// A block of the CPU swap pool (`--swap-space`), a separate id space from [`BlockId`] so the
-/// two pools' ids cannot be mixed up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CpuBlockId(pub u32);
-
-impl fmt::Display for CpuBlockId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cpu block {}", self.0)
-    }
-}
+pub use crate::ids::{BlockId, CpuBlockId};
 
 /// What a cached (full, computed) block holds, kept so a lookup can check that a hash hit
 /// really is the same content: a 64-bit hash alone could serve another prefix's K/V.

@@ -270,7 +270,8 @@ impl LLMEngine {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         minivllm_kernels::threading::init_threads(threads.max(1));
         let loaded = load_model(&args.model, &args.load)?;
-        Self::new(loaded.model, loaded.tokenizer, args)
+        let tokenizer = Tokenizer::load(&loaded.location)?;
+        Self::new(loaded.model, tokenizer, args)
     }
 
     /// Builds an engine around an already loaded model.
@@ -695,7 +696,7 @@ impl LLMEngine {
             .map(|((id, _), st)| {
                 let seq = self.scheduler.seq(*id).expect("sampled seq exists");
                 SamplingContext {
-                    params: &self.requests[&st.request].params,
+                    options: self.requests[&st.request].params.sampling_options(),
                     prompt_ids: &seq.token_ids[..seq.prompt_len],
                     output_ids: &seq.token_ids[seq.prompt_len..],
                     eos_token_ids: eos,

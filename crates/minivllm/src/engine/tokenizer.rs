@@ -25,6 +25,9 @@ use tokenizers::{AddedToken, NormalizerWrapper, PreTokenizerWrapper, SplitDelimi
 use crate::engine::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, TemplateTokens};
 use crate::model_executor::loader::LoadError;
 
+mod load;
+pub use load::{gguf_tokenizer_spec, load_tokenizer};
+
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
 const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;

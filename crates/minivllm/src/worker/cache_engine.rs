@@ -4,7 +4,7 @@
 use minivllm_kernels::attention::{KvBuffer, KvCacheDtype};
 
 use crate::config::ModelConfig;
-use crate::core::block_pool::{BlockId, CpuBlockId};
+use crate::ids::{BlockId, CpuBlockId};
 use crate::model_executor::layers::attention::LayerKvCache;
 use crate::model_executor::loader::weights::DType;
 

@@ -1,6 +1,6 @@
 //! Runs the model on one batch over the KV cache.
 
-use crate::core::block_pool::{BlockId, CpuBlockId};
+use crate::ids::{BlockId, CpuBlockId};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
 use crate::worker::cache_engine::CacheEngine;

@@ -55,3 +55,14 @@ pub enum LoadError {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 }
+
+impl From<crate::config::ConfigError> for LoadError {
+    fn from(e: crate::config::ConfigError) -> Self {
+        match e {
+            crate::config::ConfigError::Invalid(m) => LoadError::Config(m),
+            crate::config::ConfigError::UnsupportedArchitecture(a) => {
+                LoadError::UnsupportedArchitecture(a)
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The layering rule of `docs/architecture.md`, checked on the sources: a module of
+//! `crates/minivllm/src` imports only from its own layer or from the layers below it, so
+//! that the model executor can be driven without the engine (by a tensor-parallel worker,
+//! or from Python) and the engine changes without touching the kernels. Test code (files
+//! named `tests.rs` and the `#[cfg(test)]` module that ends a file) may import anything.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Each top-level module of the crate and its layer: higher layers import lower ones.
+const LAYERS: &[(&str, u32)] = &[
+    ("entrypoints", 70),
+    ("engine", 60),
+    // The scheduler and block manager, beside the engine, which drives them.
+    ("core", 50),
+    // Request-level objects that the engine, the scheduler and the API share.
+    ("outputs", 45),
+    ("sequence", 42),
+    ("sampling_params", 40),
+    ("worker", 30),
+    ("model_executor", 20),
+    // Shared by every layer: plain data and ids, importing nothing above.
+    ("config", 10),
+    ("ids", 5),
+    ("utils", 5),
+    // The kernels crate, re-exported.
+    ("kernels", 0),
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file under `dir`, but test files.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs")
+            && p.file_name().is_some_and(|n| n != "tests.rs")
+        {
+            out.push(p);
+        }
+    }
+}
+
+/// The file's text before its test module.
+fn non_test_code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("read source");
+    match text.find("#[cfg(test)]") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+/// The top-level module a file belongs to (`engine` for `src/engine/llm_engine.rs`).
+fn module_of(path: &Path) -> String {
+    let rel = path.strip_prefix(src()).expect("under src");
+    let first = rel.components().next().expect("non-empty path");
+    let name = first.as_os_str().to_string_lossy();
+    name.trim_end_matches(".rs").to_string()
+}
+
+/// The top-level modules named after `crate::` in `code`.
+fn imports(code: &str) -> Vec<String> {
+    code.match_indices("crate::")
+        .map(|(at, m)| {
+            code[at + m.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect::<String>()
+        })
+        .collect()
+}
+
+#[test]
+fn every_module_imports_only_from_its_layer_or_below() {
+    let layer: BTreeMap<&str, u32> = LAYERS.iter().copied().collect();
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    assert!(files.len() > 50, "found only {} source files", files.len());
+    let mut wrong = Vec::new();
+    for f in &files {
+        let from = module_of(f);
+        if from == "lib" || from == "testing" {
+            continue;
+        }
+        let Some(&own) = layer.get(from.as_str()) else {
+            wrong.push(format!(
+                "{}: module {from} has no layer in LAYERS",
+                f.display()
+            ));
+            continue;
+        };
+        let code = non_test_code(f);
+        assert!(
+            !code.contains("crate::{") && !code.contains("super::super"),
+            "{}: grouped `crate::{{..}}` or `super::super` imports hide their layer; name each path",
+            f.display()
+        );
+        for to in imports(&code) {
+            match layer.get(to.as_str()) {
+                _ if to == from || to.is_empty() => {}
+                Some(&l) if l < own => {}
+                _ => wrong.push(format!("{} ({from}) imports crate::{to}", f.display())),
+            }
+        }
+    }
+    wrong.sort();
+    wrong.dedup();
+    assert!(
+        wrong.is_empty(),
+        "imports against the layering rule:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_check_sees_an_upward_import() {
+    assert_eq!(
+        imports("use crate::engine::x;\nlet y = crate::ids::TokenId;"),
+        ["engine", "ids"]
+    );
+    let f = src()
+        .join("model_executor")
+        .join("layers")
+        .join("sampler.rs");
+    assert_eq!(module_of(&f), "model_executor");
+}
