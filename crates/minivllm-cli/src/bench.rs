@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use minivllm::model_executor::input_metadata::InputMetadata;
-use minivllm::worker::model_runner::ModelRunner;
+use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
+use minivllm::sampling_params::SamplingParams;
 
 use crate::ModelArgs;
 
@@ -98,7 +98,6 @@ pub(crate) fn random_prompts(n: usize, len: usize, vocab: u64) -> Vec<Vec<u32>> 
 
 fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     use minivllm::entrypoints::llm::LLM;
-    use minivllm::sampling_params::SamplingParams;
     if args.num_prompts == 0 || args.input_len == 0 || args.output_len == 0 {
         bail!("--num-prompts, --input-len and --output-len must be positive");
     }
@@ -173,43 +172,25 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     if args.batch_size == 0 || args.input_len == 0 || args.num_iters == 0 {
         bail!("--batch-size, --input-len and --num-iters must be positive");
     }
-    let mut rt = args.model.load()?;
+    let mut engine = LLMEngine::from_engine_args(&latency_engine_args(&args)?)?;
     let total = args.input_len + args.output_len;
-    if total > rt.max_model_len {
+    if total > engine.max_model_len() {
         bail!(
             "input + output length {total} exceeds the maximum model length {}",
-            rt.max_model_len
+            engine.max_model_len()
         );
     }
-    let block_size = rt.runner.cache().block_size();
-    let per_seq = total.div_ceil(block_size);
-    if per_seq * args.batch_size > rt.runner.cache().num_blocks() {
+    let per_seq = total.div_ceil(args.model.block_size);
+    if per_seq * args.batch_size > engine.num_total_blocks() {
         bail!("the KV cache is too small for this batch: raise --kv-cache-memory");
     }
-    let vocab = rt.runner.model().config().vocab_size as u64;
+    let vocab = engine.model().config().vocab_size as u64;
     let prompts = random_prompts(args.batch_size, args.input_len, vocab);
-    let tables: Vec<Vec<u32>> = (0..args.batch_size)
-        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
-        .collect();
     for _ in 0..args.num_iters_warmup {
-        run_once(
-            &mut rt.runner,
-            &prompts,
-            &tables,
-            args.output_len,
-            block_size,
-        )?;
+        run_once(&mut engine, &prompts, args.output_len)?;
     }
     let mut runs: Vec<Timing> = (0..args.num_iters)
-        .map(|_| {
-            run_once(
-                &mut rt.runner,
-                &prompts,
-                &tables,
-                args.output_len,
-                block_size,
-            )
-        })
+        .map(|_| run_once(&mut engine, &prompts, args.output_len))
         .collect::<anyhow::Result<_>>()?;
     runs.sort_by_key(|t| t.prefill + t.decode);
     let t = &runs[runs.len() / 2];
@@ -217,7 +198,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     // The first output token comes from the prefill; the rest from decode steps.
     let decode_steps = args.output_len.saturating_sub(1);
     let decode_tokens = (args.batch_size * decode_steps) as f64;
-    let model = rt.runner.model();
+    let model = engine.model();
     let weight_bytes = model.weight_bytes_per_token() as f64;
     let prefill_tps = prefill_tokens / t.prefill.as_secs_f64();
     let step_s = t.decode.as_secs_f64() / decode_steps.max(1) as f64;
@@ -226,7 +207,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let batch = args.batch_size as f64;
     let prefill_flops = batch * model.sequence_flops(args.input_len, 1);
     let mid_context = args.input_len + args.output_len / 2;
-    let kv_bytes = rt.runner.cache().kv_bytes_per_position();
+    let kv_bytes = engine.kv_bytes_per_position();
     let step_bytes = weight_bytes + batch * (kv_bytes * mid_context) as f64;
     let step_flops = batch
         * (model.layer_flops_per_token() + model.head_flops() + model.attention_flops(mid_context));
@@ -412,39 +393,64 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Prefills every prompt in one batch, then decodes `output_len` steps feeding back the argmax.
+/// The engine for `bench latency`: the whole batch prefilled in its first step, then one
+/// decode step per token, as `vllm bench latency` drives vLLM's.
+fn latency_engine_args(args: &LatencyArgs) -> anyhow::Result<EngineArgs> {
+    let m = &args.model;
+    crate::check_default_model(&m.model)?;
+    Ok(EngineArgs {
+        model: m.model.clone(),
+        max_model_len: m.max_model_len,
+        max_num_seqs: args.batch_size,
+        max_num_batched_tokens: Some((args.batch_size * args.input_len).max(2048)),
+        block_size: m.block_size,
+        kv_cache_memory: m.kv_cache_memory,
+        kv_cache_dtype: m.kv_cache_dtype,
+        // Every iteration sends the same prompts: cached prefixes would skip the prefill.
+        enable_prefix_caching: false,
+        threads: m.threads,
+        load: m.load_options(),
+        ..EngineArgs::default()
+    })
+}
+
+/// One batch through the engine: the step that prefills every prompt (and samples each
+/// first token), then the decode steps until every request has `output_len` tokens.
 fn run_once(
-    runner: &mut ModelRunner,
+    engine: &mut LLMEngine,
     prompts: &[Vec<u32>],
-    tables: &[Vec<u32>],
     output_len: usize,
-    block_size: usize,
 ) -> anyhow::Result<Timing> {
-    let mut input = InputMetadata::default();
-    for (p, table) in prompts.iter().zip(tables) {
-        input.add_sequence(p, p.len(), table, block_size, true);
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+    let params = SamplingParams {
+        temperature: 0.0,
+        ignore_eos: true,
+        max_tokens: Some(output_len),
+        ..SamplingParams::default()
+    };
+    for p in prompts {
+        let id = format!("latency-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
+        engine.add_request(id, PromptInput::from(p.clone()), params.clone(), 0)?;
     }
     let start = Instant::now();
-    let mut next = argmax_rows(runner.execute(&input)?, prompts.len());
+    engine.step()?;
     let prefill = start.elapsed();
     let start = Instant::now();
-    for step in 0..output_len.saturating_sub(1) {
-        input.clear();
-        for (i, table) in tables.iter().enumerate() {
-            let context = prompts[i].len() + step + 1;
-            input.add_sequence(&[next[i]], context, table, block_size, true);
-        }
-        next = argmax_rows(runner.execute(&input)?, prompts.len());
+    let mut steps = 0;
+    while engine.has_unfinished_requests() {
+        engine.step()?;
+        steps += 1;
+    }
+    if steps != output_len.saturating_sub(1) {
+        bail!(
+            "the batch took {steps} decode steps, not {}: the prompts did not prefill in one step \
+             or sequences were preempted (raise --kv-cache-memory)",
+            output_len.saturating_sub(1)
+        );
     }
     Ok(Timing {
         prefill,
         decode: start.elapsed(),
     })
-}
-
-fn argmax_rows(logits: &[f32], rows: usize) -> Vec<u32> {
-    logits
-        .chunks_exact(logits.len() / rows)
-        .map(minivllm::engine::greedy::argmax)
-        .collect()
 }

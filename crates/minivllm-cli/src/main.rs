@@ -165,48 +165,11 @@ fn main() {
     }
 }
 
-/// A loaded model with its KV cache, ready to run.
-pub struct Runtime {
-    pub runner: minivllm::worker::model_runner::ModelRunner,
-    pub tokenizer: minivllm::engine::tokenizer::Tokenizer,
-    pub max_model_len: usize,
-}
-
 impl ModelArgs {
     pub fn load_options(&self) -> minivllm::model_executor::loader::weights::LoadOptions {
         minivllm::model_executor::loader::weights::LoadOptions {
             dtype: self.dtype,
             quantization: self.quantization,
         }
-    }
-
-    pub fn load(&self) -> anyhow::Result<Runtime> {
-        use anyhow::Context;
-        use minivllm::worker::{cache_engine::CacheEngine, model_runner::ModelRunner};
-        let threads = self
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        minivllm::kernels::threading::init_threads(threads.max(1));
-        check_default_model(&self.model)?;
-        let mut loaded =
-            minivllm::model_executor::model_loader::load_model(&self.model, &self.load_options())
-                .with_context(|| format!("cannot load model {}", self.model))?;
-        let max_model_len = minivllm::engine::llm_engine::resolve_max_model_len(
-            self.max_model_len,
-            &loaded.config,
-        )?;
-        loaded.model.set_max_model_len(max_model_len)?;
-        let kv_dtype = self.kv_cache_dtype.resolve(self.dtype);
-        let cache = CacheEngine::with_budget(
-            &loaded.config,
-            self.block_size,
-            self.kv_cache_memory,
-            kv_dtype,
-        )?;
-        Ok(Runtime {
-            runner: ModelRunner::new(loaded.model, cache),
-            tokenizer: minivllm::engine::tokenizer::Tokenizer::load(&loaded.location)?,
-            max_model_len,
-        })
     }
 }

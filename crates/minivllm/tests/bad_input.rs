@@ -4,13 +4,12 @@ mod common;
 
 use std::io::Write;
 
-use minivllm::engine::greedy::generate_greedy;
+use minivllm::engine::llm_engine::{EngineArgs, EngineError, LLMEngine, PromptInput};
 use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
 use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::model_loader::load_model;
-use minivllm::worker::cache_engine::CacheEngine;
-use minivllm::worker::model_runner::ModelRunner;
+use minivllm::sampling_params::SamplingParams;
 
 /// Why loading `spec` as the engine does (the model, then its tokenizer) fails.
 fn load_err(spec: &str) -> String {
@@ -69,38 +68,68 @@ fn unsupported_architecture_is_named() {
     );
 }
 
+/// An engine on the test model with a small context (32 tokens) and a cache that holds
+/// `kv_tokens` tokens.
+fn small_engine(kv_tokens: u64) -> Result<LLMEngine, EngineError> {
+    LLMEngine::from_engine_args(&EngineArgs {
+        model: common::test_model_path().display().to_string(),
+        max_model_len: Some(32),
+        // SmolLM2 keeps 30 layers × 2 × 3 KV heads × 64 values per position, in f16.
+        kv_cache_memory: kv_tokens * 30 * 2 * 3 * 64 * 2,
+        threads: Some(2),
+        ..EngineArgs::default()
+    })
+}
+
 #[test]
 fn prompt_longer_than_the_context_is_rejected() {
-    let m = load_model(
-        common::test_model_path().to_str().unwrap(),
-        &LoadOptions::default(),
-    )
-    .unwrap();
-    let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 4));
-    let prompts = vec![vec![1, 2, 3], vec![5; 40]];
-    let e = generate_greedy(&mut runner, &prompts, 4, &[2], 32)
+    let mut engine = small_engine(256).unwrap();
+    let e = engine
+        .add_request(
+            "a",
+            PromptInput::from(vec![5; 40]),
+            SamplingParams::default(),
+            0,
+        )
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("prompt 1 is 40 tokens") && e.contains("maximum model length of 32"),
+        e.contains("(length 40)") && e.contains("maximum model length of 32"),
         "{e}"
     );
-    // The cache is checked too: 4 blocks of 16 cannot hold 40 + 40 tokens.
-    let e = generate_greedy(&mut runner, &prompts, 40, &[2], 8192)
-        .unwrap_err()
+    // The engine goes on serving.
+    engine
+        .add_request(
+            "b",
+            PromptInput::from(vec![1, 2, 3]),
+            SamplingParams::default(),
+            0,
+        )
+        .unwrap();
+}
+
+#[test]
+fn a_cache_smaller_than_the_context_is_refused_at_start() {
+    let e = small_engine(16)
+        .err()
+        .expect("a 16-token cache")
         .to_string();
-    assert!(e.contains("KV blocks"), "{e}");
+    assert!(
+        e.contains("fewer than max_model_len 32") && e.contains("--kv-cache-memory"),
+        "{e}"
+    );
 }
 
 #[test]
 fn token_ids_outside_the_vocabulary_are_rejected() {
-    let m = load_model(
-        common::test_model_path().to_str().unwrap(),
-        &LoadOptions::default(),
-    )
-    .unwrap();
-    let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 4));
-    let e = generate_greedy(&mut runner, &[vec![1, 999_999]], 1, &[2], 64)
+    let mut engine = small_engine(256).unwrap();
+    let e = engine
+        .add_request(
+            "a",
+            PromptInput::from(vec![1, 999_999]),
+            SamplingParams::default(),
+            0,
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains("999999") && e.contains("vocabulary"), "{e}");

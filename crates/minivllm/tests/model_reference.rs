@@ -7,11 +7,12 @@ mod common;
 
 use std::sync::OnceLock;
 
-use minivllm::engine::greedy::generate_greedy;
+use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::model_executor::input_metadata::InputMetadata;
 use minivllm::model_executor::loader::weights::{DType, LoadOptions, Quantization};
 use minivllm::model_executor::model_loader::{load_model, LoadedModel};
-use minivllm::worker::cache_engine::CacheEngine;
+use minivllm::sampling_params::SamplingParams;
+use minivllm::worker::cache_engine::{CacheDtype, CacheEngine};
 use minivllm::worker::model_runner::ModelRunner;
 use minivllm_kernels::attention::KvCacheDtype;
 use minivllm_kernels::softmax::log_softmax_inplace;
@@ -155,13 +156,44 @@ fn greedy_generation_reproduces_reference_ids() {
 /// Greedy ids equal the reference's up to the first step whose top-1/top-2 logit margin is
 /// at most `near_tie`, where another correct implementation may diverge.
 fn greedy_matches_reference_up_to_near_tie(opts: &LoadOptions, near_tie: f32) {
-    greedy_up_to_near_tie(&mut runner(opts), near_tie);
+    greedy_up_to_near_tie(opts, CacheDtype::Float32, near_tie);
 }
 
-fn greedy_up_to_near_tie(runner: &mut ModelRunner, near_tie: f32) {
+/// Greedy generation through the engine (all the prompts in one batch, 32 tokens each, to
+/// EOS) against the reference's ids.
+fn greedy_up_to_near_tie(opts: &LoadOptions, kv: CacheDtype, near_tie: f32) {
+    static THREADS: OnceLock<()> = OnceLock::new();
+    THREADS.get_or_init(|| minivllm_kernels::threading::init_threads(2));
+    let mut engine = LLMEngine::from_engine_args(&EngineArgs {
+        model: common::test_model_path().display().to_string(),
+        max_model_len: Some(1024),
+        kv_cache_memory: 64 << 20,
+        kv_cache_dtype: kv,
+        threads: Some(2),
+        load: *opts,
+        ..EngineArgs::default()
+    })
+    .expect("engine on the test model");
     let cases = common::reference_cases();
-    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_ids.clone()).collect();
-    let outs = generate_greedy(runner, &prompts, 32, &[2], 8192).unwrap();
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(32),
+        ..SamplingParams::default()
+    };
+    for (i, c) in cases.iter().enumerate() {
+        let prompt = PromptInput::from(c.prompt_ids.clone());
+        engine
+            .add_request(i.to_string(), prompt, params.clone(), 0)
+            .unwrap();
+    }
+    let mut outs = vec![Vec::new(); cases.len()];
+    while engine.has_unfinished_requests() {
+        for o in engine.step().unwrap() {
+            if o.finished {
+                outs[o.request_id.parse::<usize>().unwrap()] = o.outputs[0].token_ids.clone();
+            }
+        }
+    }
     for (case, out) in cases.iter().zip(outs) {
         let n = case
             .steps
@@ -169,12 +201,12 @@ fn greedy_up_to_near_tie(runner: &mut ModelRunner, near_tie: f32) {
             .position(|s| s.margin <= near_tie)
             .unwrap_or(case.output_ids.len());
         assert_eq!(
-            out.token_ids[..n.min(out.token_ids.len())],
+            out[..n.min(out.len())],
             case.output_ids[..n],
             "prompt {:?}",
             case.prompt
         );
-        assert!(out.token_ids.len() >= n);
+        assert!(out.len() >= n, "prompt {:?}: {out:?}", case.prompt);
     }
 }
 
@@ -305,7 +337,12 @@ fn half_cache_stays_close(kv: KvCacheDtype, bound: f32, near_tie: f32) {
         worst < bound,
         "{kv} KV cache: worst |logprob difference| {worst}"
     );
-    greedy_up_to_near_tie(&mut r, near_tie);
+    let cache = match kv {
+        KvCacheDtype::Float32 => CacheDtype::Float32,
+        KvCacheDtype::Float16 => CacheDtype::Float16,
+        KvCacheDtype::BFloat16 => CacheDtype::BFloat16,
+    };
+    greedy_up_to_near_tie(&LoadOptions::FLOAT32, cache, near_tie);
 }
 
 #[test]

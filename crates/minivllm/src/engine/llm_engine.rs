@@ -334,6 +334,11 @@ impl LLMEngine {
         self.runner.model()
     }
 
+    /// Bytes of KV cache one token position takes, over all layers.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        self.runner.cache().kv_bytes_per_position()
+    }
+
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
     }

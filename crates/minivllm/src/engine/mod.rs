@@ -1,7 +1,6 @@
 pub mod async_engine;
 pub mod chat_template;
 pub mod detokenizer;
-pub mod greedy;
 pub mod llm_engine;
 pub mod metrics;
 pub mod stop_strings;
