@@ -132,3 +132,32 @@ fn the_check_sees_an_upward_import() {
         .join("sampler.rs");
     assert_eq!(module_of(&f), "model_executor");
 }
+
+/// Lines of code (not blank, not comments) before the file's test module.
+fn code_lines(path: &Path) -> usize {
+    non_test_code(path)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .count()
+}
+
+/// One concept per file: no source file of either crate grows past 600 lines of code
+/// (tests, which live in `tests.rs` files or a closing `#[cfg(test)]` module, aside).
+#[test]
+fn no_source_file_is_over_600_lines_of_code() {
+    const LIMIT: usize = 600;
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    sources(&src().join("../../minivllm-kernels/src"), &mut files);
+    sources(&src().join("../../minivllm-cli/src"), &mut files);
+    let mut big: Vec<String> = files
+        .iter()
+        .map(|f| (code_lines(f), f))
+        .filter(|(n, _)| *n > LIMIT)
+        .map(|(n, f)| format!("{}: {n} lines of code", f.display()))
+        .collect();
+    big.sort();
+    assert!(big.is_empty(), "over {LIMIT} lines of code:\n{}", big.join("\n"));
+    assert!(code_lines(&src().join("engine/llm_engine.rs")) > 100);
+}

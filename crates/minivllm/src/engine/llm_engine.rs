@@ -6,109 +6,27 @@ use std::time::Instant;
 
 use crate::config::ModelConfig;
 use crate::core::block_manager::{BlockManager, BlockManagerConfig};
-use crate::core::policy::Policy;
-use crate::core::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig};
+use crate::core::scheduler::{ScheduledSeq, Scheduler};
+use crate::engine::arg_utils::scheduler_config;
+pub use crate::engine::arg_utils::{check_width, resolve_max_model_len, width, EngineArgs};
 use crate::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
-use crate::engine::tokenizer::{Tokenizer, TokenizerError};
-use crate::model_executor::input_metadata::{InputError, InputMetadata};
+pub use crate::engine::errors::EngineError;
+pub use crate::engine::metrics::EngineStats;
+use crate::engine::metrics::StatsLogger;
+use crate::engine::tokenizer::Tokenizer;
+use crate::model_executor::input_metadata::InputMetadata;
 use crate::model_executor::layers::sampler::{
     logprobs_for, SampledToken, Sampler, SamplingContext, SeqSamplingState,
 };
-use crate::model_executor::loader::weights::LoadOptions;
-use crate::model_executor::loader::LoadError;
 use crate::model_executor::model_loader::load_model;
 use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
-use crate::sampling_params::{SamplingParams, ValidationError};
+use crate::sampling_params::SamplingParams;
 use crate::sequence::{FinishReason, RequestId, SeqId, Sequence, StopReason, TokenId};
-use crate::worker::cache_engine::{CacheDtype, CacheEngine, CacheError};
+use crate::worker::cache_engine::CacheEngine;
 use crate::worker::model_runner::ModelRunner;
 
 const WATERMARK: f32 = 0.01;
-
-/// Engine settings, with vLLM's names and defaults where they apply to a CPU engine.
-#[derive(Debug, Clone)]
-pub struct EngineArgs {
-    pub model: String,
-    /// Default: the model's context length.
-    pub max_model_len: Option<usize>,
-    pub max_num_seqs: usize,
-    /// Default: 2048, raised to `max_model_len` when chunked prefill is off.
-    pub max_num_batched_tokens: Option<usize>,
-    pub block_size: usize,
-    /// Bytes of KV cache.
-    pub kv_cache_memory: u64,
-    /// What the KV cache stores (`--kv-cache-dtype`).
-    pub kv_cache_dtype: CacheDtype,
-    /// Bytes of CPU swap pool for preemption by swapping (`--swap-space`); 0 preempts by
-    /// recompute only.
-    pub swap_space: u64,
-    pub enable_prefix_caching: bool,
-    pub enable_chunked_prefill: bool,
-    pub scheduling_policy: Policy,
-    /// Kernel threads (default: all cores).
-    pub threads: Option<usize>,
-    /// How weights are kept in memory (`--dtype`, `--quantization`).
-    pub load: LoadOptions,
-}
-
-impl Default for EngineArgs {
-    fn default() -> Self {
-        Self {
-            model: String::new(),
-            max_model_len: None,
-            max_num_seqs: 256,
-            max_num_batched_tokens: None,
-            block_size: 16,
-            kv_cache_memory: 1 << 30,
-            kv_cache_dtype: CacheDtype::Auto,
-            swap_space: 0,
-            enable_prefix_caching: true,
-            enable_chunked_prefill: true,
-            scheduling_policy: Policy::Fcfs,
-            threads: None,
-            load: LoadOptions::default(),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Load(#[from] LoadError),
-    #[error(transparent)]
-    Cache(#[from] CacheError),
-    #[error("invalid engine arguments: {0}")]
-    Config(String),
-    #[error(transparent)]
-    Validation(#[from] ValidationError),
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error(
-        "the decoder prompt (length {len}) is longer than the maximum model length of {max_model_len}"
-    )]
-    PromptTooLong { len: usize, max_model_len: usize },
-    #[error("token id {token} is out of vocabulary (size {vocab_size})")]
-    TokenOutOfVocab { token: TokenId, vocab_size: usize },
-    #[error("request id {0:?} is already in use")]
-    DuplicateRequest(String),
-    #[error(
-        "the request asks for {width} sequences (n, or best_of when larger), more than \
-         --max-num-seqs {max_num_seqs}: all of a request's sequences must fit in one batch"
-    )]
-    TooManySequences { width: usize, max_num_seqs: usize },
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-    #[error("model input: {0}")]
-    Input(#[from] InputError),
-    #[error(
-        "the server is overloaded: {max_waiting} requests are already waiting \
-         (--max-waiting-requests); retry later"
-    )]
-    Overloaded { max_waiting: usize },
-    #[error("the engine thread has stopped")]
-    Stopped,
-}
 
 /// A prompt in either of vLLM's two forms.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,83 +50,6 @@ impl From<String> for PromptInput {
 impl From<Vec<TokenId>> for PromptInput {
     fn from(ids: Vec<TokenId>) -> Self {
         PromptInput::TokenIds(ids)
-    }
-}
-
-/// Counters for logs and `/metrics`.
-#[derive(Debug, Clone, Default)]
-pub struct EngineStats {
-    pub num_running: usize,
-    pub num_waiting: usize,
-    /// Fraction of KV blocks in use.
-    pub kv_cache_usage: f32,
-    pub prefix_cache_queries: u64,
-    pub prefix_cache_hits: u64,
-    /// Preemptions of both kinds, swaps and recomputes.
-    pub num_preemptions: u64,
-    pub num_swapped: usize,
-    pub num_swapped_out: u64,
-    pub num_swapped_in: u64,
-    /// Tokens fed to the model (prompt chunks, recomputes and decodes).
-    pub num_computed_tokens: u64,
-    pub num_prompt_tokens: u64,
-    pub num_generation_tokens: u64,
-    pub num_steps: u64,
-}
-
-impl EngineStats {
-    /// Fraction of looked-up prompt tokens found in the prefix cache.
-    pub fn prefix_cache_hit_rate(&self) -> f64 {
-        if self.prefix_cache_queries == 0 {
-            0.0
-        } else {
-            self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
-        }
-    }
-}
-
-/// Rates between two stats snapshots, for vLLM-style periodic log lines.
-struct StatsLogger {
-    last: Instant,
-    prompt_tokens: u64,
-    generation_tokens: u64,
-}
-
-impl StatsLogger {
-    const INTERVAL_S: f64 = 5.0;
-
-    fn new() -> Self {
-        Self {
-            last: Instant::now(),
-            prompt_tokens: 0,
-            generation_tokens: 0,
-        }
-    }
-
-    fn maybe_log(&mut self, s: &EngineStats) {
-        let secs = self.last.elapsed().as_secs_f64();
-        if secs < Self::INTERVAL_S {
-            return;
-        }
-        // Each decode feeds back the token it sampled; the rest of the computed tokens are
-        // prompt (or recomputed) tokens.
-        let prompt = s.num_computed_tokens - s.num_generation_tokens;
-        tracing::info!(
-            prompt_tokens_per_s = format!("{:.1}", (prompt - self.prompt_tokens) as f64 / secs),
-            generation_tokens_per_s = format!(
-                "{:.1}",
-                (s.num_generation_tokens - self.generation_tokens) as f64 / secs
-            ),
-            running = s.num_running,
-            waiting = s.num_waiting,
-            swapped = s.num_swapped,
-            kv_cache_usage = format!("{:.1}%", 100.0 * s.kv_cache_usage),
-            prefix_cache_hit_rate = format!("{:.1}%", 100.0 * s.prefix_cache_hit_rate()),
-            "engine stats"
-        );
-        self.last = Instant::now();
-        self.prompt_tokens = prompt;
-        self.generation_tokens = s.num_generation_tokens;
     }
 }
 
@@ -841,72 +682,4 @@ fn with_chosen(token: TokenId, logprob: f32, top: Vec<(TokenId, f32)>) -> TokenL
     v.push((token, logprob));
     v.extend(top.into_iter().filter(|(t, _)| *t != token));
     TokenLogprobs(v)
-}
-
-/// `--max-model-len` checked against the model's context length (the default).
-/// A request's sequences (`n`, or `best_of` when larger) must fit in one batch: a wider one
-/// could never be scheduled whole, and its per-sequence state would be allocated for nothing.
-/// The sequences a request runs: `best_of` if set, else `n`.
-pub fn width(params: &SamplingParams) -> usize {
-    params.best_of.unwrap_or(params.n).max(params.n)
-}
-
-pub fn check_width(params: &SamplingParams, max_num_seqs: usize) -> Result<(), EngineError> {
-    let width = width(params);
-    if width > max_num_seqs {
-        return Err(EngineError::TooManySequences {
-            width,
-            max_num_seqs,
-        });
-    }
-    Ok(())
-}
-
-pub fn resolve_max_model_len(
-    asked: Option<usize>,
-    config: &ModelConfig,
-) -> Result<usize, EngineError> {
-    let context = config.max_position_embeddings;
-    match asked {
-        Some(0) => Err(EngineError::Config("max_model_len must be positive".into())),
-        Some(n) if n > context => Err(EngineError::Config(format!(
-            "max_model_len {n} exceeds the model's context length of {context}"
-        ))),
-        Some(n) => Ok(n),
-        None => Ok(context),
-    }
-}
-
-fn scheduler_config(
-    args: &EngineArgs,
-    max_model_len: usize,
-    num_cpu_blocks: usize,
-) -> Result<SchedulerConfig, EngineError> {
-    if args.max_num_seqs == 0 {
-        return Err(EngineError::Config("max_num_seqs must be positive".into()));
-    }
-    let default_tokens = if args.enable_chunked_prefill {
-        2048
-    } else {
-        max_model_len.max(2048)
-    };
-    let max_num_batched_tokens = args.max_num_batched_tokens.unwrap_or(default_tokens);
-    if max_num_batched_tokens == 0 {
-        return Err(EngineError::Config(
-            "max_num_batched_tokens must be positive".into(),
-        ));
-    }
-    if !args.enable_chunked_prefill && max_num_batched_tokens < max_model_len {
-        return Err(EngineError::Config(format!(
-            "max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len \
-             ({max_model_len}) without chunked prefill: long prompts could never run"
-        )));
-    }
-    Ok(SchedulerConfig {
-        max_num_batched_tokens,
-        max_num_seqs: args.max_num_seqs,
-        enable_chunked_prefill: args.enable_chunked_prefill,
-        policy: args.scheduling_policy,
-        num_cpu_blocks,
-    })
 }

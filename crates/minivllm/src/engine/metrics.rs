@@ -7,9 +7,85 @@ use std::collections::HashMap;
 use std::fmt::Write;
 use std::time::Instant;
 
-use crate::engine::llm_engine::EngineStats;
 use crate::outputs::RequestOutput;
 use crate::sequence::FinishReason;
+
+/// Counters for logs and `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks in use.
+    pub kv_cache_usage: f32,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    /// Preemptions of both kinds, swaps and recomputes.
+    pub num_preemptions: u64,
+    pub num_swapped: usize,
+    pub num_swapped_out: u64,
+    pub num_swapped_in: u64,
+    /// Tokens fed to the model (prompt chunks, recomputes and decodes).
+    pub num_computed_tokens: u64,
+    pub num_prompt_tokens: u64,
+    pub num_generation_tokens: u64,
+    pub num_steps: u64,
+}
+
+impl EngineStats {
+    /// Fraction of looked-up prompt tokens found in the prefix cache.
+    pub fn prefix_cache_hit_rate(&self) -> f64 {
+        if self.prefix_cache_queries == 0 {
+            0.0
+        } else {
+            self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
+        }
+    }
+}
+
+/// Rates between two stats snapshots, for vLLM-style periodic log lines.
+pub(crate) struct StatsLogger {
+    last: Instant,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+}
+
+impl StatsLogger {
+    const INTERVAL_S: f64 = 5.0;
+
+    pub(crate) fn new() -> Self {
+        Self {
+            last: Instant::now(),
+            prompt_tokens: 0,
+            generation_tokens: 0,
+        }
+    }
+
+    pub(crate) fn maybe_log(&mut self, s: &EngineStats) {
+        let secs = self.last.elapsed().as_secs_f64();
+        if secs < Self::INTERVAL_S {
+            return;
+        }
+        // Each decode feeds back the token it sampled; the rest of the computed tokens are
+        // prompt (or recomputed) tokens.
+        let prompt = s.num_computed_tokens - s.num_generation_tokens;
+        tracing::info!(
+            prompt_tokens_per_s = format!("{:.1}", (prompt - self.prompt_tokens) as f64 / secs),
+            generation_tokens_per_s = format!(
+                "{:.1}",
+                (s.num_generation_tokens - self.generation_tokens) as f64 / secs
+            ),
+            running = s.num_running,
+            waiting = s.num_waiting,
+            swapped = s.num_swapped,
+            kv_cache_usage = format!("{:.1}%", 100.0 * s.kv_cache_usage),
+            prefix_cache_hit_rate = format!("{:.1}%", 100.0 * s.prefix_cache_hit_rate()),
+            "engine stats"
+        );
+        self.last = Instant::now();
+        self.prompt_tokens = prompt;
+        self.generation_tokens = s.num_generation_tokens;
+    }
+}
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -1,6 +1,8 @@
+pub mod arg_utils;
 pub mod async_engine;
 pub mod chat_template;
 pub mod detokenizer;
+pub mod errors;
 pub mod llm_engine;
 pub mod metrics;
 pub mod stop_strings;

@@ -1,0 +1,124 @@
+//! The engine's settings (`EngineArgs`, vLLM's names and defaults) and the checks that turn
+//! them into the scheduler's configuration.
+
+use crate::config::ModelConfig;
+use crate::core::policy::Policy;
+use crate::core::scheduler::SchedulerConfig;
+use crate::engine::errors::EngineError;
+use crate::model_executor::loader::weights::LoadOptions;
+use crate::sampling_params::SamplingParams;
+use crate::worker::cache_engine::CacheDtype;
+
+/// Engine settings, with vLLM's names and defaults where they apply to a CPU engine.
+#[derive(Debug, Clone)]
+pub struct EngineArgs {
+    pub model: String,
+    /// Default: the model's context length.
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: usize,
+    /// Default: 2048, raised to `max_model_len` when chunked prefill is off.
+    pub max_num_batched_tokens: Option<usize>,
+    pub block_size: usize,
+    /// Bytes of KV cache.
+    pub kv_cache_memory: u64,
+    /// What the KV cache stores (`--kv-cache-dtype`).
+    pub kv_cache_dtype: CacheDtype,
+    /// Bytes of CPU swap pool for preemption by swapping (`--swap-space`); 0 preempts by
+    /// recompute only.
+    pub swap_space: u64,
+    pub enable_prefix_caching: bool,
+    pub enable_chunked_prefill: bool,
+    pub scheduling_policy: Policy,
+    /// Kernel threads (default: all cores).
+    pub threads: Option<usize>,
+    /// How weights are kept in memory (`--dtype`, `--quantization`).
+    pub load: LoadOptions,
+}
+
+impl Default for EngineArgs {
+    fn default() -> Self {
+        Self {
+            model: String::new(),
+            max_model_len: None,
+            max_num_seqs: 256,
+            max_num_batched_tokens: None,
+            block_size: 16,
+            kv_cache_memory: 1 << 30,
+            kv_cache_dtype: CacheDtype::Auto,
+            swap_space: 0,
+            enable_prefix_caching: true,
+            enable_chunked_prefill: true,
+            scheduling_policy: Policy::Fcfs,
+            threads: None,
+            load: LoadOptions::default(),
+        }
+    }
+}
+
+/// The sequences a request runs: `best_of` if set, else `n`.
+pub fn width(params: &SamplingParams) -> usize {
+    params.best_of.unwrap_or(params.n).max(params.n)
+}
+
+/// A request's sequences (`n`, or `best_of` when larger) must fit in one batch: a wider one
+/// could never be scheduled whole, and its per-sequence state would be allocated for nothing.
+pub fn check_width(params: &SamplingParams, max_num_seqs: usize) -> Result<(), EngineError> {
+    let width = width(params);
+    if width > max_num_seqs {
+        return Err(EngineError::TooManySequences {
+            width,
+            max_num_seqs,
+        });
+    }
+    Ok(())
+}
+
+/// `--max-model-len` checked against the model's context length (the default).
+pub fn resolve_max_model_len(
+    asked: Option<usize>,
+    config: &ModelConfig,
+) -> Result<usize, EngineError> {
+    let context = config.max_position_embeddings;
+    match asked {
+        Some(0) => Err(EngineError::Config("max_model_len must be positive".into())),
+        Some(n) if n > context => Err(EngineError::Config(format!(
+            "max_model_len {n} exceeds the model's context length of {context}"
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(context),
+    }
+}
+
+pub(crate) fn scheduler_config(
+    args: &EngineArgs,
+    max_model_len: usize,
+    num_cpu_blocks: usize,
+) -> Result<SchedulerConfig, EngineError> {
+    if args.max_num_seqs == 0 {
+        return Err(EngineError::Config("max_num_seqs must be positive".into()));
+    }
+    let default_tokens = if args.enable_chunked_prefill {
+        2048
+    } else {
+        max_model_len.max(2048)
+    };
+    let max_num_batched_tokens = args.max_num_batched_tokens.unwrap_or(default_tokens);
+    if max_num_batched_tokens == 0 {
+        return Err(EngineError::Config(
+            "max_num_batched_tokens must be positive".into(),
+        ));
+    }
+    if !args.enable_chunked_prefill && max_num_batched_tokens < max_model_len {
+        return Err(EngineError::Config(format!(
+            "max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len \
+             ({max_model_len}) without chunked prefill: long prompts could never run"
+        )));
+    }
+    Ok(SchedulerConfig {
+        max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        enable_chunked_prefill: args.enable_chunked_prefill,
+        policy: args.scheduling_policy,
+        num_cpu_blocks,
+    })
+}
