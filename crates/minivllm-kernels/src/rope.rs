@@ -138,19 +138,27 @@ pub fn rotary_embedding_neox_scalar(
     }
 }
 
-/// Builds the `[max_position, rot_dim]` cos|sin cache for `inv_freq[i] = base^(-2i/rot_dim)`.
-pub fn build_cos_sin_cache(max_position: usize, rot_dim: usize, base: f32) -> Vec<f32> {
+/// Fills `table` (`[positions, rot_dim]`, the layout [`rotary_embedding_neox`] reads) with
+/// each position's cosines, then its sines, of `position · inv_freq[i]` (`rot_dim / 2`
+/// frequencies). The angle is formed in f32, as transformers forms it, so that late
+/// positions round as the reference does; the cosine and sine in f64.
+pub fn fill_cos_sin_cache(table: &mut [f32], rot_dim: usize, inv_freq: &[f32]) {
     let half = rot_dim / 2;
-    let mut cache = Vec::with_capacity(max_position * rot_dim);
-    for pos in 0..max_position {
-        // f64 so the angle of late positions keeps its precision before rounding to f32.
-        let angles: Vec<f64> = (0..half)
-            .map(|i| pos as f64 * (base as f64).powf(-2.0 * i as f64 / rot_dim as f64))
-            .collect();
-        cache.extend(angles.iter().map(|a| a.cos() as f32));
-        cache.extend(angles.iter().map(|a| a.sin() as f32));
+    assert_eq!(
+        inv_freq.len(),
+        half,
+        "rope: {rot_dim} rotated dims need {half} frequencies"
+    );
+    if half == 0 {
+        return;
     }
-    cache
+    for (pos, row) in table.chunks_exact_mut(rot_dim).enumerate() {
+        for (i, &f) in inv_freq.iter().enumerate() {
+            let angle = pos as f32 * f;
+            row[i] = (angle as f64).cos() as f32;
+            row[half + i] = (angle as f64).sin() as f32;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -193,7 +201,11 @@ mod tests {
             (1, 128, 64),
         ];
         for &(nh, hd, rd) in &shapes {
-            let cache = build_cos_sin_cache(100, rd, 10000.0);
+            let inv_freq: Vec<f32> = (0..rd / 2)
+                .map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / rd as f32))
+                .collect();
+            let mut cache = vec![0.0; 100 * rd];
+            fill_cos_sin_cache(&mut cache, rd, &inv_freq);
             let pos = [0usize, 5, 99, 42];
             let x = rand_vec(&mut r, pos.len() * nh * hd);
             let mut y = x.clone();

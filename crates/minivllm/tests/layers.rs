@@ -158,6 +158,10 @@ fn no_source_file_is_over_600_lines_of_code() {
         .map(|(n, f)| format!("{}: {n} lines of code", f.display()))
         .collect();
     big.sort();
-    assert!(big.is_empty(), "over {LIMIT} lines of code:\n{}", big.join("\n"));
+    assert!(
+        big.is_empty(),
+        "over {LIMIT} lines of code:\n{}",
+        big.join("\n")
+    );
     assert!(code_lines(&src().join("engine/llm_engine.rs")) > 100);
 }

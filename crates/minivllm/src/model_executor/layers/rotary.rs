@@ -1,4 +1,4 @@
-use minivllm_kernels::rope::rotary_embedding_neox;
+use minivllm_kernels::rope::{fill_cos_sin_cache, rotary_embedding_neox};
 
 use crate::config::{ModelConfig, RopeScaling};
 
@@ -50,16 +50,7 @@ impl RotaryEmbedding {
         let mut table = Vec::new();
         table.try_reserve_exact(len).map_err(|_| too_big())?;
         table.resize(len, 0.0f32);
-        let half = head_dim / 2;
-        for (pos, row) in table.chunks_exact_mut(head_dim.max(1)).enumerate() {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                // The angle is formed in f32 as transformers does, so long positions round
-                // the same way as the reference implementation.
-                let angle = pos as f32 * f;
-                row[i] = (angle as f64).cos() as f32;
-                row[half + i] = (angle as f64).sin() as f32;
-            }
-        }
+        fill_cos_sin_cache(&mut table, head_dim, &self.inv_freq);
         self.cos_sin_cache = table;
         self.max_positions = positions;
         Ok(())
