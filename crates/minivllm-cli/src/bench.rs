@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
-use minivllm::sampling_params::SamplingParams;
+use minivllm::sampling_params::{RequestOutputKind, SamplingParams};
 
 use crate::ModelArgs;
 
@@ -427,6 +427,8 @@ fn run_once(
         temperature: 0.0,
         ignore_eos: true,
         max_tokens: Some(output_len),
+        // As vLLM's benchmark, through `LLM`: no step builds an output nobody reads.
+        output_kind: RequestOutputKind::FinalOnly,
         ..SamplingParams::default()
     };
     for p in prompts {

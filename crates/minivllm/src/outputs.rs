@@ -63,6 +63,40 @@ impl RequestOutput {
     pub fn num_generated_tokens(&self) -> usize {
         self.outputs.iter().map(|o| o.token_ids.len()).sum()
     }
+
+    /// Folds the request's next `DELTA` output into this one (vLLM's `RequestOutput.add`
+    /// with `aggregate`): text, token ids and logprobs are appended per completion, the
+    /// rest is replaced. Appending costs what the delta holds, not the history.
+    pub fn add(&mut self, next: RequestOutput) {
+        for o in next.outputs {
+            match self.outputs.iter_mut().find(|c| c.index == o.index) {
+                Some(c) => c.append(o),
+                None => {
+                    let at = self.outputs.partition_point(|c| c.index < o.index);
+                    self.outputs.insert(at, o);
+                }
+            }
+        }
+        if next.prompt_logprobs.is_some() {
+            self.prompt_logprobs = next.prompt_logprobs;
+        }
+        self.finished = next.finished;
+    }
+}
+
+impl CompletionOutput {
+    fn append(&mut self, next: CompletionOutput) {
+        self.text.push_str(&next.text);
+        self.token_ids.extend_from_slice(&next.token_ids);
+        match (&mut self.logprobs, next.logprobs) {
+            (Some(mine), Some(more)) => mine.extend(more),
+            (mine @ None, more) => *mine = more,
+            (Some(_), None) => {}
+        }
+        self.cumulative_logprob = next.cumulative_logprob;
+        self.finish_reason = next.finish_reason;
+        self.stop_reason = next.stop_reason;
+    }
 }
 
 fn ser_finish_reason<S: Serializer>(r: &Option<FinishReason>, s: S) -> Result<S::Ok, S::Error> {
@@ -102,5 +136,58 @@ mod tests {
         assert_eq!(v["outputs"][0]["stop_reason"], "\n");
         let by_token = serde_json::to_value(Some(StopReason::Token(2))).unwrap();
         assert_eq!(by_token, serde_json::json!(2));
+    }
+
+    fn completion(index: usize, text: &str, ids: &[TokenId], done: bool) -> CompletionOutput {
+        CompletionOutput {
+            index,
+            text: text.into(),
+            token_ids: ids.to_vec(),
+            cumulative_logprob: Some(-(ids.len() as f64)),
+            logprobs: Some(
+                ids.iter()
+                    .map(|&t| TokenLogprobs(vec![(t, -1.0)]))
+                    .collect(),
+            ),
+            finish_reason: done.then_some(FinishReason::Length),
+            stop_reason: None,
+        }
+    }
+
+    fn request(outputs: Vec<CompletionOutput>, finished: bool) -> RequestOutput {
+        RequestOutput {
+            request_id: "r".into(),
+            prompt: None,
+            prompt_token_ids: vec![1],
+            prompt_logprobs: None,
+            outputs,
+            finished,
+        }
+    }
+
+    #[test]
+    fn deltas_fold_into_the_cumulative_output() {
+        let mut acc = request(vec![completion(1, "b", &[20], false)], false);
+        acc.add(request(
+            vec![
+                completion(0, "a", &[10], false),
+                completion(1, "c", &[21], false),
+            ],
+            false,
+        ));
+        acc.add(request(vec![completion(0, "d", &[11], true)], false));
+        acc.add(request(vec![completion(1, "", &[22], true)], true));
+        assert!(acc.finished);
+        let texts: Vec<_> = acc
+            .outputs
+            .iter()
+            .map(|o| (o.index, o.text.as_str()))
+            .collect();
+        assert_eq!(texts, [(0, "ad"), (1, "bc")]);
+        assert_eq!(acc.outputs[1].token_ids, [20, 21, 22]);
+        assert_eq!(acc.outputs[1].logprobs.as_ref().unwrap().len(), 3);
+        assert_eq!(acc.outputs[0].finish_reason, Some(FinishReason::Length));
+        // The last delta's running total, not a sum of totals.
+        assert_eq!(acc.outputs[1].cumulative_logprob, Some(-1.0));
     }
 }

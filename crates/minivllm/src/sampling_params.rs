@@ -49,6 +49,21 @@ impl ValidationError {
 pub const MAX_STOP_STRINGS: usize = 1024;
 pub const MAX_STOP_STRING_BYTES: usize = 4096;
 
+/// What each `RequestOutput` of a request carries (vLLM's `RequestOutputKind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RequestOutputKind {
+    /// Everything generated so far, after every step that advanced the request.
+    #[default]
+    Cumulative,
+    /// Only what is new since the request's previous output (text, token ids, logprobs),
+    /// so a streamed completion costs the same per token at its end as at its start;
+    /// `RequestOutput::add` folds deltas back together.
+    Delta,
+    /// One output, when the request has finished.
+    FinalOnly,
+}
+
 /// How to sample the completions of one request (vLLM's `SamplingParams`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -92,6 +107,10 @@ pub struct SamplingParams {
     /// Added to the logits of these tokens before anything else.
     #[serde(deserialize_with = "null_as_default")]
     pub logit_bias: BTreeMap<TokenId, f32>,
+    /// Set by the caller's front end, not by clients: the server streams deltas and
+    /// `LLM::generate` wants final outputs only.
+    #[serde(skip)]
+    pub output_kind: RequestOutputKind,
 }
 
 impl Default for SamplingParams {
@@ -118,6 +137,7 @@ impl Default for SamplingParams {
             skip_special_tokens: true,
             spaces_between_special_tokens: true,
             logit_bias: BTreeMap::new(),
+            output_kind: RequestOutputKind::Cumulative,
         }
     }
 }
@@ -180,6 +200,14 @@ impl SamplingParams {
                         "best_of must be greater than or equal to n, got n={} and best_of={best_of}.",
                         self.n
                     ),
+                ));
+            }
+            // vLLM refuses it too: the n best are known only when all have finished, and
+            // deltas sent before then may belong to completions that are dropped.
+            if best_of > self.n && self.output_kind == RequestOutputKind::Delta {
+                return Err(ValidationError::of(
+                    "best_of",
+                    "best_of > n is not supported with output_kind DELTA (streaming).",
                 ));
             }
         }

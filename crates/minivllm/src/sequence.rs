@@ -47,6 +47,8 @@ pub enum SequenceStatus {
 #[derive(Debug, Clone)]
 pub struct Sequence {
     pub id: SeqId,
+    /// The request it is a completion of: its sequence group.
+    pub request: RequestId,
     /// Prompt then generated tokens.
     pub token_ids: Vec<TokenId>,
     pub prompt_len: usize,
@@ -66,6 +68,7 @@ impl Sequence {
     pub fn new(id: SeqId, prompt: Vec<TokenId>, priority: i32, arrival: u64) -> Self {
         Self {
             id,
+            request: RequestId(String::new()),
             prompt_len: prompt.len(),
             token_ids: prompt,
             num_computed_tokens: 0,
@@ -74,6 +77,11 @@ impl Sequence {
             arrival,
             skip_prefix_cache: false,
         }
+    }
+
+    /// The same sequence, as a completion of `request`.
+    pub fn of_request(self, request: RequestId) -> Self {
+        Self { request, ..self }
     }
 
     pub fn len(&self) -> usize {

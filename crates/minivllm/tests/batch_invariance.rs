@@ -4,11 +4,11 @@
 
 mod common;
 
-use minivllm::model_executor::input_metadata::InputMetadata;
+use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::model_loader::load_model;
 use minivllm::worker::cache_engine::CacheEngine;
-use minivllm::worker::model_runner::ModelRunner;
+use minivllm::worker::model_runner::{ModelRunner, SeqInput};
 
 const BLOCK_SIZE: usize = 16;
 const TOL: f32 = 1e-4;
@@ -38,32 +38,39 @@ fn runner(num_blocks: usize, opts: &LoadOptions) -> ModelRunner {
     ModelRunner::new(m.model, CacheEngine::new(&m.config, BLOCK_SIZE, num_blocks))
 }
 
+/// `tokens[from..]` to compute over a cache holding `tokens[..from]`, through the engine's
+/// own batch preparation; each asks for its last token's logits.
+fn input<'a>(tokens: &'a [u32], from: usize, table: &'a [BlockId]) -> SeqInput<'a> {
+    SeqInput {
+        token_ids: tokens,
+        prompt_len: tokens.len(),
+        num_computed: from,
+        num_new: tokens.len() - from,
+        block_table: table,
+        prompt_logprobs_from: None,
+    }
+}
+
 /// Logits of each sequence's last token, computed alone: its cached part first (as an
 /// earlier step would have), then its new tokens.
 fn alone(runner: &mut ModelRunner, seq: &Seq) -> Vec<f32> {
-    let table: Vec<u32> = (0..seq.tokens.len().div_ceil(BLOCK_SIZE) as u32).collect();
-    let mut input = InputMetadata::default();
+    let table: Vec<BlockId> = (0..seq.tokens.len().div_ceil(BLOCK_SIZE) as u32)
+        .map(BlockId)
+        .collect();
+    let mut rows = Vec::new();
     if seq.cached > 0 {
-        input.add_sequence(
-            &seq.tokens[..seq.cached],
-            seq.cached,
-            &table,
-            BLOCK_SIZE,
-            false,
-        );
-        runner.execute(&input).unwrap();
-        input.clear();
+        runner.prepare_input([input(&seq.tokens[..seq.cached], 0, &table)], &mut rows);
+        runner.execute_model().unwrap();
     }
-    let n = seq.tokens.len();
-    input.add_sequence(&seq.tokens[seq.cached..], n, &table, BLOCK_SIZE, true);
-    runner.execute(&input).unwrap().to_vec()
+    runner.prepare_input([input(&seq.tokens, seq.cached, &table)], &mut rows);
+    runner.execute_model().unwrap().to_vec()
 }
 
 /// All sequences' cached parts filled first, then every new part in one forward, with each
 /// sequence's blocks taken from `block_order` (scattered and out of order when shuffled).
 fn batched(runner: &mut ModelRunner, seqs: &[Seq], block_order: &[u32]) -> Vec<Vec<f32>> {
-    let mut next_block = block_order.iter().copied();
-    let tables: Vec<Vec<u32>> = seqs
+    let mut next_block = block_order.iter().copied().map(BlockId);
+    let tables: Vec<Vec<BlockId>> = seqs
         .iter()
         .map(|s| {
             next_block
@@ -72,18 +79,18 @@ fn batched(runner: &mut ModelRunner, seqs: &[Seq], block_order: &[u32]) -> Vec<V
                 .collect()
         })
         .collect();
-    let mut input = InputMetadata::default();
-    for (s, t) in seqs.iter().zip(&tables).filter(|(s, _)| s.cached > 0) {
-        input.add_sequence(&s.tokens[..s.cached], s.cached, t, BLOCK_SIZE, false);
+    let mut rows = Vec::new();
+    let cached = seqs.iter().zip(&tables).filter(|(s, _)| s.cached > 0);
+    runner.prepare_input(
+        cached.map(|(s, t)| input(&s.tokens[..s.cached], 0, t)),
+        &mut rows,
+    );
+    if !rows.is_empty() {
+        runner.execute_model().unwrap();
     }
-    if !input.seqs.is_empty() {
-        runner.execute(&input).unwrap();
-    }
-    input.clear();
-    for (s, t) in seqs.iter().zip(&tables) {
-        input.add_sequence(&s.tokens[s.cached..], s.tokens.len(), t, BLOCK_SIZE, true);
-    }
-    let logits = runner.execute(&input).unwrap();
+    let new = seqs.iter().zip(&tables);
+    runner.prepare_input(new.map(|(s, t)| input(&s.tokens, s.cached, t)), &mut rows);
+    let logits = runner.execute_model().unwrap();
     logits
         .chunks_exact(logits.len() / seqs.len())
         .map(<[f32]>::to_vec)

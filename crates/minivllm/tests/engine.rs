@@ -423,3 +423,58 @@ fn logprobs_and_prompt_logprobs_match_the_reference() {
         assert!(lp <= 0.0 && lp.is_finite());
     }
 }
+
+/// One request in each `RequestOutputKind`, side by side in the same batches: deltas fold
+/// into the last cumulative output, each delta carries only what is new (no history is
+/// copied), and final-only gives one output, the same.
+#[test]
+fn output_kinds_carry_the_same_result() {
+    use minivllm::sampling_params::RequestOutputKind::{Cumulative, Delta, FinalOnly};
+    let mut llm = llm(&engine_args());
+    let engine = llm.engine_mut();
+    let params = |output_kind| SamplingParams {
+        n: 2,
+        temperature: 0.8,
+        seed: Some(7),
+        logprobs: Some(2),
+        prompt_logprobs: Some(1),
+        stop: vec!["\n\n".into()],
+        max_tokens: Some(24),
+        output_kind,
+        ..SamplingParams::default()
+    };
+    for (id, kind) in [
+        ("cumulative", Cumulative),
+        ("delta", Delta),
+        ("final", FinalOnly),
+    ] {
+        let prompt = PromptInput::Text("Write a short poem about the sea:".into());
+        engine.add_request(id, prompt, params(kind), 0).unwrap();
+    }
+    let (mut last, mut folded, mut finals) = (None, None::<RequestOutput>, Vec::new());
+    while engine.has_unfinished_requests() {
+        for out in engine.step().unwrap() {
+            match out.request_id.as_str() {
+                "cumulative" => last = Some(out),
+                "delta" => {
+                    for o in &out.outputs {
+                        assert!(o.token_ids.len() <= 1, "a delta repeats history: {o:?}");
+                    }
+                    match &mut folded {
+                        Some(acc) => acc.add(out),
+                        None => folded = Some(out),
+                    }
+                }
+                _ => finals.push(out),
+            }
+        }
+    }
+    let (last, folded) = (last.unwrap(), folded.unwrap());
+    assert!(last.finished && folded.finished);
+    assert_eq!(folded.outputs, last.outputs);
+    assert_eq!(folded.prompt_logprobs, last.prompt_logprobs);
+    assert_eq!(finals.len(), 1, "final-only gave {} outputs", finals.len());
+    assert_eq!(finals[0].outputs, last.outputs);
+    assert_eq!(finals[0].prompt_logprobs, last.prompt_logprobs);
+    assert!(last.outputs.iter().all(|o| !o.token_ids.is_empty()));
+}

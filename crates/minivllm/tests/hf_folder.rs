@@ -5,14 +5,14 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use minivllm::model_executor::input_metadata::InputMetadata;
+use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::gguf::GgufFile;
 use minivllm::model_executor::loader::gguf_weights::{config_from_gguf, hf_name, GgufWeights};
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::loader::weights::WeightSource;
 use minivllm::model_executor::model_loader::load_model;
 use minivllm::worker::cache_engine::CacheEngine;
-use minivllm::worker::model_runner::ModelRunner;
+use minivllm::worker::model_runner::{ModelRunner, SeqInput};
 use safetensors::tensor::TensorView;
 
 /// Writes the GGUF's weights, dequantised and under Hugging Face names, as `model.safetensors`
@@ -70,10 +70,18 @@ fn logits_for(spec: &str, tokens: &[u32]) -> Vec<f32> {
 fn logits_with(spec: &str, tokens: &[u32], opts: &LoadOptions) -> Vec<f32> {
     let m = load_model(spec, opts).unwrap();
     let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 8));
-    let mut input = InputMetadata::default();
-    input.add_sequence(tokens, tokens.len(), &[0, 1, 2], 16, false);
-    input.logits_indices.extend(0..tokens.len());
-    runner.execute(&input).unwrap().to_vec()
+    // Prompt logprobs from position 0 ask for every position's logits: the prompt rows,
+    // then the last position's as the row to sample.
+    let seq = SeqInput {
+        token_ids: tokens,
+        prompt_len: tokens.len(),
+        num_computed: 0,
+        num_new: tokens.len(),
+        block_table: &[BlockId(0), BlockId(1), BlockId(2)],
+        prompt_logprobs_from: Some(0),
+    };
+    runner.prepare_input([seq], &mut Vec::new());
+    runner.execute_model().unwrap().to_vec()
 }
 
 #[test]

@@ -163,5 +163,11 @@ fn no_source_file_is_over_600_lines_of_code() {
         "over {LIMIT} lines of code:\n{}",
         big.join("\n")
     );
-    assert!(code_lines(&src().join("engine/llm_engine.rs")) > 100);
+}
+
+/// The engine's step reads top-down in one screen: its parts live in their own files.
+#[test]
+fn llm_engine_is_under_300_lines_of_code() {
+    let n = code_lines(&src().join("engine/llm_engine.rs"));
+    assert!((100..300).contains(&n), "llm_engine.rs: {n} lines of code");
 }

@@ -8,12 +8,12 @@ mod common;
 use std::sync::OnceLock;
 
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
-use minivllm::model_executor::input_metadata::InputMetadata;
+use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::{DType, LoadOptions, Quantization};
 use minivllm::model_executor::model_loader::{load_model, LoadedModel};
 use minivllm::sampling_params::SamplingParams;
 use minivllm::worker::cache_engine::{CacheDtype, CacheEngine};
-use minivllm::worker::model_runner::ModelRunner;
+use minivllm::worker::model_runner::{ModelRunner, SeqInput};
 use minivllm_kernels::attention::KvCacheDtype;
 use minivllm_kernels::softmax::log_softmax_inplace;
 
@@ -59,18 +59,32 @@ fn teacher_forced_logprobs(
     prompt_len: usize,
     tokens: &[u32],
 ) -> Vec<Vec<f32>> {
-    let blocks: Vec<u32> = (0..tokens.len().div_ceil(BLOCK_SIZE) as u32)
+    let blocks: Vec<BlockId> = (0..tokens.len().div_ceil(BLOCK_SIZE) as u32)
         .rev()
+        .map(BlockId)
         .collect();
-    let mut input = InputMetadata::default();
-    input.add_sequence(tokens, tokens.len(), &blocks, BLOCK_SIZE, false);
-    input
-        .logits_indices
-        .extend(prompt_len - 1..tokens.len() - 1);
-    let logits = runner.execute(&input).unwrap();
-    let vocab = logits.len() / input.logits_indices.len();
+    // The whole text as a prompt whose logprobs are asked for from the real prompt's end:
+    // the engine's own batch preparation picks the rows.
+    let seq = SeqInput {
+        token_ids: tokens,
+        prompt_len: tokens.len(),
+        num_computed: 0,
+        num_new: tokens.len(),
+        block_table: &blocks,
+        prompt_logprobs_from: Some(prompt_len - 1),
+    };
+    let mut rows = Vec::new();
+    runner.prepare_input([seq], &mut rows);
+    let (first, positions) = rows[0].prompt.clone().expect("prompt rows");
+    assert_eq!(
+        (first, positions.clone()),
+        (0, prompt_len - 1..tokens.len() - 1)
+    );
+    let logits = runner.execute_model().unwrap();
+    let vocab = logits.len() / (positions.len() + 1);
     logits
         .chunks_exact(vocab)
+        .take(positions.len())
         .map(|row| {
             let mut lp = row.to_vec();
             log_softmax_inplace(&mut lp);

@@ -4,6 +4,16 @@
 //! A block's K/V depend on every token before it, so a cached block is keyed by a chained
 //! hash of its parent block's hash and its own token ids, and found by walking a new
 //! prompt's full blocks from the start. Only full, computed blocks are cached.
+//!
+//! Why a 64-bit hash whose hits are checked against the stored tokens, rather than a
+//! 128-bit key trusted alone: a wrong hit serves one prompt another prompt's K/V, silently
+//! and possibly across users (vLLM's CVE-2025-25183 was such a collision, crafted through
+//! Python's predictable `hash`). A fast 128-bit hash with fixed public keys (SipHash, xxh3)
+//! is just as predictable to a client choosing its prompt, and only a cryptographic one
+//! (SHA-256, as vLLM's `--prefix-caching-hash-algo sha256`) would make the check
+//! removable. The check costs a comparison of one block's tokens per hit and 64 bytes per
+//! cached block (its K/V take 100s of KiB), and it makes correctness independent of the
+//! hash: a collision can only cost a cache miss. So the bookkeeping stays.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};

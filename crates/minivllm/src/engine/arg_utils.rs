@@ -2,12 +2,17 @@
 //! them into the scheduler's configuration.
 
 use crate::config::ModelConfig;
+use crate::core::block_manager::{BlockManager, BlockManagerConfig};
 use crate::core::policy::Policy;
 use crate::core::scheduler::SchedulerConfig;
 use crate::engine::errors::EngineError;
 use crate::model_executor::loader::weights::LoadOptions;
 use crate::sampling_params::SamplingParams;
-use crate::worker::cache_engine::CacheDtype;
+use crate::worker::cache_engine::{CacheDtype, CacheEngine};
+
+/// Blocks a new sequence may not take (vLLM's watermark): a share of the cache kept free
+/// so running sequences can grow without preempting at once.
+const WATERMARK: f32 = 0.01;
 
 /// Engine settings, with vLLM's names and defaults where they apply to a CPU engine.
 #[derive(Debug, Clone)]
@@ -120,5 +125,39 @@ pub(crate) fn scheduler_config(
         enable_chunked_prefill: args.enable_chunked_prefill,
         policy: args.scheduling_policy,
         num_cpu_blocks,
+    })
+}
+
+/// The KV cache `args` ask for, refused when it cannot hold one sequence of
+/// `max_model_len` tokens.
+pub(crate) fn kv_cache(
+    args: &EngineArgs,
+    config: &ModelConfig,
+    max_model_len: usize,
+) -> Result<CacheEngine, EngineError> {
+    let kv_dtype = args.kv_cache_dtype.resolve(args.load.dtype);
+    let cache = CacheEngine::with_budget(config, args.block_size, args.kv_cache_memory, kv_dtype)?
+        .with_swap_space(args.swap_space)?;
+    // A new sequence is admitted only while the watermark's blocks stay free, so a prompt
+    // of max_model_len must fit in the rest or it could never start.
+    let watermark_blocks = (cache.num_blocks() as f32 * WATERMARK).ceil() as usize;
+    let capacity =
+        (cache.num_blocks() - watermark_blocks.min(cache.num_blocks())) * args.block_size;
+    if capacity < max_model_len {
+        return Err(EngineError::Config(format!(
+            "the KV cache holds {capacity} tokens, fewer than max_model_len {max_model_len}: \
+             raise --kv-cache-memory or lower --max-model-len"
+        )));
+    }
+    Ok(cache)
+}
+
+/// The block manager over `cache`'s blocks.
+pub(crate) fn block_manager(args: &EngineArgs, cache: &CacheEngine) -> BlockManager {
+    BlockManager::new(BlockManagerConfig {
+        num_blocks: cache.num_blocks(),
+        block_size: args.block_size,
+        enable_prefix_caching: args.enable_prefix_caching,
+        watermark: WATERMARK,
     })
 }

@@ -14,7 +14,7 @@ use crate::engine::llm_engine::{width, EngineError, EngineStats, LLMEngine, Prom
 use crate::engine::metrics::RequestMetrics;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::RequestOutput;
-use crate::sampling_params::SamplingParams;
+use crate::sampling_params::{RequestOutputKind, SamplingParams};
 
 enum Command {
     Add(Box<AddRequest>),
@@ -100,8 +100,10 @@ impl AsyncEngine {
         }
     }
 
-    /// Queues a request; its `RequestOutput` after each step that advanced it arrives on the
-    /// returned receiver, the last one with `finished` set. Dropping the receiver aborts it.
+    /// Queues a request; after each step that gave it new tokens, what is new arrives on the
+    /// returned receiver as a `DELTA` output (whatever `params.output_kind` says; with
+    /// `best_of > n`, the final output alone), the last one with `finished` set; [`collect`]
+    /// folds them. Dropping the receiver aborts it.
     pub async fn generate(
         &self,
         request_id: impl Into<String>,
@@ -191,6 +193,16 @@ impl AsyncEngine {
     }
 }
 
+/// Folds a request's stream of deltas into its output so far: the whole output once the
+/// stream has ended with the request finished. `None` when nothing came.
+pub async fn collect(mut rx: mpsc::UnboundedReceiver<RequestOutput>) -> Option<RequestOutput> {
+    let mut acc = rx.recv().await?;
+    while let Some(out) = rx.recv().await {
+        acc.add(out);
+    }
+    Some(acc)
+}
+
 fn engine_loop(
     mut engine: LLMEngine,
     mut commands: mpsc::UnboundedReceiver<Command>,
@@ -250,8 +262,7 @@ fn step(
                 let Some(tx) = streams.get(&id) else { continue };
                 let finished = out.finished;
                 if finished {
-                    let tokens = out.num_generated_tokens();
-                    tracing::info!(request_id = %id, generated_tokens = tokens, "finished request");
+                    tracing::info!(request_id = %id, "finished request");
                 }
                 if tx.send(out).is_err() {
                     gone.push(id);
@@ -312,7 +323,22 @@ fn handle(
                 Some(max) if over_limit(engine, &params, max) => {
                     Err(EngineError::Overloaded { max_waiting: max })
                 }
-                _ => engine.add_request(request_id.clone(), prompt, params, priority),
+                _ => {
+                    // Streams carry deltas: a long completion costs the same per token at
+                    // its end as at its start, and `collect` folds them for who wants all.
+                    // best_of > n ranks its completions only at the end (and the server
+                    // refuses to stream it), so such a request sends its final output alone.
+                    let output_kind = if params.best_of_or_n() > params.n {
+                        RequestOutputKind::FinalOnly
+                    } else {
+                        RequestOutputKind::Delta
+                    };
+                    let params = SamplingParams {
+                        output_kind,
+                        ..params
+                    };
+                    engine.add_request(request_id.clone(), prompt, params, priority)
+                }
             };
             match &result {
                 Ok(()) => {
@@ -359,12 +385,8 @@ mod tests {
         }
     }
 
-    async fn last(mut rx: mpsc::UnboundedReceiver<RequestOutput>) -> RequestOutput {
-        let mut last = None;
-        while let Some(out) = rx.recv().await {
-            last = Some(out);
-        }
-        last.expect("no output")
+    async fn last(rx: mpsc::UnboundedReceiver<RequestOutput>) -> RequestOutput {
+        collect(rx).await.expect("no output")
     }
 
     #[tokio::test]

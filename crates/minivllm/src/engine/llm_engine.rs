@@ -1,102 +1,43 @@
 //! `LLMEngine`: requests in, one batched step at a time, `RequestOutput`s out.
+//!
+//! A step is a short pipeline of owned parts: the scheduler decides what runs, the model
+//! runner lays it out and runs the model, the sampler picks tokens, and the output
+//! processor turns them into text and outputs.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::ModelConfig;
-use crate::core::block_manager::{BlockManager, BlockManagerConfig};
 use crate::core::scheduler::{ScheduledSeq, Scheduler};
-use crate::engine::arg_utils::scheduler_config;
+use crate::engine::arg_utils::{block_manager, kv_cache, scheduler_config};
 pub use crate::engine::arg_utils::{check_width, resolve_max_model_len, width, EngineArgs};
-use crate::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
 pub use crate::engine::errors::EngineError;
+pub use crate::engine::input_processor::PromptInput;
+use crate::engine::input_processor::{process_prompt, PromptLimits};
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
+use crate::engine::output_processor::OutputProcessor;
 use crate::engine::tokenizer::Tokenizer;
-use crate::model_executor::input_metadata::InputMetadata;
-use crate::model_executor::layers::sampler::{
-    logprobs_for, SampledToken, Sampler, SamplingContext, SeqSamplingState,
-};
+use crate::model_executor::layers::sampler::Sampler;
 use crate::model_executor::model_loader::load_model;
 use crate::model_executor::models::llama::LlamaForCausalLM;
-use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
+use crate::outputs::RequestOutput;
 use crate::sampling_params::SamplingParams;
-use crate::sequence::{FinishReason, RequestId, SeqId, Sequence, StopReason, TokenId};
-use crate::worker::cache_engine::CacheEngine;
-use crate::worker::model_runner::ModelRunner;
-
-const WATERMARK: f32 = 0.01;
-
-/// A prompt in either of vLLM's two forms.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PromptInput {
-    Text(String),
-    TokenIds(Vec<TokenId>),
-}
-
-impl From<&str> for PromptInput {
-    fn from(s: &str) -> Self {
-        PromptInput::Text(s.to_string())
-    }
-}
-
-impl From<String> for PromptInput {
-    fn from(s: String) -> Self {
-        PromptInput::Text(s)
-    }
-}
-
-impl From<Vec<TokenId>> for PromptInput {
-    fn from(ids: Vec<TokenId>) -> Self {
-        PromptInput::TokenIds(ids)
-    }
-}
-
-struct RequestState {
-    prompt: Option<String>,
-    prompt_ids: Vec<TokenId>,
-    params: SamplingParams,
-    /// By completion index; grows when the first sequence forks (n/best_of > 1).
-    seq_ids: Vec<SeqId>,
-    max_tokens: usize,
-    prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
-}
-
-struct SeqState {
-    request: RequestId,
-    detok: IncrementalDetokenizer,
-    sampling: SeqSamplingState,
-    cumulative_logprob: f64,
-    logprobs: Vec<TokenLogprobs>,
-    /// Kept here too because the scheduler forgets a sequence once it finishes.
-    output_ids: Vec<TokenId>,
-    finish: Option<(FinishReason, Option<StopReason>)>,
-}
-
-/// Where one scheduled sequence's rows sit in this step's logits.
-struct RowPlan {
-    sched: ScheduledSeq,
-    /// Rows of prompt-logprob positions: (row, position whose next token is scored).
-    prompt_rows: Vec<(usize, usize)>,
-    sample_row: Option<usize>,
-}
+use crate::sequence::{RequestId, SeqId, Sequence};
+use crate::worker::model_runner::{LogitsRows, ModelRunner, SeqInput};
 
 pub struct LLMEngine {
     runner: ModelRunner,
     tokenizer: Arc<Tokenizer>,
     scheduler: Scheduler,
     sampler: Sampler,
-    max_model_len: usize,
+    outputs: OutputProcessor,
+    limits: PromptLimits,
     max_num_seqs: usize,
-    vocab_size: usize,
-    requests: HashMap<RequestId, RequestState>,
-    seqs: HashMap<SeqId, SeqState>,
-    next_seq_id: u64,
     next_arrival: u64,
-    input: InputMetadata,
-    /// This step's logits rows, and those handed to the sampler; reused between steps.
-    step_logits: Vec<f32>,
+    /// Where each scheduled sequence's logits are, and the rows handed to the sampler;
+    /// reused between steps.
+    rows: Vec<LogitsRows>,
     sample_logits: Vec<f32>,
     stats: EngineStats,
     stats_logger: StatsLogger,
@@ -111,7 +52,7 @@ impl LLMEngine {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         minivllm_kernels::threading::init_threads(threads.max(1));
         let loaded = load_model(&args.model, &args.load)?;
-        let tokenizer = Tokenizer::load(&loaded.location)?;
+        let tokenizer = Tokenizer::for_model(&loaded)?;
         Self::new(loaded.model, tokenizer, args)
     }
 
@@ -123,46 +64,27 @@ impl LLMEngine {
     ) -> Result<Self, EngineError> {
         let config: ModelConfig = model.config().clone();
         let max_model_len = resolve_max_model_len(args.max_model_len, &config)?;
-        let kv_dtype = args.kv_cache_dtype.resolve(args.load.dtype);
-        let cache =
-            CacheEngine::with_budget(&config, args.block_size, args.kv_cache_memory, kv_dtype)?
-                .with_swap_space(args.swap_space)?;
-        // A new sequence is admitted only while 1% of blocks stay free (the watermark), so
-        // a prompt of max_model_len must fit in the rest or it could never start.
-        let watermark_blocks = (cache.num_blocks() as f32 * WATERMARK).ceil() as usize;
-        let capacity =
-            (cache.num_blocks() - watermark_blocks.min(cache.num_blocks())) * args.block_size;
-        if capacity < max_model_len {
-            return Err(EngineError::Config(format!(
-                "the KV cache holds {capacity} tokens, fewer than max_model_len {max_model_len}: \
-                 raise --kv-cache-memory or lower --max-model-len"
-            )));
-        }
+        let cache = kv_cache(args, &config, max_model_len)?;
         // After the cache check, which refuses an absurd max_model_len with a clear message.
         model
             .set_max_model_len(max_model_len)
             .map_err(|e| EngineError::Config(e.to_string()))?;
         let sched_cfg = scheduler_config(args, max_model_len, cache.num_cpu_blocks())?;
-        let block_manager = BlockManager::new(BlockManagerConfig {
-            num_blocks: cache.num_blocks(),
-            block_size: args.block_size,
-            enable_prefix_caching: args.enable_prefix_caching,
-            watermark: WATERMARK,
-        });
+        let block_manager = block_manager(args, &cache);
+        let tokenizer = Arc::new(tokenizer);
         Ok(Self {
             runner: ModelRunner::new(model, cache),
-            vocab_size: config.vocab_size,
-            tokenizer: Arc::new(tokenizer),
+            outputs: OutputProcessor::new(Arc::clone(&tokenizer), max_model_len),
+            tokenizer,
             scheduler: Scheduler::new(sched_cfg, block_manager),
             sampler: Sampler::default(),
-            max_model_len,
+            limits: PromptLimits {
+                max_model_len,
+                vocab_size: config.vocab_size,
+            },
             max_num_seqs: args.max_num_seqs,
-            requests: HashMap::new(),
-            seqs: HashMap::new(),
-            next_seq_id: 0,
             next_arrival: 0,
-            input: InputMetadata::default(),
-            step_logits: Vec::new(),
+            rows: Vec::new(),
             sample_logits: Vec::new(),
             stats: EngineStats::default(),
             stats_logger: StatsLogger::new(),
@@ -185,7 +107,7 @@ impl LLMEngine {
     }
 
     pub fn max_model_len(&self) -> usize {
-        self.max_model_len
+        self.limits.max_model_len
     }
 
     /// Most sequences one step runs (`--max-num-seqs`), and so the most a request may fork.
@@ -194,11 +116,11 @@ impl LLMEngine {
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
-        !self.requests.is_empty()
+        !self.outputs.is_empty()
     }
 
     pub fn num_unfinished_requests(&self) -> usize {
-        self.requests.len()
+        self.outputs.len()
     }
 
     /// Requests queued and not yet scheduled (preempted ones included).
@@ -213,12 +135,12 @@ impl LLMEngine {
         self.scheduler
             .waiting()
             .iter()
-            .filter_map(|id| self.seqs.get(id))
+            .filter_map(|id| self.scheduler.seq(*id))
             .map(|seq| &seq.request)
             .collect::<std::collections::HashSet<_>>()
             .into_iter()
-            .filter_map(|r| self.requests.get(r))
-            .map(|r| width(&r.params))
+            .filter_map(|r| self.outputs.params(r))
+            .map(width)
             .sum()
     }
 
@@ -271,125 +193,35 @@ impl LLMEngine {
         priority: i32,
     ) -> Result<(), EngineError> {
         let request_id = RequestId(request_id.into());
-        if self.requests.contains_key(&request_id) {
+        if self.outputs.contains(&request_id) {
             return Err(EngineError::DuplicateRequest(request_id.0));
         }
         params.validate()?;
         check_width(&params, self.max_num_seqs)?;
-        let (text, prompt_ids) = match prompt {
-            PromptInput::Text(t) => {
-                let ids = self.tokenizer.encode(&t, true)?;
-                (Some(t), ids)
-            }
-            PromptInput::TokenIds(ids) => (None, ids),
-        };
-        self.check_prompt(&prompt_ids)?;
-        let max_tokens = params
-            .max_tokens
-            .unwrap_or(usize::MAX)
-            .min(self.max_model_len - prompt_ids.len());
-        let seq_id = self.new_seq_id();
+        let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
+        self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
-        self.seqs.insert(
-            seq_id,
-            self.new_seq_state(
-                &request_id,
-                self.detokenizer(&prompt_ids, &params),
-                &params,
-                0,
-            ),
-        );
-        let mut seq = Sequence::new(seq_id, prompt_ids.clone(), priority, arrival);
-        // Cached prefix blocks have no logits to score, so such prompts are computed whole.
-        seq.skip_prefix_cache = params.prompt_logprobs.is_some();
+        let seq = self
+            .outputs
+            .add_request(request_id, prompt, params, priority, arrival);
         self.scheduler.add_seq(seq);
-        self.stats.num_prompt_tokens += prompt_ids.len() as u64;
-        self.requests.insert(
-            request_id,
-            RequestState {
-                prompt: text,
-                // Position 0 has nothing before it to score it.
-                prompt_logprobs: params.prompt_logprobs.map(|_| vec![None]),
-                prompt_ids,
-                params,
-                seq_ids: vec![seq_id],
-                max_tokens,
-            },
-        );
         Ok(())
-    }
-
-    fn check_prompt(&self, ids: &[TokenId]) -> Result<(), EngineError> {
-        if ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if ids.len() > self.max_model_len {
-            return Err(EngineError::PromptTooLong {
-                len: ids.len(),
-                max_model_len: self.max_model_len,
-            });
-        }
-        if let Some(&token) = ids.iter().find(|&&t| t as usize >= self.vocab_size) {
-            return Err(EngineError::TokenOutOfVocab {
-                token,
-                vocab_size: self.vocab_size,
-            });
-        }
-        Ok(())
-    }
-
-    fn new_seq_id(&mut self) -> SeqId {
-        self.next_seq_id += 1;
-        SeqId(self.next_seq_id)
-    }
-
-    /// A request's first sequence's detokenizer (which builds its stop-string automaton).
-    fn detokenizer(
-        &self,
-        prompt_ids: &[TokenId],
-        params: &SamplingParams,
-    ) -> IncrementalDetokenizer {
-        let cfg = DetokenizerConfig {
-            skip_special_tokens: params.skip_special_tokens,
-            spaces_between_special_tokens: params.spaces_between_special_tokens,
-            stop: params.stop.clone(),
-            include_stop_str_in_output: params.include_stop_str_in_output,
-        };
-        IncrementalDetokenizer::new(&self.tokenizer, prompt_ids, cfg)
-    }
-
-    fn new_seq_state(
-        &self,
-        request: &RequestId,
-        detok: IncrementalDetokenizer,
-        params: &SamplingParams,
-        index: usize,
-    ) -> SeqState {
-        SeqState {
-            request: request.clone(),
-            detok,
-            sampling: SeqSamplingState::new(params.seed, index),
-            cumulative_logprob: 0.0,
-            logprobs: Vec::new(),
-            output_ids: Vec::new(),
-            finish: None,
-        }
     }
 
     /// Drops a request and frees its blocks; unknown ids are ignored (it may have just finished).
     pub fn abort_request(&mut self, request_id: &str) {
-        let Some(req) = self.requests.remove(&RequestId(request_id.to_string())) else {
-            return;
-        };
-        for id in req.seq_ids {
+        for id in self
+            .outputs
+            .abort_request(&RequestId(request_id.to_string()))
+        {
             self.scheduler.finish_seq(id);
-            self.seqs.remove(&id);
         }
         tracing::debug!(request_id, "aborted");
     }
 
-    /// Runs one scheduled batch and returns the new state of every request it advanced.
+    /// Runs one scheduled batch and returns the outputs of the requests it advanced, each
+    /// of its request's `output_kind`.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let sched = self.scheduler.schedule();
         // In this order: a block swapped out may already be a swap-in's or a copy's
@@ -404,30 +236,48 @@ impl LLMEngine {
         self.stats.num_steps += 1;
         self.stats.num_computed_tokens += sched.num_batched_tokens as u64;
         self.runner.copy_blocks(&sched.block_copies);
-        let plans = self.prepare_inputs(&sched.scheduled);
-        // Copied out so the runner's buffers are free and the rows can be read while the
-        // engine's other state changes; it is only the rows that were asked for.
-        let logits = self.runner.execute(&self.input)?;
-        self.step_logits.clear();
-        self.step_logits.extend_from_slice(logits);
-        self.record_prompt_logprobs(&plans);
-        let mut touched = Vec::with_capacity(plans.len());
+        let requests = self.prepare_input(&sched.scheduled);
+        let logits = self.runner.execute_model()?;
+        let vocab = self.limits.vocab_size;
+        for (s, rows) in sched.scheduled.iter().zip(&self.rows) {
+            if let (Some(prompt_rows), Some(seq)) = (&rows.prompt, self.scheduler.seq(s.id)) {
+                let prompt_rows = prompt_rows.clone();
+                self.outputs
+                    .record_prompt_logprobs(&seq.request, prompt_rows, logits, vocab);
+            }
+        }
         // K/V counts advance before sampling, so sequences forked while sampling start from
         // the parent's computed prompt.
-        for plan in &plans {
-            let id = plan.sched.id;
-            self.scheduler
-                .update_seq(id, plan.sched.num_new_tokens, None);
-            push_unique(&mut touched, &self.seqs[&id].request);
+        for s in &sched.scheduled {
+            self.scheduler.update_seq(s.id, s.num_new_tokens, None);
         }
-        let samples = self.sample(&plans);
-        for (id, s) in samples {
+        let to_sample = gather_samples(
+            &mut self.scheduler,
+            &mut self.outputs,
+            (&sched.scheduled, &self.rows),
+            (logits, vocab),
+            &mut self.sample_logits,
+        );
+        let seqs: Vec<&Sequence> = to_sample
+            .iter()
+            .filter_map(|id| self.scheduler.seq(*id))
+            .collect();
+        let samples = self
+            .outputs
+            .sample(&mut self.sampler, &mut self.sample_logits, &seqs);
+        for (id, s) in to_sample.into_iter().zip(samples) {
             self.scheduler.update_seq(id, 0, Some(s.token_id));
             self.stats.num_generation_tokens += 1;
-            self.after_sample(id, s)?;
-            push_unique(&mut touched, &self.seqs[&id].request);
+            let seq = self.scheduler.seq(id).expect("sampled sequence exists");
+            if self.outputs.process_sample(seq, s)? {
+                let seq = self
+                    .scheduler
+                    .finish_seq(id)
+                    .expect("sampled sequence exists");
+                self.outputs.on_finished(seq);
+            }
         }
-        let outputs = touched.iter().filter_map(|r| self.make_output(r)).collect();
+        let outputs = self.outputs.make_outputs(&requests, &self.scheduler);
         if tracing::enabled!(tracing::Level::INFO) {
             let stats = self.stats();
             self.stats_logger.maybe_log(&stats);
@@ -435,251 +285,55 @@ impl LLMEngine {
         Ok(outputs)
     }
 
-    /// Fills the reused `InputMetadata` and notes which logits rows belong to whom.
-    fn prepare_inputs(&mut self, scheduled: &[ScheduledSeq]) -> Vec<RowPlan> {
-        let block_size = self.scheduler.block_manager().block_size();
-        self.input.clear();
-        let mut plans = Vec::with_capacity(scheduled.len());
-        let mut table: Vec<u32> = Vec::new();
-        for s in scheduled {
-            let seq = self.scheduler.seq(s.id).expect("scheduled seq exists");
-            let end = s.num_computed + s.num_new_tokens;
-            table.clear();
-            table.extend(
-                self.scheduler
-                    .block_manager()
-                    .block_table(s.id)
-                    .iter()
-                    .map(|b| b.0),
-            );
-            let start_row = self.input.num_tokens();
-            self.input.add_sequence(
-                &seq.token_ids[s.num_computed..end],
-                end,
-                &table,
-                block_size,
-                false,
-            );
-            let mut plan = RowPlan {
-                sched: *s,
-                prompt_rows: Vec::new(),
-                sample_row: None,
-            };
-            let req = &self.requests[&self.seqs[&s.id].request];
-            // Entry e of prompt_logprobs scores prompt token e from the logits at e - 1; each
-            // is recorded once, on the first pass (a recompute after preemption skips them).
-            if let Some(recorded) = req.prompt_logprobs.as_ref().map(Vec::len) {
-                for pos in s.num_computed.max(recorded - 1)..end.min(seq.prompt_len - 1) {
-                    plan.prompt_rows
-                        .push((self.input.logits_indices.len(), pos));
-                    self.input
-                        .logits_indices
-                        .push(start_row + pos - s.num_computed);
-                }
+    /// Hands the scheduled sequences to the model runner; returns their requests, each once.
+    fn prepare_input(&mut self, scheduled: &[ScheduledSeq]) -> Vec<RequestId> {
+        let (scheduler, outputs) = (&self.scheduler, &self.outputs);
+        let mut requests: Vec<RequestId> = Vec::new();
+        let inputs = scheduled.iter().map(|s| {
+            let seq = scheduler.seq(s.id).expect("scheduled sequence exists");
+            if !requests.contains(&seq.request) {
+                requests.push(seq.request.clone());
             }
-            if end == seq.len() {
-                plan.sample_row = Some(self.input.logits_indices.len());
-                self.input
-                    .logits_indices
-                    .push(start_row + s.num_new_tokens - 1);
+            SeqInput {
+                token_ids: &seq.token_ids,
+                prompt_len: seq.prompt_len,
+                num_computed: s.num_computed,
+                num_new: s.num_new_tokens,
+                block_table: scheduler.block_manager().block_table(s.id),
+                prompt_logprobs_from: outputs.prompt_logprobs_from(&seq.request),
             }
-            plans.push(plan);
-        }
-        plans
-    }
-
-    fn record_prompt_logprobs(&mut self, plans: &[RowPlan]) {
-        let vocab = self.vocab_size;
-        for plan in plans.iter().filter(|p| !p.prompt_rows.is_empty()) {
-            let req = self
-                .requests
-                .get_mut(&self.seqs[&plan.sched.id].request)
-                .expect("request exists");
-            let k = req.params.prompt_logprobs.unwrap_or(0);
-            let out = req.prompt_logprobs.as_mut().expect("asked for");
-            for &(row, pos) in &plan.prompt_rows {
-                let next = req.prompt_ids[pos + 1];
-                let (lp, top) =
-                    logprobs_for(&self.step_logits[row * vocab..(row + 1) * vocab], next, k);
-                out.push(Some(with_chosen(next, lp, top)));
-            }
-        }
-    }
-
-    /// Samples every sequence that reached the end of its known tokens. A request's first
-    /// sample forks it into `best_of` sequences, each drawing from the same logits row.
-    fn sample(&mut self, plans: &[RowPlan]) -> Vec<(SeqId, SampledToken)> {
-        let vocab = self.vocab_size;
-        let mut order: Vec<(SeqId, usize)> = Vec::new();
-        for plan in plans {
-            let Some(row) = plan.sample_row else { continue };
-            let id = plan.sched.id;
-            order.push((id, row));
-            let req_id = self.seqs[&id].request.clone();
-            let req = &self.requests[&req_id];
-            let first_sample = req.seq_ids.len() == 1 && self.seqs[&id].output_ids.is_empty();
-            if first_sample {
-                for _ in 1..req.params.best_of.unwrap_or(req.params.n).max(req.params.n) {
-                    order.push((self.fork(id, &req_id), row));
-                }
-            }
-        }
-        self.sample_logits.clear();
-        for &(_, row) in &order {
-            self.sample_logits
-                .extend_from_slice(&self.step_logits[row * vocab..(row + 1) * vocab]);
-        }
-        // The states leave the map while the sampler holds them mutably, next to borrows of
-        // the requests and sequences they read.
-        let mut states: Vec<SeqState> = order
-            .iter()
-            .map(|(id, _)| self.seqs.remove(id).expect("seq state"))
-            .collect();
-        let eos = self.tokenizer.eos_token_ids();
-        let mut ctxs: Vec<SamplingContext<'_>> = order
-            .iter()
-            .zip(states.iter_mut())
-            .map(|((id, _), st)| {
-                let seq = self.scheduler.seq(*id).expect("sampled seq exists");
-                SamplingContext {
-                    options: self.requests[&st.request].params.sampling_options(),
-                    prompt_ids: &seq.token_ids[..seq.prompt_len],
-                    output_ids: &seq.token_ids[seq.prompt_len..],
-                    eos_token_ids: eos,
-                    state: &mut st.sampling,
-                }
-            })
-            .collect();
-        let results = self.sampler.sample(&mut self.sample_logits, &mut ctxs);
-        drop(ctxs);
-        for ((id, _), st) in order.iter().zip(states) {
-            self.seqs.insert(*id, st);
-        }
-        order.into_iter().map(|(id, _)| id).zip(results).collect()
-    }
-
-    /// A new completion of `req_id` sharing `parent`'s blocks, before either has output.
-    fn fork(&mut self, parent: SeqId, req_id: &RequestId) -> SeqId {
-        let child = self.new_seq_id();
-        let req = &self.requests[req_id];
-        let index = req.seq_ids.len();
-        // The parent has no output yet, so its detokenizer is the child's too, and cloning
-        // it shares the stop-string automaton instead of building one per fork.
-        let detok = self.seqs[&parent].detok.clone();
-        let state = self.new_seq_state(req_id, detok, &req.params, index);
-        let p = self.scheduler.seq(parent).expect("parent exists");
-        let seq = Sequence::new(child, p.token_ids.clone(), p.priority, p.arrival);
-        self.scheduler.fork_seq(parent, seq);
-        self.seqs.insert(child, state);
-        self.requests
-            .get_mut(req_id)
-            .expect("request")
-            .seq_ids
-            .push(child);
-        child
-    }
-
-    /// Records a sampled token: logprobs, text, and whether the sequence is now finished.
-    fn after_sample(&mut self, id: SeqId, s: SampledToken) -> Result<(), EngineError> {
-        let st = self.seqs.get_mut(&id).expect("seq state");
-        let req = &self.requests[&st.request];
-        st.output_ids.push(s.token_id);
-        st.cumulative_logprob += s.logprob as f64;
-        if req.params.logprobs.is_some() {
-            st.logprobs
-                .push(with_chosen(s.token_id, s.logprob, s.top_logprobs));
-        }
-        let stop_str = st.detok.push(&self.tokenizer, s.token_id)?;
-        let p = &req.params;
-        let n_out = st.output_ids.len();
-        let seq_len = req.prompt_ids.len() + n_out;
-        let finish = if let Some(stop) = stop_str {
-            Some((FinishReason::Stop, Some(stop)))
-        } else if p.stop_token_ids.contains(&s.token_id) && n_out >= p.min_tokens {
-            Some((FinishReason::Stop, Some(StopReason::Token(s.token_id))))
-        } else if !p.ignore_eos
-            && n_out >= p.min_tokens
-            && self.tokenizer.eos_token_ids().contains(&s.token_id)
-        {
-            Some((FinishReason::Stop, None))
-        } else if n_out >= req.max_tokens || seq_len >= self.max_model_len {
-            Some((FinishReason::Length, None))
-        } else {
-            None
-        };
-        if let Some(f) = finish {
-            st.detok.finish();
-            st.finish = Some(f);
-            self.scheduler.finish_seq(id);
-        }
-        Ok(())
-    }
-
-    /// The request's state as vLLM reports it; a finished request is dropped afterwards.
-    fn make_output(&mut self, req_id: &RequestId) -> Option<RequestOutput> {
-        let req = self.requests.get(req_id)?;
-        let mut outputs: Vec<(f64, CompletionOutput)> = req
-            .seq_ids
-            .iter()
-            .enumerate()
-            .map(|(index, id)| {
-                let st = &self.seqs[id];
-                let finished = st.finish.is_some();
-                let text = if finished {
-                    st.detok.output_text()
-                } else {
-                    st.detok.visible_text()
-                };
-                let out = CompletionOutput {
-                    index,
-                    text: text.to_string(),
-                    token_ids: st.output_ids.clone(),
-                    cumulative_logprob: Some(st.cumulative_logprob),
-                    logprobs: req.params.logprobs.map(|_| st.logprobs.clone()),
-                    finish_reason: st.finish.as_ref().map(|f| f.0),
-                    stop_reason: st.finish.as_ref().and_then(|f| f.1.clone()),
-                };
-                (st.cumulative_logprob, out)
-            })
-            .collect();
-        let width = req.params.best_of.unwrap_or(req.params.n).max(req.params.n);
-        let finished = outputs.len() == width && outputs.iter().all(|(_, o)| o.finished());
-        if finished && width > req.params.n {
-            // best_of: keep the n most likely completions, renumbered in that order.
-            outputs.sort_by(|a, b| b.0.total_cmp(&a.0));
-            outputs.truncate(req.params.n);
-            for (i, (_, o)) in outputs.iter_mut().enumerate() {
-                o.index = i;
-            }
-        }
-        let out = RequestOutput {
-            request_id: req_id.0.clone(),
-            prompt: req.prompt.clone(),
-            prompt_token_ids: req.prompt_ids.clone(),
-            prompt_logprobs: req.prompt_logprobs.clone(),
-            outputs: outputs.into_iter().map(|(_, o)| o).collect(),
-            finished,
-        };
-        if finished {
-            let req = self.requests.remove(req_id).expect("request exists");
-            for id in req.seq_ids {
-                self.seqs.remove(&id);
-            }
-        }
-        Some(out)
+        });
+        self.runner.prepare_input(inputs, &mut self.rows);
+        requests
     }
 }
 
-fn push_unique(v: &mut Vec<RequestId>, r: &RequestId) {
-    if !v.contains(r) {
-        v.push(r.clone());
+/// The sequences to sample this step, in the order of their rows in `sample_logits`. A
+/// request's first sample forks it into `n` (or `best_of`) sequences, each drawing from the
+/// first one's row.
+fn gather_samples(
+    scheduler: &mut Scheduler,
+    outputs: &mut OutputProcessor,
+    (scheduled, rows): (&[ScheduledSeq], &[LogitsRows]),
+    (logits, vocab): (&[f32], usize),
+    sample_logits: &mut Vec<f32>,
+) -> Vec<SeqId> {
+    sample_logits.clear();
+    let mut order = Vec::with_capacity(scheduled.len());
+    for (s, r) in scheduled.iter().zip(rows) {
+        let Some(row) = r.sample else { continue };
+        let row = &logits[row * vocab..(row + 1) * vocab];
+        let children = match scheduler.seq(s.id) {
+            Some(parent) => outputs.fork(parent),
+            None => continue,
+        };
+        order.push(s.id);
+        sample_logits.extend_from_slice(row);
+        for child in children {
+            order.push(child.id);
+            sample_logits.extend_from_slice(row);
+            scheduler.fork_seq(s.id, child);
+        }
     }
-}
-
-/// The chosen token's entry first, then the top-k without repeating it.
-fn with_chosen(token: TokenId, logprob: f32, top: Vec<(TokenId, f32)>) -> TokenLogprobs {
-    let mut v = Vec::with_capacity(top.len() + 1);
-    v.push((token, logprob));
-    v.extend(top.into_iter().filter(|(t, _)| *t != token));
-    TokenLogprobs(v)
+    order
 }

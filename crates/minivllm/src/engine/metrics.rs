@@ -214,12 +214,14 @@ impl RequestMetrics {
         );
     }
 
+    /// Takes each of a request's `DELTA` outputs (the async engine's streams carry deltas; a
+    /// `best_of > n` request's one final output counts its first token at its end).
     pub fn on_output(&mut self, out: &RequestOutput, now: Instant) {
         let Some(t) = self.in_flight.get_mut(&out.request_id) else {
             return;
         };
-        let tokens = out.num_generated_tokens();
-        if tokens > t.tokens {
+        let new_tokens = out.num_generated_tokens();
+        if new_tokens > 0 {
             match t.first_token {
                 None => {
                     self.time_to_first_token
@@ -230,7 +232,7 @@ impl RequestMetrics {
                     .inter_token_latency
                     .observe((now - t.last_token).as_secs_f64()),
             }
-            t.tokens = tokens;
+            t.tokens += new_tokens;
             t.last_token = now;
         }
         if !out.finished {
@@ -239,6 +241,7 @@ impl RequestMetrics {
         let Some(t) = self.in_flight.remove(&out.request_id) else {
             return;
         };
+        let tokens = t.tokens;
         self.e2e_latency.observe((now - t.arrival).as_secs_f64());
         self.prompt_tokens
             .observe(out.prompt_token_ids.len() as f64);
@@ -429,8 +432,8 @@ mod tests {
         m.on_arrival("a", t0);
         m.on_output(&output("a", 0, None), t0 + ms(50));
         m.on_output(&output("a", 1, None), t0 + ms(100));
-        m.on_output(&output("a", 2, None), t0 + ms(130));
-        m.on_output(&output("a", 3, Some(FinishReason::Length)), t0 + ms(170));
+        m.on_output(&output("a", 1, None), t0 + ms(130));
+        m.on_output(&output("a", 1, Some(FinishReason::Length)), t0 + ms(170));
         assert_eq!(m.time_to_first_token.count(), 1);
         assert!((m.time_to_first_token.sum() - 0.1).abs() < 1e-9);
         assert_eq!(m.inter_token_latency.count(), 2);

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use crate::engine::llm_engine::{EngineArgs, EngineError, LLMEngine, PromptInput};
 use crate::outputs::RequestOutput;
-use crate::sampling_params::SamplingParams;
+use crate::sampling_params::{RequestOutputKind, SamplingParams};
 
 pub struct LLM {
     engine: LLMEngine,
@@ -83,7 +83,12 @@ impl LLM {
                 ParamsArg::PerPrompt(ps) => &ps[i],
             };
             let id = (base + i as u64).to_string();
-            if let Err(e) = self.engine.add_request(id.clone(), prompt, p.clone(), 0) {
+            // Only the final outputs are read, so no step builds the others (vLLM does the same).
+            let p = SamplingParams {
+                output_kind: RequestOutputKind::FinalOnly,
+                ..p.clone()
+            };
+            if let Err(e) = self.engine.add_request(id.clone(), prompt, p, 0) {
                 for earlier in &added {
                     self.engine.abort_request(earlier);
                 }
@@ -106,8 +111,9 @@ impl LLM {
         let mut done = 0;
         let mut generated = 0usize;
         while self.engine.has_unfinished_requests() {
+            let steps = self.engine.stats().num_steps;
             let outs = self.engine.step()?;
-            if outs.is_empty() {
+            if self.engine.stats().num_steps == steps {
                 // Nothing could be scheduled and nothing is running: waiting cannot help.
                 return Err(EngineError::Config(
                     "no request can be scheduled: the KV cache is too small for them".into(),

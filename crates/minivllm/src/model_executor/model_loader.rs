@@ -1,11 +1,12 @@
 //! Loading a model (config and weights) from what `--model` names. Its tokenizer is the
 //! engine's to load (`engine::tokenizer::load_tokenizer`): the model runs on token ids.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
 use crate::config::ModelConfig;
-use crate::model_executor::loader::gguf::GgufFile;
+use crate::model_executor::loader::gguf::{GgufFile, GgufValue};
 use crate::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
 use crate::model_executor::loader::hf::{resolve_model, ModelLocation};
 use crate::model_executor::loader::safetensors::SafetensorsWeights;
@@ -18,6 +19,9 @@ pub struct LoadedModel {
     pub location: ModelLocation,
     pub config: ModelConfig,
     pub model: LlamaForCausalLM,
+    /// A GGUF file's metadata, kept so that its tokenizer is built without parsing the
+    /// file again (the file itself, and its mapping, are closed).
+    pub gguf_metadata: Option<BTreeMap<String, GgufValue>>,
 }
 
 /// Loads a GGUF file, a Hugging Face folder, or a cached `org/name` repo id, keeping the
@@ -25,9 +29,15 @@ pub struct LoadedModel {
 pub fn load_model(spec: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
     let location = resolve_model(spec)?;
     let start = Instant::now();
-    let (config, model) = match &location {
-        ModelLocation::Gguf(path) => load_gguf(path, opts)?,
-        ModelLocation::HfDir(dir) => load_hf_dir(dir, opts)?,
+    let (config, model, gguf_metadata) = match &location {
+        ModelLocation::Gguf(path) => {
+            let (config, model, metadata) = load_gguf(path, opts)?;
+            (config, model, Some(metadata))
+        }
+        ModelLocation::HfDir(dir) => {
+            let (config, model) = load_hf_dir(dir, opts)?;
+            (config, model, None)
+        }
     };
     let formats: Vec<String> = model
         .weight_formats()
@@ -47,17 +57,20 @@ pub fn load_model(spec: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadErr
         location,
         config,
         model,
+        gguf_metadata,
     })
 }
+
+type GgufMetadata = BTreeMap<String, GgufValue>;
 
 fn load_gguf(
     path: &Path,
     opts: &LoadOptions,
-) -> Result<(ModelConfig, LlamaForCausalLM), LoadError> {
-    let file = GgufFile::open(path)?;
+) -> Result<(ModelConfig, LlamaForCausalLM, GgufMetadata), LoadError> {
+    let mut file = GgufFile::open(path)?;
     let config = config_from_gguf(&file)?;
     let model = LlamaForCausalLM::load(&config, &GgufWeights::new(&file, &config), opts)?;
-    Ok((config, model))
+    Ok((config, model, std::mem::take(&mut file.metadata)))
 }
 
 fn load_hf_dir(

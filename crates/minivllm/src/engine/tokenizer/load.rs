@@ -1,10 +1,13 @@
 //! Finding and building the tokenizer of what `--model` names: a GGUF file's
 //! `tokenizer.ggml.*` metadata, or a Hugging Face folder's `tokenizer.json`.
 
+use std::collections::BTreeMap;
+
 use crate::engine::tokenizer::{GgufTokenizerSpec, Tokenizer};
 use crate::model_executor::loader::gguf::{GgufFile, GgufValue};
 use crate::model_executor::loader::hf::{resolve_model, ModelLocation};
 use crate::model_executor::loader::LoadError;
+use crate::model_executor::model_loader::LoadedModel;
 
 /// Loads the tokenizer of what `--model` names, reading no weights (clients such as
 /// `bench serve` count tokens without running the model).
@@ -18,16 +21,26 @@ impl Tokenizer {
     pub fn load(location: &ModelLocation) -> Result<Tokenizer, LoadError> {
         match location {
             ModelLocation::Gguf(path) => {
-                Tokenizer::from_gguf_spec(&gguf_tokenizer_spec(&GgufFile::open(path)?)?)
+                Tokenizer::from_gguf_spec(&gguf_tokenizer_spec(&GgufFile::open(path)?.metadata)?)
             }
             ModelLocation::HfDir(dir) => Tokenizer::from_hf_dir(dir),
+        }
+    }
+
+    /// The tokenizer of a model just loaded, from the GGUF metadata its loader kept.
+    pub fn for_model(model: &LoadedModel) -> Result<Tokenizer, LoadError> {
+        match &model.gguf_metadata {
+            Some(metadata) => Tokenizer::from_gguf_spec(&gguf_tokenizer_spec(metadata)?),
+            None => Tokenizer::load(&model.location),
         }
     }
 }
 
 /// Collects the `tokenizer.ggml.*` metadata the tokenizer is rebuilt from.
-pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec, LoadError> {
-    let get = |k: &str| file.get(&format!("tokenizer.ggml.{k}"));
+pub fn gguf_tokenizer_spec(
+    metadata: &BTreeMap<String, GgufValue>,
+) -> Result<GgufTokenizerSpec, LoadError> {
+    let get = |k: &str| metadata.get(&format!("tokenizer.ggml.{k}"));
     let strings = |k: &str| -> Vec<String> {
         get(k)
             .and_then(GgufValue::as_array)
@@ -73,7 +86,7 @@ pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec, LoadErr
         add_bos: flag("add_bos_token"),
         add_eos: flag("add_eos_token"),
         add_space_prefix: flag("add_space_prefix"),
-        chat_template: file
+        chat_template: metadata
             .get("tokenizer.chat_template")
             .and_then(GgufValue::as_str)
             .map(String::from),

@@ -14,7 +14,7 @@ fn smollm2_gguf_spec() -> Option<GgufTokenizerSpec> {
     let file =
         crate::model_executor::loader::gguf::GgufFile::open(&crate::testing::test_model_path())
             .unwrap();
-    Some(super::gguf_tokenizer_spec(&file).unwrap())
+    Some(super::gguf_tokenizer_spec(&file.metadata).unwrap())
 }
 
 #[derive(Deserialize)]

@@ -12,8 +12,8 @@ use tokio::sync::mpsc;
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn};
 use super::serving_engine::{
-    check_model, checked_params, delta, finish_reason, json_response, last_output, now, off_async,
-    parse, sse, stop_reason, submit, token_text, top, usage, Prompt,
+    check_model, checked_params, delta, finish_reason, fold, json_response, last_output, now,
+    off_async, parse, sse, stop_reason, submit, token_text, top, usage, Prompt,
 };
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
@@ -162,9 +162,12 @@ impl Reply {
                 return;
             }
         }
+        // The deltas folded together, so chunks can carry held-back text and logprobs.
         let mut last = None;
-        while let Some(out) = rx.recv().await {
-            for o in &out.outputs {
+        while let Some(next) = rx.recv().await {
+            let changed: Vec<usize> = next.outputs.iter().map(|o| o.index).collect();
+            let out = &*fold(&mut last, next);
+            for o in out.outputs.iter().filter(|o| changed.contains(&o.index)) {
                 if done[o.index] {
                     continue;
                 }
@@ -190,7 +193,6 @@ impl Reply {
                     return;
                 }
             }
-            last = Some(out);
         }
         if let (true, Some(out)) = (include_usage, last) {
             let mut c = self.body(OBJECT, json!([]));

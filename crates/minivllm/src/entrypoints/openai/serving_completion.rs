@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, CompletionRequest, PromptField};
 use super::serving_engine::{
-    check_model, checked_params, delta, finish_reason, json_response, last_output, merge, now,
-    off_async, parse, stop_reason, submit, token_text, top, usage, Prompt, Streams,
+    check_model, checked_params, delta, finish_reason, fold, json_response, last_output, merge,
+    now, off_async, parse, stop_reason, submit, token_text, top, usage, Prompt, Streams,
 };
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
@@ -193,8 +193,13 @@ impl Reply {
         let mut choices = vec![ChoiceStream::default(); self.prompts.len() * self.n];
         let mut merged = merge(streams);
         let (mut prompt_tokens, mut completion_tokens) = (0, 0);
-        while let Some((i, out)) = merged.recv().await {
-            for o in &out.outputs {
+        // Each prompt's deltas folded together, so chunks can carry held-back text and
+        // logprobs; folding costs what a delta holds.
+        let mut outputs: Vec<Option<RequestOutput>> = vec![None; self.prompts.len()];
+        while let Some((i, next)) = merged.recv().await {
+            let changed: Vec<usize> = next.outputs.iter().map(|o| o.index).collect();
+            let out = &*fold(&mut outputs[i], next);
+            for o in out.outputs.iter().filter(|o| changed.contains(&o.index)) {
                 let index = i * self.n + o.index;
                 let c = &mut choices[index];
                 // With n > 1 a finished choice keeps coming back while its siblings run.
@@ -213,7 +218,7 @@ impl Reply {
                     // logprobs go with the chunk that releases it.
                     continue;
                 }
-                let logprobs = self.logprobs(&out, o, c.tokens_sent, first, &mut c.offset);
+                let logprobs = self.logprobs(out, o, c.tokens_sent, first, &mut c.offset);
                 c.tokens_sent = o.token_ids.len();
                 let chunk = self.body(json!([self.choice(index, text, logprobs, o)]));
                 if tx.send(chunk).await.is_err() {

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::ApiError;
-use crate::engine::async_engine::NewRequest;
+use crate::engine::async_engine::{collect, NewRequest};
 use crate::engine::llm_engine::check_width;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
@@ -130,15 +130,25 @@ pub async fn submit(
     Ok(s.engine.generate_many(requests).await?)
 }
 
+/// A request's whole output, its deltas folded together.
 pub async fn last_output(
-    mut rx: mpsc::UnboundedReceiver<RequestOutput>,
+    rx: mpsc::UnboundedReceiver<RequestOutput>,
 ) -> Result<RequestOutput, ApiError> {
-    let mut last = None;
-    while let Some(out) = rx.recv().await {
-        last = Some(out);
-    }
-    last.filter(|o| o.finished)
+    collect(rx)
+        .await
+        .filter(|o| o.finished)
         .ok_or_else(|| ApiError::internal("the engine ended the request early"))
+}
+
+/// Folds `delta` into `acc` (the request's output so far) and returns the result.
+pub fn fold(acc: &mut Option<RequestOutput>, delta: RequestOutput) -> &mut RequestOutput {
+    match acc {
+        Some(out) => {
+            out.add(delta);
+            out
+        }
+        None => acc.insert(delta),
+    }
 }
 
 pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
