@@ -16,6 +16,21 @@ use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{RequestOutputKind, SamplingParams};
 
+/// Why the engine thread did not take a request: the engine refused it, or the thread
+/// itself could not (concerns of a served engine, not of `LLMEngine`).
+#[derive(Debug, thiserror::Error)]
+pub enum AsyncEngineError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(
+        "the server is overloaded: {max_waiting} requests are already waiting \
+         (--max-waiting-requests); retry later"
+    )]
+    Overloaded { max_waiting: usize },
+    #[error("the engine thread has stopped")]
+    Stopped,
+}
+
 enum Command {
     Add(Box<AddRequest>),
     Abort(String),
@@ -27,13 +42,13 @@ struct AddRequest {
     params: SamplingParams,
     priority: i32,
     outputs: mpsc::UnboundedSender<RequestOutput>,
-    reply: oneshot::Sender<Result<(), EngineError>>,
+    reply: oneshot::Sender<Result<(), AsyncEngineError>>,
 }
 
 /// How the engine thread admits requests.
 #[derive(Debug, Clone, Default)]
 pub struct AsyncEngineOptions {
-    /// Refuse a request (`EngineError::Overloaded`) that would leave more than this many
+    /// Refuse a request (`AsyncEngineError::Overloaded`) that would leave more than this many
     /// sequences waiting to be scheduled (see `over_limit`), so a burst costs a quick 503
     /// rather than unbounded memory and latency.
     pub max_waiting_requests: Option<usize>,
@@ -110,7 +125,7 @@ impl AsyncEngine {
         prompt: PromptInput,
         params: SamplingParams,
         priority: i32,
-    ) -> Result<mpsc::UnboundedReceiver<RequestOutput>, EngineError> {
+    ) -> Result<mpsc::UnboundedReceiver<RequestOutput>, AsyncEngineError> {
         let one = NewRequest {
             request_id: request_id.into(),
             prompt,
@@ -128,7 +143,7 @@ impl AsyncEngine {
     pub async fn generate_many(
         &self,
         requests: Vec<NewRequest>,
-    ) -> Result<Vec<mpsc::UnboundedReceiver<RequestOutput>>, EngineError> {
+    ) -> Result<Vec<mpsc::UnboundedReceiver<RequestOutput>>, AsyncEngineError> {
         let mut pending = Vec::with_capacity(requests.len());
         for r in requests {
             let (outputs, rx) = mpsc::unbounded_channel();
@@ -141,12 +156,14 @@ impl AsyncEngine {
                 outputs,
                 reply,
             }));
-            self.commands.send(cmd).map_err(|_| EngineError::Stopped)?;
+            self.commands
+                .send(cmd)
+                .map_err(|_| AsyncEngineError::Stopped)?;
             pending.push((rx, accepted));
         }
         let mut streams = Vec::with_capacity(pending.len());
         for (rx, accepted) in pending {
-            accepted.await.map_err(|_| EngineError::Stopped)??;
+            accepted.await.map_err(|_| AsyncEngineError::Stopped)??;
             streams.push(rx);
         }
         Ok(streams)
@@ -321,7 +338,7 @@ fn handle(
             } = *add;
             let result = match options.max_waiting_requests {
                 Some(max) if over_limit(engine, &params, max) => {
-                    Err(EngineError::Overloaded { max_waiting: max })
+                    Err(AsyncEngineError::Overloaded { max_waiting: max })
                 }
                 _ => {
                     // Streams carry deltas: a long completion costs the same per token at
@@ -337,7 +354,9 @@ fn handle(
                         output_kind,
                         ..params
                     };
-                    engine.add_request(request_id.clone(), prompt, params, priority)
+                    engine
+                        .add_request(request_id.clone(), prompt, params, priority)
+                        .map_err(AsyncEngineError::from)
                 }
             };
             match &result {
@@ -405,7 +424,10 @@ mod tests {
             ..params(4)
         };
         let err = engine.generate("c", "Hi".into(), bad, 0).await;
-        assert!(matches!(err, Err(EngineError::Validation(_))));
+        assert!(matches!(
+            err,
+            Err(AsyncEngineError::Engine(EngineError::Validation(_)))
+        ));
         let (a, b) = tokio::join!(last(a), last(b));
         assert!(a.finished && b.finished);
         assert_eq!(a.outputs[0].token_ids.len(), 8);
@@ -475,7 +497,10 @@ mod tests {
             .unwrap();
         let refused = engine.generate("d", "Hi".into(), params(4), 0).await;
         assert!(
-            matches!(refused, Err(EngineError::Overloaded { max_waiting: 4 })),
+            matches!(
+                refused,
+                Err(AsyncEngineError::Overloaded { max_waiting: 4 })
+            ),
             "{refused:?}"
         );
     }

@@ -36,11 +36,4 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error("model input: {0}")]
     Input(#[from] InputError),
-    #[error(
-        "the server is overloaded: {max_waiting} requests are already waiting \
-         (--max-waiting-requests); retry later"
-    )]
-    Overloaded { max_waiting: usize },
-    #[error("the engine thread has stopped")]
-    Stopped,
 }

@@ -4,6 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use crate::engine::async_engine::AsyncEngineError;
 use crate::engine::chat_template::ChatMessage;
 use crate::engine::llm_engine::EngineError;
 use crate::sampling_params::{SamplingParams, ValidationError};
@@ -339,10 +340,18 @@ impl From<EngineError> for ApiError {
             | EngineError::DuplicateRequest(_)
             | EngineError::Tokenizer(_) => Self::bad_request(e.to_string(), None),
             EngineError::TooManySequences { .. } => Self::bad_request(e.to_string(), Some("n")),
-            EngineError::Overloaded { .. } | EngineError::Stopped => {
+            other => Self::internal(other.to_string()),
+        }
+    }
+}
+
+impl From<AsyncEngineError> for ApiError {
+    fn from(e: AsyncEngineError) -> Self {
+        match e {
+            AsyncEngineError::Engine(e) => e.into(),
+            AsyncEngineError::Overloaded { .. } | AsyncEngineError::Stopped => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
             }
-            other => Self::internal(other.to_string()),
         }
     }
 }
@@ -432,7 +441,7 @@ mod tests {
 
     #[test]
     fn overload_is_503() {
-        let e = ApiError::from(EngineError::Overloaded { max_waiting: 4 });
+        let e = ApiError::from(AsyncEngineError::Overloaded { max_waiting: 4 });
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.kind(), "ServiceUnavailableError");
     }
