@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 
 # Everything is built by this one cargo invocation: narrower ones (`-p`, `--test`, `build`)
 # resolve features differently and would compile the crates again.
-cargo_test() { cargo test --workspace "$@"; }
+# With the MPI communicator where Open MPI is installed (scripts/mpi_features.sh).
+# shellcheck disable=SC2046 # the features are separate words
+cargo_test() { cargo test --workspace $(scripts/mpi_features.sh) "$@"; }
 if [ $# -gt 0 ]; then
   cargo_test --no-run "$@"
   [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] || cargo run --quiet -p minivllm-cli -- download-default-model
@@ -42,6 +44,15 @@ kernel_tests=$(test_binary minivllm_kernels)
 echo "kernel tests by instruction set (tests that ran or skipped each):"
 (cd crates/minivllm-kernels && "$kernel_tests" --nocapture 2>&1 | grep -E '^(RAN|SKIPPED) ' \
   | sed -E 's/ kernels in .*//' | sort | uniq -c)
+
+# The MPI communicator's collectives across 2 and 3 processes (built above with the feature).
+if [ -n "$(scripts/mpi_features.sh)" ]; then
+  for n in 2 3; do
+    timeout 120 mpirun --allow-run-as-root --oversubscribe -n "$n" target/debug/examples/mpi_collectives
+  done
+else
+  echo "SKIPPED the MPI tests: Open MPI or libclang is not installed (apt-get install openmpi-bin libopenmpi-dev libclang-dev)"
+fi
 
 # The OpenAI-compatible server through OpenAI's own Python client (tests/python, in .venv).
 # MINIVLLM_BIN picks the server binary (default target/debug/minivllm, built above),

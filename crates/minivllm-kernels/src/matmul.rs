@@ -265,6 +265,9 @@ unsafe fn tile<S: Simd>(s: S, g: Gemm, accumulate: bool) {
 ///
 /// # Safety
 /// As [`gemm_nt`] with `m = R`, `n = C`.
+// A register tile indexes the rows, the columns and the accumulators in step; the
+// rust-version's clippy (1.89) asks for iterators there.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn micro<S: Simd, const R: usize, const C: usize>(s: S, g: Gemm, accumulate: bool) {
     // Dev builds keep debug assertions, which check every `ptr.add` and `+`: the hot loop
@@ -442,6 +445,7 @@ unsafe fn packed_tile<S: Simd>(s: S, g: Gemm, panel: *const f32, accumulate: boo
 /// # Safety
 /// `g.x`: `R` readable rows of `g.k` at stride `g.ldx`; `panel`: `g.k × PV·LANES` floats;
 /// `g.out`: `R` writable rows of `g.n <= PV·LANES` at stride `g.ldo`.
+#[allow(clippy::needless_range_loop)] // as `micro`'s tile
 #[inline(always)]
 unsafe fn packed_micro<S: Simd, const R: usize>(
     s: S,

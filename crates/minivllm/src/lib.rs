@@ -9,6 +9,7 @@ pub use minivllm_kernels as kernels;
 
 pub mod config;
 pub mod core;
+pub mod distributed;
 pub mod engine;
 pub mod entrypoints;
 pub mod ids;

@@ -21,6 +21,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("model_executor", 20),
     // Shared by every layer: plain data and ids, importing nothing above.
     ("config", 10),
+    // Tensor parallelism's collectives, which the model's layers call.
+    ("distributed", 8),
     ("ids", 5),
     ("utils", 5),
     // The kernels crate, re-exported.

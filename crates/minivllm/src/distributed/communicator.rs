@@ -1,0 +1,113 @@
+//! The collectives a tensor-parallel group needs, and the one-process group.
+
+/// Why a collective failed: a rank is gone, or the ranks disagree about the call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommError {
+    #[error("rank {rank}: {what}")]
+    Mismatch { rank: usize, what: String },
+    #[error("the process group is broken: {0}")]
+    Broken(String),
+}
+
+/// What the ranks of a tensor-parallel group do together. Every rank calls the same
+/// collectives in the same order with the same lengths; a call returns on a rank once that
+/// rank's result is complete. Sums are taken in f32 whatever the compute dtype.
+pub trait Communicator: Send + Sync {
+    fn rank(&self) -> usize;
+
+    fn world_size(&self) -> usize;
+
+    /// Replaces `buf` on every rank by the element-wise sum of all ranks' `buf`s.
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError>;
+
+    /// Writes every rank's `local` (all of one length) into `out`, in rank order.
+    fn all_gather(&self, local: &[f32], out: &mut [f32]) -> Result<(), CommError>;
+
+    /// Gives every rank a copy of rank `root`'s `buf` (others' are resized to fit).
+    fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError>;
+
+    fn barrier(&self) -> Result<(), CommError>;
+}
+
+/// A group of one: every collective is the identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SingleProcess;
+
+impl Communicator for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn world_size(&self) -> usize {
+        1
+    }
+
+    fn all_reduce_sum(&self, _buf: &mut [f32]) -> Result<(), CommError> {
+        Ok(())
+    }
+
+    fn all_gather(&self, local: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        check_gather(0, 1, local, out)?;
+        out.copy_from_slice(local);
+        Ok(())
+    }
+
+    fn broadcast_bytes(&self, root: usize, _buf: &mut Vec<u8>) -> Result<(), CommError> {
+        check_root(0, 1, root)
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        Ok(())
+    }
+}
+
+/// An all-gather's output must hold exactly `world_size` copies of the local length.
+pub(crate) fn check_gather(
+    rank: usize,
+    world_size: usize,
+    local: &[f32],
+    out: &[f32],
+) -> Result<(), CommError> {
+    if out.len() != local.len() * world_size {
+        return Err(CommError::Mismatch {
+            rank,
+            what: format!(
+                "all_gather of {} values over {world_size} ranks into {} slots",
+                local.len(),
+                out.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_root(rank: usize, world_size: usize, root: usize) -> Result<(), CommError> {
+    if root >= world_size {
+        return Err(CommError::Mismatch {
+            rank,
+            what: format!("broadcast from rank {root} in a group of {world_size}"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_process_collectives_are_the_identity() {
+        let c = SingleProcess;
+        let mut buf = vec![1.0, -2.5];
+        c.all_reduce_sum(&mut buf).unwrap();
+        assert_eq!(buf, [1.0, -2.5]);
+        let mut out = vec![0.0; 2];
+        c.all_gather(&buf, &mut out).unwrap();
+        assert_eq!(out, buf);
+        assert!(c.all_gather(&buf, &mut [0.0; 3]).is_err());
+        let mut bytes = b"step".to_vec();
+        c.broadcast_bytes(0, &mut bytes).unwrap();
+        assert_eq!(bytes, b"step");
+        assert!(c.broadcast_bytes(1, &mut bytes).is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! Tensor parallelism's collectives: what the ranks of a group do together.
+//!
+//! Layers see only the [`Communicator`] trait: one process ([`SingleProcess`]), threads of
+//! one process standing in for ranks in tests ([`ThreadGroup`]), MPI across processes and
+//! hosts (`mpi.rs`, cargo feature `mpi`), and NCCL for GPUs later.
+
+mod communicator;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+mod thread_group;
+
+pub use communicator::{CommError, Communicator, SingleProcess};
+pub use thread_group::ThreadGroup;
