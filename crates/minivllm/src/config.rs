@@ -153,6 +153,32 @@ impl ModelConfig {
         }
     }
 
+    /// One tensor-parallel rank's part of the model: attention heads, KV heads, the MLP's
+    /// width and the vocabulary divided by `world_size`; an error names what does not divide.
+    pub fn tensor_parallel_part(&self, world_size: usize) -> Result<ModelConfig, ConfigError> {
+        let parts = [
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("intermediate_size", self.intermediate_size),
+            ("vocab_size", self.vocab_size),
+        ];
+        if let Some((name, v)) = parts
+            .iter()
+            .find(|(_, v)| world_size == 0 || !v.is_multiple_of(world_size))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "{name} ({v}) does not divide over {world_size} tensor-parallel ranks"
+            )));
+        }
+        Ok(ModelConfig {
+            num_attention_heads: self.num_attention_heads / world_size,
+            num_key_value_heads: self.num_key_value_heads / world_size,
+            intermediate_size: self.intermediate_size / world_size,
+            vocab_size: self.vocab_size / world_size,
+            ..self.clone()
+        })
+    }
+
     pub fn q_size(&self) -> usize {
         self.num_attention_heads * self.head_dim
     }

@@ -42,6 +42,9 @@ pub enum InputError {
     BadSequence { seq: usize, reason: String },
     #[error("batch: {0}")]
     BadBatch(String),
+    /// A tensor-parallel collective failed: another rank is gone or out of step.
+    #[error(transparent)]
+    Collective(#[from] crate::distributed::CommError),
 }
 
 impl InputMetadata {

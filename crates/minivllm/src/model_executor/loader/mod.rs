@@ -9,6 +9,7 @@ pub mod gguf_writer;
 
 pub mod hf;
 pub mod safetensors;
+pub mod sharded;
 pub mod weights;
 
 /// Reads and parses a JSON file, naming the file in any error.

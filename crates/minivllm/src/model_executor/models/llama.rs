@@ -1,14 +1,19 @@
 //! LLaMA-family decoder (Llama 2/3, Mistral, SmolLM2, TinyLlama): RMSNorm, GQA attention
 //! with RoPE over a paged KV cache, SwiGLU MLP, optionally tied embeddings.
 
+use std::ops::Range;
+use std::sync::Arc;
+
 use minivllm_kernels::activation::silu_and_mul;
 
 use crate::config::ModelConfig;
+use crate::distributed::{Communicator, SingleProcess};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::rotary::{RopeTableError, RotaryEmbedding};
+use crate::model_executor::loader::sharded::{Rank, ShardedSource, SplitDim};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
@@ -25,6 +30,12 @@ struct DecoderLayer {
 
 pub struct LlamaForCausalLM {
     config: ModelConfig,
+    /// This rank's part of `config` (all of it in one process): its heads, KV heads, MLP
+    /// width and vocabulary rows.
+    local: ModelConfig,
+    comm: Arc<dyn Communicator>,
+    /// The vocabulary rows of the embeddings (and LM head) this rank holds.
+    vocab_rows: Range<usize>,
     /// Rows are dequantised as tokens look them up; a tied LM head multiplies by it as stored.
     embed_tokens: WeightMatrix,
     layers: Vec<DecoderLayer>,
@@ -49,6 +60,8 @@ pub struct ForwardBuffers {
     act: Vec<f32>,
     last_hidden: Vec<f32>,
     logits: Vec<f32>,
+    /// Every rank's logits, rank after rank, before they are laid out by row.
+    gathered: Vec<f32>,
 }
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -62,8 +75,30 @@ impl LlamaForCausalLM {
         src: &dyn WeightSource,
         opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
+        Self::load_parallel(config, src, opts, Arc::new(SingleProcess))
+    }
+
+    /// This rank's part of the model (Megatron's tensor parallelism): q/k/v and gate/up
+    /// split by output rows (whole heads), the output and down projections by input
+    /// columns (their partial sums all-reduced), the embeddings and LM head by vocabulary.
+    /// Each tensor is cut as it is read, in its stored format.
+    pub fn load_parallel(
+        config: &ModelConfig,
+        src: &dyn WeightSource,
+        opts: &LoadOptions,
+        comm: Arc<dyn Communicator>,
+    ) -> Result<Self, LoadError> {
         config.validate()?;
-        let c = config;
+        let rank = Rank {
+            rank: comm.rank(),
+            world_size: comm.world_size(),
+        };
+        let local = config.tensor_parallel_part(rank.world_size)?;
+        let split = |name: &str| llama_split(name);
+        let sharded = ShardedSource::new(src, rank, &split);
+        let src: &dyn WeightSource = if rank.world_size == 1 { src } else { &sharded };
+        let vocab_rows = rank.rank * local.vocab_size..(rank.rank + 1) * local.vocab_size;
+        let c = &local;
         let h = c.hidden_size;
         let out_opts = opts.for_output();
         let embed_tokens = WeightMatrix::load_rows(
@@ -92,7 +127,10 @@ impl LlamaForCausalLM {
             )?)
         };
         Ok(Self {
-            config: c.clone(),
+            config: config.clone(),
+            local: local.clone(),
+            comm,
+            vocab_rows,
             embed_tokens,
             layers,
             norm: RmsNorm::load(src, "model.norm.weight", h, c.rms_norm_eps)?,
@@ -103,6 +141,11 @@ impl LlamaForCausalLM {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// This rank's part of the model: what its KV cache and buffers are sized by.
+    pub fn local_config(&self) -> &ModelConfig {
+        &self.local
     }
 
     /// Sizes what depends on the longest sequence (the RoPE table) to `max_model_len`
@@ -187,11 +230,11 @@ impl LlamaForCausalLM {
         block_size: usize,
         buf: &'b mut ForwardBuffers,
     ) -> Result<&'b [f32], InputError> {
-        let c = &self.config;
+        let c = &self.local;
         let num_blocks = kv_caches
             .first()
             .map_or(0, |kv| kv.key.len() / (block_size * c.kv_size()).max(1));
-        input.validate(block_size, num_blocks, c.vocab_size)?;
+        input.validate(block_size, num_blocks, self.config.vocab_size)?;
         if kv_caches.len() != c.num_hidden_layers {
             return Err(InputError::BadBatch(format!(
                 "{} KV caches for {} layers",
@@ -219,10 +262,7 @@ impl LlamaForCausalLM {
         );
         let meta = AttentionMetadata::new(input);
 
-        let hidden = sized(&mut buf.hidden, t * h);
-        for (row, &tok) in hidden.chunks_exact_mut(h).zip(&input.token_ids) {
-            self.embed_tokens.row_into(tok as usize, row);
-        }
+        self.embed(&input.token_ids, buf)?;
         sized(&mut buf.residual, t * h);
         for (i, layer) in self.layers.iter().enumerate() {
             if i == 0 {
@@ -236,14 +276,30 @@ impl LlamaForCausalLM {
                     .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             }
             self.attention_block(layer, input, &meta, &attn, &mut kv_caches[i], buf);
+            self.comm.all_reduce_sum(&mut buf.hidden)?;
             layer
                 .post_attention_layernorm
                 .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             self.mlp_block(layer, t, buf);
+            self.comm.all_reduce_sum(&mut buf.hidden)?;
         }
         self.norm
             .forward_fused_add(&mut buf.hidden, &mut buf.residual);
-        Ok(self.compute_logits(&input.logits_indices, buf))
+        self.compute_logits(&input.logits_indices, buf)
+    }
+
+    /// Each token's embedding row; with the vocabulary split, the rank holding a token's
+    /// row gives it and the others zeros, summed over the ranks.
+    fn embed(&self, tokens: &[u32], buf: &mut ForwardBuffers) -> Result<(), InputError> {
+        let h = self.config.hidden_size;
+        let hidden = sized(&mut buf.hidden, tokens.len() * h);
+        for (row, &tok) in hidden.chunks_exact_mut(h).zip(tokens) {
+            match (tok as usize).checked_sub(self.vocab_rows.start) {
+                Some(r) if r < self.vocab_rows.len() => self.embed_tokens.row_into(r, row),
+                _ => row.fill(0.0),
+            }
+        }
+        Ok(self.comm.all_reduce_sum(hidden)?)
     }
 
     /// `hidden = o_proj(attention(rope(q), rope(k), v))`, from the normed `hidden`.
@@ -256,7 +312,7 @@ impl LlamaForCausalLM {
         kv: &mut LayerKvCache,
         buf: &mut ForwardBuffers,
     ) {
-        let c = &self.config;
+        let c = &self.local;
         let t = input.num_tokens();
         let (qs, kvs) = (c.q_size(), c.kv_size());
         let qkv = sized(&mut buf.qkv, t * (qs + 2 * kvs));
@@ -280,7 +336,7 @@ impl LlamaForCausalLM {
 
     /// `hidden = down(silu(gate(hidden)) * up(hidden))`.
     fn mlp_block(&self, layer: &DecoderLayer, t: usize, buf: &mut ForwardBuffers) {
-        let inter = self.config.intermediate_size;
+        let inter = self.local.intermediate_size;
         let gate_up = sized(&mut buf.gate_up, t * 2 * inter);
         layer.gate_up_proj.forward(&buf.hidden, gate_up, t);
         let act = sized(&mut buf.act, t * inter);
@@ -290,20 +346,64 @@ impl LlamaForCausalLM {
 
     /// Projects only the rows that need logits: a prompt of 500 tokens needs one row, and
     /// the vocabulary projection is the largest matmul of the model.
-    fn compute_logits<'b>(&self, indices: &[usize], buf: &'b mut ForwardBuffers) -> &'b [f32] {
+    fn compute_logits<'b>(
+        &self,
+        indices: &[usize],
+        buf: &'b mut ForwardBuffers,
+    ) -> Result<&'b [f32], InputError> {
         let h = self.config.hidden_size;
-        let vocab = self.config.vocab_size;
+        let (vocab, part) = (self.config.vocab_size, self.local.vocab_size);
         let n = indices.len();
         let last = sized(&mut buf.last_hidden, n * h);
         for (row, &i) in last.chunks_exact_mut(h).zip(indices) {
             row.copy_from_slice(&buf.hidden[i * h..(i + 1) * h]);
         }
-        let logits = sized(&mut buf.logits, n * vocab);
+        let world = self.comm.world_size();
+        let own = if world == 1 {
+            &mut buf.logits
+        } else {
+            &mut buf.gathered
+        };
+        let own = sized(own, n * part);
         match &self.lm_head {
-            Some(head) => head.forward(last, logits, n),
-            None => self.embed_tokens.matmul(last, logits, n),
+            Some(head) => head.forward(last, own, n),
+            None => self.embed_tokens.matmul(last, own, n),
         }
-        &buf.logits[..n * vocab]
+        // Every rank has the same batch, so all take this branch or none.
+        if world > 1 && n > 0 {
+            // Gathered rank after rank, each `[n, part]`; laid out as `[n, vocab]`.
+            let logits = sized(&mut buf.logits, n * vocab);
+            self.comm.all_gather(&buf.gathered[..n * part], logits)?;
+            let gathered = sized(&mut buf.gathered, n * vocab);
+            gathered.copy_from_slice(logits);
+            for (r, chunk) in gathered.chunks_exact(n * part).enumerate() {
+                for (i, row) in chunk.chunks_exact(part).enumerate() {
+                    logits[i * vocab + r * part..i * vocab + (r + 1) * part].copy_from_slice(row);
+                }
+            }
+        }
+        Ok(&buf.logits[..n * vocab])
+    }
+}
+
+/// How tensor parallelism splits each LLaMA weight (norms stay whole on every rank).
+fn llama_split(name: &str) -> Option<SplitDim> {
+    const ROWS: [&str; 7] = [
+        "q_proj.weight",
+        "k_proj.weight",
+        "v_proj.weight",
+        "gate_proj.weight",
+        "up_proj.weight",
+        "embed_tokens.weight",
+        "lm_head.weight",
+    ];
+    const COLS: [&str; 2] = ["o_proj.weight", "down_proj.weight"];
+    if ROWS.iter().any(|s| name.ends_with(s)) {
+        Some(SplitDim::Rows)
+    } else if COLS.iter().any(|s| name.ends_with(s)) {
+        Some(SplitDim::Cols)
+    } else {
+        None
     }
 }
 
