@@ -30,13 +30,13 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
         print(m["executable"])' "$1" | head -1
 }
-reference_test=$(test_binary model_reference)
-[ -n "$reference_test" ] || { echo "test.sh: no model_reference test binary found" >&2; exit 1; }
+reference_test=$(test_binary integration)
+[ -n "$reference_test" ] || { echo "test.sh: no integration test binary found" >&2; exit 1; }
 # One test per kernel family runs there (f32; Q4_1 with the Q8_0 tied embedding and LM
 # head; Q4_K with Q6_K; the f16 KV cache); the others are redundant on the scalar path:
 # greedy generation runs the teacher-forced test's kernels (its engine logic is tested
 # above), and the kernel tests compare each format's and bf16's scalar code with references.
-(cd crates/minivllm && MINIVLLM_ISA=scalar "$reference_test" \
+(cd crates/minivllm && MINIVLLM_ISA=scalar "$reference_test" model_reference:: \
   --skip greedy_generation_reproduces_reference_ids --skip requantised_q8_0_stays_close_to_transformers \
   --skip q5_k_m_file_matches_its_f32_path --skip bfloat16_kv_cache_stays_close_to_transformers)
 
@@ -61,3 +61,8 @@ fi
 # MINIVLLM_TEST_MODEL the model (default models/SmolLM2-135M-Instruct.Q4_1.gguf).
 ./scripts/python_env.sh
 .venv/bin/python -m pytest -q tests/python
+# The same tests against a server split over 3 ranks (SmolLM2's 9 heads and 3 KV heads),
+# each held to one process's answers: greedy text, streams, n=2, and batch invariance.
+if [ -n "$(scripts/mpi_features.sh)" ]; then
+  MINIVLLM_TENSOR_PARALLEL=3 .venv/bin/python -m pytest -q tests/python
+fi

@@ -1,7 +1,9 @@
 """Fixtures of the Python client tests: one `minivllm serve` for the whole session.
 
 The binary is `MINIVLLM_BIN` (default target/debug/minivllm) and the model `MINIVLLM_TEST_MODEL`
-(default models/SmolLM2-135M-Instruct.Q4_1.gguf), both relative to the repo root.
+(default models/SmolLM2-135M-Instruct.Q4_1.gguf), both relative to the repo root. With
+`MINIVLLM_TENSOR_PARALLEL=N` the server is N tensor-parallel ranks started by `mpirun` (a build
+with the `mpi` feature), and the tests hold it to what one process answers.
 """
 
 import os
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVED_MODEL_NAME = "smol"
 MAX_MODEL_LEN = 2048
 STARTUP_TIMEOUT_S = 120
+TENSOR_PARALLEL = int(os.environ.get("MINIVLLM_TENSOR_PARALLEL", "1"))
 
 
 def _path_from_env(var: str, default: str) -> str:
@@ -69,6 +72,10 @@ def server_url(binary: str, model: str):
         "--kv-cache-memory", "128MiB",
         "--max-model-len", str(MAX_MODEL_LEN),
     ]
+    if TENSOR_PARALLEL > 1:
+        n = str(TENSOR_PARALLEL)
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", n, *cmd,
+               "--tensor-parallel-size", n, "--threads", "1"]
     # stderr goes to a file, not a pipe nobody reads, so the server never blocks on its logs;
     # we read it through a descriptor of our own, so reading never moves the server's writes.
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "serve.log", "a") as log:
@@ -89,8 +96,13 @@ def server_url(binary: str, model: str):
                 time.sleep(0.1)
             yield url
         finally:
-            proc.kill()
-            proc.wait()
+            # A signal mpirun can pass on: killed outright, it would leave its ranks behind.
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.fixture(scope="session")

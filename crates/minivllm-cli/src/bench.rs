@@ -69,6 +69,18 @@ struct LatencyArgs {
     json: bool,
 }
 
+impl BenchArgs {
+    /// The model options of a benchmark that runs a model here.
+    pub fn model_args(&self) -> Option<&ModelArgs> {
+        match &self.kind {
+            BenchKind::Latency(a) => Some(&a.model),
+            BenchKind::Throughput(a) => Some(&a.engine.model),
+            BenchKind::Sweep(a) => Some(a.model_args()),
+            BenchKind::Serve(_) | BenchKind::Machine(_) => None,
+        }
+    }
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.kind {
         BenchKind::Latency(a) => latency(a),
@@ -166,6 +178,9 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
 struct Timing {
     prefill: Duration,
     decode: Duration,
+    /// Of each, the time in tensor parallelism's collectives (on rank 0), where measured.
+    prefill_comm: Option<Duration>,
+    decode_comm: Option<Duration>,
 }
 
 fn latency(args: LatencyArgs) -> anyhow::Result<()> {
@@ -233,6 +248,13 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             "weights": formats,
             "weight_bytes_per_step": weight_bytes,
         });
+        if let Some(c) = t.prefill_comm {
+            report["tensor_parallel_size"] = args.model.tensor_parallel_size.into();
+            report["prefill_collective_seconds"] = c.as_secs_f64().into();
+        }
+        if let (Some(c), true) = (t.decode_comm, decode_steps > 0) {
+            report["decode_collective_seconds"] = c.as_secs_f64().into();
+        }
         if decode_steps > 0 {
             report["decode_seconds"] = t.decode.as_secs_f64().into();
             report["decode_tokens_per_second"] = decode_tps.into();
@@ -270,9 +292,32 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         formats.join(", "),
         weight_bytes / 1e6
     );
+    print_collectives(t, args.model.tensor_parallel_size, decode_steps);
     env.print();
     shares.print_hint();
     Ok(())
+}
+
+/// With tensor parallelism: the share of each phase that rank 0 spent in collectives
+/// (sending, and waiting for the slowest rank).
+fn print_collectives(t: &Timing, tensor_parallel_size: usize, decode_steps: usize) {
+    let share = |c: Duration, of: Duration| 100.0 * c.as_secs_f64() / of.as_secs_f64();
+    if let Some(c) = t.prefill_comm {
+        println!(
+            "tensor parallel {tensor_parallel_size}, rank 0 in collectives: prefill {:.3} s \
+             ({:.0} %)",
+            c.as_secs_f64(),
+            share(c, t.prefill)
+        );
+    }
+    if let (Some(c), true) = (t.decode_comm, decode_steps > 0) {
+        println!(
+            "tensor parallel {tensor_parallel_size}, rank 0 in collectives: decode {:.2} ms \
+             per step ({:.0} %)",
+            c.as_secs_f64() * 1e3 / decode_steps as f64,
+            share(c, t.decode)
+        );
+    }
 }
 
 /// A run's rates as shares of this machine's limits, when `bench machine` has measured them.
@@ -410,6 +455,7 @@ fn latency_engine_args(args: &LatencyArgs) -> anyhow::Result<EngineArgs> {
         enable_prefix_caching: false,
         threads: m.threads,
         load: m.load_options(),
+        tensor_parallel_size: m.tensor_parallel_size,
         ..EngineArgs::default()
     })
 }
@@ -435,15 +481,19 @@ fn run_once(
         let id = format!("latency-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
         engine.add_request(id, PromptInput::from(p.clone()), params.clone(), 0)?;
     }
-    let start = Instant::now();
+    let comm = |engine: &LLMEngine| engine.model().communicator().time_in_collectives();
+    let (start, comm_start) = (Instant::now(), comm(engine));
     engine.step()?;
     let prefill = start.elapsed();
+    let comm_prefill_end = comm(engine);
     let start = Instant::now();
     let mut steps = 0;
     while engine.has_unfinished_requests() {
         engine.step()?;
         steps += 1;
     }
+    let decode = start.elapsed();
+    let comm_end = comm(engine);
     if steps != output_len.saturating_sub(1) {
         bail!(
             "the batch took {steps} decode steps, not {}: the prompts did not prefill in one step \
@@ -451,8 +501,11 @@ fn run_once(
             output_len.saturating_sub(1)
         );
     }
+    let between = |a: Option<Duration>, b: Option<Duration>| Some(b? - a?);
     Ok(Timing {
         prefill,
-        decode: start.elapsed(),
+        decode,
+        prefill_comm: between(comm_start, comm_prefill_end),
+        decode_comm: between(comm_prefill_end, comm_end),
     })
 }

@@ -38,6 +38,12 @@ struct Point {
     output_tokens_per_second: f64,
 }
 
+impl SweepArgs {
+    pub fn model_args(&self) -> &crate::ModelArgs {
+        &self.engine.model
+    }
+}
+
 pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     if args.num_seqs.is_empty() || args.num_seqs.contains(&0) {
         bail!("--num-seqs must list positive numbers of sequences");

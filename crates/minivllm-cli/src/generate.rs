@@ -16,7 +16,7 @@ use crate::EngineFlags;
 #[derive(clap::Args)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    engine: EngineFlags,
+    pub engine: EngineFlags,
     #[command(flatten)]
     sampling: SamplingFlags,
     /// A prompt (repeat for several; they run as one batch).

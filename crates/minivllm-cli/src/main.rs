@@ -9,7 +9,9 @@ mod generate;
 mod quantize;
 mod serve;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use minivllm::engine::worker_process::{start_rank, Role};
 
 /// The model used when `--model` is not given (fetched by `minivllm download-default-model`).
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -73,6 +75,12 @@ pub struct ModelArgs {
     /// llama.cpp), `float32`, `float16` or `bfloat16`.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: minivllm::worker::cache_engine::CacheDtype,
+    /// Ranks to split each layer over (Megatron-style tensor parallelism): start as many
+    /// processes, on one host or several, with `mpirun -n N minivllm ... --tensor-parallel-size N`
+    /// (a build with the `mpi` feature). Rank 0 runs the engine; each rank holds 1/N of the
+    /// weights and KV cache.
+    #[arg(long, visible_alias = "tp", default_value_t = 1)]
+    pub tensor_parallel_size: usize,
 }
 
 /// Engine options beyond the model: scheduling and caching, with vLLM's flag names.
@@ -123,6 +131,7 @@ impl EngineFlags {
             scheduling_policy: self.scheduling_policy,
             threads: m.threads,
             load: m.load_options(),
+            tensor_parallel_size: m.tensor_parallel_size,
         })
     }
 }
@@ -151,17 +160,41 @@ fn main() {
         // Colour codes would litter log files and journald.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
-    let result = match cli.command {
+    if let Err(e) = run(Cli::parse().command) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    // Every process of a tensor-parallel job runs this same command line: rank 0 goes on to
+    // run it, the others serve as its workers until it stops. The group lives until the
+    // command is done.
+    let _group = match command.tensor_parallel_size() {
+        Some(size) => match start_rank(size).context("tensor parallelism")? {
+            Role::Driver { group } => Some(group),
+            Role::WorkerDone => return Ok(()),
+        },
+        None => None,
+    };
+    match command {
         Command::Generate(args) => generate::run(*args),
         Command::DownloadDefaultModel(args) => download::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::Quantize(args) => quantize::run(args),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+    }
+}
+
+impl Command {
+    /// `--tensor-parallel-size` of a command that runs a model.
+    fn tensor_parallel_size(&self) -> Option<usize> {
+        match self {
+            Command::Generate(args) => Some(args.engine.model.tensor_parallel_size),
+            Command::Serve(args) => Some(args.engine.model.tensor_parallel_size),
+            Command::Bench(args) => args.model_args().map(|m| m.tensor_parallel_size),
+            Command::DownloadDefaultModel(_) | Command::Quantize(_) => None,
+        }
     }
 }
 

@@ -79,12 +79,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_waiting_requests: args.max_waiting_requests,
     };
     let engine = AsyncEngine::with_options(engine, options);
+    let engine_thread = engine.take_thread();
     let rt = tokio::runtime::Builder::new_multi_thread()
         // The engine has its own thread and kernel pool; the server only shuffles bytes.
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
@@ -119,7 +120,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 Ok(())
             }
         }
-    })
+    });
+    // Dropping the runtime drops the last handles to the engine; its thread then drops the
+    // engine, which, with tensor parallelism, stops the workers, and must do so before this
+    // thread ends MPI by dropping the group.
+    drop(rt);
+    if let Some(thread) = engine_thread {
+        let _ = thread.join();
+    }
+    served
 }
 
 async fn shutdown_signal() {

@@ -340,7 +340,7 @@ mod tests {
     }
 
     /// `KBlock::value` is ggml's dequantisation bit for bit (the dequantiser it is compared
-    /// with is pinned to gguf-py's by `tests/gguf_dequant.rs`).
+    /// with is pinned to gguf-py's by `tests/integration/gguf_dequant.rs`).
     #[test]
     fn values_equal_the_dequantiser_bit_for_bit() {
         let mut r = rng(22);

@@ -154,11 +154,11 @@ impl ModelConfig {
     }
 
     /// One tensor-parallel rank's part of the model: attention heads, KV heads, the MLP's
-    /// width and the vocabulary divided by `world_size`; an error names what does not divide.
+    /// width and the vocabulary divided by `world_size` (KV heads fewer than the ranks are
+    /// replicated, one per rank); an error names what does not divide.
     pub fn tensor_parallel_part(&self, world_size: usize) -> Result<ModelConfig, ConfigError> {
         let parts = [
             ("num_attention_heads", self.num_attention_heads),
-            ("num_key_value_heads", self.num_key_value_heads),
             ("intermediate_size", self.intermediate_size),
             ("vocab_size", self.vocab_size),
         ];
@@ -170,9 +170,21 @@ impl ModelConfig {
                 "{name} ({v}) does not divide over {world_size} tensor-parallel ranks"
             )));
         }
+        // Fewer KV heads than ranks: each is replicated on the ranks whose query heads use it.
+        let kv = self.num_key_value_heads;
+        let local_kv = if kv.is_multiple_of(world_size) {
+            kv / world_size
+        } else if world_size.is_multiple_of(kv) {
+            1
+        } else {
+            return Err(ConfigError::Invalid(format!(
+                "num_key_value_heads ({kv}) neither divides over {world_size} tensor-parallel \
+                 ranks nor divides {world_size} (to be replicated)"
+            )));
+        };
         Ok(ModelConfig {
             num_attention_heads: self.num_attention_heads / world_size,
-            num_key_value_heads: self.num_key_value_heads / world_size,
+            num_key_value_heads: local_kv,
             intermediate_size: self.intermediate_size / world_size,
             vocab_size: self.vocab_size / world_size,
             ..self.clone()

@@ -3,7 +3,7 @@
 use crate::sequence::Sequence;
 
 /// vLLM's `--scheduling-policy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Policy {
     /// First come, first served.
     #[default]

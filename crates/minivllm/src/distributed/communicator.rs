@@ -7,6 +7,9 @@ pub enum CommError {
     Mismatch { rank: usize, what: String },
     #[error("the process group is broken: {0}")]
     Broken(String),
+    /// The group cannot be formed as asked (sizes, launcher, build).
+    #[error("{0}")]
+    Setup(String),
 }
 
 /// What the ranks of a tensor-parallel group do together. Every rank calls the same
@@ -23,10 +26,20 @@ pub trait Communicator: Send + Sync {
     /// Writes every rank's `local` (all of one length) into `out`, in rank order.
     fn all_gather(&self, local: &[f32], out: &mut [f32]) -> Result<(), CommError>;
 
+    /// Writes every rank's `local` (all of one length) into `out` on rank `root`, in rank
+    /// order; on the other ranks `out` is not touched (and may be empty).
+    fn gather(&self, root: usize, local: &[f32], out: &mut [f32]) -> Result<(), CommError>;
+
     /// Gives every rank a copy of rank `root`'s `buf` (others' are resized to fit).
     fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError>;
 
     fn barrier(&self) -> Result<(), CommError>;
+
+    /// Time this rank has spent in collectives so far (waiting for slower ranks included),
+    /// where the communicator keeps count: what benchmarks report as communication.
+    fn time_in_collectives(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// A group of one: every collective is the identity.
@@ -50,6 +63,11 @@ impl Communicator for SingleProcess {
         check_gather(0, 1, local, out)?;
         out.copy_from_slice(local);
         Ok(())
+    }
+
+    fn gather(&self, root: usize, local: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        check_root(0, 1, root)?;
+        self.all_gather(local, out)
     }
 
     fn broadcast_bytes(&self, root: usize, _buf: &mut Vec<u8>) -> Result<(), CommError> {
@@ -104,6 +122,10 @@ mod tests {
         let mut out = vec![0.0; 2];
         c.all_gather(&buf, &mut out).unwrap();
         assert_eq!(out, buf);
+        out.fill(0.0);
+        c.gather(0, &buf, &mut out).unwrap();
+        assert_eq!(out, buf);
+        assert!(c.gather(1, &buf, &mut out).is_err());
         assert!(c.all_gather(&buf, &mut [0.0; 3]).is_err());
         let mut bytes = b"step".to_vec();
         c.broadcast_bytes(0, &mut bytes).unwrap();

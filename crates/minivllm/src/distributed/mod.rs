@@ -5,9 +5,11 @@
 //! hosts (`mpi.rs`, cargo feature `mpi`), and NCCL for GPUs later.
 
 mod communicator;
+mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod thread_group;
 
 pub use communicator::{CommError, Communicator, SingleProcess};
+pub use group::init_group;
 pub use thread_group::ThreadGroup;

@@ -1,9 +1,11 @@
 //! The MPI group: ranks are processes started by `mpirun`, on one host or several (Open MPI
 //! through the `mpi` crate; cargo feature `mpi`).
 
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
@@ -14,7 +16,7 @@ use super::communicator::{check_gather, check_root, CommError, Communicator};
 /// MPI's state for this process; dropping it finalises MPI.
 struct Mpi {
     world: SimpleCommunicator,
-    /// The send side of an all-reduce (MPI wants it apart from the result).
+    /// Every rank's values of an all-reduce, before they are summed.
     scratch: Vec<f32>,
     // Last: dropped after `world`.
     _universe: Universe,
@@ -29,6 +31,35 @@ pub struct MpiCommunicator {
     rank: usize,
     world_size: usize,
     inner: Mutex<Mpi>,
+    /// Nanoseconds spent in collectives (waiting for the other ranks included).
+    busy: AtomicU64,
+}
+
+/// MPI, held for one collective, which is timed until the hold ends.
+struct Held<'a> {
+    mpi: MutexGuard<'a, Mpi>,
+    since: Instant,
+    busy: &'a AtomicU64,
+}
+
+impl Deref for Held<'_> {
+    type Target = Mpi;
+    fn deref(&self) -> &Mpi {
+        &self.mpi
+    }
+}
+
+impl DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Mpi {
+        &mut self.mpi
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let nanos = self.since.elapsed().as_nanos() as u64;
+        self.busy.fetch_add(nanos, Ordering::Relaxed);
+    }
 }
 
 impl MpiCommunicator {
@@ -51,11 +82,16 @@ impl MpiCommunicator {
                 scratch: Vec::new(),
                 _universe: universe,
             }),
+            busy: AtomicU64::new(0),
         })
     }
 
-    fn mpi(&self) -> MutexGuard<'_, Mpi> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn mpi(&self) -> Held<'_> {
+        Held {
+            mpi: self.inner.lock().unwrap_or_else(|e| e.into_inner()),
+            since: Instant::now(),
+            busy: &self.busy,
+        }
     }
 }
 
@@ -68,18 +104,40 @@ impl Communicator for MpiCommunicator {
         self.world_size
     }
 
+    /// Gathers every rank's values and sums them in rank order, rather than MPI_Allreduce:
+    /// Open MPI picks its reduction algorithm by message size, and each associates the same
+    /// floats differently, so a sequence's logits would change with what else shares its
+    /// batch (and greedy output with them: batch invariance is lost). Rank-order sums are
+    /// the same for any batch, on every rank, and equal `ThreadGroup`'s bit for bit. The
+    /// cost: each rank receives (N-1) copies instead of about 2(N-1)/N, the same at N = 2.
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
         let mut mpi = self.mpi();
         let Mpi { world, scratch, .. } = &mut *mpi;
-        scratch.clear();
-        scratch.extend_from_slice(buf);
-        world.all_reduce_into(&scratch[..], buf, SystemOperation::sum());
+        scratch.resize(buf.len() * self.world_size, 0.0);
+        world.all_gather_into(&*buf, &mut scratch[..]);
+        buf.copy_from_slice(&scratch[..buf.len()]);
+        for part in scratch.chunks_exact(buf.len().max(1)).skip(1) {
+            buf.iter_mut().zip(part).for_each(|(b, x)| *b += x);
+        }
         Ok(())
     }
 
     fn all_gather(&self, local: &[f32], out: &mut [f32]) -> Result<(), CommError> {
         check_gather(self.rank, self.world_size, local, out)?;
         self.mpi().world.all_gather_into(local, out);
+        Ok(())
+    }
+
+    fn gather(&self, root: usize, local: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        check_root(self.rank, self.world_size, root)?;
+        let mpi = self.mpi();
+        let root_process = mpi.world.process_at_rank(root as i32);
+        if self.rank == root {
+            check_gather(self.rank, self.world_size, local, out)?;
+            root_process.gather_into_root(local, out);
+        } else {
+            root_process.gather_into(local);
+        }
         Ok(())
     }
 
@@ -97,5 +155,9 @@ impl Communicator for MpiCommunicator {
     fn barrier(&self) -> Result<(), CommError> {
         self.mpi().world.barrier();
         Ok(())
+    }
+
+    fn time_in_collectives(&self) -> Option<Duration> {
+        Some(Duration::from_nanos(self.busy.load(Ordering::Relaxed)))
     }
 }

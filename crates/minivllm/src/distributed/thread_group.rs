@@ -107,6 +107,27 @@ impl Communicator for ThreadGroup {
         result
     }
 
+    fn gather(&self, root: usize, local: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        check_root(self.rank, self.world_size, root)?;
+        if self.rank != root {
+            self.publish(local);
+            self.shared.barrier.wait();
+            return Ok(());
+        }
+        let checked = check_gather(self.rank, self.world_size, local, out);
+        self.publish(local);
+        let result = checked.and_then(|()| {
+            let slots = self.slots();
+            self.lengths_agree(&slots, local.len()).map(|()| {
+                for (chunk, s) in out.chunks_exact_mut(local.len().max(1)).zip(slots.iter()) {
+                    chunk.copy_from_slice(s);
+                }
+            })
+        });
+        self.shared.barrier.wait();
+        result
+    }
+
     fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError> {
         check_root(self.rank, self.world_size, root)?;
         if self.rank == root {
@@ -162,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn all_gather_concatenates_by_rank_and_broadcast_copies_the_root() {
+    fn gathers_concatenate_by_rank_and_broadcast_copies_the_root() {
         let results = on_ranks(4, |c| {
             let local = [c.rank() as f32; 2];
             let mut out = vec![0.0; 8];
@@ -173,11 +194,18 @@ mod tests {
                 vec![9; 40]
             };
             c.broadcast_bytes(2, &mut bytes).unwrap();
-            (out, bytes)
+            let mut at_root = vec![-1.0; if c.rank() == 1 { 8 } else { 0 }];
+            c.gather(1, &local, &mut at_root).unwrap();
+            (out, bytes, at_root)
         });
-        for (out, bytes) in results {
+        for (rank, (out, bytes, at_root)) in results.into_iter().enumerate() {
             assert_eq!(out, [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]);
             assert_eq!(bytes, b"from two");
+            if rank == 1 {
+                assert_eq!(at_root, out);
+            } else {
+                assert!(at_root.is_empty());
+            }
         }
     }
 

@@ -15,7 +15,8 @@ use crate::worker::cache_engine::{CacheDtype, CacheEngine};
 const WATERMARK: f32 = 0.01;
 
 /// Engine settings, with vLLM's names and defaults where they apply to a CPU engine.
-#[derive(Debug, Clone)]
+/// Serialisable: the driver of a tensor-parallel group sends them to its workers.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct EngineArgs {
     pub model: String,
     /// Default: the model's context length.
@@ -38,6 +39,9 @@ pub struct EngineArgs {
     pub threads: Option<usize>,
     /// How weights are kept in memory (`--dtype`, `--quantization`).
     pub load: LoadOptions,
+    /// Ranks each layer is split over (`--tensor-parallel-size`): processes started by
+    /// `mpirun`, one of which (rank 0) runs the engine.
+    pub tensor_parallel_size: usize,
 }
 
 impl Default for EngineArgs {
@@ -56,6 +60,7 @@ impl Default for EngineArgs {
             scheduling_policy: Policy::Fcfs,
             threads: None,
             load: LoadOptions::default(),
+            tensor_parallel_size: 1,
         }
     }
 }

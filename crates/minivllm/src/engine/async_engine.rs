@@ -55,6 +55,8 @@ pub struct AsyncEngineOptions {
 }
 
 struct Shared {
+    /// The engine thread, until someone takes it to wait for the engine's end.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     stats: Mutex<EngineStats>,
     metrics: Mutex<RequestMetrics>,
     num_free_blocks: AtomicUsize,
@@ -93,6 +95,7 @@ impl AsyncEngine {
     pub fn with_options(engine: LLMEngine, options: AsyncEngineOptions) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
+            thread: Mutex::new(None),
             stats: Mutex::new(engine.stats()),
             metrics: Mutex::new(RequestMetrics::default()),
             num_free_blocks: AtomicUsize::new(engine.num_free_blocks()),
@@ -102,10 +105,11 @@ impl AsyncEngine {
         let max_model_len = engine.max_model_len();
         let max_num_seqs = engine.max_num_seqs();
         let thread_shared = shared.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("minivllm-engine".into())
             .spawn(move || engine_loop(engine, rx, &thread_shared, &options))
             .expect("cannot spawn the engine thread");
+        *shared.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
         Self {
             commands,
             shared,
@@ -113,6 +117,17 @@ impl AsyncEngine {
             max_model_len,
             max_num_seqs,
         }
+    }
+
+    /// The engine thread, to join once every handle to the engine is dropped: it then drops
+    /// the engine (which, with tensor parallelism, stops the workers) and ends. `None` after
+    /// the first call.
+    pub fn take_thread(&self) -> Option<std::thread::JoinHandle<()>> {
+        self.shared
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Queues a request; after each step that gave it new tokens, what is new arrives on the

@@ -1,5 +1,6 @@
 //! Why the engine refused a request or could not start.
 
+use crate::distributed::CommError;
 use crate::engine::tokenizer::TokenizerError;
 use crate::model_executor::input_metadata::InputError;
 use crate::model_executor::loader::LoadError;
@@ -36,4 +37,7 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error("model input: {0}")]
     Input(#[from] InputError),
+    /// Tensor parallelism's group could not form, or broke.
+    #[error(transparent)]
+    Distributed(#[from] CommError),
 }

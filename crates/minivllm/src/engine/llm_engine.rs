@@ -7,9 +7,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::config::ModelConfig;
 use crate::core::scheduler::{ScheduledSeq, Scheduler};
-use crate::engine::arg_utils::{block_manager, kv_cache, scheduler_config};
+use crate::engine::arg_utils::{block_manager, scheduler_config};
 pub use crate::engine::arg_utils::{check_width, resolve_max_model_len, width, EngineArgs};
 pub use crate::engine::errors::EngineError;
 pub use crate::engine::input_processor::PromptInput;
@@ -18,8 +17,9 @@ pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::OutputProcessor;
 use crate::engine::tokenizer::Tokenizer;
+use crate::engine::worker_process::{driver_group, model_runner};
 use crate::model_executor::layers::sampler::Sampler;
-use crate::model_executor::model_loader::load_model;
+use crate::model_executor::model_loader::load_model_shard;
 use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::SamplingParams;
@@ -45,42 +45,37 @@ pub struct LLMEngine {
 }
 
 impl LLMEngine {
-    /// Loads the model named by `args.model` and sizes the KV cache.
+    /// Loads the model named by `args.model` (this rank's shard, with tensor parallelism)
+    /// and sizes the KV cache. With tensor parallelism only rank 0 has an engine: the other
+    /// ranks run workers ([`start_rank`](crate::engine::worker_process::start_rank)).
     pub fn from_engine_args(args: &EngineArgs) -> Result<Self, EngineError> {
-        let threads = args
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        minivllm_kernels::threading::init_threads(threads.max(1));
-        let loaded = load_model(&args.model, &args.load)?;
+        let group = driver_group(args)?;
+        let loaded = load_model_shard(&args.model, &args.load, group)?;
         let tokenizer = Tokenizer::for_model(&loaded)?;
         Self::new(loaded.model, tokenizer, args)
     }
 
     /// Builds an engine around an already loaded model.
     pub fn new(
-        mut model: LlamaForCausalLM,
+        model: LlamaForCausalLM,
         tokenizer: Tokenizer,
         args: &EngineArgs,
     ) -> Result<Self, EngineError> {
-        let config: ModelConfig = model.config().clone();
-        let max_model_len = resolve_max_model_len(args.max_model_len, &config)?;
-        let cache = kv_cache(args, &config, max_model_len)?;
-        // After the cache check, which refuses an absurd max_model_len with a clear message.
-        model
-            .set_max_model_len(max_model_len)
-            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let vocab_size = model.config().vocab_size;
+        let (runner, max_model_len) = model_runner(model, args)?;
+        let cache = runner.cache();
         let sched_cfg = scheduler_config(args, max_model_len, cache.num_cpu_blocks())?;
-        let block_manager = block_manager(args, &cache);
+        let block_manager = block_manager(args, cache);
         let tokenizer = Arc::new(tokenizer);
         Ok(Self {
-            runner: ModelRunner::new(model, cache),
+            runner,
             outputs: OutputProcessor::new(Arc::clone(&tokenizer), max_model_len),
             tokenizer,
             scheduler: Scheduler::new(sched_cfg, block_manager),
             sampler: Sampler::default(),
             limits: PromptLimits {
                 max_model_len,
-                vocab_size: config.vocab_size,
+                vocab_size,
             },
             max_num_seqs: args.max_num_seqs,
             next_arrival: 0,
@@ -224,18 +219,14 @@ impl LLMEngine {
     /// of its request's `output_kind`.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let sched = self.scheduler.schedule();
-        // In this order: a block swapped out may already be a swap-in's or a copy's
-        // destination, and the sources of copies must hold their data before the model
-        // writes. Swaps are done even in an empty step, since the scheduler's books
-        // already say they happened.
-        self.runner.swap_out(&sched.swap_out);
-        self.runner.swap_in(&sched.swap_in);
+        // Even in an empty step: the scheduler's books already say the swaps happened.
+        self.runner
+            .execute_cache_ops(&sched.swap_out, &sched.swap_in, &sched.block_copies)?;
         if sched.is_empty() {
             return Ok(Vec::new());
         }
         self.stats.num_steps += 1;
         self.stats.num_computed_tokens += sched.num_batched_tokens as u64;
-        self.runner.copy_blocks(&sched.block_copies);
         let requests = self.prepare_input(&sched.scheduled);
         let logits = self.runner.execute_model()?;
         let vocab = self.limits.vocab_size;

@@ -9,3 +9,4 @@ pub mod metrics;
 pub mod output_processor;
 pub mod stop_strings;
 pub mod tokenizer;
+pub mod worker_process;

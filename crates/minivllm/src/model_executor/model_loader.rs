@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::ModelConfig;
+use crate::distributed::{Communicator, SingleProcess};
 use crate::model_executor::loader::gguf::{GgufFile, GgufValue};
 use crate::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
 use crate::model_executor::loader::hf::{resolve_model, ModelLocation};
@@ -27,15 +29,25 @@ pub struct LoadedModel {
 /// Loads a GGUF file, a Hugging Face folder, or a cached `org/name` repo id, keeping the
 /// weights as `opts` say.
 pub fn load_model(spec: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
+    load_model_shard(spec, opts, Arc::new(SingleProcess))
+}
+
+/// Loads this rank's shard of the model for a tensor-parallel group (`comm`): only its part
+/// of each split weight is kept.
+pub fn load_model_shard(
+    spec: &str,
+    opts: &LoadOptions,
+    comm: Arc<dyn Communicator>,
+) -> Result<LoadedModel, LoadError> {
     let location = resolve_model(spec)?;
     let start = Instant::now();
     let (config, model, gguf_metadata) = match &location {
         ModelLocation::Gguf(path) => {
-            let (config, model, metadata) = load_gguf(path, opts)?;
+            let (config, model, metadata) = load_gguf(path, opts, comm)?;
             (config, model, Some(metadata))
         }
         ModelLocation::HfDir(dir) => {
-            let (config, model) = load_hf_dir(dir, opts)?;
+            let (config, model) = load_hf_dir(dir, opts, comm)?;
             (config, model, None)
         }
     };
@@ -66,18 +78,22 @@ type GgufMetadata = BTreeMap<String, GgufValue>;
 fn load_gguf(
     path: &Path,
     opts: &LoadOptions,
+    comm: Arc<dyn Communicator>,
 ) -> Result<(ModelConfig, LlamaForCausalLM, GgufMetadata), LoadError> {
     let mut file = GgufFile::open(path)?;
     let config = config_from_gguf(&file)?;
-    let model = LlamaForCausalLM::load(&config, &GgufWeights::new(&file, &config), opts)?;
+    let weights = GgufWeights::new(&file, &config);
+    let model = LlamaForCausalLM::load_parallel(&config, &weights, opts, comm)?;
     Ok((config, model, std::mem::take(&mut file.metadata)))
 }
 
 fn load_hf_dir(
     dir: &Path,
     opts: &LoadOptions,
+    comm: Arc<dyn Communicator>,
 ) -> Result<(ModelConfig, LlamaForCausalLM), LoadError> {
     let config = ModelConfig::from_hf_json(&read_json(&dir.join("config.json"))?)?;
-    let model = LlamaForCausalLM::load(&config, &SafetensorsWeights::open_dir(dir)?, opts)?;
+    let weights = SafetensorsWeights::open_dir(dir)?;
+    let model = LlamaForCausalLM::load_parallel(&config, &weights, opts, comm)?;
     Ok((config, model))
 }

@@ -9,7 +9,7 @@ use crate::model_executor::layers::attention::LayerKvCache;
 use crate::model_executor::loader::weights::DType;
 
 /// vLLM's `--kv-cache-dtype`: what the KV cache stores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum CacheDtype {
     /// f32 with `--dtype float32` (the reference path), else f16, as llama.cpp's default:
     /// half the bytes that decoding a large batch streams, for a rounding of keys and

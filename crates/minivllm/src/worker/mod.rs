@@ -2,3 +2,5 @@
 
 pub mod cache_engine;
 pub mod model_runner;
+pub mod step_message;
+pub mod worker_loop;

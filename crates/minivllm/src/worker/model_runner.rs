@@ -2,11 +2,14 @@
 //! the KV cache.
 
 use std::ops::Range;
+use std::sync::Arc;
 
+use crate::distributed::Communicator;
 use crate::ids::{BlockId, CpuBlockId, TokenId};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
 use crate::worker::cache_engine::CacheEngine;
+use crate::worker::step_message::{encode_cache_ops, encode_execute, encode_shutdown};
 
 /// One scheduled sequence as the runner sees it: tokens, where its K/V live, and which of
 /// its logits the step needs.
@@ -33,7 +36,9 @@ pub struct LogitsRows {
     pub sample: Option<usize>,
 }
 
-/// The model, its KV cache and the buffers reused from step to step.
+/// The model, its KV cache and the buffers reused from step to step. On rank 0 of a
+/// tensor-parallel group (the driver) it also tells the other ranks' workers what to do,
+/// before doing it itself (`worker/worker_loop.rs`).
 pub struct ModelRunner {
     model: LlamaForCausalLM,
     cache: CacheEngine,
@@ -41,16 +46,25 @@ pub struct ModelRunner {
     input: InputMetadata,
     /// Scratch for one block table as the kernels index it.
     table: Vec<u32>,
+    /// The group, when this runner drives other ranks.
+    workers: Option<Arc<dyn Communicator>>,
+    /// The step message for the workers, reused.
+    message: Vec<u8>,
 }
 
 impl ModelRunner {
+    /// The runner of `model`'s rank: the driver when that is rank 0.
     pub fn new(model: LlamaForCausalLM, cache: CacheEngine) -> Self {
+        let comm = model.communicator();
+        let workers = (comm.rank() == 0 && comm.world_size() > 1).then(|| Arc::clone(comm));
         Self {
             model,
             cache,
             buffers: ForwardBuffers::default(),
             input: InputMetadata::default(),
             table: Vec::new(),
+            workers,
+            message: Vec::new(),
         }
     }
 
@@ -62,21 +76,41 @@ impl ModelRunner {
         &self.cache
     }
 
-    pub fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) {
-        if !pairs.is_empty() {
-            self.cache.copy_blocks(pairs);
+    /// Moves and copies KV blocks as the scheduler ordered, in this order: swap-outs,
+    /// swap-ins, copies (a block swapped out may be a swap-in's or a copy's destination,
+    /// and a copy's source must hold its data before the model writes).
+    pub fn execute_cache_ops(
+        &mut self,
+        swap_out: &[(BlockId, CpuBlockId)],
+        swap_in: &[(CpuBlockId, BlockId)],
+        copies: &[(BlockId, BlockId)],
+    ) -> Result<(), InputError> {
+        if swap_out.is_empty() && swap_in.is_empty() && copies.is_empty() {
+            return Ok(());
         }
+        if let Some(workers) = &self.workers {
+            encode_cache_ops(&mut self.message, swap_out, swap_in, copies);
+            workers.broadcast_bytes(0, &mut self.message)?;
+        }
+        self.apply_cache_ops(swap_out, swap_in, copies);
+        Ok(())
     }
 
-    pub fn swap_out(&mut self, pairs: &[(BlockId, CpuBlockId)]) {
-        if !pairs.is_empty() {
-            self.cache.swap_out(pairs);
+    /// This rank's part of `execute_cache_ops`.
+    pub(super) fn apply_cache_ops(
+        &mut self,
+        swap_out: &[(BlockId, CpuBlockId)],
+        swap_in: &[(CpuBlockId, BlockId)],
+        copies: &[(BlockId, BlockId)],
+    ) {
+        if !swap_out.is_empty() {
+            self.cache.swap_out(swap_out);
         }
-    }
-
-    pub fn swap_in(&mut self, pairs: &[(CpuBlockId, BlockId)]) {
-        if !pairs.is_empty() {
-            self.cache.swap_in(pairs);
+        if !swap_in.is_empty() {
+            self.cache.swap_in(swap_in);
+        }
+        if !copies.is_empty() {
+            self.cache.copy_blocks(copies);
         }
     }
 
@@ -119,11 +153,33 @@ impl ModelRunner {
 
     /// Logits `[rows asked for by prepare_input, vocab_size]` for the prepared batch.
     pub fn execute_model(&mut self) -> Result<&[f32], InputError> {
+        if let Some(workers) = &self.workers {
+            encode_execute(&mut self.message, &self.input);
+            workers.broadcast_bytes(0, &mut self.message)?;
+        }
+        self.forward(None)
+    }
+
+    /// Runs the model on `input`, or on the batch `prepare_input` laid out.
+    pub(super) fn forward(&mut self, input: Option<&InputMetadata>) -> Result<&[f32], InputError> {
         let block_size = self.cache.block_size();
         let (model, cache, buffers) = (&self.model, &mut self.cache, &mut self.buffers);
-        let input = &self.input;
+        let input = input.unwrap_or(&self.input);
         minivllm_kernels::threading::install(|| {
             model.forward(input, cache.layers_mut(), block_size, buffers)
         })
+    }
+}
+
+/// The driver's last word to its workers: they leave their loops (and MPI is finalised once
+/// every rank drops its group).
+impl Drop for ModelRunner {
+    fn drop(&mut self) {
+        if let Some(workers) = &self.workers {
+            encode_shutdown(&mut self.message);
+            if let Err(e) = workers.broadcast_bytes(0, &mut self.message) {
+                tracing::warn!("could not tell the tensor-parallel workers to stop: {e}");
+            }
+        }
     }
 }

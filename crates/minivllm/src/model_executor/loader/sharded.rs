@@ -15,6 +15,9 @@ pub enum SplitDim {
     /// Output features (column-parallel: q/k/v, gate/up; the vocabulary of the embedding
     /// and LM head). Each rank computes its slice of the outputs.
     Rows,
+    /// Output features in parts that `copies` consecutive ranks each hold whole: the KV
+    /// heads, when a model has fewer of them than there are ranks (as vLLM replicates them).
+    SharedRows { copies: usize },
     /// Input features (row-parallel: the attention output and down projections). Each
     /// rank computes a partial sum that an all-reduce completes.
     Cols,
@@ -39,6 +42,18 @@ impl Rank {
             )));
         }
         Ok(self.rank * per..(self.rank + 1) * per)
+    }
+
+    /// The rows of `dim` (a row split) this rank holds out of `rows`.
+    fn rows(&self, tensor: &str, dim: SplitDim, rows: usize) -> Result<Range<usize>, LoadError> {
+        match dim {
+            SplitDim::SharedRows { copies } if copies > 1 => Rank {
+                rank: self.rank / copies,
+                world_size: self.world_size / copies,
+            }
+            .part(tensor, rows, 1),
+            _ => self.part(tensor, rows, 1),
+        }
     }
 }
 
@@ -77,8 +92,8 @@ impl WeightSource for ShardedSource<'_> {
         };
         let (rows, cols) = dims(name, &t.shape)?;
         Ok(match dim {
-            SplitDim::Rows => {
-                let r = self.rank.part(name, rows, 1)?;
+            SplitDim::Rows | SplitDim::SharedRows { .. } => {
+                let r = self.rank.rows(name, dim, rows)?;
                 Tensor {
                     shape: vec![r.len(), cols],
                     data: t.data[r.start * cols..r.end * cols].to_vec(),
@@ -112,8 +127,8 @@ impl WeightSource for ShardedSource<'_> {
         let (block, bytes) = (t.ty.block_size(), t.ty.type_size());
         let row_bytes = cols / block * bytes;
         let (shape, data) = match dim {
-            SplitDim::Rows => {
-                let r = self.rank.part(name, rows, 1)?;
+            SplitDim::Rows | SplitDim::SharedRows { .. } => {
+                let r = self.rank.rows(name, dim, rows)?;
                 let data = t.data[r.start * row_bytes..r.end * row_bytes].to_vec();
                 (vec![r.len(), cols], data)
             }

@@ -54,7 +54,7 @@ pub struct QuantTensor {
 }
 
 /// vLLM's `--dtype`: the precision float weights are kept in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum DType {
     /// What the file holds: quantised blocks stay quantised (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
     /// Q4_K, Q5_K, Q6_K), f16 and bf16 tensors stay f16 and bf16; other formats (Q2_K, Q3_K,
@@ -85,7 +85,7 @@ impl std::str::FromStr for DType {
 }
 
 /// vLLM's `--quantization`: re-quantise float weights to a GGML block format at load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[allow(non_camel_case_types)] // GGML's names
 pub enum Quantization {
     Q8_0,
@@ -167,7 +167,7 @@ impl std::str::FromStr for Quantization {
 }
 
 /// How the loader keeps weights in memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct LoadOptions {
     pub dtype: DType,
     pub quantization: Option<Quantization>,

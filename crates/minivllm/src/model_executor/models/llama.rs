@@ -60,7 +60,9 @@ pub struct ForwardBuffers {
     act: Vec<f32>,
     last_hidden: Vec<f32>,
     logits: Vec<f32>,
-    /// Every rank's logits, rank after rank, before they are laid out by row.
+    /// With the vocabulary split: this rank's columns of the logits, then every rank's,
+    /// rank after rank, before they are laid out by row.
+    local_logits: Vec<f32>,
     gathered: Vec<f32>,
 }
 
@@ -94,7 +96,9 @@ impl LlamaForCausalLM {
             world_size: comm.world_size(),
         };
         let local = config.tensor_parallel_part(rank.world_size)?;
-        let split = |name: &str| llama_split(name);
+        // Ranks sharing each KV head, when there are fewer KV heads than ranks.
+        let kv_copies = rank.world_size / config.num_key_value_heads.min(rank.world_size);
+        let split = |name: &str| llama_split(name, kv_copies);
         let sharded = ShardedSource::new(src, rank, &split);
         let src: &dyn WeightSource = if rank.world_size == 1 { src } else { &sharded };
         let vocab_rows = rank.rank * local.vocab_size..(rank.rank + 1) * local.vocab_size;
@@ -141,6 +145,11 @@ impl LlamaForCausalLM {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The tensor-parallel group this model's ranks share.
+    pub fn communicator(&self) -> &Arc<dyn Communicator> {
+        &self.comm
     }
 
     /// This rank's part of the model: what its KV cache and buffers are sized by.
@@ -222,7 +231,8 @@ impl LlamaForCausalLM {
 
     /// Runs the flat batch described by `input`, writing its K/V into `kv_caches` (one per
     /// layer, blocks of `block_size` tokens), and returns the logits of the positions in
-    /// `input.logits_indices`: `[logits_indices.len(), vocab_size]`.
+    /// `input.logits_indices`: `[logits_indices.len(), vocab_size]`. In a tensor-parallel
+    /// group they are gathered on rank 0, which samples; the other ranks get none.
     pub fn forward<'b>(
         &self,
         input: &InputMetadata,
@@ -359,46 +369,55 @@ impl LlamaForCausalLM {
             row.copy_from_slice(&buf.hidden[i * h..(i + 1) * h]);
         }
         let world = self.comm.world_size();
-        let own = if world == 1 {
-            &mut buf.logits
-        } else {
-            &mut buf.gathered
-        };
-        let own = sized(own, n * part);
+        let own = sized(
+            if world == 1 {
+                &mut buf.logits
+            } else {
+                &mut buf.local_logits
+            },
+            n * part,
+        );
         match &self.lm_head {
             Some(head) => head.forward(last, own, n),
             None => self.embed_tokens.matmul(last, own, n),
         }
-        // Every rank has the same batch, so all take this branch or none.
-        if world > 1 && n > 0 {
-            // Gathered rank after rank, each `[n, part]`; laid out as `[n, vocab]`.
-            let logits = sized(&mut buf.logits, n * vocab);
-            self.comm.all_gather(&buf.gathered[..n * part], logits)?;
-            let gathered = sized(&mut buf.gathered, n * vocab);
-            gathered.copy_from_slice(logits);
-            for (r, chunk) in gathered.chunks_exact(n * part).enumerate() {
-                for (i, row) in chunk.chunks_exact(part).enumerate() {
-                    logits[i * vocab + r * part..i * vocab + (r + 1) * part].copy_from_slice(row);
-                }
+        if world == 1 {
+            return Ok(&buf.logits[..n * vocab]);
+        }
+        // Only rank 0 samples: the others send their columns and keep none.
+        let rank0 = self.comm.rank() == 0;
+        let gathered = sized(&mut buf.gathered, if rank0 { n * vocab } else { 0 });
+        self.comm
+            .gather(0, &buf.local_logits[..n * part], gathered)?;
+        if !rank0 {
+            return Ok(&[]);
+        }
+        // Gathered rank after rank, each `[n, part]`; laid out as `[n, vocab]`.
+        let logits = sized(&mut buf.logits, n * vocab);
+        for (r, chunk) in gathered.chunks_exact((n * part).max(1)).enumerate() {
+            for (i, row) in chunk.chunks_exact(part).enumerate() {
+                logits[i * vocab + r * part..i * vocab + (r + 1) * part].copy_from_slice(row);
             }
         }
         Ok(&buf.logits[..n * vocab])
     }
 }
 
-/// How tensor parallelism splits each LLaMA weight (norms stay whole on every rank).
-fn llama_split(name: &str) -> Option<SplitDim> {
-    const ROWS: [&str; 7] = [
+/// How tensor parallelism splits each LLaMA weight (norms stay whole on every rank); each
+/// KV head is held by `kv_copies` ranks.
+fn llama_split(name: &str, kv_copies: usize) -> Option<SplitDim> {
+    const KV: [&str; 2] = ["k_proj.weight", "v_proj.weight"];
+    const ROWS: [&str; 5] = [
         "q_proj.weight",
-        "k_proj.weight",
-        "v_proj.weight",
         "gate_proj.weight",
         "up_proj.weight",
         "embed_tokens.weight",
         "lm_head.weight",
     ];
     const COLS: [&str; 2] = ["o_proj.weight", "down_proj.weight"];
-    if ROWS.iter().any(|s| name.ends_with(s)) {
+    if KV.iter().any(|s| name.ends_with(s)) {
+        Some(SplitDim::SharedRows { copies: kv_copies })
+    } else if ROWS.iter().any(|s| name.ends_with(s)) {
         Some(SplitDim::Rows)
     } else if COLS.iter().any(|s| name.ends_with(s)) {
         Some(SplitDim::Cols)

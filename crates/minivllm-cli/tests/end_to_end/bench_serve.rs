@@ -4,10 +4,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-mod common;
-#[path = "common/server.rs"]
-#[allow(dead_code)] // this file needs only `start`
-mod server;
+use crate::common;
+use crate::server;
 use common::model;
 use server::start;
 

@@ -2,7 +2,7 @@
 //! each sequence the logits it gets alone, with f32 weights and with the file's quantised
 //! ones (whose products take another path from 32 rows on).
 
-mod common;
+use crate::common;
 
 use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::LoadOptions;

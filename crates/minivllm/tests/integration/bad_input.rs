@@ -1,6 +1,6 @@
 //! Bad input gives an error that names the problem, never a panic.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 

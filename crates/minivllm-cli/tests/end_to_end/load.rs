@@ -9,10 +9,8 @@ use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
-mod common;
-#[path = "common/server.rs"]
-#[allow(dead_code)] // `start` goes unused here
-mod server;
+use crate::common;
+use crate::server;
 use common::model;
 use server::{metric, metrics, request, send, start_with, wait_for_metrics, Server};
 

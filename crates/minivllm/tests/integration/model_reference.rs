@@ -3,7 +3,7 @@
 //! quantised format (activations then rounded to 8 bits) within that format's bounds, which
 //! the tests print so they can be written down.
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 

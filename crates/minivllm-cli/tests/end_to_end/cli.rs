@@ -2,7 +2,7 @@
 
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 use common::model;
 
 fn minivllm(args: &[&str]) -> Output {

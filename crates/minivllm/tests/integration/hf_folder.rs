@@ -1,7 +1,7 @@
 //! The same weights loaded from a Hugging Face folder (safetensors + config.json) and from the
 //! GGUF file give the same logits.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-mod common;
-#[path = "common/server.rs"]
-mod server;
+use crate::common;
+use crate::server;
 use common::model;
 use server::{
     metric, metrics, request, request_with, send, start, start_with, wait_for_metrics, Server,

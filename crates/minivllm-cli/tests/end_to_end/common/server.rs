@@ -11,10 +11,22 @@ use std::time::{Duration, Instant};
 pub struct Server {
     pub child: Child,
     pub port: u16,
+    /// `child` is mpirun, which must be signalled, not killed: killed, it would leave its
+    /// ranks behind.
+    launcher: bool,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if self.launcher {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -25,9 +37,35 @@ pub fn start(model: &str) -> Server {
 }
 
 pub fn start_with(model: &str, extra: &[&str]) -> Server {
+    start_under(
+        Command::new(env!("CARGO_BIN_EXE_minivllm")),
+        model,
+        extra,
+        false,
+    )
+}
+
+/// The server as `mpirun` starts it: `ranks` processes of one tensor-parallel group
+/// (`child` is mpirun).
+pub fn start_ranks(ranks: usize, model: &str, extra: &[&str]) -> Server {
+    let mut mpirun = Command::new("mpirun");
+    mpirun
+        .args(["--allow-run-as-root", "--oversubscribe", "-n"])
+        .arg(ranks.to_string())
+        .arg(env!("CARGO_BIN_EXE_minivllm"));
+    let tp = ranks.to_string();
+    let args: Vec<&str> = ["--tensor-parallel-size", &tp, "--threads", "1"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    start_under(mpirun, model, &args, true)
+}
+
+/// `minivllm serve` run by `launcher` (the binary itself, or a launcher followed by it).
+fn start_under(mut launcher: Command, model: &str, extra: &[&str], is_launcher: bool) -> Server {
     // Port 0: the server binds a free port itself and says which, so no other process can
     // take it between our choosing it and the server binding it.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_minivllm"))
+    let mut child = launcher
         .args([
             "serve",
             "--model",
@@ -48,7 +86,11 @@ pub fn start_with(model: &str, extra: &[&str]) -> Server {
         .spawn()
         .expect("start minivllm serve");
     let port = bound_port(child.stderr.take().expect("piped stderr"));
-    let mut server = Server { child, port: 0 };
+    let mut server = Server {
+        child,
+        port: 0,
+        launcher: is_launcher,
+    };
     let Ok(port) = port.recv_timeout(Duration::from_secs(120)) else {
         let status = server.child.try_wait().ok().flatten();
         panic!("the server never said which port it bound (exit status {status:?})");

@@ -1,7 +1,7 @@
 //! The engine end to end on the test model: batching must not change greedy results, whatever
 //! the schedule (chunked, preempted, prefix-cached), and nothing may leak.
 
-mod common;
+use crate::common;
 
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::entrypoints::llm::LLM;

@@ -1,0 +1,121 @@
+//! Where each process of a tensor-parallel group goes at start-up: rank 0 (the driver)
+//! builds the engine and sends its arguments to the other ranks, which load their shards
+//! and KV caches from them and run workers until the driver stops. One process alone is
+//! its own driver.
+
+use std::sync::Arc;
+
+use crate::distributed::{init_group, CommError, Communicator};
+use crate::engine::arg_utils::{kv_cache, resolve_max_model_len, EngineArgs};
+use crate::engine::errors::EngineError;
+use crate::model_executor::model_loader::load_model_shard;
+use crate::model_executor::models::llama::LlamaForCausalLM;
+use crate::worker::model_runner::ModelRunner;
+use crate::worker::worker_loop::Worker;
+
+/// What this process is in its group.
+pub enum Role {
+    /// Rank 0, or a process alone: build the engine (`LLMEngine::from_engine_args`,
+    /// `LLM::new`) while holding `group`. The engine finds the group through this live
+    /// handle, and dropping the last handle to an MPI group ends MPI in the process.
+    Driver { group: Arc<dyn Communicator> },
+    /// A worker whose driver has shut the group down: the process has nothing left to do.
+    WorkerDone,
+}
+
+/// Joins the group of `tensor_parallel_size` ranks; on a rank other than 0, runs its worker
+/// (with the driver's engine arguments) to the end.
+pub fn start_rank(tensor_parallel_size: usize) -> Result<Role, EngineError> {
+    let group = init_group(tensor_parallel_size)?;
+    if group.rank() == 0 {
+        return Ok(Role::Driver { group });
+    }
+    let mut bytes = Vec::new();
+    group.broadcast_bytes(0, &mut bytes)?;
+    let args: EngineArgs = serde_json::from_slice(&bytes).map_err(|e| {
+        CommError::Broken(format!("the driver's engine arguments are unreadable: {e}"))
+    })?;
+    init_threads(&args);
+    let loaded = load_model_shard(&args.model, &args.load, Arc::clone(&group))?;
+    let (runner, _) = model_runner(loaded.model, &args)?;
+    Worker::new(runner).run()?;
+    Ok(Role::WorkerDone)
+}
+
+/// The group of the engine's process, which must be its rank 0; the other ranks are sent
+/// `args`.
+pub(crate) fn driver_group(args: &EngineArgs) -> Result<Arc<dyn Communicator>, EngineError> {
+    init_threads(args);
+    let group = init_group(args.tensor_parallel_size)?;
+    if group.rank() != 0 {
+        return Err(EngineError::Config(format!(
+            "this process is rank {} of a tensor-parallel group of {}: only rank 0 runs the \
+             engine; the others run a worker (minivllm::engine::worker_process::start_rank)",
+            group.rank(),
+            group.world_size()
+        )));
+    }
+    if group.world_size() > 1 {
+        let mut bytes = serde_json::to_vec(args).expect("engine arguments serialise");
+        group.broadcast_bytes(0, &mut bytes)?;
+    }
+    Ok(group)
+}
+
+fn init_threads(args: &EngineArgs) {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    minivllm_kernels::threading::init_threads(threads.max(1));
+}
+
+/// The runner of `model` and its KV cache, and the resolved `max_model_len`. The cache is
+/// sized by the rank's own KV heads: with N ranks a block holds 1/N of its tokens' K/V, and
+/// every rank must have the same blocks (checked with the others).
+pub(crate) fn model_runner(
+    mut model: LlamaForCausalLM,
+    args: &EngineArgs,
+) -> Result<(ModelRunner, usize), EngineError> {
+    let max_model_len = resolve_max_model_len(args.max_model_len, model.config())?;
+    let cache = kv_cache(args, model.local_config(), max_model_len)?;
+    // After the cache check, which refuses an absurd max_model_len with a clear message.
+    model
+        .set_max_model_len(max_model_len)
+        .map_err(|e| EngineError::Config(e.to_string()))?;
+    let shape = [
+        cache.num_blocks(),
+        cache.num_cpu_blocks(),
+        cache.block_size(),
+        max_model_len,
+    ];
+    check_same_on_every_rank(&**model.communicator(), &shape)?;
+    Ok((ModelRunner::new(model, cache), max_model_len))
+}
+
+/// Block ids name the same block on every rank only if every rank's cache has the same
+/// shape; ranks on different hosts with different files or memory could disagree.
+fn check_same_on_every_rank(comm: &dyn Communicator, shape: &[usize; 4]) -> Result<(), CommError> {
+    if comm.world_size() == 1 {
+        return Ok(());
+    }
+    // Each value as two 16-bit halves: exact in f32.
+    let local: Vec<f32> = shape
+        .iter()
+        .flat_map(|&v| [(v >> 16) as f32, (v & 0xffff) as f32])
+        .collect();
+    let mut all = vec![0.0; local.len() * comm.world_size()];
+    comm.all_gather(&local, &mut all)?;
+    match all
+        .chunks_exact(local.len())
+        .position(|other| other != local)
+    {
+        None => Ok(()),
+        Some(rank) => Err(CommError::Mismatch {
+            rank: comm.rank(),
+            what: format!(
+                "rank {rank}'s KV cache (blocks, CPU blocks, block size, max_model_len) differs \
+                 from this rank's {shape:?}"
+            ),
+        }),
+    }
+}

@@ -1,0 +1,18 @@
+//! The library's integration tests, in one binary: each file's own binary would be linked
+//! against the whole library at opt-level 3 again, and would run only after the previous
+//! one finished, while one binary runs all tests side by side. (`fuzz.rs` stays apart: it
+//! counts every allocation of its process.)
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_input;
+mod batch_invariance;
+mod engine;
+mod gguf_dequant;
+mod gguf_model;
+mod hf_folder;
+mod layers;
+mod model_reference;
+mod scheduler;
+mod tensor_parallel;
