@@ -170,9 +170,9 @@ fn run(command: Command) -> anyhow::Result<()> {
     // Every process of a tensor-parallel job runs this same command line: rank 0 goes on to
     // run it, the others serve as its workers until it stops. The group lives until the
     // command is done.
-    let _group = match command.tensor_parallel_size() {
+    let _driver = match command.tensor_parallel_size() {
         Some(size) => match start_rank(size).context("tensor parallelism")? {
-            Role::Driver { group } => Some(group),
+            Role::Driver(driver) => Some(driver),
             Role::WorkerDone => return Ok(()),
         },
         None => None,

@@ -3,6 +3,7 @@
 //! and KV caches from them and run workers until the driver stops. One process alone is
 //! its own driver.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::distributed::{init_group, CommError, Communicator};
@@ -13,14 +14,34 @@ use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::worker::model_runner::ModelRunner;
 use crate::worker::worker_loop::Worker;
 
+/// Whether this process's driver has sent its workers their engine arguments: the workers
+/// serve one engine, so there is at most one per process.
+static ENGINE_STARTED: AtomicBool = AtomicBool::new(false);
+
 /// What this process is in its group.
 pub enum Role {
     /// Rank 0, or a process alone: build the engine (`LLMEngine::from_engine_args`,
-    /// `LLM::new`) while holding `group`. The engine finds the group through this live
-    /// handle, and dropping the last handle to an MPI group ends MPI in the process.
-    Driver { group: Arc<dyn Communicator> },
+    /// `LLM::new`) while holding this.
+    Driver(Driver),
     /// A worker whose driver has shut the group down: the process has nothing left to do.
     WorkerDone,
+}
+
+/// Rank 0's hold on its group. The engine finds the group through it (dropping the last
+/// handle to an MPI group ends MPI in the process). Dropped without an engine ever started
+/// (a command that ended early), it releases the workers, which wait for one.
+pub struct Driver {
+    group: Arc<dyn Communicator>,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.group.world_size() > 1 && !ENGINE_STARTED.swap(true, Ordering::SeqCst) {
+            if let Err(e) = self.group.broadcast_bytes(0, &mut Vec::new()) {
+                tracing::warn!("could not release the tensor-parallel workers: {e}");
+            }
+        }
+    }
 }
 
 /// Joins the group of `tensor_parallel_size` ranks; on a rank other than 0, runs its worker
@@ -28,10 +49,14 @@ pub enum Role {
 pub fn start_rank(tensor_parallel_size: usize) -> Result<Role, EngineError> {
     let group = init_group(tensor_parallel_size)?;
     if group.rank() == 0 {
-        return Ok(Role::Driver { group });
+        return Ok(Role::Driver(Driver { group }));
     }
     let mut bytes = Vec::new();
     group.broadcast_bytes(0, &mut bytes)?;
+    if bytes.is_empty() {
+        tracing::info!(rank = group.rank(), "the driver ended without an engine");
+        return Ok(Role::WorkerDone);
+    }
     let args: EngineArgs = serde_json::from_slice(&bytes).map_err(|e| {
         CommError::Broken(format!("the driver's engine arguments are unreadable: {e}"))
     })?;
@@ -56,6 +81,13 @@ pub(crate) fn driver_group(args: &EngineArgs) -> Result<Arc<dyn Communicator>, E
         )));
     }
     if group.world_size() > 1 {
+        if ENGINE_STARTED.swap(true, Ordering::SeqCst) {
+            return Err(EngineError::Config(
+                "a tensor-parallel group runs one engine per process: its workers stopped \
+                 with the first"
+                    .into(),
+            ));
+        }
         let mut bytes = serde_json::to_vec(args).expect("engine arguments serialise");
         group.broadcast_bytes(0, &mut bytes)?;
     }
