@@ -79,6 +79,18 @@ impl Communicator for SingleProcess {
     }
 }
 
+/// Writes the element-wise sum of `parts` (rank after rank, each `out.len()` long) into
+/// `out`, adding them in rank order: the one order of the sums, on every rank and for every
+/// message size, that the all-reduces of `ThreadGroup` and MPI share (batch invariance).
+pub(crate) fn sum_in_rank_order<'a>(mut parts: impl Iterator<Item = &'a [f32]>, out: &mut [f32]) {
+    if let Some(first) = parts.next() {
+        out.copy_from_slice(first);
+    }
+    for part in parts {
+        out.iter_mut().zip(part).for_each(|(o, x)| *o += x);
+    }
+}
+
 /// An all-gather's output must hold exactly `world_size` copies of the local length.
 pub(crate) fn check_gather(
     rank: usize,

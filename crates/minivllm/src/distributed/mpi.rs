@@ -11,7 +11,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 use mpi::Threading;
 
-use super::communicator::{check_gather, check_root, CommError, Communicator};
+use super::communicator::{check_gather, check_root, sum_in_rank_order, CommError, Communicator};
 
 /// MPI's state for this process; dropping it finalises MPI.
 struct Mpi {
@@ -115,10 +115,7 @@ impl Communicator for MpiCommunicator {
         let Mpi { world, scratch, .. } = &mut *mpi;
         scratch.resize(buf.len() * self.world_size, 0.0);
         world.all_gather_into(&*buf, &mut scratch[..]);
-        buf.copy_from_slice(&scratch[..buf.len()]);
-        for part in scratch.chunks_exact(buf.len().max(1)).skip(1) {
-            buf.iter_mut().zip(part).for_each(|(b, x)| *b += x);
-        }
+        sum_in_rank_order(scratch.chunks_exact(buf.len().max(1)), buf);
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 
-use super::communicator::{check_gather, check_root, CommError, Communicator};
+use super::communicator::{check_gather, check_root, sum_in_rank_order, CommError, Communicator};
 
 struct Shared {
     barrier: Barrier,
@@ -53,6 +53,20 @@ impl ThreadGroup {
         self.shared.barrier.wait();
     }
 
+    /// Every rank's slot, each `len` long, into `out` rank after rank.
+    fn copy_in_rank_order(
+        &self,
+        slots: &[Vec<f32>],
+        len: usize,
+        out: &mut [f32],
+    ) -> Result<(), CommError> {
+        self.lengths_agree(slots, len)?;
+        for (chunk, s) in out.chunks_exact_mut(len.max(1)).zip(slots) {
+            chunk.copy_from_slice(s);
+        }
+        Ok(())
+    }
+
     fn lengths_agree(&self, slots: &[Vec<f32>], len: usize) -> Result<(), CommError> {
         match slots.iter().position(|s| s.len() != len) {
             Some(other) => Err(CommError::Mismatch {
@@ -80,12 +94,8 @@ impl Communicator for ThreadGroup {
         self.publish(buf);
         let result = {
             let slots = self.slots();
-            self.lengths_agree(&slots, buf.len()).map(|()| {
-                buf.copy_from_slice(&slots[0]);
-                for s in &slots[1..] {
-                    buf.iter_mut().zip(s).for_each(|(b, x)| *b += x);
-                }
-            })
+            self.lengths_agree(&slots, buf.len())
+                .map(|()| sum_in_rank_order(slots.iter().map(Vec::as_slice), buf))
         };
         // Nobody publishes the next collective before every rank has read this one.
         self.shared.barrier.wait();
@@ -97,11 +107,7 @@ impl Communicator for ThreadGroup {
         self.publish(local);
         let result = {
             let slots = self.slots();
-            self.lengths_agree(&slots, local.len()).map(|()| {
-                for (chunk, s) in out.chunks_exact_mut(local.len().max(1)).zip(slots.iter()) {
-                    chunk.copy_from_slice(s);
-                }
-            })
+            self.copy_in_rank_order(&slots, local.len(), out)
         };
         self.shared.barrier.wait();
         result
@@ -118,11 +124,7 @@ impl Communicator for ThreadGroup {
         self.publish(local);
         let result = checked.and_then(|()| {
             let slots = self.slots();
-            self.lengths_agree(&slots, local.len()).map(|()| {
-                for (chunk, s) in out.chunks_exact_mut(local.len().max(1)).zip(slots.iter()) {
-                    chunk.copy_from_slice(s);
-                }
-            })
+            self.copy_in_rank_order(&slots, local.len(), out)
         });
         self.shared.barrier.wait();
         result
