@@ -131,8 +131,8 @@ impl AsyncEngine {
     }
 
     /// Queues a request; after each step that gave it new tokens, what is new arrives on the
-    /// returned receiver as a `DELTA` output (whatever `params.output_kind` says; with
-    /// `best_of > n`, the final output alone), the last one with `finished` set; [`collect`]
+    /// returned receiver as a `DELTA` output (with `best_of > n`, or when `params.output_kind`
+    /// is `FinalOnly`, the final output alone), the last one with `finished` set; [`collect`]
     /// folds them. Dropping the receiver aborts it.
     pub async fn generate(
         &self,
@@ -159,9 +159,44 @@ impl AsyncEngine {
         &self,
         requests: Vec<NewRequest>,
     ) -> Result<Vec<mpsc::UnboundedReceiver<RequestOutput>>, AsyncEngineError> {
-        let mut pending = Vec::with_capacity(requests.len());
-        for r in requests {
+        let mut streams = Vec::with_capacity(requests.len());
+        let accepted = self.queue(requests.into_iter().map(|r| {
             let (outputs, rx) = mpsc::unbounded_channel();
+            streams.push(rx);
+            (r, outputs)
+        }))?;
+        for reply in accepted {
+            reply.await.map_err(|_| AsyncEngineError::Stopped)??;
+        }
+        Ok(streams)
+    }
+
+    /// [`generate_many`](Self::generate_many) for callers outside async code (the Python
+    /// bindings): every request's outputs go to the one `outputs` channel, each naming its
+    /// request, so one thread can wait for a whole batch. Blocks until the engine has taken
+    /// them all or refused one; dropping the channel's receiver aborts those still running.
+    /// Must not be called from within an async runtime.
+    pub fn submit_blocking(
+        &self,
+        requests: Vec<NewRequest>,
+        outputs: &mpsc::UnboundedSender<RequestOutput>,
+    ) -> Result<(), AsyncEngineError> {
+        let accepted = self.queue(requests.into_iter().map(|r| (r, outputs.clone())))?;
+        for reply in accepted {
+            reply
+                .blocking_recv()
+                .map_err(|_| AsyncEngineError::Stopped)??;
+        }
+        Ok(())
+    }
+
+    /// Sends each request to the engine thread; the receivers say whether it took them.
+    fn queue(
+        &self,
+        requests: impl Iterator<Item = (NewRequest, mpsc::UnboundedSender<RequestOutput>)>,
+    ) -> Result<Vec<oneshot::Receiver<Result<(), AsyncEngineError>>>, AsyncEngineError> {
+        let mut pending = Vec::with_capacity(requests.size_hint().0);
+        for (r, outputs) in requests {
             let (reply, accepted) = oneshot::channel();
             let cmd = Command::Add(Box::new(AddRequest {
                 request_id: r.request_id,
@@ -174,14 +209,9 @@ impl AsyncEngine {
             self.commands
                 .send(cmd)
                 .map_err(|_| AsyncEngineError::Stopped)?;
-            pending.push((rx, accepted));
+            pending.push(accepted);
         }
-        let mut streams = Vec::with_capacity(pending.len());
-        for (rx, accepted) in pending {
-            accepted.await.map_err(|_| AsyncEngineError::Stopped)??;
-            streams.push(rx);
-        }
-        Ok(streams)
+        Ok(pending)
     }
 
     pub fn abort(&self, request_id: impl Into<String>) {
@@ -359,8 +389,10 @@ fn handle(
                     // Streams carry deltas: a long completion costs the same per token at
                     // its end as at its start, and `collect` folds them for who wants all.
                     // best_of > n ranks its completions only at the end (and the server
-                    // refuses to stream it), so such a request sends its final output alone.
-                    let output_kind = if params.best_of_or_n() > params.n {
+                    // refuses to stream it), so such a request sends its final output alone,
+                    // as does one whose caller reads nothing else (`LLM.generate` in Python).
+                    let final_only = params.output_kind == RequestOutputKind::FinalOnly;
+                    let output_kind = if final_only || params.best_of_or_n() > params.n {
                         RequestOutputKind::FinalOnly
                     } else {
                         RequestOutputKind::Delta
@@ -473,6 +505,60 @@ mod tests {
         // One at a time they took a step each; queued together, one or two steps in all.
         let steps = engine.stats().num_steps - before;
         assert!(steps <= 2, "32 one-token requests took {steps} steps");
+    }
+
+    /// `submit_blocking` from plain threads: one channel for a batch, final outputs only,
+    /// the same tokens as a streamed request; a refused request names its fault, and
+    /// dropping the receiver frees what is still running.
+    #[test]
+    fn submitted_batches_send_their_final_outputs_to_one_channel() {
+        let engine = engine();
+        let total = engine.num_total_blocks();
+        let final_only = |max_tokens| SamplingParams {
+            output_kind: RequestOutputKind::FinalOnly,
+            ..params(max_tokens)
+        };
+        let request = |id: &str, max_tokens| NewRequest {
+            request_id: id.into(),
+            prompt: "The capital of France is".into(),
+            params: final_only(max_tokens),
+            priority: 0,
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        engine
+            .submit_blocking(vec![request("a", 6), request("b", 3)], &tx)
+            .unwrap();
+        let mut outs: Vec<RequestOutput> = (0..2).map(|_| rx.blocking_recv().unwrap()).collect();
+        assert!(rx.try_recv().is_err(), "only final outputs are sent");
+        outs.sort_by(|x, y| x.request_id.cmp(&y.request_id));
+        assert!(outs.iter().all(|o| o.finished));
+        assert_eq!(outs[0].outputs[0].token_ids.len(), 6);
+        assert_eq!(
+            outs[0].outputs[0].token_ids[..3],
+            outs[1].outputs[0].token_ids
+        );
+
+        let bad = NewRequest {
+            params: SamplingParams {
+                top_p: 0.0,
+                ..final_only(3)
+            },
+            ..request("c", 3)
+        };
+        let refused = engine.submit_blocking(vec![request("d", 400), bad], &tx);
+        assert!(matches!(
+            refused,
+            Err(AsyncEngineError::Engine(EngineError::Validation(_)))
+        ));
+        drop((tx, rx));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while engine.num_free_blocks() != total || engine.stats().num_running != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the dropped batch was not aborted"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// A request that forks counts as its sequences against `max_waiting_requests`.

@@ -1,0 +1,92 @@
+//! The model's tokenizer for Python (`LLM.get_tokenizer()`), with the methods of a Hugging
+//! Face tokenizer that scripts written for vLLM call most.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use minivllm::engine::chat_template::ChatMessage;
+use minivllm::engine::tokenizer::Tokenizer as EngineTokenizer;
+
+use crate::value_error;
+
+#[pyclass(frozen, module = "minivllm._core")]
+pub struct Tokenizer {
+    inner: Arc<EngineTokenizer>,
+}
+
+impl Tokenizer {
+    pub fn new(inner: Arc<EngineTokenizer>) -> Self {
+        Self { inner }
+    }
+}
+
+#[pymethods]
+impl Tokenizer {
+    /// Token ids of `text`, with the model's BOS (and EOS) when `add_special_tokens`.
+    #[pyo3(signature = (text, add_special_tokens = true))]
+    fn encode(&self, py: Python<'_>, text: &str, add_special_tokens: bool) -> PyResult<Vec<u32>> {
+        py.detach(|| self.inner.encode(text, add_special_tokens))
+            .map_err(value_error)
+    }
+
+    #[pyo3(signature = (token_ids, skip_special_tokens = false))]
+    fn decode(&self, token_ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
+        self.inner
+            .decode(&token_ids, skip_special_tokens)
+            .map_err(value_error)
+    }
+
+    /// The tokens' spellings in the vocabulary (`None` for an id outside it).
+    fn convert_ids_to_tokens(&self, token_ids: Vec<u32>) -> Vec<Option<String>> {
+        token_ids
+            .into_iter()
+            .map(|id| self.inner.id_to_token(id))
+            .collect()
+    }
+
+    /// `conversation`: `(role, content)` pairs. Returns the prompt text.
+    fn render_chat(
+        &self,
+        conversation: Vec<(String, String)>,
+        add_generation_prompt: bool,
+    ) -> PyResult<String> {
+        let messages: Vec<ChatMessage> = conversation
+            .into_iter()
+            .map(|(role, content)| ChatMessage::new(role, content))
+            .collect();
+        self.inner
+            .apply_chat_template(&messages, add_generation_prompt)
+            .map_err(value_error)
+    }
+
+    #[getter]
+    fn chat_template(&self) -> Option<String> {
+        self.inner.chat_template().map(str::to_owned)
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    #[getter]
+    fn eos_token_id(&self) -> Option<u32> {
+        self.inner.eos_token_id()
+    }
+
+    #[getter]
+    fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos_token_id()
+    }
+
+    #[getter]
+    fn eos_token(&self) -> Option<String> {
+        self.inner.eos_token().map(str::to_owned)
+    }
+
+    #[getter]
+    fn bos_token(&self) -> Option<String> {
+        self.inner.bos_token().map(str::to_owned)
+    }
+}

@@ -1,0 +1,381 @@
+"""vLLM's offline API: ``LLM``."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from minivllm import _core
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import Conversation, Tokenizer, conversation_pairs
+
+logger = logging.getLogger(__name__)
+
+PromptType = Union[str, List[int], Dict[str, Any]]
+
+# How often a waiting `generate` returns to Python: Ctrl-C takes effect within this.
+_WAIT_S = 0.1
+
+# vLLM's arguments that are about GPUs or the Hugging Face hub: accepted, and ignored with a
+# warning when set to anything but vLLM's default.
+_IGNORED = {
+    "tokenizer_mode": "auto",
+    "skip_tokenizer_init": False,
+    "trust_remote_code": False,
+    "revision": None,
+    "tokenizer_revision": None,
+    "gpu_memory_utilization": 0.9,
+    "cpu_offload_gb": 0,
+    "enforce_eager": False,
+    "max_seq_len_to_capture": 8192,
+    "disable_custom_all_reduce": False,
+    "disable_async_output_proc": False,
+    "hf_token": None,
+    "hf_overrides": None,
+    "compilation_config": None,
+    "disable_log_stats": True,
+    "load_format": "auto",
+    "download_dir": None,
+}
+
+
+class LLM:
+    """A model loaded for offline generation (vLLM's ``LLM``).
+
+    Args:
+        model: A GGUF file, a Hugging Face model folder (config.json, tokenizer.json and
+            safetensors), or ``org/name`` in the local Hugging Face cache.
+        tokenizer: Must be ``None`` or the model: the tokenizer comes with the model.
+        tensor_parallel_size: Only 1 from Python; run ``mpirun -n N python -m minivllm ...
+            --tensor-parallel-size N`` for more (docs/distributed.md).
+        dtype: ``"auto"`` keeps the file's weight format; ``"float32"``, ``"float16"``,
+            ``"bfloat16"`` (and vLLM's aliases).
+        quantization: Re-quantise float weights at load: ``"q8_0"``, ``"q4_0"``, ``"q4_1"``,
+            ``"q5_0"``, ``"q5_1"``, ``"q4_k"``, ``"q5_k"`` or ``"q6_k"``.
+        seed: Seeds the samples of requests whose ``SamplingParams`` have no seed, so that a
+            script's run reproduces (as vLLM's).
+        swap_space: GiB of CPU memory to swap preempted sequences' KV cache out to (vLLM's
+            unit); 0 (the default here) recomputes them instead.
+        kv_cache_memory_bytes: Bytes of KV cache (also ``kv_cache_memory``, which takes
+            ``"4GiB"``-style strings); default 1 GiB.
+        max_model_len: Longest sequence, prompt included (default: the model's context).
+        max_num_seqs: Most sequences running at once.
+        max_num_batched_tokens: Most tokens per step.
+        block_size: Tokens per KV-cache block.
+        enable_prefix_caching: Reuse the KV cache of shared prompt prefixes.
+        enable_chunked_prefill: Split long prompts across steps.
+        kv_cache_dtype: ``"auto"``, ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+        scheduling_policy: ``"fcfs"`` or ``"priority"``.
+        threads: Kernel threads (default: all cores).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        tokenizer: Optional[str] = None,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        quantization: Optional[str] = None,
+        seed: Optional[int] = 0,
+        swap_space: float = 0,
+        kv_cache_memory_bytes: Optional[int] = None,
+        kv_cache_memory: Union[int, str, None] = None,
+        max_model_len: Optional[int] = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: Optional[int] = None,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        kv_cache_dtype: str = "auto",
+        scheduling_policy: str = "fcfs",
+        threads: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        for name, value in kwargs.items():
+            if name not in _IGNORED:
+                raise TypeError(f"LLM() got an unexpected keyword argument {name!r}")
+            if value != _IGNORED[name]:
+                logger.warning("LLM(%s=%r) has no effect in minivllm", name, value)
+        if tokenizer is not None and tokenizer != model:
+            raise ValueError("tokenizer: minivllm uses the model's own tokenizer; pass None")
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                "tensor_parallel_size > 1 runs from the command line: "
+                "mpirun -n N python -m minivllm serve --tensor-parallel-size N (docs/distributed.md)"
+            )
+        if kv_cache_memory_bytes is not None and kv_cache_memory is not None:
+            raise ValueError("give kv_cache_memory_bytes or kv_cache_memory, not both")
+        kv = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else kv_cache_memory
+        _core.reset_log_cache()
+        self._engine = _core.Engine(
+            str(model),
+            dtype=dtype,
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size,
+            kv_cache_memory=str(kv if kv is not None else "1GiB"),
+            swap_space=str(int(swap_space * (1 << 30))),
+            enable_prefix_caching=enable_prefix_caching,
+            enable_chunked_prefill=enable_chunked_prefill,
+            scheduling_policy=scheduling_policy,
+            threads=threads,
+        )
+        self._tokenizer = Tokenizer(self._engine.get_tokenizer())
+        self._request_counter = itertools.count()
+        self._seeds = random.Random(seed) if seed is not None else None
+        self._token_texts: Dict[int, str] = {}
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return SamplingParams()
+
+    def generate(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        lora_request: None = None,
+        priority: Optional[List[int]] = None,
+    ) -> List[RequestOutput]:
+        """Completes every prompt, batched together, and returns the outputs in the prompts'
+        order.
+
+        Args:
+            prompts: A string, a list of token ids, a ``{"prompt": ...}`` or
+                ``{"prompt_token_ids": [...]}`` dict, or a list of these.
+            sampling_params: One for all prompts or one per prompt (default:
+                ``SamplingParams()``).
+            use_tqdm: Show a progress bar (when ``tqdm`` is installed).
+            priority: Per prompt, with ``scheduling_policy="priority"``: lower runs first.
+
+        Raises:
+            ValueError: a prompt or a parameter is invalid (nothing runs then).
+            KeyboardInterrupt: Ctrl-C; the call's requests are aborted.
+        """
+        if lora_request is not None:
+            raise ValueError("LoRA adapters are not supported by minivllm")
+        parsed = _parse_prompts(prompts)
+        return self._run(parsed, sampling_params, use_tqdm, priority)
+
+    def chat(
+        self,
+        messages: Union[Conversation, Sequence[Conversation]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        lora_request: None = None,
+        chat_template: Optional[str] = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **kwargs: Any,
+    ) -> List[RequestOutput]:
+        """Replies to one conversation (a list of ``{"role", "content"}`` messages) or to
+        each of a list of them, through the model's chat template."""
+        if lora_request is not None:
+            raise ValueError("LoRA adapters are not supported by minivllm")
+        if chat_template is not None:
+            raise ValueError("a chat_template other than the model's is not supported")
+        if continue_final_message:
+            raise ValueError("continue_final_message is not supported by minivllm")
+        if isinstance(messages, dict):
+            raise ValueError("messages must be a list of messages or a list of conversations")
+        many = len(messages) > 0 and isinstance(messages[0], (list, tuple))
+        conversations = list(messages) if many else [messages]
+        tok = self._engine.get_tokenizer()
+        prompts: List[Tuple[Optional[str], Union[str, List[int]]]] = []
+        for conversation in conversations:
+            text = tok.render_chat(conversation_pairs(conversation), add_generation_prompt)
+            # The template writes the special tokens itself (BOS included).
+            prompts.append((text, tok.encode(text, False)))
+        return self._run(prompts, sampling_params, use_tqdm, None)
+
+    def _run(
+        self,
+        prompts: List[Tuple[Optional[str], Union[str, List[int]]]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None],
+        use_tqdm: bool,
+        priority: Optional[List[int]],
+    ) -> List[RequestOutput]:
+        params = _per_prompt(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError("The lengths of prompts and priority must be the same.")
+        requests = []
+        for i, ((text, prompt), p) in enumerate(zip(prompts, params)):
+            p.validate()
+            if p.seed is None and self._seeds is not None and p.temperature >= 1e-5:
+                p = p._with_seed(self._seeds.getrandbits(63))
+            request_id = str(next(self._request_counter))
+            requests.append((request_id, prompt, p._to_json(), priority[i] if priority else 0))
+        if not requests:
+            return []
+        batch = self._engine.submit(requests)
+        raw = self._wait(batch, len(requests), use_tqdm)
+        outputs = []
+        for (request_id, *_), (text, _), p in zip(requests, prompts, params):
+            out = self._request_output(raw[request_id], p)
+            if out.prompt is None:
+                out.prompt = text
+            outputs.append(out)
+        return outputs
+
+    def _wait(self, batch: "_core.Batch", n: int, use_tqdm: bool) -> Dict[str, dict]:
+        bar = _progress_bar(n) if use_tqdm else None
+        start = time.perf_counter()
+        done: Dict[str, dict] = {}
+        prompt_tokens = generated = 0
+        try:
+            while batch.remaining:
+                finished = batch.wait(_WAIT_S)
+                for out in finished:
+                    done[out["request_id"]] = out
+                    prompt_tokens += len(out["prompt_token_ids"])
+                    generated += sum(len(c["token_ids"]) for c in out["outputs"])
+                if bar is not None and finished:
+                    secs = max(time.perf_counter() - start, 1e-9)
+                    bar.postfix = (
+                        f"est. speed input: {prompt_tokens / secs:.2f} toks/s, "
+                        f"output: {generated / secs:.2f} toks/s"
+                    )
+                    bar.update(len(finished))
+        except BaseException:
+            # Ctrl-C, or an engine that stopped: nothing of this call keeps running.
+            batch.abort()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return done
+
+    def _request_output(self, raw: dict, params: SamplingParams) -> RequestOutput:
+        k_prompt = params.prompt_logprobs or 0
+        prompt_logprobs = raw["prompt_logprobs"]
+        if prompt_logprobs is not None:
+            prompt_logprobs = [None if p is None else self._logprobs(p, k_prompt) for p in prompt_logprobs]
+        k = params.logprobs or 0
+        completions = [
+            CompletionOutput(
+                index=c["index"],
+                text=c["text"],
+                token_ids=c["token_ids"],
+                cumulative_logprob=c["cumulative_logprob"],
+                logprobs=None if c["logprobs"] is None else [self._logprobs(p, k) for p in c["logprobs"]],
+                finish_reason=c["finish_reason"],
+                stop_reason=c["stop_reason"],
+            )
+            for c in raw["outputs"]
+        ]
+        return RequestOutput(
+            request_id=raw["request_id"],
+            prompt=raw["prompt"],
+            prompt_token_ids=raw["prompt_token_ids"],
+            prompt_logprobs=prompt_logprobs,
+            outputs=completions,
+            finished=raw["finished"],
+        )
+
+    def _logprobs(self, pairs: List[Tuple[int, float]], k: int) -> Dict[int, Logprob]:
+        """vLLM's ``{token_id: Logprob}`` of one position from the engine's pairs: the chosen
+        token first, then the top ``k`` without it. The top-k's ranks follow from their
+        order; the chosen token's too when it is among them (there are then ``k`` pairs)."""
+        chosen, chosen_lp = pairs[0]
+        top = pairs[1:]
+        chosen_in_top = len(pairs) == k and k > 0
+        ranks: Dict[int, int] = {}
+        rank = 1
+        placed = not chosen_in_top
+        for token, lp in top:
+            if not placed and (chosen_lp > lp or (chosen_lp == lp and chosen < token)):
+                ranks[chosen] = rank
+                rank += 1
+                placed = True
+            ranks[token] = rank
+            rank += 1
+        if not placed:
+            ranks[chosen] = rank
+        return {
+            token: Logprob(logprob=lp, rank=ranks.get(token), decoded_token=self._token_text(token))
+            for token, lp in pairs
+        }
+
+    def _token_text(self, token: int) -> str:
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._tokenizer.decode([token])
+            self._token_texts[token] = text
+        return text
+
+
+def _parse_prompts(prompts: Any) -> List[Tuple[Optional[str], Union[str, List[int]]]]:
+    """Each prompt as (its text or None, what the engine takes: text or token ids)."""
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
+    elif isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+        prompts = [list(prompts)]
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts must be a string, a dict, token ids or a list of these, got {type(prompts).__name__}")
+    parsed = []
+    for p in prompts:
+        if isinstance(p, str):
+            parsed.append((p, p))
+        elif isinstance(p, dict):
+            if "prompt_token_ids" in p:
+                parsed.append((p.get("prompt"), _token_ids(p["prompt_token_ids"])))
+            elif "prompt" in p:
+                if not isinstance(p["prompt"], str):
+                    raise ValueError("a prompt dict's 'prompt' must be a string")
+                parsed.append((p["prompt"], p["prompt"]))
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+            unsupported = set(p) - {"prompt", "prompt_token_ids", "cache_salt"}
+            if unsupported:
+                raise ValueError(f"prompt fields not supported by minivllm: {sorted(unsupported)}")
+        elif isinstance(p, (list, tuple)):
+            parsed.append((None, _token_ids(p)))
+        else:
+            raise ValueError(f"a prompt must be a string, a dict or token ids, got {type(p).__name__}")
+    return parsed
+
+
+def _token_ids(ids: Any) -> List[int]:
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and t >= 0 for t in ids):
+        raise ValueError("prompt_token_ids must be a list of non-negative ints")
+    return list(ids)
+
+
+def _per_prompt(
+    sampling_params: Union[SamplingParams, Sequence[SamplingParams], None], n: int
+) -> List[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ValueError("The lengths of prompts and sampling_params must be the same.")
+    for p in params:
+        if not isinstance(p, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+    return params
+
+
+def _progress_bar(n: int) -> Optional[Any]:
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        logger.debug("no progress bar: tqdm is not installed (pip install tqdm)")
+        return None
+    return tqdm(
+        total=n,
+        desc="Processed prompts",
+        dynamic_ncols=True,
+        postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s",
+    )

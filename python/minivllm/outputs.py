@@ -1,0 +1,81 @@
+"""vLLM's output classes: ``RequestOutput``, ``CompletionOutput`` and ``Logprob``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Union
+
+
+@dataclass
+class Logprob:
+    """The log-probability of one token at one position.
+
+    Attributes:
+        logprob: Its log-probability (after temperature and penalties, as sampled).
+        rank: Its rank among the vocabulary (1 is the most likely); ``None`` for a sampled
+            token outside the requested top-k, whose rank minivllm does not compute.
+        decoded_token: The token's text.
+    """
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+SampleLogprobs = List[Dict[int, Logprob]]
+PromptLogprobs = List[Optional[Dict[int, Logprob]]]
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a request.
+
+    Attributes:
+        index: Its index among the request's completions.
+        text: The generated text.
+        token_ids: The generated tokens.
+        cumulative_logprob: The sum of the generated tokens' log-probabilities.
+        logprobs: Per generated token, the top log-probabilities (the chosen token
+            first), when the request asked for ``logprobs``.
+        finish_reason: ``"stop"`` (EOS, a stop string or token), ``"length"`` or
+            ``"abort"``; ``None`` while it runs.
+        stop_reason: The stop string or stop token id that ended it, if one did.
+    """
+
+    index: int
+    text: str
+    token_ids: List[int]
+    cumulative_logprob: Optional[float]
+    logprobs: Optional[SampleLogprobs]
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one prompt.
+
+    Attributes:
+        request_id: The request's id.
+        prompt: The prompt's text (``None`` when it came as token ids).
+        prompt_token_ids: The prompt's tokens.
+        prompt_logprobs: Per prompt token, its top log-probabilities (``None`` for the
+            first), when the request asked for ``prompt_logprobs``.
+        outputs: The completions, ``n`` of them.
+        finished: Whether the request is done.
+    """
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    prompt_logprobs: Optional[PromptLogprobs]
+    outputs: List[CompletionOutput]
+    finished: bool
+    metrics: Optional[object] = None
+    lora_request: Optional[object] = None
+    encoder_prompt: Optional[str] = None
+    encoder_prompt_token_ids: Optional[List[int]] = None
+    num_cached_tokens: Optional[int] = None

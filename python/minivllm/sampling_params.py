@@ -1,0 +1,188 @@
+"""vLLM's ``SamplingParams``: the same fields, defaults and validation messages."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+from minivllm import _core
+
+
+class RequestOutputKind(enum.Enum):
+    """What each output of a request carries. ``LLM.generate`` returns final outputs,
+    whatever this says (as vLLM's ``LLM`` does)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+# vLLM's fields that minivllm does not implement: accepted at their defaults only, so a
+# script that relies on one fails loudly rather than running without it.
+_UNSUPPORTED_DEFAULTS = {
+    "detokenize": True,
+    "logits_processors": None,
+    "truncate_prompt_tokens": None,
+    "guided_decoding": None,
+    "structured_outputs": None,
+    "allowed_token_ids": None,
+    "bad_words": None,
+    "extra_args": None,
+}
+
+# Counts that vLLM checks for negative values before anything else, with its messages.
+_NON_NEGATIVE = {
+    "min_tokens": "min_tokens must be greater than or equal to 0, got {}.",
+    "logprobs": "logprobs must be non-negative, got {}.",
+    "prompt_logprobs": "prompt_logprobs must be non-negative, got {}.",
+}
+
+_FLOATS = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "temperature",
+    "top_p",
+    "min_p",
+)
+
+
+@dataclass
+class SamplingParams:
+    """How to sample the completions of one prompt (vLLM's ``SamplingParams``).
+
+    Checked when made (and again when a request is submitted): an invalid value raises
+    ``ValueError`` with vLLM's message.
+
+    Args:
+        n: Completions to return.
+        best_of: Completions to generate, of which the ``n`` with the highest cumulative
+            log-probability are returned (default: ``n``).
+        presence_penalty: Subtracted once from the logit of every token already generated.
+        frequency_penalty: Subtracted from every token's logit once per time it was generated.
+        repetition_penalty: Divides positive (multiplies negative) logits of tokens in the
+            prompt or the output; 1 is off.
+        temperature: 0 is greedy.
+        top_p: Sample from the smallest set of tokens whose probability reaches ``top_p``.
+        top_k: Sample from the ``top_k`` most likely tokens; 0 (or -1) is off.
+        min_p: Drop tokens less likely than ``min_p`` times the most likely one.
+        seed: Makes the request's samples reproducible, whatever shares its batches.
+        stop: Strings that end a completion (not included in the text unless
+            ``include_stop_str_in_output``).
+        stop_token_ids: Tokens that end a completion (included in its token ids).
+        ignore_eos: Keep generating past the end-of-sequence token.
+        max_tokens: Most tokens to generate; ``None``: up to the model's context length.
+        min_tokens: EOS and stop tokens are banned until this many tokens are generated.
+        logprobs: Log-probabilities of this many most likely tokens per generated token,
+            plus the chosen one.
+        prompt_logprobs: The same for every prompt token.
+        skip_special_tokens: Leave special tokens out of the text.
+        spaces_between_special_tokens: Put spaces between special tokens in the text.
+        include_stop_str_in_output: Keep the stop string that ended a completion.
+        output_kind: Kept for vLLM's scripts; ``LLM.generate`` returns final outputs.
+        logit_bias: Added to these tokens' logits (token id to bias in [-100, 100]).
+    """
+
+    n: int = 1
+    best_of: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, List[str]]] = None
+    stop_token_ids: Optional[List[int]] = None
+    bad_words: Optional[List[str]] = None
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logits_processors: Optional[Any] = None
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: Optional[int] = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    guided_decoding: Optional[Any] = None
+    logit_bias: Optional[Dict[int, float]] = None
+    allowed_token_ids: Optional[List[int]] = None
+    extra_args: Optional[Dict[str, Any]] = None
+    structured_outputs: Optional[Any] = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks every field as vLLM does; raises ``ValueError`` naming the first fault."""
+        for name, default in _UNSUPPORTED_DEFAULTS.items():
+            value = getattr(self, name)
+            if value != default and not (name in ("bad_words", "allowed_token_ids") and not value):
+                raise ValueError(f"{name} is not supported by minivllm (docs/python.md)")
+        for name, message in _NON_NEGATIVE.items():
+            value = getattr(self, name)
+            if isinstance(value, int) and value < 0:
+                raise ValueError(message.format(value))
+        for name in _FLOATS:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}.")
+        if isinstance(self.n, int) and self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if isinstance(self.max_tokens, int) and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        _core.check_sampling_params(self._to_json())
+
+    def _to_json(self) -> str:
+        """The fields the engine reads, as JSON with its names."""
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = [stop]
+        top_k = self.top_k
+        if top_k == -1:  # vLLM's older "off"
+            top_k = 0
+        fields = {
+            "n": self.n,
+            "best_of": self.best_of,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": top_k,
+            "min_p": self.min_p,
+            "seed": self.seed,
+            "stop": list(stop or []),
+            "stop_token_ids": list(self.stop_token_ids or []),
+            "ignore_eos": self.ignore_eos,
+            "max_tokens": self.max_tokens,
+            "min_tokens": self.min_tokens,
+            "logprobs": self.logprobs,
+            "prompt_logprobs": self.prompt_logprobs,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+            "logit_bias": {str(int(k)): v for k, v in (self.logit_bias or {}).items()},
+        }
+        try:
+            return json.dumps(fields, allow_nan=True)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"invalid sampling parameters: {e}") from None
+
+    def clone(self) -> "SamplingParams":
+        """A deep copy (vLLM's ``clone``)."""
+        return copy.deepcopy(self)
+
+    def _with_seed(self, seed: int) -> "SamplingParams":
+        return dataclasses.replace(self, seed=seed)

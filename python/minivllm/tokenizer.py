@@ -1,0 +1,105 @@
+"""The model's tokenizer, with the methods of a Hugging Face tokenizer that scripts
+written for vLLM use most (``LLM.get_tokenizer()``)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from minivllm import _core
+
+Conversation = Sequence[Dict[str, Any]]
+
+
+def message_text(content: Any) -> str:
+    """A message's content as text: a string, or OpenAI's list of parts (text parts are
+    joined by newlines, as vLLM does)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, (list, tuple)):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text":
+                texts.append(str(part.get("text", "")))
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"message content of type {kind!r} is not supported (text only)")
+        return "\n".join(texts)
+    raise ValueError(f"message content must be a string or a list of parts, got {content!r}")
+
+
+def conversation_pairs(conversation: Conversation) -> List[tuple]:
+    pairs = []
+    for m in conversation:
+        if not isinstance(m, dict) or "role" not in m:
+            raise ValueError(f"a chat message must be a dict with a 'role', got {m!r}")
+        pairs.append((str(m["role"]), message_text(m.get("content"))))
+    return pairs
+
+
+class Tokenizer:
+    """The model's tokenizer (from its tokenizer.json, or the GGUF file's vocabulary)."""
+
+    def __init__(self, inner: "_core.Tokenizer") -> None:
+        self._inner = inner
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        """Token ids of ``text``; with ``add_special_tokens``, the model's BOS first."""
+        return self._inner.encode(text, add_special_tokens)
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> Dict[str, List[int]]:
+        return {"input_ids": self.encode(text, add_special_tokens)}
+
+    def decode(self, token_ids: Union[int, Sequence[int]], skip_special_tokens: bool = False) -> str:
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        return self._inner.decode(list(token_ids), skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: Union[int, Sequence[int]]) -> Union[Optional[str], List[Optional[str]]]:
+        if isinstance(ids, int):
+            return self._inner.convert_ids_to_tokens([ids])[0]
+        return self._inner.convert_ids_to_tokens(list(ids))
+
+    def apply_chat_template(
+        self,
+        conversation: Conversation,
+        tokenize: bool = True,
+        add_generation_prompt: bool = False,
+        **kwargs: Any,
+    ) -> Union[str, List[int]]:
+        """The conversation through the model's chat template (transformers' defaults:
+        token ids, no generation prompt)."""
+        if kwargs.get("chat_template") is not None:
+            raise ValueError("a chat_template other than the model's is not supported")
+        text = self._inner.render_chat(conversation_pairs(conversation), add_generation_prompt)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        return self._inner.chat_template
+
+    @property
+    def vocab_size(self) -> int:
+        return self._inner.vocab_size
+
+    def __len__(self) -> int:
+        return self._inner.vocab_size
+
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        return self._inner.eos_token_id
+
+    @property
+    def bos_token_id(self) -> Optional[int]:
+        return self._inner.bos_token_id
+
+    @property
+    def eos_token(self) -> Optional[str]:
+        return self._inner.eos_token
+
+    @property
+    def bos_token(self) -> Optional[str]:
+        return self._inner.bos_token
