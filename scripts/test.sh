@@ -66,3 +66,13 @@ fi
 if [ -n "$(scripts/mpi_features.sh)" ]; then
   MINIVLLM_TENSOR_PARALLEL=3 .venv/bin/python -m pytest -q tests/python
 fi
+
+# The Python package (pyproject.toml: python/ and crates/minivllm-py) built from source into
+# .venv, then vLLM-style scripts against it (tests/python_api). Built with this run's profile
+# and features, so that maturin reuses the build above rather than starting a release build.
+py_features=""
+[ -n "$(scripts/mpi_features.sh)" ] && py_features="--features mpi"
+PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev $py_features" \
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
+  --no-deps --force-reinstall .
+.venv/bin/python -m pytest -q tests/python_api

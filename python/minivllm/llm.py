@@ -282,27 +282,26 @@ class LLM:
             finished=raw["finished"],
         )
 
-    def _logprobs(self, pairs: List[Tuple[int, float]], k: int) -> Dict[int, Logprob]:
-        """vLLM's ``{token_id: Logprob}`` of one position from the engine's pairs: the chosen
-        token first, then the top ``k`` without it. The top-k's ranks follow from their
-        order; the chosen token's too when it is among them (there are then ``k`` pairs)."""
+    def _logprobs(self, position: Tuple[List[Tuple[int, float]], int], k: int) -> Dict[int, Logprob]:
+        """vLLM's ``{token_id: Logprob}`` of one position from the engine's: the chosen token
+        first with its rank in the vocabulary, then the top ``k`` without it, whose ranks
+        follow from their order (the chosen token takes its place among them when it is one
+        of them: there are then ``k`` pairs)."""
+        pairs, chosen_rank = position
         chosen, chosen_lp = pairs[0]
-        top = pairs[1:]
         chosen_in_top = len(pairs) == k and k > 0
         ranks: Dict[int, int] = {}
         rank = 1
         placed = not chosen_in_top
-        for token, lp in top:
+        for token, lp in pairs[1:]:
             if not placed and (chosen_lp > lp or (chosen_lp == lp and chosen < token)):
-                ranks[chosen] = rank
                 rank += 1
                 placed = True
             ranks[token] = rank
             rank += 1
-        if not placed:
-            ranks[chosen] = rank
+        ranks[chosen] = chosen_rank
         return {
-            token: Logprob(logprob=lp, rank=ranks.get(token), decoded_token=self._token_text(token))
+            token: Logprob(logprob=lp, rank=ranks[token], decoded_token=self._token_text(token))
             for token, lp in pairs
         }
 

@@ -12,8 +12,8 @@ class Logprob:
 
     Attributes:
         logprob: Its log-probability (after temperature and penalties, as sampled).
-        rank: Its rank among the vocabulary (1 is the most likely); ``None`` for a sampled
-            token outside the requested top-k, whose rank minivllm does not compute.
+        rank: Its rank in the vocabulary (1 is the most likely; the chosen token's counts
+            the tokens at least as likely, as vLLM's).
         decoded_token: The token's text.
     """
 

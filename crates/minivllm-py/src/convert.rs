@@ -46,8 +46,9 @@ pub fn async_engine_error(e: AsyncEngineError) -> PyErr {
     }
 }
 
-/// A finished request as a dict of vLLM's `RequestOutput` fields; logprobs as lists of
-/// `(token_id, logprob)` pairs, the chosen token first (the Python side makes `Logprob`s).
+/// A finished request as a dict of vLLM's `RequestOutput` fields; each position's logprobs
+/// as `([(token_id, logprob), ...], rank of the first)`, the chosen token first (the Python
+/// side makes `Logprob`s).
 pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("request_id", out.request_id)?;
@@ -56,7 +57,7 @@ pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Boun
     let prompt_logprobs = out.prompt_logprobs.map(|positions| {
         positions
             .into_iter()
-            .map(|p| p.map(|lp| lp.0))
+            .map(|p| p.map(|lp| (lp.entries, lp.rank)))
             .collect::<Vec<_>>()
     });
     d.set_item("prompt_logprobs", prompt_logprobs)?;
@@ -75,9 +76,11 @@ fn completion_output<'py>(py: Python<'py>, c: CompletionOutput) -> PyResult<Boun
     d.set_item("text", c.text)?;
     d.set_item("token_ids", c.token_ids)?;
     d.set_item("cumulative_logprob", c.cumulative_logprob)?;
-    let logprobs = c
-        .logprobs
-        .map(|l| l.into_iter().map(|TokenLogprobs(v)| v).collect::<Vec<_>>());
+    let logprobs = c.logprobs.map(|l| {
+        l.into_iter()
+            .map(|TokenLogprobs { entries, rank }| (entries, rank))
+            .collect::<Vec<_>>()
+    });
     d.set_item("logprobs", logprobs)?;
     d.set_item("finish_reason", c.finish_reason.map(|r| r.as_str()))?;
     match c.stop_reason {

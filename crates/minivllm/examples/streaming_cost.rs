@@ -78,7 +78,7 @@ fn output_bytes(out: &minivllm::outputs::RequestOutput) -> usize {
             let lps = o
                 .logprobs
                 .as_ref()
-                .map_or(0, |l| l.iter().map(|t| t.0.len() * 8).sum::<usize>());
+                .map_or(0, |l| l.iter().map(|t| t.entries.len() * 8).sum::<usize>());
             o.text.len() + o.token_ids.len() * 4 + lps
         })
         .sum()

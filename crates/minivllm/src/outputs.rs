@@ -5,21 +5,34 @@ use serde::Serialize;
 
 use crate::sequence::{FinishReason, StopReason, TokenId};
 
-/// Log-probabilities at one position: the chosen (or actual) token first, then the top-k,
-/// serialised as a JSON object keyed by token id, like vLLM's `{token_id: logprob}` maps.
+/// Log-probabilities at one position: the chosen (or actual) token first, then the top-k
+/// without it, serialised as a JSON object keyed by token id, like vLLM's `{token_id:
+/// logprob}` maps.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct TokenLogprobs(pub Vec<(TokenId, f32)>);
+pub struct TokenLogprobs {
+    pub entries: Vec<(TokenId, f32)>,
+    /// The first entry's rank in the vocabulary: how many tokens are at least as likely
+    /// (1 for the most likely), vLLM's `Logprob.rank`. The others' follow from their order.
+    pub rank: usize,
+}
 
 impl TokenLogprobs {
+    pub fn new(entries: Vec<(TokenId, f32)>, rank: usize) -> Self {
+        Self { entries, rank }
+    }
+
     pub fn get(&self, token: TokenId) -> Option<f32> {
-        self.0.iter().find(|(t, _)| *t == token).map(|(_, lp)| *lp)
+        self.entries
+            .iter()
+            .find(|(t, _)| *t == token)
+            .map(|(_, lp)| *lp)
     }
 }
 
 impl Serialize for TokenLogprobs {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (token, lp) in &self.0 {
+        let mut map = s.serialize_map(Some(self.entries.len()))?;
+        for (token, lp) in &self.entries {
             map.serialize_entry(&token.to_string(), lp)?;
         }
         map.end()
@@ -116,13 +129,13 @@ mod tests {
             request_id: "0".into(),
             prompt: Some("Hi".into()),
             prompt_token_ids: vec![5, 6],
-            prompt_logprobs: Some(vec![None, Some(TokenLogprobs(vec![(6, -0.5)]))]),
+            prompt_logprobs: Some(vec![None, Some(TokenLogprobs::new(vec![(6, -0.5)], 1))]),
             outputs: vec![CompletionOutput {
                 index: 0,
                 text: " there".into(),
                 token_ids: vec![7],
                 cumulative_logprob: Some(-0.25),
-                logprobs: Some(vec![TokenLogprobs(vec![(7, -0.25), (8, -2.0)])]),
+                logprobs: Some(vec![TokenLogprobs::new(vec![(7, -0.25), (8, -2.0)], 1)]),
                 finish_reason: Some(FinishReason::Stop),
                 stop_reason: Some(StopReason::String("\n".into())),
             }],
@@ -146,7 +159,7 @@ mod tests {
             cumulative_logprob: Some(-(ids.len() as f64)),
             logprobs: Some(
                 ids.iter()
-                    .map(|&t| TokenLogprobs(vec![(t, -1.0)]))
+                    .map(|&t| TokenLogprobs::new(vec![(t, -1.0)], 1))
                     .collect(),
             ),
             finish_reason: done.then_some(FinishReason::Length),

@@ -49,6 +49,10 @@ impl ValidationError {
 pub const MAX_STOP_STRINGS: usize = 1024;
 pub const MAX_STOP_STRING_BYTES: usize = 4096;
 
+/// Most log-probabilities a request may ask for per position (vLLM's `max_logprobs`
+/// default): each costs a top-k pass over the vocabulary and a share of every output.
+pub const MAX_LOGPROBS: usize = 20;
+
 /// What each `RequestOutput` of a request carries (vLLM's `RequestOutputKind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

@@ -22,7 +22,7 @@ use crate::model_executor::layers::sampler::Sampler;
 use crate::model_executor::model_loader::load_model_shard;
 use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::RequestOutput;
-use crate::sampling_params::SamplingParams;
+use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence};
 use crate::worker::model_runner::{LogitsRows, ModelRunner, SeqInput};
 
@@ -192,6 +192,7 @@ impl LLMEngine {
             return Err(EngineError::DuplicateRequest(request_id.0));
         }
         params.validate()?;
+        params.validate_for_model(self.tokenizer.vocab_size(), MAX_LOGPROBS)?;
         check_width(&params, self.max_num_seqs)?;
         let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;

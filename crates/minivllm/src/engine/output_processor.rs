@@ -191,8 +191,8 @@ impl OutputProcessor {
         };
         for (row, pos) in (first_row..).zip(positions) {
             let next = req.prompt_ids[pos + 1];
-            let (lp, top) = logprobs_for(&logits[row * vocab..(row + 1) * vocab], next, k);
-            out.push(Some(with_chosen(next, lp, top)));
+            let (lp, top, rank) = logprobs_for(&logits[row * vocab..(row + 1) * vocab], next, k);
+            out.push(Some(with_chosen(next, lp, top, rank)));
         }
     }
 
@@ -283,8 +283,10 @@ impl OutputProcessor {
         let (p, st, max_tokens) = self.state_mut(seq);
         st.cumulative_logprob += s.logprob as f64;
         if p.logprobs.is_some() {
+            // The sampler ranks the token whenever logprobs are asked for.
+            let rank = s.rank.unwrap_or(0);
             st.logprobs
-                .push(with_chosen(s.token_id, s.logprob, s.top_logprobs));
+                .push(with_chosen(s.token_id, s.logprob, s.top_logprobs, rank));
         }
         let stop_str = st.detok.push(&tokenizer, s.token_id)?;
         let n_out = seq.output_ids().len();
@@ -425,9 +427,14 @@ fn completion(
 }
 
 /// The chosen token's entry first, then the top-k without repeating it.
-fn with_chosen(token: TokenId, logprob: f32, top: Vec<(TokenId, f32)>) -> TokenLogprobs {
+fn with_chosen(
+    token: TokenId,
+    logprob: f32,
+    top: Vec<(TokenId, f32)>,
+    rank: usize,
+) -> TokenLogprobs {
     let mut v = Vec::with_capacity(top.len() + 1);
     v.push((token, logprob));
     v.extend(top.into_iter().filter(|(t, _)| *t != token));
-    TokenLogprobs(v)
+    TokenLogprobs::new(v, rank)
 }

@@ -407,7 +407,8 @@ fn logprobs_and_prompt_logprobs_match_the_reference() {
             "step {i}: {got} vs {}",
             step.chosen_logprob
         );
-        assert_eq!(lp.0.len(), 5, "chosen token is in the top 5");
+        assert_eq!(lp.entries.len(), 5, "chosen token is in the top 5");
+        assert_eq!(lp.rank, 1, "greedy chose the most likely token");
     }
     let cum: f64 = lps
         .iter()

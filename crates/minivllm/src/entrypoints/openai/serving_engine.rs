@@ -19,11 +19,8 @@ use crate::engine::async_engine::{collect, NewRequest};
 use crate::engine::llm_engine::check_width;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
-use crate::sampling_params::SamplingParams;
+use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
 use crate::sequence::TokenId;
-
-/// vLLM's default cap on requested logprobs.
-const MAX_LOGPROBS: usize = 20;
 
 pub fn now() -> u64 {
     SystemTime::now()
@@ -222,7 +219,7 @@ pub fn token_text(tok: &Tokenizer, id: TokenId) -> String {
 /// The alternatives at one position, best first, each token once.
 pub fn top(lps: &TokenLogprobs) -> Vec<(TokenId, f32)> {
     let mut v: Vec<(TokenId, f32)> = Vec::new();
-    for &(t, lp) in &lps.0 {
+    for &(t, lp) in &lps.entries {
         if !v.iter().any(|(u, _)| *u == t) {
             v.push((t, lp));
         }

@@ -274,7 +274,11 @@ impl Sampler {
 /// Raw log-probability of `next_token` at this row, and the `k` most likely tokens (most
 /// likely first), as the sampler reports them; for prompt logprobs. A token past the
 /// vocabulary gets `-inf`.
-pub fn logprobs_for(row: &[f32], next_token: TokenId, k: usize) -> (f32, Vec<(TokenId, f32)>) {
+pub fn logprobs_for(
+    row: &[f32],
+    next_token: TokenId,
+    k: usize,
+) -> (f32, Vec<(TokenId, f32)>, usize) {
     let mut lp = row.to_vec();
     log_softmax_inplace(&mut lp);
     let top = top_k_desc(&lp, k, &mut Vec::new());
@@ -282,7 +286,9 @@ pub fn logprobs_for(row: &[f32], next_token: TokenId, k: usize) -> (f32, Vec<(To
         .get(next_token as usize)
         .copied()
         .unwrap_or(f32::NEG_INFINITY);
-    (logprob, top)
+    // The sampler's rank: how many tokens are at least as likely.
+    let rank = lp.iter().filter(|&&x| x >= logprob).count();
+    (logprob, top, rank)
 }
 
 /// The first maximum (greedy ties go to the lowest id, like `torch.argmax`).

@@ -481,10 +481,11 @@ fn sampler_greedy_with_logprobs() {
 fn sampler_logprobs_for_prompt_tokens() {
     let row = [1.0, -2.0, 3.0, 3.0, 0.0];
     let reference = reference_log_softmax(&row);
-    let (lp, top) = logprobs_for(&row, 1, 2);
+    let (lp, top, rank) = logprobs_for(&row, 1, 2);
     assert!((lp - reference[1]).abs() < 1e-5);
     assert_eq!(top.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 3]);
-    let (lp, top) = logprobs_for(&row, 7, 0);
+    assert_eq!(rank, 5, "the least likely of five");
+    let (lp, top, _) = logprobs_for(&row, 7, 0);
     assert_eq!(lp, f32::NEG_INFINITY);
     assert!(top.is_empty());
     // Agrees with the sampler's own report.
@@ -498,9 +499,10 @@ fn sampler_logprobs_for_prompt_tokens() {
         &params,
         &mut SeqSamplingState::new(None, 0),
     );
-    let (lp, top) = logprobs_for(&row, out.token_id, 5);
+    let (lp, top, rank) = logprobs_for(&row, out.token_id, 5);
     assert_eq!(lp, out.logprob);
     assert_eq!(top, out.top_logprobs);
+    assert_eq!(Some(rank), out.rank);
 }
 
 #[test]

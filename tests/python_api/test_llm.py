@@ -1,0 +1,319 @@
+"""vLLM-style scripts against the `minivllm` package: only the import line differs from
+vLLM's. Each result is held to the command line's, to one-at-a-time runs, or to itself."""
+
+import json
+import logging
+import math
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from minivllm import LLM, CompletionOutput, Logprob, RequestOutput, SamplingParams
+
+from conftest import ENGINE
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a land far away,",
+    "def fibonacci(n):",
+    "The three primary colours are",
+]
+
+
+def cli_generate(binary, model, prompts, *flags):
+    """What `minivllm generate --json` prints for these prompts, one dict per prompt."""
+    with_prompts = [a for p in prompts for a in ("--prompt", p)]
+    cmd = [
+        binary, "generate", "--model", model, "--json",
+        "--max-model-len", str(ENGINE["max_model_len"]),
+        "--kv-cache-memory", ENGINE["kv_cache_memory"],
+        *with_prompts, *flags,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def greedy(max_tokens=24, **kw):
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
+
+
+def test_greedy_generation_matches_the_cli_token_for_token(llm, binary, model):
+    outputs = llm.generate(PROMPTS, greedy(logprobs=2), use_tqdm=False)
+    expected = cli_generate(
+        binary, model, PROMPTS, "--temperature", "0", "--max-tokens", "24", "--logprobs", "2"
+    )
+    assert len(outputs) == len(expected) == len(PROMPTS)
+    for out, want, prompt in zip(outputs, expected, PROMPTS):
+        assert isinstance(out, RequestOutput) and out.finished
+        assert out.prompt == prompt
+        assert out.prompt_token_ids == want["prompt_token_ids"]
+        got = out.outputs[0]
+        assert isinstance(got, CompletionOutput)
+        assert got.token_ids == want["outputs"][0]["token_ids"]
+        assert got.text == want["outputs"][0]["text"]
+        assert got.finish_reason == want["outputs"][0]["finish_reason"]
+        assert got.cumulative_logprob == pytest.approx(want["outputs"][0]["cumulative_logprob"])
+        for position, want_lp in zip(got.logprobs, want["outputs"][0]["logprobs"]):
+            assert {t: lp.logprob for t, lp in position.items()} == pytest.approx(
+                {int(t): lp for t, lp in want_lp.items()}
+            )
+
+
+def test_mixed_prompt_forms_in_one_batch_equal_one_at_a_time(llm):
+    tok = llm.get_tokenizer()
+    ids = tok.encode("The three primary colours are")
+    prompts = [
+        "The capital of France is",
+        {"prompt": "Once upon a time, in a land far away,"},
+        {"prompt_token_ids": ids},
+        ids,
+    ]
+    params = [greedy(8), greedy(12), greedy(5, stop=["."]), greedy(3)]
+    batched = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.request_id for o in batched] == sorted({o.request_id for o in batched}, key=int)
+    assert batched[0].prompt == prompts[0] and batched[1].prompt == prompts[1]["prompt"]
+    assert batched[2].prompt is None and batched[2].prompt_token_ids == ids
+    for prompt, p, out in zip(prompts, params, batched):
+        alone = llm.generate(prompt, p, use_tqdm=False)
+        assert len(alone) == 1
+        assert alone[0].outputs[0].token_ids == out.outputs[0].token_ids
+        assert alone[0].outputs[0].text == out.outputs[0].text
+    assert len(batched[3].outputs[0].token_ids) == 3
+
+
+def test_n_completions_with_a_seed_reproduce(llm):
+    params = SamplingParams(n=3, temperature=0.9, top_p=0.95, seed=7, max_tokens=16)
+    first = llm.generate("Write a short poem about the sea.", params, use_tqdm=False)[0]
+    again = llm.generate("Write a short poem about the sea.", params, use_tqdm=False)[0]
+    assert [c.index for c in first.outputs] == [0, 1, 2]
+    assert [c.token_ids for c in first.outputs] == [c.token_ids for c in again.outputs]
+    assert len({tuple(c.token_ids) for c in first.outputs}) > 1, "three samples, one text"
+    other = llm.generate(
+        "Write a short poem about the sea.", params.clone()._with_seed(8), use_tqdm=False
+    )[0]
+    assert [c.token_ids for c in other.outputs] != [c.token_ids for c in first.outputs]
+
+
+def test_llm_seed_makes_unseeded_sampling_reproducible(model):
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+    runs = []
+    for _ in range(2):
+        llm = LLM(model=model, seed=1234, **ENGINE)
+        runs.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)])
+        del llm
+    assert runs[0] == runs[1]
+
+
+def test_stop_strings_end_completions(llm):
+    prompt = "List three fruits: apple, banana,"
+    free = llm.generate(prompt, greedy(32), use_tqdm=False)[0].outputs[0]
+    assert "," in free.text, free.text
+    out = llm.generate(prompt, greedy(32, stop=[","]), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == ","
+    assert "," not in out.text and free.text.startswith(out.text)
+    kept = llm.generate(prompt, greedy(32, stop=",", include_stop_str_in_output=True), use_tqdm=False)
+    assert kept[0].outputs[0].text == out.text + ","
+
+
+def test_stop_token_ids_and_length_finish_reasons(llm):
+    free = llm.generate("The capital of France is", greedy(8), use_tqdm=False)[0].outputs[0]
+    assert free.finish_reason == "length" and free.stop_reason is None
+    stop_at = free.token_ids[2]
+    out = llm.generate(
+        "The capital of France is", greedy(8, stop_token_ids=[stop_at]), use_tqdm=False
+    )[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_at
+    assert out.token_ids == free.token_ids[: free.token_ids.index(stop_at) + 1]
+
+
+def test_logprobs_and_prompt_logprobs(llm):
+    params = greedy(6, logprobs=3, prompt_logprobs=2)
+    out = llm.generate("The capital of France is", params, use_tqdm=False)[0]
+    completion = out.outputs[0]
+    assert len(completion.logprobs) == len(completion.token_ids)
+    total = 0.0
+    for token, position in zip(completion.token_ids, completion.logprobs):
+        assert token in position and 3 <= len(position) <= 4
+        chosen = position[token]
+        assert isinstance(chosen, Logprob)
+        # Greedy picks the most likely token: rank 1, and no logprob above it.
+        assert chosen.rank == 1
+        assert chosen.logprob == max(lp.logprob for lp in position.values())
+        assert sorted(lp.rank for lp in position.values()) == list(range(1, len(position) + 1))
+        assert chosen.decoded_token == llm.get_tokenizer().decode([token])
+        total += chosen.logprob
+    assert completion.cumulative_logprob == pytest.approx(total, abs=1e-4)
+
+    prompt_lps = out.prompt_logprobs
+    assert len(prompt_lps) == len(out.prompt_token_ids) and prompt_lps[0] is None
+    for token, position in zip(out.prompt_token_ids[1:], prompt_lps[1:]):
+        assert token in position and 2 <= len(position) <= 3
+        assert all(lp.logprob <= 0.0 and math.isfinite(lp.logprob) for lp in position.values())
+        others = sorted(lp.rank for t, lp in position.items() if t != token)
+        if len(position) == 3:  # the prompt token is outside the top 2
+            assert position[token].rank >= 3 and others == [1, 2]
+        else:
+            assert sorted([position[token].rank, *others]) == [1, 2]
+
+
+def test_chat_uses_the_models_template(llm, binary, model):
+    messages = [{"role": "user", "content": "What is the capital of Germany?"}]
+    out = llm.chat(messages, greedy(16), use_tqdm=False)[0]
+    tok = llm.get_tokenizer()
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    assert out.prompt_token_ids == ids
+    assert out.prompt == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "<|im_start|>assistant" in out.prompt
+    cli = cli_generate(binary, model, [messages[0]["content"]], "--chat", "--temperature", "0",
+                       "--max-tokens", "16")
+    assert out.outputs[0].token_ids == cli[0]["outputs"][0]["token_ids"]
+    # Several conversations in one call, OpenAI's content parts included.
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital of Germany?"}]}]
+    both = llm.chat([messages, parts], greedy(16), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in both] == [out.outputs[0].token_ids] * 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"n": 0}, "n must be at least 1, got 0."),
+        ({"temperature": -1.0}, "temperature must be non-negative, got -1.0."),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0."),
+        ({"top_k": -5}, "top_k must be 0 (disable), or at least 1, got -5."),
+        ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5."),
+        ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2], got 3.0."),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than zero, got 0.0."),
+        ({"max_tokens": 0}, "max_tokens must be at least 1, got 0."),
+        ({"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1."),
+        ({"logprobs": -1}, "logprobs must be non-negative, got -1."),
+        ({"n": 2, "best_of": 1}, "best_of must be greater than or equal to n"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"logits_processors": [print]}, "logits_processors is not supported"),
+    ],
+)
+def test_invalid_sampling_parameters_raise_value_error(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(**kwargs)
+    assert message in str(e.value)
+
+
+def test_invalid_requests_raise_value_error_and_run_nothing(llm):
+    with pytest.raises(ValueError, match="longer than the maximum model length"):
+        llm.generate("word " * 2000, greedy(4), use_tqdm=False)
+    with pytest.raises(ValueError, match="must be the same"):
+        llm.generate(["a", "b"], [greedy(4)], use_tqdm=False)
+    with pytest.raises(ValueError, match="out of vocabulary"):
+        llm.generate({"prompt_token_ids": [1, 10**7]}, greedy(4), use_tqdm=False)
+    with pytest.raises(ValueError, match="greater than max allowed"):
+        llm.generate("Hi", greedy(4, logprobs=10**6), use_tqdm=False)
+    params = greedy(4)
+    params.top_p = 2.0  # changed after it was made: checked again at submission
+    with pytest.raises(ValueError, match="top_p must be in"):
+        llm.generate("Hi", params, use_tqdm=False)
+    # A batch with one bad request runs none of them, and the engine serves the next call.
+    with pytest.raises(ValueError):
+        llm.generate(["Hi", "word " * 2000], greedy(64, ignore_eos=True), use_tqdm=False)
+    assert llm.generate("Hi", greedy(2), use_tqdm=False)[0].finished
+
+
+def test_bad_engine_arguments(model, tmp_path):
+    with pytest.raises(RuntimeError):
+        LLM(model=str(tmp_path / "missing.gguf"))
+    with pytest.raises(ValueError, match="dtype"):
+        LLM(model=model, dtype="float8", **ENGINE)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_num_sequences'"):
+        LLM(model=model, max_num_sequences=4)
+
+
+def test_two_threads_generate_at_once_and_share_steps(llm):
+    prompts = {"a": PROMPTS[:2], "b": PROMPTS[2:]}
+    params = greedy(32, ignore_eos=True)
+    alone = {k: llm.generate(p, params, use_tqdm=False) for k, p in prompts.items()}
+    results, errors = {}, []
+    start = threading.Barrier(2)
+
+    def run(key):
+        try:
+            start.wait()
+            results[key] = llm.generate(prompts[key], params, use_tqdm=False)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    steps_before = llm._engine.num_steps
+    threads = [threading.Thread(target=run, args=(k,)) for k in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    for key in prompts:
+        assert [o.outputs[0].token_ids for o in results[key]] == [
+            o.outputs[0].token_ids for o in alone[key]
+        ]
+    # Together, the two calls' requests were batched: fewer steps than one after the other.
+    assert llm._engine.num_steps - steps_before < 2 * 32
+
+
+def test_ctrl_c_aborts_the_call_and_the_engine_serves_on(llm):
+    import _thread
+
+    params = greedy(1000, ignore_eos=True)
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    started = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["Tell me a long story."] * 4, params, use_tqdm=False)
+    assert time.monotonic() - started < 10
+    out = llm.generate("The capital of France is", greedy(8), use_tqdm=False)
+    assert out[0].outputs[0].text.startswith(" Paris")
+
+
+def test_ctrl_c_in_a_script_ends_it(model):
+    script = (
+        "import sys\n"
+        "from minivllm import LLM, SamplingParams\n"
+        f"llm = LLM(model={model!r}, max_model_len=1024, kv_cache_memory='256MiB')\n"
+        "print('ready', flush=True)\n"
+        "llm.generate(['Tell me a long story.'] * 4, "
+        "SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True), use_tqdm=False)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    proc.send_signal(2)  # SIGINT, as Ctrl-C sends
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("Ctrl-C did not stop generate within 10 s")
+    assert "KeyboardInterrupt" in err
+
+
+def test_progress_bar_and_logging(llm, model, capsys, caplog):
+    pytest.importorskip("tqdm")
+    llm.generate(PROMPTS[:2], greedy(2), use_tqdm=True)
+    assert "Processed prompts" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO, logger="minivllm"):
+        LLM(model=model, **ENGINE)
+    assert any(
+        r.name.startswith("minivllm.") and "model loaded" in r.getMessage() for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+
+
+def test_python_dash_m_runs_the_command_line(model):
+    out = subprocess.run(
+        [sys.executable, "-m", "minivllm", "generate", "--model", model, "--prompt",
+         "The capital of France is", "--temperature", "0", "--max-tokens", "4", "--json",
+         "--max-model-len", "1024", "--kv-cache-memory", "256MiB"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["outputs"][0]["text"].startswith(" Paris")
+    bad = subprocess.run([sys.executable, "-m", "minivllm", "generate", "--no-such-flag"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--no-such-flag" in bad.stderr
