@@ -50,8 +50,10 @@ class LLM:
         model: A GGUF file, a Hugging Face model folder (config.json, tokenizer.json and
             safetensors), or ``org/name`` in the local Hugging Face cache.
         tokenizer: Must be ``None`` or the model: the tokenizer comes with the model.
-        tensor_parallel_size: Only 1 from Python; run ``mpirun -n N python -m minivllm ...
-            --tensor-parallel-size N`` for more (docs/distributed.md).
+        tensor_parallel_size: Ranks to split each layer over. Start the script as
+            ``mpirun -n N python script.py`` (a package built with the ``mpi`` feature): on
+            rank 0, ``LLM()`` returns and runs the engine; on the others it serves rank 0 as
+            a worker until rank 0's ``LLM`` is gone, then ends the process (``SystemExit``).
         dtype: ``"auto"`` keeps the file's weight format; ``"float32"``, ``"float16"``,
             ``"bfloat16"`` (and vLLM's aliases).
         quantization: Re-quantise float weights at load: ``"q8_0"``, ``"q4_0"``, ``"q4_1"``,
@@ -103,11 +105,6 @@ class LLM:
                 logger.warning("LLM(%s=%r) has no effect in minivllm", name, value)
         if tokenizer is not None and tokenizer != model:
             raise ValueError("tokenizer: minivllm uses the model's own tokenizer; pass None")
-        if tensor_parallel_size != 1:
-            raise ValueError(
-                "tensor_parallel_size > 1 runs from the command line: "
-                "mpirun -n N python -m minivllm serve --tensor-parallel-size N (docs/distributed.md)"
-            )
         if kv_cache_memory_bytes is not None and kv_cache_memory is not None:
             raise ValueError("give kv_cache_memory_bytes or kv_cache_memory, not both")
         kv = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else kv_cache_memory
@@ -127,6 +124,7 @@ class LLM:
             enable_chunked_prefill=enable_chunked_prefill,
             scheduling_policy=scheduling_policy,
             threads=threads,
+            tensor_parallel_size=tensor_parallel_size,
         )
         self._tokenizer = Tokenizer(self._engine.get_tokenizer())
         self._request_counter = itertools.count()

@@ -4,6 +4,7 @@ vLLM's. Each result is held to the command line's, to one-at-a-time runs, or to 
 import json
 import logging
 import math
+import shutil
 import subprocess
 import sys
 import threading
@@ -317,3 +318,32 @@ def test_python_dash_m_runs_the_command_line(model):
     bad = subprocess.run([sys.executable, "-m", "minivllm", "generate", "--no-such-flag"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--no-such-flag" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed")
+def test_tensor_parallel_script_under_mpirun_matches_one_process(model, tmp_path):
+    """A vLLM-style script with tensor_parallel_size=3 under mpirun (SmolLM2: 9 heads, 3 KV
+    heads): rank 0 prints the same greedy tokens as one process; the workers end cleanly."""
+    script = tmp_path / "tp.py"
+    script.write_text(
+        "import json, sys\n"
+        "from minivllm import LLM, SamplingParams\n"
+        "tp = int(sys.argv[1])\n"
+        f"llm = LLM(model={model!r}, dtype='float32', tensor_parallel_size=tp, threads=1, "
+        "max_model_len=1024, kv_cache_memory='64MiB')\n"
+        "outs = llm.generate(json.loads(sys.argv[2]), SamplingParams(temperature=0, max_tokens=12), "
+        "use_tqdm=False)\n"
+        "print(json.dumps([o.outputs[0].token_ids for o in outs]))\n"
+    )
+    prompts = json.dumps(PROMPTS)
+    alone = subprocess.run([sys.executable, str(script), "1", prompts],
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    tp = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "3",
+         sys.executable, str(script), "3", prompts],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert tp.returncode == 0, tp.stderr
+    # Only rank 0 gets past LLM(): one line of output.
+    assert tp.stdout.strip().splitlines() == alone.stdout.strip().splitlines()

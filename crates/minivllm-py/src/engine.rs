@@ -6,13 +6,14 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PySystemExit};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::mpsc;
 
 use minivllm::engine::async_engine::{AsyncEngine, NewRequest};
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
+use minivllm::engine::worker_process::{start_rank, Driver, Role};
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::{RequestOutputKind, SamplingParams};
@@ -25,7 +26,10 @@ use crate::value_error;
 /// A loaded model and its engine thread. The thread ends when the object is collected.
 #[pyclass(frozen, module = "minivllm._core")]
 pub struct Engine {
-    engine: AsyncEngine,
+    /// `None` only while being dropped.
+    engine: Option<AsyncEngine>,
+    /// Rank 0's hold on a tensor-parallel group, which must outlive the engine thread.
+    driver: Option<Driver>,
 }
 
 /// A prompt as text or as token ids.
@@ -90,11 +94,23 @@ impl Engine {
             },
             tensor_parallel_size,
         };
+        // Every process of an `mpirun` job makes this same call: rank 0 goes on to build the
+        // engine, the others serve it as workers here, until it stops, and then exit.
+        let driver = if tensor_parallel_size > 1 {
+            match py.detach(|| start_rank(tensor_parallel_size)) {
+                Ok(Role::Driver(driver)) => Some(driver),
+                Ok(Role::WorkerDone) => return Err(PySystemExit::new_err(0)),
+                Err(e) => return Err(engine_error(e)),
+            }
+        } else {
+            None
+        };
         let engine = py
             .detach(|| LLMEngine::from_engine_args(&args))
             .map_err(engine_error)?;
         Ok(Self {
-            engine: AsyncEngine::new(engine),
+            engine: Some(AsyncEngine::new(engine)),
+            driver,
         })
     }
 
@@ -127,7 +143,7 @@ impl Engine {
         let remaining = new.len();
         let (tx, rx) = mpsc::unbounded_channel();
         // Without the GIL: the engine thread may log (through Python) while taking them.
-        py.detach(|| self.engine.submit_blocking(new, &tx))
+        py.detach(|| self.engine().submit_blocking(new, &tx))
             .map_err(async_engine_error)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -144,23 +160,50 @@ impl Engine {
     }
 
     fn get_tokenizer(&self) -> Tokenizer {
-        Tokenizer::new(self.engine.tokenizer().clone())
+        Tokenizer::new(self.engine().tokenizer().clone())
     }
 
     #[getter]
     fn max_model_len(&self) -> usize {
-        self.engine.max_model_len()
+        self.engine().max_model_len()
     }
 
     #[getter]
     fn max_num_seqs(&self) -> usize {
-        self.engine.max_num_seqs()
+        self.engine().max_num_seqs()
     }
 
     /// Steps the engine has run so far.
     #[getter]
     fn num_steps(&self) -> u64 {
-        self.engine.stats().num_steps
+        self.engine().stats().num_steps
+    }
+}
+
+impl Engine {
+    fn engine(&self) -> &AsyncEngine {
+        self.engine
+            .as_ref()
+            .expect("the engine lives until the object is dropped")
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let Some(driver) = self.driver.take() else {
+            // One process: the engine thread ends on its own once the handle is gone.
+            return;
+        };
+        // With tensor parallelism the engine's end stops the workers, and must come before
+        // the group's: wait for the thread, without the GIL (it may log through Python).
+        let engine = self.engine.take();
+        let thread = engine.as_ref().and_then(AsyncEngine::take_thread);
+        drop(engine);
+        if let Some(thread) = thread {
+            Python::attach(|py| py.detach(|| thread.join()))
+                .unwrap_or_else(|_| tracing::error!("the engine thread panicked"));
+        }
+        drop(driver);
     }
 }
 
