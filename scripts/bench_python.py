@@ -6,7 +6,8 @@
     cargo build --release -p minivllm-cli
     python scripts/bench_python.py --binary target/release/minivllm --rounds 3
 
-Both load the same model with the same engine defaults and time only the generation of
+Both load the same model with the same engine defaults (a fresh engine per round, so that no
+prefix cache carries over) and time only the generation of
 `--num-prompts` random prompts of `--input-len` tokens, `--output-len` tokens each (greedy,
 ignore_eos), as `minivllm bench throughput` does; the prompts are the binary's own (the same
 generator). Prints each round and the ratio of the medians.
@@ -67,16 +68,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
 
-    llm = LLM(model=args.model)
-    prompts = random_prompts(args.num_prompts, args.input_len, llm.get_tokenizer().vocab_size)
-    python_round(llm, prompts[:4], argparse.Namespace(**{**vars(args), "output_len": 4}))  # warm-up
     cli, py = [], []
     env = None
     for r in range(args.rounds):
         tps, report = cli_round(args)
         cli.append(tps)
         env = {k: report[k] for k in ("cpu", "isa", "threads", "peak_rss_mb") if k in report}
+        # A fresh engine each round, as the binary's: a reused one would find the prompts
+        # in its prefix cache.
+        llm = LLM(model=args.model)
+        prompts = random_prompts(args.num_prompts, args.input_len, llm.get_tokenizer().vocab_size)
         py.append(python_round(llm, prompts, args))
+        del llm
         print(f"round {r + 1}: binary {cli[-1]:.1f} output tok/s, Python {py[-1]:.1f} output tok/s", flush=True)
     c, q = statistics.median(cli), statistics.median(py)
     print(f"median: binary {c:.1f}, Python {q:.1f} output tok/s; Python/binary = {q / c:.3f} "
