@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import random
 import time
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from minivllm import _core
@@ -41,6 +43,18 @@ _IGNORED = {
     "load_format": "auto",
     "download_dir": None,
 }
+
+
+# Every live LLM, so that their engines stop while the interpreter is whole: at exit, a
+# tensor-parallel engine waits for its thread to stop its workers, and that thread may log
+# through Python, which it could not do once the interpreter is being torn down.
+_live: "weakref.WeakSet[LLM]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_engines() -> None:
+    for llm in list(_live):
+        llm._engine = None
 
 
 class LLM:
@@ -130,6 +144,7 @@ class LLM:
         self._request_counter = itertools.count()
         self._seeds = random.Random(seed) if seed is not None else None
         self._token_texts: Dict[int, str] = {}
+        _live.add(self)
 
     def get_tokenizer(self) -> Tokenizer:
         return self._tokenizer

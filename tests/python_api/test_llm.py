@@ -347,3 +347,34 @@ def test_tensor_parallel_script_under_mpirun_matches_one_process(model, tmp_path
     assert tp.returncode == 0, tp.stderr
     # Only rank 0 gets past LLM(): one line of output.
     assert tp.stdout.strip().splitlines() == alone.stdout.strip().splitlines()
+
+
+def test_python_dash_m_serves_until_ctrl_c(model):
+    import re
+    import signal
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minivllm", "serve", "--model", model, "--port", "0",
+         "--max-model-len", "1024", "--kv-cache-memory", "64MiB"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+            m = re.search(r" on (http://[0-9.]+:[0-9]+)", line)
+            url = m.group(1) if m else None
+        assert url, f"no 'serving ... on' line; exit status {proc.poll()}"
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the server drains and exits 0
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
