@@ -8,7 +8,8 @@ import logging
 import random
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence as SequenceABC
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from minivllm import _core
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
@@ -42,6 +43,12 @@ _IGNORED = {
     "disable_log_stats": True,
     "load_format": "auto",
     "download_dir": None,
+    "task": "auto",
+    "runner": "auto",
+    "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
+    "generation_config": "auto",
+    "max_logprobs": 20,
 }
 
 
@@ -118,7 +125,8 @@ class LLM:
             if value != _IGNORED[name]:
                 logger.warning("LLM(%s=%r) has no effect in minivllm", name, value)
         if tokenizer is not None and tokenizer != model:
-            raise ValueError("tokenizer: minivllm uses the model's own tokenizer; pass None")
+            # vLLM's GGUF recipe names the base model's tokenizer; the GGUF file has its own.
+            logger.warning("LLM(tokenizer=%r): using the model's own tokenizer", tokenizer)
         if kv_cache_memory_bytes is not None and kv_cache_memory is not None:
             raise ValueError("give kv_cache_memory_bytes or kv_cache_memory, not both")
         kv = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else kv_cache_memory
@@ -156,7 +164,7 @@ class LLM:
         self,
         prompts: Union[PromptType, Sequence[PromptType]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-        use_tqdm: bool = True,
+        use_tqdm: Union[bool, Callable[..., Any]] = True,
         lora_request: None = None,
         priority: Optional[List[int]] = None,
     ) -> List[RequestOutput]:
@@ -168,7 +176,8 @@ class LLM:
                 ``{"prompt_token_ids": [...]}`` dict, or a list of these.
             sampling_params: One for all prompts or one per prompt (default:
                 ``SamplingParams()``).
-            use_tqdm: Show a progress bar (when ``tqdm`` is installed).
+            use_tqdm: Show a progress bar (when ``tqdm`` is installed), or a callable
+                that makes one, as ``tqdm`` would be called.
             priority: Per prompt, with ``scheduling_policy="priority"``: lower runs first.
 
         Raises:
@@ -187,16 +196,29 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: None = None,
         chat_template: Optional[str] = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
-        **kwargs: Any,
+        tools: Optional[List[Dict[str, Any]]] = None,
+        chat_template_kwargs: Optional[Dict[str, Any]] = None,
+        mm_processor_kwargs: Optional[Dict[str, Any]] = None,
+        tokenization_kwargs: Optional[Dict[str, Any]] = None,
     ) -> List[RequestOutput]:
         """Replies to one conversation (a list of ``{"role", "content"}`` messages) or to
-        each of a list of them, through the model's chat template."""
+        each of a list of them, through the model's chat template. What minivllm does not
+        implement (another template, tools, template kwargs, continuing the last message)
+        raises ``ValueError`` rather than changing the prompt silently."""
         if lora_request is not None:
             raise ValueError("LoRA adapters are not supported by minivllm")
-        if chat_template is not None:
-            raise ValueError("a chat_template other than the model's is not supported")
+        for name, value in (
+            ("chat_template", chat_template),
+            ("tools", tools),
+            ("chat_template_kwargs", chat_template_kwargs),
+            ("mm_processor_kwargs", mm_processor_kwargs),
+            ("tokenization_kwargs", tokenization_kwargs),
+        ):
+            if value:
+                raise ValueError(f"chat: {name} is not supported by minivllm (the model's own template only)")
         if continue_final_message:
             raise ValueError("continue_final_message is not supported by minivllm")
         if isinstance(messages, dict):
@@ -240,8 +262,8 @@ class LLM:
             outputs.append(out)
         return outputs
 
-    def _wait(self, batch: "_core.Batch", n: int, use_tqdm: bool) -> Dict[str, dict]:
-        bar = _progress_bar(n) if use_tqdm else None
+    def _wait(self, batch: "_core.Batch", n: int, use_tqdm: Any) -> Dict[str, dict]:
+        bar = _progress_bar(n, use_tqdm if callable(use_tqdm) else None) if use_tqdm else None
         start = time.perf_counter()
         done: Dict[str, dict] = {}
         prompt_tokens = generated = 0
@@ -279,7 +301,8 @@ class LLM:
                 index=c["index"],
                 text=c["text"],
                 token_ids=c["token_ids"],
-                cumulative_logprob=c["cumulative_logprob"],
+                # As vLLM: only tracked when logprobs are asked for.
+                cumulative_logprob=None if params.logprobs is None else c["cumulative_logprob"],
                 logprobs=None if c["logprobs"] is None else [self._logprobs(p, k) for p in c["logprobs"]],
                 finish_reason=c["finish_reason"],
                 stop_reason=c["stop_reason"],
@@ -308,11 +331,13 @@ class LLM:
         placed = not chosen_in_top
         for token, lp in pairs[1:]:
             if not placed and (chosen_lp > lp or (chosen_lp == lp and chosen < token)):
+                ranks[chosen] = rank  # its place in the top-k, as vLLM ranks it (ties too)
                 rank += 1
                 placed = True
             ranks[token] = rank
             rank += 1
-        ranks[chosen] = chosen_rank
+        if chosen not in ranks:
+            ranks[chosen] = rank if chosen_in_top else chosen_rank
         return {
             token: Logprob(logprob=lp, rank=ranks[token], decoded_token=self._token_text(token))
             for token, lp in pairs
@@ -330,9 +355,9 @@ def _parse_prompts(prompts: Any) -> List[Tuple[Optional[str], Union[str, List[in
     """Each prompt as (its text or None, what the engine takes: text or token ids)."""
     if isinstance(prompts, (str, dict)):
         prompts = [prompts]
-    elif isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+    elif _is_token_ids(prompts) and len(prompts) > 0:
         prompts = [list(prompts)]
-    if not isinstance(prompts, (list, tuple)):
+    if not isinstance(prompts, SequenceABC) or isinstance(prompts, (str, bytes)):
         raise ValueError(f"prompts must be a string, a dict, token ids or a list of these, got {type(prompts).__name__}")
     parsed = []
     for p in prompts:
@@ -350,16 +375,24 @@ def _parse_prompts(prompts: Any) -> List[Tuple[Optional[str], Union[str, List[in
             unsupported = set(p) - {"prompt", "prompt_token_ids", "cache_salt"}
             if unsupported:
                 raise ValueError(f"prompt fields not supported by minivllm: {sorted(unsupported)}")
-        elif isinstance(p, (list, tuple)):
+        elif isinstance(p, SequenceABC) and not isinstance(p, (str, bytes)):
             parsed.append((None, _token_ids(p)))
         else:
             raise ValueError(f"a prompt must be a string, a dict or token ids, got {type(p).__name__}")
     return parsed
 
 
+def _is_token_ids(ids: Any) -> bool:
+    return (
+        isinstance(ids, SequenceABC)
+        and not isinstance(ids, (str, bytes))
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+    )
+
+
 def _token_ids(ids: Any) -> List[int]:
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and t >= 0 for t in ids):
-        raise ValueError("prompt_token_ids must be a list of non-negative ints")
+    if not _is_token_ids(ids) or not all(0 <= t < 2**32 for t in ids):
+        raise ValueError("prompt_token_ids must be a list of token ids (ints in [0, 2**32))")
     return list(ids)
 
 
@@ -379,13 +412,14 @@ def _per_prompt(
     return params
 
 
-def _progress_bar(n: int) -> Optional[Any]:
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        logger.debug("no progress bar: tqdm is not installed (pip install tqdm)")
-        return None
-    return tqdm(
+def _progress_bar(n: int, make: Optional[Callable[..., Any]]) -> Optional[Any]:
+    if make is None:
+        try:
+            from tqdm.auto import tqdm as make
+        except ImportError:
+            logger.debug("no progress bar: tqdm is not installed (pip install tqdm)")
+            return None
+    return make(
         total=n,
         desc="Processed prompts",
         dynamic_ncols=True,

@@ -11,7 +11,8 @@ class Logprob:
     """The log-probability of one token at one position.
 
     Attributes:
-        logprob: Its log-probability (after temperature and penalties, as sampled).
+        logprob: Its log-probability under the model's raw logits (before temperature and
+            penalties: vLLM's default).
         rank: Its rank in the vocabulary (1 is the most likely; the chosen token's counts
             the tokens at least as likely, as vLLM's).
         decoded_token: The token's text.
@@ -34,7 +35,8 @@ class CompletionOutput:
         index: Its index among the request's completions.
         text: The generated text.
         token_ids: The generated tokens.
-        cumulative_logprob: The sum of the generated tokens' log-probabilities.
+        cumulative_logprob: The sum of the generated tokens' log-probabilities (``None``
+            unless the request asked for ``logprobs``, as vLLM).
         logprobs: Per generated token, the top log-probabilities (the chosen token
             first), when the request asked for ``logprobs``.
         finish_reason: ``"stop"`` (EOS, a stop string or token), ``"length"`` or
@@ -49,6 +51,7 @@ class CompletionOutput:
     logprobs: Optional[SampleLogprobs]
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    lora_request: Optional[object] = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

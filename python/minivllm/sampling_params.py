@@ -42,14 +42,15 @@ _NON_NEGATIVE = {
     "prompt_logprobs": "prompt_logprobs must be non-negative, got {}.",
 }
 
-_FLOATS = (
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "temperature",
-    "top_p",
-    "min_p",
-)
+# What vLLM says of a NaN or infinite value (JSON, the engine's input, has neither).
+_NOT_FINITE = {
+    "presence_penalty": "presence_penalty must be in [-2, 2], got {}.",
+    "frequency_penalty": "frequency_penalty must be in [-2, 2], got {}.",
+    "repetition_penalty": "repetition_penalty must be a finite number, got {}.",
+    "temperature": "temperature must be a finite number, got {}.",
+    "top_p": "top_p must be in (0, 1], got {}.",
+    "min_p": "min_p must be in [0, 1], got {}.",
+}
 
 
 @dataclass
@@ -120,8 +121,19 @@ class SamplingParams:
     structured_outputs: Optional[Any] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
+        # vLLM's normalisations.
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if self.seed == -1:
+            self.seed = None
+        if self.logprobs is True:
+            self.logprobs = 1
+        if self.prompt_logprobs is True:
+            self.prompt_logprobs = 1
         self.validate()
 
     def validate(self) -> None:
@@ -134,10 +146,10 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, int) and value < 0:
                 raise ValueError(message.format(value))
-        for name in _FLOATS:
+        for name, message in _NOT_FINITE.items():
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value}.")
+                raise ValueError(message.format(value))
         if isinstance(self.n, int) and self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
         if isinstance(self.max_tokens, int) and self.max_tokens < 1:

@@ -9,6 +9,21 @@ from minivllm import _core
 
 Conversation = Sequence[Dict[str, Any]]
 
+# transformers' apply_chat_template options, at the defaults that leave the prompt as this
+# template makes it; anything else (template variables such as enable_thinking included)
+# would change it, and is refused.
+_HF_DEFAULTS: Dict[str, Any] = {
+    "chat_template": None,
+    "tools": None,
+    "documents": None,
+    "continue_final_message": False,
+    "return_assistant_tokens_mask": False,
+    "padding": False,
+    "truncation": False,
+    "max_length": None,
+    "return_tensors": None,
+}
+
 
 def message_text(content: Any) -> str:
     """A message's content as text: a string, or OpenAI's list of parts (text parts are
@@ -50,8 +65,21 @@ class Tokenizer:
         """Token ids of ``text``; with ``add_special_tokens``, the model's BOS first."""
         return self._inner.encode(text, add_special_tokens)
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> Dict[str, List[int]]:
-        return {"input_ids": self.encode(text, add_special_tokens)}
+    def __call__(
+        self, text: Union[str, Sequence[str]], add_special_tokens: bool = True
+    ) -> Dict[str, Any]:
+        if isinstance(text, str):
+            return {"input_ids": self.encode(text, add_special_tokens)}
+        return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}
+
+    def batch_decode(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> List[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+
+    def convert_tokens_to_ids(self, tokens: Union[str, Sequence[str]]) -> Union[Optional[int], List[Optional[int]]]:
+        """Ids of vocabulary spellings (``"<|im_end|>"``), ``None`` for one not in it."""
+        if isinstance(tokens, str):
+            return self._inner.convert_tokens_to_ids([tokens])[0]
+        return self._inner.convert_tokens_to_ids(list(tokens))
 
     def decode(self, token_ids: Union[int, Sequence[int]], skip_special_tokens: bool = False) -> str:
         if isinstance(token_ids, int):
@@ -68,14 +96,21 @@ class Tokenizer:
         conversation: Conversation,
         tokenize: bool = True,
         add_generation_prompt: bool = False,
+        return_dict: bool = False,
         **kwargs: Any,
-    ) -> Union[str, List[int]]:
+    ) -> Union[str, List[int], Dict[str, List[int]]]:
         """The conversation through the model's chat template (transformers' defaults:
-        token ids, no generation prompt)."""
-        if kwargs.get("chat_template") is not None:
-            raise ValueError("a chat_template other than the model's is not supported")
+        token ids, no generation prompt). Template variables and other options that
+        transformers passes on (``chat_template``, ``tools``, ``continue_final_message``,
+        ``enable_thinking``, ...) raise ``ValueError``: the template here takes none."""
+        given = [k for k, v in kwargs.items() if k not in _HF_DEFAULTS or v != _HF_DEFAULTS[k]]
+        if given:
+            raise ValueError(f"apply_chat_template: not supported by minivllm: {sorted(given)}")
         text = self._inner.render_chat(conversation_pairs(conversation), add_generation_prompt)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
+        if not tokenize:
+            return text
+        ids = self.encode(text, add_special_tokens=False)
+        return {"input_ids": ids} if return_dict else ids
 
     @property
     def chat_template(self) -> Optional[str]:

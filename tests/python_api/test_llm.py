@@ -123,6 +123,7 @@ def test_stop_strings_end_completions(llm):
 def test_stop_token_ids_and_length_finish_reasons(llm):
     free = llm.generate("The capital of France is", greedy(8), use_tqdm=False)[0].outputs[0]
     assert free.finish_reason == "length" and free.stop_reason is None
+    assert free.cumulative_logprob is None, "only tracked with logprobs, as vLLM"
     stop_at = free.token_ids[2]
     out = llm.generate(
         "The capital of France is", greedy(8, stop_token_ids=[stop_at]), use_tqdm=False
@@ -176,6 +177,15 @@ def test_chat_uses_the_models_template(llm, binary, model):
     parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital of Germany?"}]}]
     both = llm.chat([messages, parts], greedy(16), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in both] == [out.outputs[0].token_ids] * 2
+    # What would change the prompt is refused, never dropped.
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        llm.chat(messages, chat_template_kwargs={"enable_thinking": False})
+    with pytest.raises(TypeError):
+        llm.chat(messages, no_such_option=1)
+    with pytest.raises(ValueError, match="enable_thinking"):
+        tok.apply_chat_template(messages, enable_thinking=False)
+    assert tok.convert_tokens_to_ids(tok.eos_token) == tok.eos_token_id
+    assert tok.apply_chat_template(messages, return_dict=True) == {"input_ids": tok.apply_chat_template(messages)}
 
 
 @pytest.mark.parametrize(
@@ -193,6 +203,7 @@ def test_chat_uses_the_models_template(llm, binary, model):
         ({"logprobs": -1}, "logprobs must be non-negative, got -1."),
         ({"n": 2, "best_of": 1}, "best_of must be greater than or equal to n"),
         ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"top_p": float("nan")}, "top_p must be in (0, 1], got nan."),
         ({"logits_processors": [print]}, "logits_processors is not supported"),
     ],
 )
@@ -200,6 +211,13 @@ def test_invalid_sampling_parameters_raise_value_error(kwargs, message):
     with pytest.raises(ValueError) as e:
         SamplingParams(**kwargs)
     assert message in str(e.value)
+
+
+def test_sampling_params_normalise_as_vllm():
+    p = SamplingParams(seed=-1, logprobs=True)
+    assert p.stop == [] and p.stop_token_ids == [] and p.seed is None and p.logprobs == 1
+    assert SamplingParams(stop="x").stop == ["x"]
+    assert p.clone() == p and p.clone() is not p
 
 
 def test_invalid_requests_raise_value_error_and_run_nothing(llm):
@@ -228,6 +246,9 @@ def test_bad_engine_arguments(model, tmp_path):
         LLM(model=model, dtype="float8", **ENGINE)
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_num_sequences'"):
         LLM(model=model, max_num_sequences=4)
+    # vLLM's GGUF recipe names the base model's tokenizer: the file's own is used.
+    other = LLM(model=model, tokenizer="HuggingFaceTB/SmolLM2-135M-Instruct", **ENGINE)
+    assert other.get_tokenizer().encode("Hi") == LLM(model=model, **ENGINE).get_tokenizer().encode("Hi")
 
 
 def test_two_threads_generate_at_once_and_share_steps(llm):
@@ -293,6 +314,8 @@ def test_ctrl_c_in_a_script_ends_it(model):
         proc.kill()
         pytest.fail("Ctrl-C did not stop generate within 10 s")
     assert "KeyboardInterrupt" in err
+    # Ended by the signal (as Python ends on an unhandled Ctrl-C), not by a crash at exit.
+    assert proc.returncode in (-2, 130, 1), (proc.returncode, err)
 
 
 def test_progress_bar_and_logging(llm, model, capsys, caplog):

@@ -190,12 +190,10 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        let Some(driver) = self.driver.take() else {
-            // One process: the engine thread ends on its own once the handle is gone.
-            return;
-        };
-        // With tensor parallelism the engine's end stops the workers, and must come before
-        // the group's: wait for the thread, without the GIL (it may log through Python).
+        // The engine thread ends once the last handle is gone; wait for it, without the GIL
+        // (it may log through Python), so that the engine is gone when the object is: its
+        // memory freed, a tensor-parallel group's workers stopped before the group ends, and
+        // no thread left to reach into an interpreter that is shutting down.
         let engine = self.engine.take();
         let thread = engine.as_ref().and_then(AsyncEngine::take_thread);
         drop(engine);
@@ -203,7 +201,7 @@ impl Drop for Engine {
             Python::attach(|py| py.detach(|| thread.join()))
                 .unwrap_or_else(|_| tracing::error!("the engine thread panicked"));
         }
-        drop(driver);
+        drop(self.driver.take());
     }
 }
 

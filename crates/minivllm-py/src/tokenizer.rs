@@ -45,6 +45,11 @@ impl Tokenizer {
             .collect()
     }
 
+    /// The tokens' ids (`None` for a spelling outside the vocabulary).
+    fn convert_tokens_to_ids(&self, tokens: Vec<String>) -> Vec<Option<u32>> {
+        tokens.iter().map(|t| self.inner.token_to_id(t)).collect()
+    }
+
     /// `conversation`: `(role, content)` pairs. Returns the prompt text.
     fn render_chat(
         &self,
