@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import logging
+import os
 import random
 import time
 import weakref
@@ -152,13 +154,17 @@ class LLM:
         self._request_counter = itertools.count()
         self._seeds = random.Random(seed) if seed is not None else None
         self._token_texts: Dict[int, str] = {}
+        self._default_params = _generation_defaults(str(model))
         _live.add(self)
 
     def get_tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
-        return SamplingParams()
+        """``SamplingParams()`` with the sampling values of the model's
+        ``generation_config.json`` (a Hugging Face folder's), as vLLM's default
+        ``generation_config="auto"``."""
+        return SamplingParams(**self._default_params)
 
     def generate(
         self,
@@ -240,6 +246,8 @@ class LLM:
         use_tqdm: bool,
         priority: Optional[List[int]],
     ) -> List[RequestOutput]:
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _per_prompt(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError("The lengths of prompts and priority must be the same.")
@@ -349,6 +357,35 @@ class LLM:
             text = self._tokenizer.decode([token])
             self._token_texts[token] = text
         return text
+
+
+# The generation config's fields vLLM takes as sampling defaults, and their names there.
+_GENERATION_FIELDS = {
+    "repetition_penalty": "repetition_penalty",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def _generation_defaults(model: str) -> Dict[str, Any]:
+    """The sampling defaults in a Hugging Face folder's generation_config.json (none for a
+    GGUF file, which has no such file)."""
+    path = os.path.join(model, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        logger.warning("ignoring %s: %s", path, e)
+        return {}
+    defaults = {ours: config[theirs] for theirs, ours in _GENERATION_FIELDS.items() if theirs in config}
+    if defaults:
+        logger.info("default sampling parameters from %s: %s", path, defaults)
+    return defaults
 
 
 def _parse_prompts(prompts: Any) -> List[Tuple[Optional[str], Union[str, List[int]]]]:

@@ -213,6 +213,18 @@ def test_invalid_sampling_parameters_raise_value_error(kwargs, message):
     assert message in str(e.value)
 
 
+def test_generation_config_gives_the_default_sampling_params(tmp_path):
+    from minivllm.llm import _generation_defaults
+
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 64, "do_sample": True})
+    )
+    defaults = _generation_defaults(str(tmp_path))
+    assert defaults == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 64}
+    assert SamplingParams(**defaults).max_tokens == 64
+    assert _generation_defaults(str(tmp_path / "model.gguf")) == {}
+
+
 def test_sampling_params_normalise_as_vllm():
     p = SamplingParams(seed=-1, logprobs=True)
     assert p.stop == [] and p.stop_token_ids == [] and p.seed is None and p.logprobs == 1
