@@ -253,11 +253,11 @@ class LLM:
             raise ValueError("The lengths of prompts and priority must be the same.")
         requests = []
         for i, ((text, prompt), p) in enumerate(zip(prompts, params)):
-            p.validate()
             if p.seed is None and self._seeds is not None and p.temperature >= 1e-5:
                 p = p._with_seed(self._seeds.getrandbits(63))
             request_id = str(next(self._request_counter))
-            requests.append((request_id, prompt, p._to_json(), priority[i] if priority else 0))
+            # Checked again: fields may have changed since the params were made.
+            requests.append((request_id, prompt, p._checked_json(), priority[i] if priority else 0))
         if not requests:
             return []
         batch = self._engine.submit(requests)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import enum
 import json
 import math
@@ -138,6 +137,10 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Checks every field as vLLM does; raises ``ValueError`` naming the first fault."""
+        self._checked_json()
+
+    def _checked_json(self) -> str:
+        """The fields as the engine takes them (JSON), once checked."""
         for name, default in _UNSUPPORTED_DEFAULTS.items():
             value = getattr(self, name)
             if value != default and not (name in ("bad_words", "allowed_token_ids") and not value):
@@ -154,7 +157,9 @@ class SamplingParams:
             raise ValueError(f"n must be at least 1, got {self.n}.")
         if isinstance(self.max_tokens, int) and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        _core.check_sampling_params(self._to_json())
+        fields = self._to_json()
+        _core.check_sampling_params(fields)
+        return fields
 
     def _to_json(self) -> str:
         """The fields the engine reads, as JSON with its names."""
@@ -197,4 +202,7 @@ class SamplingParams:
         return copy.deepcopy(self)
 
     def _with_seed(self, seed: int) -> "SamplingParams":
-        return dataclasses.replace(self, seed=seed)
+        """A copy with this seed, unchecked: the caller checks it (``_checked_json``)."""
+        seeded = copy.copy(self)
+        seeded.seed = seed
+        return seeded

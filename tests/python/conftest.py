@@ -9,6 +9,7 @@ with the `mpi` feature), and the tests hold it to what one process answers.
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -18,32 +19,13 @@ from pathlib import Path
 import openai
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pytest_support import binary, model  # noqa: E402,F401 - the shared fixtures
+
 SERVED_MODEL_NAME = "smol"
 MAX_MODEL_LEN = 2048
 STARTUP_TIMEOUT_S = 120
 TENSOR_PARALLEL = int(os.environ.get("MINIVLLM_TENSOR_PARALLEL", "1"))
-
-
-def _path_from_env(var: str, default: str) -> str:
-    p = Path(os.environ.get(var, default))
-    return str(p if p.is_absolute() else ROOT / p)
-
-
-@pytest.fixture(scope="session")
-def binary() -> str:
-    path = _path_from_env("MINIVLLM_BIN", "target/debug/minivllm")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"no minivllm binary at {path}: run `cargo build -p minivllm-cli`")
-    return path
-
-
-@pytest.fixture(scope="session")
-def model() -> str:
-    path = _path_from_env("MINIVLLM_TEST_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(path):
-        pytest.fail(f"no test model at {path}: run `minivllm download-default-model`")
-    return path
 
 
 def _bound_url(logs: str):

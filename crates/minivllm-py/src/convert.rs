@@ -8,17 +8,7 @@ use pyo3::types::{PyDict, PyList};
 use minivllm::engine::async_engine::AsyncEngineError;
 use minivllm::engine::errors::EngineError;
 use minivllm::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
-use minivllm::sampling_params::SamplingParams;
 use minivllm::sequence::StopReason;
-
-use crate::value_error;
-
-/// vLLM's `SamplingParams` fields (JSON from the Python class) as ours, checked.
-pub fn sampling_params(json: &str) -> PyResult<SamplingParams> {
-    let params: SamplingParams = serde_json::from_str(json).map_err(value_error)?;
-    params.validate().map_err(value_error)?;
-    Ok(params)
-}
 
 /// A refused request is the caller's fault (`ValueError`, as vLLM raises for a prompt too
 /// long or a bad parameter); a model that cannot load or an engine that broke is not.

@@ -2,7 +2,6 @@
 //! threads submit batches to one engine that steps them together, and wait for their
 //! outputs without the GIL.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::{RequestOutputKind, SamplingParams};
 use minivllm::utils::parse_byte_size;
 
-use crate::convert::{async_engine_error, engine_error, request_output, sampling_params};
+use crate::convert::{async_engine_error, engine_error, request_output};
 use crate::tokenizer::Tokenizer;
 use crate::value_error;
 
@@ -124,10 +123,12 @@ impl Engine {
     ) -> PyResult<Batch> {
         let mut new = Vec::with_capacity(requests.len());
         for (request_id, prompt, params, priority) in requests {
+            // Checked by the engine as it takes the request (`add_request`).
+            let params: SamplingParams = serde_json::from_str(&params).map_err(value_error)?;
             let params = SamplingParams {
                 // `generate` reads nothing but the final outputs: no step builds the others.
                 output_kind: RequestOutputKind::FinalOnly,
-                ..sampling_params(&params)?
+                ..params
             };
             let prompt = match prompt {
                 Prompt::Text(t) => PromptInput::Text(t),
@@ -152,7 +153,6 @@ impl Engine {
         Ok(Batch {
             state: Mutex::new(BatchState {
                 outputs: Some(rx),
-                partial: HashMap::new(),
                 remaining,
                 runtime,
             }),
@@ -212,10 +212,9 @@ pub struct Batch {
 }
 
 struct BatchState {
-    /// `None` once aborted: dropping the receiver aborts what still runs.
+    /// `None` once aborted: dropping the receiver aborts what still runs. Each request sends
+    /// one output, its final one (`submit` asks for `FinalOnly`).
     outputs: Option<mpsc::UnboundedReceiver<RequestOutput>>,
-    /// Outputs of requests that are not finished yet (only with kinds other than final).
-    partial: HashMap<String, RequestOutput>,
     remaining: usize,
     /// Times the wait for outputs (a current-thread runtime with a timer, nothing else).
     runtime: tokio::runtime::Runtime,
@@ -273,7 +272,11 @@ impl BatchState {
         };
         loop {
             match next {
-                Some(out) => self.fold(out, &mut finished),
+                Some(out) => {
+                    debug_assert!(out.finished, "submit asks for final outputs only");
+                    self.remaining -= 1;
+                    finished.push(out);
+                }
                 None => {
                     return Err(PyRuntimeError::new_err(
                         "the engine stopped before the requests finished (its log says why)",
@@ -290,21 +293,5 @@ impl BatchState {
             };
         }
         Ok(finished)
-    }
-
-    fn fold(&mut self, out: RequestOutput, finished: &mut Vec<RequestOutput>) {
-        let out = match self.partial.remove(&out.request_id) {
-            Some(mut acc) => {
-                acc.add(out);
-                acc
-            }
-            None => out,
-        };
-        if out.finished {
-            self.remaining -= 1;
-            finished.push(out);
-        } else {
-            self.partial.insert(out.request_id.clone(), out);
-        }
     }
 }

@@ -43,7 +43,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// raising `ValueError` with vLLM's message.
 #[pyfunction]
 fn check_sampling_params(json: &str) -> PyResult<()> {
-    convert::sampling_params(json).map(|_: SamplingParams| ())
+    let params: SamplingParams = serde_json::from_str(json).map_err(value_error)?;
+    params.validate().map_err(value_error)
 }
 
 #[pyfunction]
