@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
+use minivllm::kernels::qmatmul::QKernel;
 use minivllm::sampling_params::{RequestOutputKind, SamplingParams};
 
 use crate::ModelArgs;
@@ -333,11 +334,10 @@ impl Shares {
         let quantised = formats
             .iter()
             .any(|(f, _)| !matches!(*f, "F32" | "F16" | "BF16"));
-        // The quantised kernels are AVX2 int8 dot products on every x86 ISA we dispatch to.
         use minivllm::kernels::probe;
         let peak_name = match (env.isa.as_str(), quantised) {
             ("scalar", _) => None,
-            (_, true) => Some(probe::INT8_AVX2),
+            (_, true) => QKernel::best().peak_name(),
             ("avx512", false) => Some(probe::F32_FMA_AVX512),
             (_, false) => Some(probe::F32_FMA_AVX2),
         };
@@ -389,6 +389,8 @@ impl Shares {
 pub(crate) struct Environment {
     pub cpu: String,
     pub isa: String,
+    /// The integer kernel of quantised weights (`QKernel::name`).
+    pub int8_kernel: &'static str,
     pub threads: usize,
     pub peak_rss_mb: Option<f64>,
 }
@@ -407,6 +409,7 @@ impl Environment {
         Self {
             cpu,
             isa: format!("{:?}", minivllm::kernels::cpu::isa()).to_lowercase(),
+            int8_kernel: QKernel::best().name(),
             threads: minivllm::kernels::threading::num_threads(),
             peak_rss_mb: peak_rss_bytes().map(|b| b as f64 / 1e6),
         }
@@ -417,14 +420,15 @@ impl Environment {
             .peak_rss_mb
             .map_or("unknown".into(), |m| format!("{m:.0} MB"));
         println!(
-            "cpu: {}, isa {}, {} threads; peak memory (RSS) {rss}",
-            self.cpu, self.isa, self.threads
+            "cpu: {}, isa {} (int8: {}), {} threads; peak memory (RSS) {rss}",
+            self.cpu, self.isa, self.int8_kernel, self.threads
         );
     }
 
     pub(crate) fn add_to(&self, report: &mut serde_json::Value) {
         report["cpu"] = self.cpu.clone().into();
         report["isa"] = self.isa.clone().into();
+        report["int8_kernel"] = self.int8_kernel.into();
         report["threads"] = self.threads.into();
         report["peak_rss_mb"] = self.peak_rss_mb.into();
     }

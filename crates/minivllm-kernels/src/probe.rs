@@ -17,6 +17,8 @@ pub const MEMORY_READ: &str = "memory read";
 pub const F32_FMA_AVX2: &str = "f32 FMA (AVX2)";
 pub const F32_FMA_AVX512: &str = "f32 FMA (AVX-512)";
 pub const INT8_AVX2: &str = "int8 dot (AVX2 maddubs)";
+pub const INT8_AVX_VNNI: &str = "int8 dot (AVX-VNNI)";
+pub const INT8_AVX512_VNNI: &str = "int8 dot (AVX512-VNNI)";
 
 /// A measured limit, on one thread and on every thread of the kernel pool.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,7 +184,7 @@ const PROBES: &[Probe] = &[
         ops_per_iter: x86::INT8_AVX2_CHAINS * 32 * 2,
     },
     Probe {
-        name: "int8 dot (AVX-VNNI)",
+        name: INT8_AVX_VNNI,
         unit: "GOP/s",
         available: || std::arch::is_x86_feature_detected!("avxvnni"),
         // SAFETY: `available` checked that the CPU has these instructions.
@@ -190,7 +192,7 @@ const PROBES: &[Probe] = &[
         ops_per_iter: CHAINS * 32 * 2,
     },
     Probe {
-        name: "int8 dot (AVX512-VNNI)",
+        name: INT8_AVX512_VNNI,
         unit: "GOP/s",
         available: || std::arch::is_x86_feature_detected!("avx512vnni"),
         // SAFETY: `available` checked that the CPU has these instructions.

@@ -4,18 +4,20 @@
 //! output is an integer dot product of blocks, as llama.cpp computes ([`crate::qdot`] has
 //! ggml's reference formulas). Decoding a few rows is bound by reading the weights, which
 //! stay 4-8x smaller than f32; many rows (prefill) run the same products in tiles (4 activation
-//! rows against a group of 8 weight rows), so that weights and activations are each unpacked
+//! rows against 8 or 16 weight rows), so that weights and activations are each unpacked
 //! once per tile.
 //!
 //! Weights are split at load into quants, scales and offsets; the bytes are those of the
-//! file, rearranged. Every format is interleaved in groups of eight rows (after the
+//! file, rearranged. Every format is interleaved in groups of sixteen rows (after the
 //! row-interleaved `_R8` layouts of ik_llama.cpp and llama.cpp's CPU repack): each 32-bit
 //! lane of a register holds four quants of its own row, so one broadcast activation quad
-//! meets eight rows at once, the block's integer sums come out one row per lane with no
-//! horizontal sums, and eight rows' scales convert and multiply as one vector. Each group is
-//! one sequential stream of memory, which is what decoding, bound by reading it, wants. (Q8_0
-//! walked rows four at a time until the fifth pass: 20 % slower per byte in decode, with
-//! a horizontal sum per output.)
+//! meets sixteen rows at once in a 512-bit register (eight, taking half a group, in a
+//! 256-bit one), the block's integer sums come out one row per lane with no horizontal
+//! sums, and the rows' scales convert and multiply as one vector. Each group is one
+//! sequential stream of memory, which is what decoding, bound by reading it, wants. (Q8_0
+//! walked rows four at a time until the fifth pass: 20 % slower per byte in decode, with a
+//! horizontal sum per output. Groups were eight rows until the 512-bit kernels came: their
+//! registers take the two halves from one 64-byte load.)
 //!
 //! One path for every batch size is deliberate: each output is summed in an order that
 //! depends only on its own row, so a sequence's logits are bit-for-bit the same whatever
@@ -34,7 +36,11 @@ use crate::qdot::{self, BlockQ8, QK};
 use crate::quant::{GgmlType, QK_K};
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod int_dot;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 /// Activation rows per tile (each against `GROUP` weight rows).
 const TILE_R: usize = 4;
@@ -52,9 +58,9 @@ pub struct QuantMatrix {
     cols: usize,
     /// Blocks per row.
     nb: usize,
-    /// For each group and block, its rows' quant bytes as vectors of 32 bytes (4 for the
-    /// 4-6-bit formats, whose bytes hold low nibbles, 8 for Q8_0), vector `j` holding bytes
-    /// `4j..4j + 4` of row 0, then of row 1, and so on. Unpacking a 4-bit vector's low
+    /// For each group and block, its rows' quant bytes as vectors of [`VEC_BYTES`] (4 for
+    /// the 4-6-bit formats, whose bytes hold low nibbles, 8 for Q8_0), vector `j` holding
+    /// bytes `4j..4j + 4` of row 0, then of row 1, and so on. Unpacking a 4-bit vector's low
     /// nibbles gives elements `4j..4j + 4` of every row, its high nibbles elements
     /// `16 + 4j..`: each 32-bit lane one row, ready for a broadcast activation quad.
     qs: Vec<u8>,
@@ -64,7 +70,7 @@ pub struct QuantMatrix {
     /// and `mins` hold each super-block's `d` and `dmin`, `[group][super-block][GROUP]`.
     mins: Vec<f16>,
     /// K-quants: per group and block of 32, [`SUB_BYTES`] bytes: the 6-bit scales of its
-    /// eight rows, then their 6-bit minima (Q4_K, Q5_K), or the i8 scales of the block's
+    /// rows, then their 6-bit minima (Q4_K, Q5_K), or the i8 scales of the block's
     /// first 16 values, then of its last 16 (Q6_K).
     sub: Vec<u8>,
     /// The bits above each quant's low nibble, per group and block, as [`hbits_bytes`]
@@ -75,15 +81,15 @@ pub struct QuantMatrix {
 /// K-quant sub-block scale bytes per group and block.
 const SUB_BYTES: usize = 2 * GROUP;
 
-/// Bytes of high bits per group and block: none for 4-bit formats; for 5-bit ones, 32, whose
-/// byte `t` holds in bit `n` the fifth bit of byte `t` of nibble vector `n` (vectors 0-3 the
-/// low nibbles of the block's four quant vectors, 4-7 their high nibbles); for Q6_K, two
-/// such planes of 32 bytes, plane `h`'s byte `t` holding in bits `2p..2p + 2` the top two
-/// bits of byte `t` of nibble vector `4h + p`.
+/// Bytes of high bits per group and block: none for 4-bit formats; for 5-bit ones, one
+/// plane of [`VEC_BYTES`], whose byte `t` holds in bit `n` the fifth bit of byte `t` of
+/// nibble vector `n` (vectors 0-3 the low nibbles of the block's four quant vectors, 4-7
+/// their high nibbles); for Q6_K, two such planes, plane `h`'s byte `t` holding in bits
+/// `2p..2p + 2` the top two bits of byte `t` of nibble vector `4h + p`.
 fn hbits_bytes(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => 32,
-        GgmlType::Q6_K => 64,
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => VEC_BYTES,
+        GgmlType::Q6_K => 2 * VEC_BYTES,
         _ => 0,
     }
 }
@@ -92,8 +98,15 @@ fn hbits_bytes(ty: GgmlType) -> usize {
 const KSUB: usize = QK_K / QK;
 
 /// Rows of weights interleaved per group: one activation block meets `GROUP` weight rows
-/// in one register, each lane accumulating its own row.
-pub(crate) const GROUP: usize = 8;
+/// in one 512-bit register, each lane accumulating its own row; 256-bit kernels take a
+/// group as two halves of [`LANES`] rows.
+pub(crate) const GROUP: usize = 16;
+
+/// Rows of a 256-bit tile: half a group.
+pub(crate) const LANES: usize = GROUP / 2;
+
+/// Bytes of one quant vector of a group: four bytes of each of its rows.
+pub(crate) const VEC_BYTES: usize = 4 * GROUP;
 
 /// Why a [`QuantMatrix`] could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -202,9 +215,9 @@ impl QuantMatrix {
         let h = &mut self.hbits[gb * hb..(gb + 1) * hb];
         for (i, &v) in q.iter().enumerate() {
             let (n, byte) = nibble_slot(i, row);
-            match hb {
-                32 => h[byte] |= ((v >> 4) & 1) << n,
-                64 => h[(n / 4) * 32 + byte] |= ((v >> 4) & 3) << (2 * (n % 4)),
+            match self.ty {
+                GgmlType::Q6_K => h[(n / 4) * VEC_BYTES + byte] |= ((v >> 4) & 3) << (2 * (n % 4)),
+                _ if hb > 0 => h[byte] |= ((v >> 4) & 1) << n,
                 _ => {}
             }
         }
@@ -274,9 +287,9 @@ impl QuantMatrix {
                 nib[i - QK / 2] >> 4
             };
             let (n, byte) = nibble_slot(i, row);
-            let high = match hb {
-                32 => (h[byte] >> n) & 1,
-                64 => (h[(n / 4) * 32 + byte] >> (2 * (n % 4))) & 3,
+            let high = match self.ty {
+                GgmlType::Q6_K => (h[(n / 4) * VEC_BYTES + byte] >> (2 * (n % 4))) & 3,
+                _ if hb > 0 => (h[byte] >> n) & 1,
                 _ => 0,
             };
             low | (high << 4)
@@ -319,7 +332,7 @@ impl QuantMatrix {
     /// Offset in `qs` of quant bytes `4j..4j + 4` of block `b` of row `r`.
     fn group_quad(&self, r: usize, b: usize, j: usize) -> usize {
         let vectors = self.quant_bytes() / 4;
-        (((r / GROUP) * self.nb + b) * vectors + j) * 4 * GROUP + (r % GROUP) * 4
+        (((r / GROUP) * self.nb + b) * vectors + j) * VEC_BYTES + (r % GROUP) * 4
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -371,7 +384,7 @@ impl QuantMatrix {
                 out.extend_from_slice(&q);
                 continue;
             }
-            if hbits_bytes(self.ty) == 32 {
+            if matches!(self.ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
                 let qh = (0..QK).fold(0u32, |h, i| h | (((q[i] >> 4) & 1) as u32) << i);
                 out.extend_from_slice(&qh.to_le_bytes());
             }
@@ -420,7 +433,7 @@ fn nibble_slot(i: usize, row: usize) -> (usize, usize) {
 fn block_quants(ty: GgmlType, b: &[u8]) -> [u8; QK] {
     let n = b.len();
     let qs = &b[n - QK / 2..];
-    let qh = if hbits_bytes(ty) == 32 {
+    let qh = if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
         u32::from_le_bytes(b[n - QK / 2 - 4..n - QK / 2].try_into().expect("4 bytes"))
     } else {
         0
@@ -451,7 +464,8 @@ struct Q8Rows {
     qs: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
-    /// `Σ q` over each block's first and last 16 values, for Q6_K's scales per 16.
+    /// `Σ q` over each block's first and last 16 values, for Q6_K's scales per 16 and
+    /// the 512-bit Q8_0 kernel's offset.
     halves: Vec<[i32; 2]>,
 }
 
@@ -497,7 +511,7 @@ fn quantize_row(x: &[f32], qs: &mut [i8], sums: RowSums, avx2: bool) {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
         // SAFETY: `avx2` came from `use_avx2()`; x holds nb blocks (chunked above).
-        return unsafe { avx2::quantize_row(x, qs, sums) };
+        return unsafe { x86::quantize_row(x, qs, sums) };
     }
     let _ = avx2;
     let mut sums = sums;
@@ -536,17 +550,17 @@ pub fn matmul_quant(x: &[f32], w: &QuantMatrix, out: &mut [f32], m: usize) {
     // rayon may run another product on it (another engine's forward pass), which then
     // finds an empty buffer instead of a borrowed one.
     let mut xq = XQ.take();
+    let kernel = QKernel::best();
     xq.quantize(x, m, w.nb);
     let rows = rows_per_task(m, w.cols, w.rows, rayon::current_num_threads());
-    let avx2 = use_avx2();
     let ptr = SendPtr(out.as_mut_ptr());
     if rows >= w.rows {
-        dot_rows(&xq, w, ptr, m, 0, w.rows, avx2);
+        dot_rows(&xq, w, ptr, m, 0, w.rows, kernel);
     } else {
         let xq = &xq;
         (0..w.rows.div_ceil(rows)).into_par_iter().for_each(|t| {
             let j0 = t * rows;
-            dot_rows(xq, w, ptr, m, j0, rows.min(w.rows - j0), avx2);
+            dot_rows(xq, w, ptr, m, j0, rows.min(w.rows - j0), kernel);
         });
     }
     XQ.set(xq);
@@ -573,6 +587,88 @@ fn use_avx2() -> bool {
     crate::cpu::isa() >= crate::cpu::Isa::Avx2
 }
 
+/// The tile kernels of [`matmul_quant`], by how they sum byte products (all exact, so all
+/// give the same bits; `x86::tile_group` says how).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QKernel {
+    /// Safe Rust, a weight row at a time: any CPU.
+    Portable,
+    /// AVX2 `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// AVX-VNNI `vpdpbusd` on 256-bit vectors (VEX).
+    AvxVnni,
+    /// AVX512-VNNI `vpdpbusd`: on 512-bit vectors for Q4_0, Q4_1 and Q8_0, on 256-bit
+    /// ones (EVEX, AVX512-VL) for the other formats.
+    Avx512Vnni,
+}
+
+impl QKernel {
+    /// Every kernel, most portable first.
+    pub const ALL: [QKernel; 4] = [
+        QKernel::Portable,
+        QKernel::Avx2,
+        QKernel::AvxVnni,
+        QKernel::Avx512Vnni,
+    ];
+
+    /// Whether this CPU can run it, within what `MINIVLLM_ISA` allows: `scalar` keeps the
+    /// portable kernel, and a cap below the CPU's best (`avx2` on an AVX-512 CPU) keeps
+    /// `vpmaddubsw`, which is how benchmarks compare the two.
+    pub fn available(self) -> bool {
+        use crate::cpu::{detected, isa, Isa};
+        #[cfg(target_arch = "x86_64")]
+        let has = |f: &str| match f {
+            "avxvnni" => is_x86_feature_detected!("avxvnni"),
+            _ => {
+                is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512bw")
+            }
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let has = |_: &str| false;
+        match self {
+            QKernel::Portable => true,
+            QKernel::Avx2 => isa() >= Isa::Avx2,
+            QKernel::AvxVnni => isa() >= Isa::Avx2 && isa() == detected() && has("avxvnni"),
+            QKernel::Avx512Vnni => isa() >= Isa::Avx512 && has("avx512vnni"),
+        }
+    }
+
+    /// The fastest kernel available, found once.
+    pub fn best() -> QKernel {
+        static BEST: std::sync::OnceLock<QKernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let mut all = QKernel::ALL;
+            all.reverse();
+            all.into_iter()
+                .find(|k| k.available())
+                .unwrap_or(QKernel::Portable)
+        })
+    }
+
+    /// The `bench machine` limit ([`crate::probe`]) that bounds it, if measured.
+    pub fn peak_name(self) -> Option<&'static str> {
+        use crate::probe;
+        match self {
+            QKernel::Portable => None,
+            QKernel::Avx2 => Some(probe::INT8_AVX2),
+            QKernel::AvxVnni => Some(probe::INT8_AVX_VNNI),
+            QKernel::Avx512Vnni => Some(probe::INT8_AVX512_VNNI),
+        }
+    }
+
+    /// Its name in benchmark reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            QKernel::Portable => "portable",
+            QKernel::Avx2 => "avx2 maddubs",
+            QKernel::AvxVnni => "avx-vnni",
+            QKernel::Avx512Vnni => "avx512-vnni",
+        }
+    }
+}
+
 /// A pointer to `out` that parallel tasks write disjoint columns of.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
@@ -597,7 +693,7 @@ fn dot_rows(
     m: usize,
     j0: usize,
     nj: usize,
-    avx2: bool,
+    kernel: QKernel,
 ) {
     let n = w.rows;
     let store = |i: usize, j: usize, v: f32| {
@@ -606,14 +702,15 @@ fn dot_rows(
         // column j belongs to this task alone.
         unsafe { *out.get().add(i * n + j) = v };
     };
-    if !avx2 {
+    if kernel == QKernel::Portable {
         return dot_rows_portable(xq, w, store, m, j0, nj);
     }
     #[cfg(target_arch = "x86_64")]
-    dot_groups(xq, w, store, m, j0, nj);
+    dot_groups(xq, w, store, m, j0, nj, kernel);
 }
 
-/// [`dot_rows`] on AVX2 (`j0` a multiple of [`GROUP`]).
+/// [`dot_rows`] on x86 (`j0` a multiple of [`GROUP`]): whole groups where the 512-bit
+/// kernel covers the format, half groups otherwise.
 #[cfg(target_arch = "x86_64")]
 fn dot_groups(
     xq: &Q8Rows,
@@ -622,24 +719,33 @@ fn dot_groups(
     m: usize,
     j0: usize,
     nj: usize,
+    kernel: QKernel,
 ) {
     debug_assert!(j0.is_multiple_of(GROUP));
+    let wide = kernel == QKernel::Avx512Vnni && avx512::has_tile(w.ty);
+    let unit = if wide { GROUP } else { LANES };
+    let put = |i: usize, j: usize, v: f32| {
+        if j < j0 + nj {
+            store(i, j, v);
+        }
+    };
     for i0 in (0..m).step_by(X_CHUNK) {
         let i1 = (i0 + X_CHUNK).min(m);
-        for g in j0 / GROUP..(j0 + nj).div_ceil(GROUP) {
+        for u in j0 / unit..(j0 + nj).div_ceil(unit) {
             for i in (i0..i1).step_by(TILE_R) {
                 macro_rules! go {
                     ($r:literal) => {{
-                        // SAFETY: `dot_rows` runs this only where `use_avx2()` holds; group g
-                        // and activation rows i..i + $r <= m exist, with w.nb blocks each.
-                        let v = unsafe { avx2::tile_group::<$r>(w, g, xq, i) };
-                        for (r, lanes) in v.iter().enumerate() {
-                            for (c, &v) in lanes.iter().enumerate() {
-                                let j = g * GROUP + c;
-                                if j < (j0 + nj) {
-                                    store(i + r, j, v);
-                                }
-                            }
+                        if wide {
+                            // SAFETY: `kernel` is available (`QKernel::best` or a caller
+                            // that checked) and covers the format in 512 bits; group u and
+                            // activation rows i..i + $r <= m exist, with w.nb blocks each.
+                            let v = unsafe { avx512::tile_group::<$r>(w, u, xq, i) };
+                            put_tile(&v, i, u * GROUP, &put);
+                        } else {
+                            // SAFETY: as above; half group u exists (rows padded to whole
+                            // groups).
+                            let v = unsafe { x86::tile_group::<$r>(kernel, w, u, xq, i) };
+                            put_tile(&v, i, u * LANES, &put);
                         }
                     }};
                 }
@@ -650,6 +756,16 @@ fn dot_groups(
                     _ => go!(1),
                 }
             }
+        }
+    }
+}
+
+/// Stores a tile's results: row `i + r`, column `j + c`.
+#[cfg(target_arch = "x86_64")]
+fn put_tile<const N: usize>(v: &[[f32; N]], i: usize, j: usize, put: impl Fn(usize, usize, f32)) {
+    for (r, lanes) in v.iter().enumerate() {
+        for (c, &v) in lanes.iter().enumerate() {
+            put(i + r, j + c, v);
         }
     }
 }

@@ -121,7 +121,7 @@ fn avx2_quantiser_matches_scalar_bit_for_bit() {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: use_avx2() checked the CPU; x holds nb blocks.
     unsafe {
-        avx2::quantize_row(&x, &mut qs, sums)
+        x86::quantize_row(&x, &mut qs, sums)
     };
     for (b, xb) in x.chunks_exact(QK).enumerate() {
         let want = qdot::quantize_block(xb);
@@ -259,46 +259,104 @@ fn q8_rows(x: &[f32], m: usize, k: usize) -> Q8Rows {
     q
 }
 
-/// The AVX2 tiles against the scalar twins, for every tile shape.
+/// The x86 tiles of every integer kernel this CPU has against the scalar twins, for every
+/// tile shape, and against each other bit for bit (their integer sums are exact): the
+/// 256-bit tiles of both halves of a group and, where it covers the format, the 512-bit
+/// tile of the whole group.
 #[test]
-fn avx2_tiles_match_scalar() {
-    if !use_avx2() {
-        eprintln!("SKIPPED avx2_tiles_match_scalar: this CPU (or MINIVLLM_ISA) has no AVX2+F16C");
-        return;
-    }
+fn x86_tiles_match_scalar() {
+    let kernels: Vec<QKernel> = QKernel::ALL[1..]
+        .iter()
+        .copied()
+        .filter(|k| {
+            let ran = k.available();
+            let verdict = if ran {
+                "RAN"
+            } else {
+                "SKIPPED (not on this CPU)"
+            };
+            eprintln!("x86_tiles_match_scalar: {}: {verdict}", k.name());
+            ran
+        })
+        .collect();
     let mut r = rng(3);
     for ty in TYPES {
         for nb in [1, 2, 7, 8, 9, 18] {
             let k = cols_for(ty, nb * QK);
-            let w = random_matrix(&mut r, ty, 8, k);
+            let w = random_matrix(&mut r, ty, GROUP, k);
             let x = rand_vec(&mut r, 4 * k);
-            let mut want = vec![0.0; 4 * 8];
+            let mut want = vec![0.0; 4 * GROUP];
             matmul_quant_scalar(&x, &w, &mut want, 4);
             let what = format!("{ty} nb={nb}");
             #[cfg(target_arch = "x86_64")]
-            check_group_tiles(&w, &x, &want, &what);
+            {
+                let tiles: Vec<_> = kernels
+                    .iter()
+                    .map(|&kernel| check_group_tiles(kernel, &w, &x, &want, &what))
+                    .collect();
+                for (t, kernel) in tiles.iter().zip(&kernels) {
+                    assert_eq!(t, &tiles[0], "{what}: {} differs", kernel.name());
+                }
+                if kernels.contains(&QKernel::Avx512Vnni) && avx512::has_tile(ty) {
+                    check_wide_tiles(&w, &x, &tiles[0], &what);
+                }
+            }
         }
     }
 }
 
+/// The tiles of 1, 3 and 4 rows of both halves of group 0 against `want`, and each other;
+/// returns the 4-row tiles' results, `[row][column]`.
 #[cfg(target_arch = "x86_64")]
-fn check_group_tiles(w: &QuantMatrix, x: &[f32], want: &[f32], what: &str) {
+fn check_group_tiles(
+    kernel: QKernel,
+    w: &QuantMatrix,
+    x: &[f32],
+    want: &[f32],
+    what: &str,
+) -> [[f32; GROUP]; 4] {
     let xq = q8_rows(x, 4, w.cols());
-    // SAFETY: use_avx2() checked the CPU; w has group 0, and rows 0..4 of xq exist.
+    let mut all = [[0.0; GROUP]; 4];
+    for t in 0..2 {
+        let what = format!("{} {what} half {t}", kernel.name());
+        // SAFETY: the caller checked `kernel.available()`; w has group 0 (both halves), and
+        // rows 0..4 of xq exist.
+        let (one, three, four) = unsafe {
+            (
+                x86::tile_group::<1>(kernel, w, t, &xq, 2),
+                x86::tile_group::<3>(kernel, w, t, &xq, 1),
+                x86::tile_group::<4>(kernel, w, t, &xq, 0),
+            )
+        };
+        for (i, row) in four.iter().enumerate() {
+            let at = i * GROUP + t * LANES;
+            assert_close(row, &want[at..at + LANES], 1e-5, 1e-5, &what);
+            all[i][t * LANES..(t + 1) * LANES].copy_from_slice(row);
+        }
+        // Bit-for-bit the same whichever tile computed it: batch invariance.
+        assert_eq!(one[0], four[2], "{what}");
+        assert_eq!(three[0], four[1], "{what}");
+        assert_eq!(three[2], four[3], "{what}");
+    }
+    all
+}
+
+/// The 512-bit tiles of 1, 3 and 4 rows against the 256-bit ones' results, bit for bit.
+#[cfg(target_arch = "x86_64")]
+fn check_wide_tiles(w: &QuantMatrix, x: &[f32], narrow: &[[f32; GROUP]; 4], what: &str) {
+    let xq = q8_rows(x, 4, w.cols());
+    // SAFETY: the caller checked that the CPU has AVX512-VNNI (and -BW); w has group 0,
+    // and rows 0..4 of xq exist.
     let (one, three, four) = unsafe {
         (
-            avx2::tile_group::<1>(w, 0, &xq, 2),
-            avx2::tile_group::<3>(w, 0, &xq, 1),
-            avx2::tile_group::<4>(w, 0, &xq, 0),
+            avx512::tile_group::<1>(w, 0, &xq, 2),
+            avx512::tile_group::<3>(w, 0, &xq, 1),
+            avx512::tile_group::<4>(w, 0, &xq, 0),
         )
     };
-    for (i, row) in four.iter().enumerate() {
-        assert_close(row, &want[i * 8..(i + 1) * 8], 1e-5, 1e-5, what);
-    }
-    // Bit-for-bit the same whichever tile computed it: batch invariance.
-    assert_eq!(one[0], four[2], "{what}");
-    assert_eq!(three[0], four[1], "{what}");
-    assert_eq!(three[2], four[3], "{what}");
+    assert_eq!(&four, narrow, "512-bit {what}");
+    assert_eq!(one[0], four[2], "512-bit {what}");
+    assert_eq!(three, [four[1], four[2], four[3]], "512-bit {what}");
 }
 
 /// The product (AVX2 where present) and the portable path against the single-threaded
@@ -326,7 +384,15 @@ fn matmul_quant_matches_reference_on_odd_shapes() {
             // The portable path, whatever the CPU.
             let xq = q8_rows(&x, m, k);
             let mut portable = vec![0.0; m * n];
-            dot_rows(&xq, &w, SendPtr(portable.as_mut_ptr()), m, 0, n, false);
+            dot_rows(
+                &xq,
+                &w,
+                SendPtr(portable.as_mut_ptr()),
+                m,
+                0,
+                n,
+                QKernel::Portable,
+            );
             assert_close(&portable, &want, 1e-5, 1e-5, &format!("portable {what}"));
         }
     }

@@ -1,11 +1,12 @@
-//! The AVX2 tiles of [`super::matmul_quant`]: `R` activation rows × one group of weight
-//! rows.
+//! The x86 tiles of [`super::matmul_quant`]: `R` activation rows × one group of weight
+//! rows, on AVX2 with the integer sums of [`super::int_dot`]'s instruction sets.
 
 use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{Q8Rows, QuantMatrix, RowSums, GROUP, KSUB, SUB_BYTES};
+use super::int_dot::{Avx512Vnni, AvxVnni, IntDot, Maddubs};
+use super::{Q8Rows, QKernel, QuantMatrix, RowSums, GROUP, KSUB, LANES, SUB_BYTES, VEC_BYTES};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
 
@@ -31,57 +32,108 @@ impl<const R: usize> XRows<R> {
     }
 }
 
-/// `out[r][c] = w[g·GROUP + c] · x[i + r]` for a 4-bit matrix: lane `c`
-/// of each register is weight row `g·GROUP + c`. Per block, each activation quad is
-/// broadcast against the matching quads of all eight rows, and the eight `vpmaddubsw`
-/// products of a block are summed in 16 bits (at most 8 · 2 · 15 · 127 = 30,480), so one
-/// `vpmaddwd` finishes the block's integer dot product for eight rows. Every lane's sum runs
-/// in block order whatever `R`, so a row's result does not depend on its batch.
+/// `out[r][c] = w[t·LANES + c] · x[i + r]`, `t` a half group: lane `c` of each register is
+/// weight row `t·LANES + c`. Per block, each activation quad is broadcast against the matching quads of
+/// all eight rows, and the block's integer dot product for the eight rows is summed exactly
+/// in 32 bits ([`IntDot`]), then scaled once. Every lane's sum runs in block order whatever
+/// `R` and whatever `kernel`, so a row's result depends neither on its batch nor on the
+/// instruction set.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `w` must have group `g`, and rows `i..i + R` of
-/// `x` must exist, with the same number of blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
+/// The CPU must have what `kernel` names (each includes AVX2, FMA and F16C); `w` must have
+/// rows `t·LANES..(t + 1)·LANES` (padding included), and rows `i..i + R` of `x` must exist,
+/// with the same number of blocks.
+#[inline(always)]
 pub(super) unsafe fn tile_group<const R: usize>(
+    kernel: QKernel,
     w: &QuantMatrix,
-    g: usize,
+    t: usize,
     x: &Q8Rows,
     i: usize,
-) -> [[f32; GROUP]; R] {
-    match w.ty {
-        // SAFETY: the caller's contract, forwarded.
-        GgmlType::Q4_1 => unsafe { tile_group_of::<R, true>(w, g, x, i) },
-        // SAFETY: the caller's contract, forwarded.
-        GgmlType::Q5_0 => unsafe { tile_group_k::<R, Q5_0>(w, g, x, i) },
-        // SAFETY: the caller's contract, forwarded.
-        GgmlType::Q5_1 => unsafe { tile_group_k::<R, Q5_1>(w, g, x, i) },
-        // SAFETY: the caller's contract, forwarded.
-        GgmlType::Q4_K => unsafe { tile_group_k::<R, Q4_K>(w, g, x, i) },
-        // SAFETY: the caller's contract, forwarded.
-        GgmlType::Q5_K => unsafe { tile_group_k::<R, Q5_K>(w, g, x, i) },
-        // SAFETY: the caller's contract, forwarded.
-        GgmlType::Q6_K => unsafe { tile_group_k::<R, Q6_K>(w, g, x, i) },
-        // SAFETY: the caller's contract, forwarded.
-        GgmlType::Q8_0 => unsafe { tile_group_q8_0::<R>(w, g, x, i) },
-        // SAFETY: the caller's contract, forwarded.
-        _ => unsafe { tile_group_of::<R, false>(w, g, x, i) },
+) -> [[f32; LANES]; R] {
+    // SAFETY: (each arm) the caller's contract, which includes the CPU features.
+    unsafe {
+        match kernel {
+            QKernel::Avx512Vnni => tile_avx512_vnni::<R>(w, t, x, i),
+            QKernel::AvxVnni => tile_avx_vnni::<R>(w, t, x, i),
+            QKernel::Avx2 | QKernel::Portable => tile_avx2::<R>(w, t, x, i),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<const R: usize>(
+    w: &QuantMatrix,
+    t: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; LANES]; R] {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { tile_of::<R, Maddubs>(w, t, x, i) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn tile_avx_vnni<const R: usize>(
+    w: &QuantMatrix,
+    t: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; LANES]; R] {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { tile_of::<R, AvxVnni>(w, t, x, i) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn tile_avx512_vnni<const R: usize>(
+    w: &QuantMatrix,
+    t: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; LANES]; R] {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { tile_of::<R, Avx512Vnni>(w, t, x, i) }
+}
+
+/// [`tile_group`] by format, with `D`'s integer sums.
+#[inline(always)]
+unsafe fn tile_of<const R: usize, D: IntDot>(
+    w: &QuantMatrix,
+    t: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; LANES]; R] {
+    // SAFETY: (each arm) the caller's contract, forwarded.
+    unsafe {
+        match w.ty {
+            GgmlType::Q4_1 => tile_group_of::<R, D, true>(w, t, x, i),
+            GgmlType::Q5_0 => tile_group_k::<R, D, Q5_0>(w, t, x, i),
+            GgmlType::Q5_1 => tile_group_k::<R, D, Q5_1>(w, t, x, i),
+            GgmlType::Q4_K => tile_group_k::<R, D, Q4_K>(w, t, x, i),
+            GgmlType::Q5_K => tile_group_k::<R, D, Q5_K>(w, t, x, i),
+            GgmlType::Q6_K => tile_group_k::<R, D, Q6_K>(w, t, x, i),
+            GgmlType::Q8_0 => tile_group_q8_0::<R, D>(w, t, x, i),
+            _ => tile_group_of::<R, D, false>(w, t, x, i),
+        }
     }
 }
 
 // Index loops: the quad index `j` selects both a register and an activation offset.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_group_of<const R: usize, const STORED_MIN: bool>(
+unsafe fn tile_group_of<const R: usize, D: IntDot, const STORED_MIN: bool>(
     w: &QuantMatrix,
-    g: usize,
+    t: usize,
     x: &Q8Rows,
     i: usize,
-) -> [[f32; GROUP]; R] {
+) -> [[f32; LANES]; R] {
     let nb = w.nb;
     let block_bytes = GROUP * QK / 2;
-    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
-    let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP) as *const u16;
-    let wm = w.mins.as_ptr().wrapping_add(g * nb * GROUP) as *const u16;
+    let (g, h) = (t / 2, t % 2);
+    let wq =
+        w.qs.as_ptr()
+            .wrapping_add(g * nb * block_bytes + h * LANES * 4);
+    let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP + h * LANES) as *const u16;
+    let wm = w.mins.as_ptr().wrapping_add(g * nb * GROUP + h * LANES) as *const u16;
     let XRows {
         qs: xq,
         d: xd,
@@ -93,20 +145,18 @@ unsafe fn tile_group_of<const R: usize, const STORED_MIN: bool>(
     // nb scales and sums. The rest is register arithmetic under AVX2/FMA/F16C.
     // SAFETY: the caller's contract, forwarded.
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let low = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
             let q = wq.add(b * block_bytes);
             // The group's blocks are one sequential stream; ask for it well ahead.
-            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(GROUP_PREFETCH) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(GROUP_PREFETCH + 64) as *const i8);
-            let mut lo = [_mm256_setzero_si256(); 4];
-            let mut hi = [_mm256_setzero_si256(); 4];
+            prefetch_block(q.wrapping_add(GROUP_PREFETCH), block_bytes);
+            // Nibble vectors 0-3 (values 4j..4j + 4 of each row), then 4-7 (16 + 4j..).
+            let mut v = [_mm256_setzero_si256(); 8];
             for j in 0..4 {
-                let v = _mm256_loadu_si256(q.add(j * 32) as *const __m256i);
-                lo[j] = _mm256_and_si256(v, low);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                let raw = _mm256_loadu_si256(q.add(j * VEC_BYTES) as *const __m256i);
+                v[j] = _mm256_and_si256(raw, low);
+                v[4 + j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
             }
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd.add(b * GROUP) as *const __m128i));
             let mw = if STORED_MIN {
@@ -115,22 +165,15 @@ unsafe fn tile_group_of<const R: usize, const STORED_MIN: bool>(
                 _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
             };
             for r in 0..R {
-                let y = xq[r].add(b * QK) as *const i32;
-                let quad = |t: usize| _mm256_set1_epi32(std::ptr::read_unaligned(y.add(t)));
-                let mut s16 = _mm256_maddubs_epi16(lo[0], quad(0));
-                for j in 1..4 {
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[j], quad(j)));
-                }
-                for j in 0..4 {
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[j], quad(4 + j)));
-                }
-                let isum = _mm256_madd_epi16(s16, ones);
+                let quads = quads::<8>(xq[r].add(b * QK));
+                // 8 · 2 · 15 · 127 = 30,480: the 4-bit products fit 16 bits all together.
+                let isum = D::dot::<8, 8>(_mm256_setzero_si256(), &v, &quads);
                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xd[r].add(b)));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);
                 acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xs[r].add(b)), acc[r]);
             }
         }
-        let mut out = [[0.0; GROUP]; R];
+        let mut out = [[0.0; LANES]; R];
         for r in 0..R {
             _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
         }
@@ -156,12 +199,12 @@ const Q6_K: u8 = 4;
 // Index loops: the nibble index `n` selects both a register and an activation quad.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_group_k<const R: usize, const F: u8>(
+unsafe fn tile_group_k<const R: usize, D: IntDot, const F: u8>(
     w: &QuantMatrix,
-    g: usize,
+    t: usize,
     x: &Q8Rows,
     i: usize,
-) -> [[f32; GROUP]; R] {
+) -> [[f32; LANES]; R] {
     const { assert!(F <= Q6_K) };
     let bits = match F {
         Q4_K => 4,
@@ -172,12 +215,16 @@ unsafe fn tile_group_k<const R: usize, const F: u8>(
     let nb = w.nb;
     let block_bytes = GROUP * QK / 2;
     let hb = super::hbits_bytes(w.ty);
-    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
-    let wsub = w.sub.as_ptr().wrapping_add(g * nb * SUB_BYTES);
-    let wh = w.hbits.as_ptr().wrapping_add(g * nb * hb);
+    let (g, h) = (t / 2, t % 2);
+    let wq =
+        w.qs.as_ptr()
+            .wrapping_add(g * nb * block_bytes + h * LANES * 4);
+    let wsub = w.sub.as_ptr().wrapping_add(g * nb * SUB_BYTES + h * LANES);
+    let wh = w.hbits.as_ptr().wrapping_add(g * nb * hb + h * LANES * 4);
     let scales_per_group = if per_block { nb } else { nb / KSUB };
-    let wd = w.d.as_ptr().wrapping_add(g * scales_per_group * GROUP) as *const u16;
-    let wm = w.mins.as_ptr().wrapping_add(g * scales_per_group * GROUP) as *const u16;
+    let at = g * scales_per_group * GROUP + h * LANES;
+    let wd = w.d.as_ptr().wrapping_add(at) as *const u16;
+    let wm = w.mins.as_ptr().wrapping_add(at) as *const u16;
     let XRows {
         qs: xq,
         d: xd,
@@ -191,7 +238,6 @@ unsafe fn tile_group_k<const R: usize, const F: u8>(
     // arithmetic under AVX2/FMA/F16C.
     // SAFETY: the caller's contract, forwarded.
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let low = _mm256_set1_epi8(0x0F);
         let neg = _mm256_set1_ps(-0.0);
         let mut acc = [_mm256_setzero_ps(); R];
@@ -205,26 +251,19 @@ unsafe fn tile_group_k<const R: usize, const F: u8>(
                 }
             }
             let q = wq.add(b * block_bytes);
-            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(GROUP_PREFETCH) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(GROUP_PREFETCH + 64) as *const i8);
+            prefetch_block(q.wrapping_add(GROUP_PREFETCH), block_bytes);
             // The bits above the nibbles are a second stream, as far ahead in blocks.
-            let ahead = wh.wrapping_add((b + GROUP_PREFETCH / block_bytes) * hb);
-            if hb > 0 {
-                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-            }
-            if hb > 32 {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(32) as *const i8);
-            }
+            prefetch_block(wh.wrapping_add((b + GROUP_PREFETCH / block_bytes) * hb), hb);
             let mut v = [_mm256_setzero_si256(); 8];
             for j in 0..4 {
-                let raw = _mm256_loadu_si256(q.add(j * 32) as *const __m256i);
+                let raw = _mm256_loadu_si256(q.add(j * VEC_BYTES) as *const __m256i);
                 v[j] = _mm256_and_si256(raw, low);
                 v[4 + j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
             }
             if bits == 5 {
                 // Bit n of each byte to bit 4 of nibble vector n. A 16-bit shift moves no
                 // bit across a byte boundary into bit 4 for these distances.
-                let h = _mm256_loadu_si256(wh.add(b * 32) as *const __m256i);
+                let h = _mm256_loadu_si256(wh.add(b * hb) as *const __m256i);
                 let bit = _mm256_set1_epi8(0x10);
                 let or = |v: __m256i, h: __m256i| _mm256_or_si256(v, _mm256_and_si256(h, bit));
                 v[0] = or(v[0], _mm256_slli_epi16(h, 4));
@@ -240,7 +279,7 @@ unsafe fn tile_group_k<const R: usize, const F: u8>(
                 let top = _mm256_set1_epi8(0x30);
                 let or = |v: __m256i, h: __m256i| _mm256_or_si256(v, _mm256_and_si256(h, top));
                 for p in 0..2 {
-                    let h = _mm256_loadu_si256(wh.add(b * 64 + 32 * p) as *const __m256i);
+                    let h = _mm256_loadu_si256(wh.add(b * hb + VEC_BYTES * p) as *const __m256i);
                     v[4 * p] = or(v[4 * p], _mm256_slli_epi16(h, 4));
                     v[4 * p + 1] = or(v[4 * p + 1], _mm256_slli_epi16(h, 2));
                     v[4 * p + 2] = or(v[4 * p + 2], h);
@@ -268,20 +307,14 @@ unsafe fn tile_group_k<const R: usize, const F: u8>(
                 dhi = dlo;
             }
             for r in 0..R {
-                let y = xq[r].add(b * QK) as *const i32;
-                let quad = |t: usize| _mm256_set1_epi32(std::ptr::read_unaligned(y.add(t)));
-                let mb = |n: usize| _mm256_maddubs_epi16(v[n], quad(n));
-                let widen = |a: __m256i| _mm256_madd_epi16(a, ones);
+                let quads = quads::<8>(xq[r].add(b * QK));
                 let dx = _mm256_set1_ps(*xd[r].add(b));
                 if bits == 6 {
-                    let lo = _mm256_add_epi32(
-                        widen(_mm256_add_epi16(mb(0), mb(1))),
-                        widen(_mm256_add_epi16(mb(2), mb(3))),
-                    );
-                    let hi = _mm256_add_epi32(
-                        widen(_mm256_add_epi16(mb(4), mb(5))),
-                        widen(_mm256_add_epi16(mb(6), mb(7))),
-                    );
+                    let zero = _mm256_setzero_si256();
+                    let [v0, v1, v2, v3, v4, v5, v6, v7] = v;
+                    let [y0, y1, y2, y3, y4, y5, y6, y7] = quads;
+                    let lo = D::dot::<4, 2>(zero, &[v0, v1, v2, v3], &[y0, y1, y2, y3]);
+                    let hi = D::dot::<4, 2>(zero, &[v4, v5, v6, v7], &[y4, y5, y6, y7]);
                     let [ylo, yhi] = *xh[r].add(b);
                     let lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * ylo));
                     let hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * yhi));
@@ -292,25 +325,15 @@ unsafe fn tile_group_k<const R: usize, const F: u8>(
                     continue;
                 }
                 let isum = if bits == 5 {
-                    let half = |n: usize| {
-                        widen(_mm256_add_epi16(
-                            _mm256_add_epi16(mb(n), mb(n + 1)),
-                            _mm256_add_epi16(mb(n + 2), mb(n + 3)),
-                        ))
-                    };
-                    _mm256_add_epi32(half(0), half(4))
+                    D::dot::<8, 4>(_mm256_setzero_si256(), &v, &quads)
                 } else {
-                    let mut s16 = mb(0);
-                    for n in 1..8 {
-                        s16 = _mm256_add_epi16(s16, mb(n));
-                    }
-                    widen(s16)
+                    D::dot::<8, 8>(_mm256_setzero_si256(), &v, &quads)
                 };
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dlo, dx), acc[r]);
                 acc[r] = _mm256_fmadd_ps(mlo, _mm256_set1_ps(*xs[r].add(b)), acc[r]);
             }
         }
-        let mut out = [[0.0; GROUP]; R];
+        let mut out = [[0.0; LANES]; R];
         for r in 0..R {
             _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
         }
@@ -325,47 +348,45 @@ unsafe fn tile_group_k<const R: usize, const F: u8>(
 // Index loops: the quad index `j` selects both a register and an activation offset.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_group_q8_0<const R: usize>(
+unsafe fn tile_group_q8_0<const R: usize, D: IntDot>(
     w: &QuantMatrix,
-    g: usize,
+    t: usize,
     x: &Q8Rows,
     i: usize,
-) -> [[f32; GROUP]; R] {
+) -> [[f32; LANES]; R] {
     let nb = w.nb;
     let block_bytes = GROUP * QK;
-    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
-    let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP) as *const u16;
+    let (g, h) = (t / 2, t % 2);
+    let wq =
+        w.qs.as_ptr()
+            .wrapping_add(g * nb * block_bytes + h * LANES * 4);
+    let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP + h * LANES) as *const u16;
     let XRows { qs: xq, d: xd, .. } = XRows::<R>::new(x, i, nb);
     // SAFETY (whole body): group g holds nb blocks of `block_bytes` quants and GROUP scales
     // each; activation rows i..i + R hold nb blocks of QK quants and nb scales. The rest is
     // register arithmetic under AVX2/FMA/F16C.
     // SAFETY: the caller's contract, forwarded.
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
             let q = wq.add(b * block_bytes);
-            for line in (0..block_bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(Q8_0_PREFETCH + line) as *const i8);
-            }
+            prefetch_block(q.wrapping_add(Q8_0_PREFETCH), block_bytes);
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd.add(b * GROUP) as *const __m128i));
             let mut isum = [_mm256_setzero_si256(); R];
             // Two halves of four vectors: eight quant vectors and their absolute values
             // would take every register.
-            for h in 0..2 {
+            for half in 0..2 {
                 let mut v = [_mm256_setzero_si256(); 4];
                 let mut u = [_mm256_setzero_si256(); 4];
                 for j in 0..4 {
-                    v[j] = _mm256_loadu_si256(q.add((4 * h + j) * 32) as *const __m256i);
+                    let at = (4 * half + j) * VEC_BYTES;
+                    v[j] = _mm256_loadu_si256(q.add(at) as *const __m256i);
                     u[j] = _mm256_sign_epi8(v[j], v[j]);
                 }
                 for r in 0..R {
-                    let y = xq[r].add(b * QK) as *const i32;
-                    for j in 0..4 {
-                        let quad = _mm256_set1_epi32(std::ptr::read_unaligned(y.add(4 * h + j)));
-                        let p = _mm256_maddubs_epi16(u[j], _mm256_sign_epi8(quad, v[j]));
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
-                    }
+                    let quads = quads::<4>(xq[r].add(b * QK + 16 * half));
+                    let y = std::array::from_fn(|j| _mm256_sign_epi8(quads[j], v[j]));
+                    isum[r] = D::dot::<4, 1>(isum[r], &u, &y);
                 }
             }
             for r in 0..R {
@@ -373,7 +394,7 @@ unsafe fn tile_group_q8_0<const R: usize>(
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
             }
         }
-        let mut out = [[0.0; GROUP]; R];
+        let mut out = [[0.0; LANES]; R];
         for r in 0..R {
             _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
         }
@@ -381,16 +402,37 @@ unsafe fn tile_group_q8_0<const R: usize>(
     }
 }
 
+/// Asks for the `bytes` (a multiple of 64) from `p` on, one cache line at a time.
+#[inline(always)]
+pub(super) fn prefetch_block(p: *const u8, bytes: usize) {
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is
+        // part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8) };
+    }
+}
+
+/// The `N` activation quads (4 bytes each) from `y` on, each broadcast to every lane.
+///
+/// # Safety
+/// `y` must point to `4 N` readable bytes; the caller has AVX.
+#[inline(always)]
+unsafe fn quads<const N: usize>(y: *const i8) -> [__m256i; N] {
+    let y = y as *const i32;
+    // SAFETY: the caller's contract.
+    std::array::from_fn(|t| unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(y.add(t))) })
+}
+
 /// How far ahead of the current block a Q8_0 group's quants are prefetched, in bytes (4
 /// blocks).
-const Q8_0_PREFETCH: usize = 4 * GROUP * QK;
+pub(super) const Q8_0_PREFETCH: usize = 4 * GROUP * QK;
 
 /// How far ahead of the current block a group's quants are prefetched, in bytes (8 blocks).
 /// Every cache line of a block is asked for: one prefetch per block of two lines measured
 /// 25-40 % slower one-sequence decode on an AVX2 EPYC (the hardware prefetcher alone does
 /// not keep enough loads in flight, most of all on one thread); twice as far ahead was no
 /// better.
-const GROUP_PREFETCH: usize = 8 * GROUP * QK / 2;
+pub(super) const GROUP_PREFETCH: usize = 8 * GROUP * QK / 2;
 
 /// One activation row quantised as [`crate::qdot::quantize_block`] does, bit for bit: the
 /// same `amax / 127` scale and its reciprocal, the same products, and `roundf`'s ties away
