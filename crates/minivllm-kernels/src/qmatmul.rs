@@ -35,12 +35,19 @@ use crate::matmul::rows_per_task;
 use crate::qdot::{self, BlockQ8, QK};
 use crate::quant::{GgmlType, QK_K};
 
+mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod int_dot;
+mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+use activations::Q8Rows;
+#[cfg(target_arch = "x86_64")]
+use activations::RowSums;
+pub use kernels::QKernel;
 
 /// Activation rows per tile (each against `GROUP` weight rows).
 const TILE_R: usize = 4;
@@ -457,84 +464,6 @@ fn quant_bytes(ty: GgmlType) -> usize {
     }
 }
 
-/// Activation rows quantised for the kernels: `nb` blocks per row, with scales `d` and
-/// block sums `s` (`d · Σ q`, see [`BlockQ8`]) as f32.
-#[derive(Default)]
-struct Q8Rows {
-    qs: Vec<i8>,
-    d: Vec<f32>,
-    s: Vec<f32>,
-    /// `Σ q` over each block's first and last 16 values, for Q6_K's scales per 16 and
-    /// the 512-bit Q8_0 kernel's offset.
-    halves: Vec<[i32; 2]>,
-}
-
-impl Q8Rows {
-    /// Quantises the `m` rows of `x` (`nb` blocks each), reusing the buffers; prefills
-    /// split the rows over the pool (quantising 512 rows on one thread while the other
-    /// waited was a quarter of a prefill's time).
-    fn quantize(&mut self, x: &[f32], m: usize, nb: usize) {
-        self.qs.resize(m * nb * QK, 0);
-        self.d.resize(m * nb, 0.0);
-        self.s.resize(m * nb, 0.0);
-        self.halves.resize(m * nb, [0; 2]);
-        if nb == 0 {
-            return;
-        }
-        let avx2 = use_avx2();
-        let rows = x
-            .par_chunks_exact(nb * QK)
-            .zip(self.qs.par_chunks_exact_mut(nb * QK))
-            .zip(self.d.par_chunks_exact_mut(nb))
-            .zip(self.s.par_chunks_exact_mut(nb))
-            .zip(self.halves.par_chunks_exact_mut(nb));
-        rows.with_min_len(QUANTIZE_ROWS_PER_TASK)
-            .for_each(|((((x, qs), d), s), halves)| {
-                let sums = RowSums { d, s, halves };
-                quantize_row(x, qs, sums, avx2)
-            });
-    }
-}
-
-/// Activation rows quantised per parallel task: a few microseconds of work each.
-const QUANTIZE_ROWS_PER_TASK: usize = 16;
-
-/// One activation row's per-block numbers (`nb` each) besides its quants.
-struct RowSums<'a> {
-    d: &'a mut [f32],
-    s: &'a mut [f32],
-    halves: &'a mut [[i32; 2]],
-}
-
-/// One row of [`Q8Rows::quantize`]: `nb` blocks into `qs` and `sums`.
-fn quantize_row(x: &[f32], qs: &mut [i8], sums: RowSums, avx2: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` came from `use_avx2()`; x holds nb blocks (chunked above).
-        return unsafe { x86::quantize_row(x, qs, sums) };
-    }
-    let _ = avx2;
-    let mut sums = sums;
-    for b in 0..sums.d.len() {
-        quantize_block_into(x, b, qs, &mut sums);
-    }
-}
-
-/// Block `b` of an activation row by the scalar reference, stored into the row's `qs` and
-/// `sums`.
-fn quantize_block_into(x: &[f32], b: usize, qs: &mut [i8], sums: &mut RowSums) {
-    let q = qdot::quantize_block(&x[b * QK..(b + 1) * QK]);
-    (sums.d[b], sums.s[b]) = (q.d, q.s);
-    let half = |h: usize| {
-        q.qs[h * QK / 2..(h + 1) * QK / 2]
-            .iter()
-            .map(|&v| v as i32)
-            .sum()
-    };
-    sums.halves[b] = [half(0), half(1)];
-    qs[b * QK..(b + 1) * QK].copy_from_slice(&q.qs);
-}
-
 thread_local! {
     /// The quantised rows of `x`, kept between calls so that decoding does not allocate.
     static XQ: RefCell<Q8Rows> = RefCell::new(Q8Rows::default());
@@ -585,88 +514,6 @@ fn check_shapes(x: &[f32], w: &QuantMatrix, out: &[f32], m: usize) {
 /// F16C that converts the scales).
 fn use_avx2() -> bool {
     crate::cpu::isa() >= crate::cpu::Isa::Avx2
-}
-
-/// The tile kernels of [`matmul_quant`], by how they sum byte products (all exact, so all
-/// give the same bits; `x86::tile_group` says how).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QKernel {
-    /// Safe Rust, a weight row at a time: any CPU.
-    Portable,
-    /// AVX2 `vpmaddubsw` + `vpmaddwd`.
-    Avx2,
-    /// AVX-VNNI `vpdpbusd` on 256-bit vectors (VEX).
-    AvxVnni,
-    /// AVX512-VNNI `vpdpbusd`: on 512-bit vectors for Q4_0, Q4_1 and Q8_0, on 256-bit
-    /// ones (EVEX, AVX512-VL) for the other formats.
-    Avx512Vnni,
-}
-
-impl QKernel {
-    /// Every kernel, most portable first.
-    pub const ALL: [QKernel; 4] = [
-        QKernel::Portable,
-        QKernel::Avx2,
-        QKernel::AvxVnni,
-        QKernel::Avx512Vnni,
-    ];
-
-    /// Whether this CPU can run it, within what `MINIVLLM_ISA` allows: `scalar` keeps the
-    /// portable kernel, and a cap below the CPU's best (`avx2` on an AVX-512 CPU) keeps
-    /// `vpmaddubsw`, which is how benchmarks compare the two.
-    pub fn available(self) -> bool {
-        use crate::cpu::{detected, isa, Isa};
-        #[cfg(target_arch = "x86_64")]
-        let has = |f: &str| match f {
-            "avxvnni" => is_x86_feature_detected!("avxvnni"),
-            _ => {
-                is_x86_feature_detected!("avx512vnni")
-                    && is_x86_feature_detected!("avx512vl")
-                    && is_x86_feature_detected!("avx512bw")
-            }
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let has = |_: &str| false;
-        match self {
-            QKernel::Portable => true,
-            QKernel::Avx2 => isa() >= Isa::Avx2,
-            QKernel::AvxVnni => isa() >= Isa::Avx2 && isa() == detected() && has("avxvnni"),
-            QKernel::Avx512Vnni => isa() >= Isa::Avx512 && has("avx512vnni"),
-        }
-    }
-
-    /// The fastest kernel available, found once.
-    pub fn best() -> QKernel {
-        static BEST: std::sync::OnceLock<QKernel> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            let mut all = QKernel::ALL;
-            all.reverse();
-            all.into_iter()
-                .find(|k| k.available())
-                .unwrap_or(QKernel::Portable)
-        })
-    }
-
-    /// The `bench machine` limit ([`crate::probe`]) that bounds it, if measured.
-    pub fn peak_name(self) -> Option<&'static str> {
-        use crate::probe;
-        match self {
-            QKernel::Portable => None,
-            QKernel::Avx2 => Some(probe::INT8_AVX2),
-            QKernel::AvxVnni => Some(probe::INT8_AVX_VNNI),
-            QKernel::Avx512Vnni => Some(probe::INT8_AVX512_VNNI),
-        }
-    }
-
-    /// Its name in benchmark reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            QKernel::Portable => "portable",
-            QKernel::Avx2 => "avx2 maddubs",
-            QKernel::AvxVnni => "avx-vnni",
-            QKernel::Avx512Vnni => "avx512-vnni",
-        }
-    }
 }
 
 /// A pointer to `out` that parallel tasks write disjoint columns of.
@@ -762,6 +609,7 @@ fn dot_groups(
 
 /// Stores a tile's results: row `i + r`, column `j + c`.
 #[cfg(target_arch = "x86_64")]
+#[inline(always)]
 fn put_tile<const N: usize>(v: &[[f32; N]], i: usize, j: usize, put: impl Fn(usize, usize, f32)) {
     for (r, lanes) in v.iter().enumerate() {
         for (c, &v) in lanes.iter().enumerate() {

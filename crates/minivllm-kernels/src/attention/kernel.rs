@@ -71,7 +71,7 @@ simd_dispatch! {
     /// Runs one task.
     pub(super) fn run_task(cx: &Ctx<'_>, task: Task<'_>, scratch: &mut Scratch);
     generic = run_task_generic;
-    avx512 = crate::simd::Avx2;
+    avx512 = crate::simd::Avx512;
     scalar = run_task_portable;
 }
 

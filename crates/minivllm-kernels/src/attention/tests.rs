@@ -443,3 +443,11 @@ fn micro_kernels_avx2() {
         None => eprintln!("SKIPPED micro_kernels_avx2: this CPU has no AVX2"),
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn micro_kernels_avx512() {
+    if let Some(s) = crate::simd::Avx512::new() {
+        check_micro(s);
+    }
+}

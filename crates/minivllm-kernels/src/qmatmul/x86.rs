@@ -471,7 +471,7 @@ pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], mut sums: RowSums) {
             if !id.is_finite() || !amax.is_finite() || _mm256_movemask_ps(nan) != 0 {
                 // Subnormal scales and non-finite inputs: the conversions below saturate
                 // differently from Rust's casts, so such blocks take the scalar path.
-                super::quantize_block_into(x, b, qs, &mut sums);
+                super::activations::quantize_block_into(x, b, qs, &mut sums);
                 continue;
             }
             let idv = _mm256_set1_ps(id);

@@ -1,0 +1,83 @@
+//! Which integer kernel [`super::matmul_quant`] runs on this CPU.
+
+/// The tile kernels of [`matmul_quant`], by how they sum byte products (all exact, so all
+/// give the same bits; `x86::tile_group` says how).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QKernel {
+    /// Safe Rust, a weight row at a time: any CPU.
+    Portable,
+    /// AVX2 `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// AVX-VNNI `vpdpbusd` on 256-bit vectors (VEX).
+    AvxVnni,
+    /// AVX512-VNNI `vpdpbusd`: on 512-bit vectors for Q4_0, Q4_1 and Q8_0, on 256-bit
+    /// ones (EVEX, AVX512-VL) for the other formats.
+    Avx512Vnni,
+}
+
+impl QKernel {
+    /// Every kernel, most portable first.
+    pub const ALL: [QKernel; 4] = [
+        QKernel::Portable,
+        QKernel::Avx2,
+        QKernel::AvxVnni,
+        QKernel::Avx512Vnni,
+    ];
+
+    /// Whether this CPU can run it, within what `MINIVLLM_ISA` allows: `scalar` keeps the
+    /// portable kernel, and a cap below the CPU's best (`avx2` on an AVX-512 CPU) keeps
+    /// `vpmaddubsw`, which is how benchmarks compare the two.
+    pub fn available(self) -> bool {
+        use crate::cpu::{detected, isa, Isa};
+        #[cfg(target_arch = "x86_64")]
+        let has = |f: &str| match f {
+            "avxvnni" => is_x86_feature_detected!("avxvnni"),
+            _ => {
+                is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512bw")
+            }
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let has = |_: &str| false;
+        match self {
+            QKernel::Portable => true,
+            QKernel::Avx2 => isa() >= Isa::Avx2,
+            QKernel::AvxVnni => isa() >= Isa::Avx2 && isa() == detected() && has("avxvnni"),
+            QKernel::Avx512Vnni => isa() >= Isa::Avx512 && has("avx512vnni"),
+        }
+    }
+
+    /// The fastest kernel available, found once.
+    pub fn best() -> QKernel {
+        static BEST: std::sync::OnceLock<QKernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let mut all = QKernel::ALL;
+            all.reverse();
+            all.into_iter()
+                .find(|k| k.available())
+                .unwrap_or(QKernel::Portable)
+        })
+    }
+
+    /// The `bench machine` limit ([`crate::probe`]) that bounds it, if measured.
+    pub fn peak_name(self) -> Option<&'static str> {
+        use crate::probe;
+        match self {
+            QKernel::Portable => None,
+            QKernel::Avx2 => Some(probe::INT8_AVX2),
+            QKernel::AvxVnni => Some(probe::INT8_AVX_VNNI),
+            QKernel::Avx512Vnni => Some(probe::INT8_AVX512_VNNI),
+        }
+    }
+
+    /// Its name in benchmark reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            QKernel::Portable => "portable",
+            QKernel::Avx2 => "avx2 maddubs",
+            QKernel::AvxVnni => "avx-vnni",
+            QKernel::Avx512Vnni => "avx512-vnni",
+        }
+    }
+}
