@@ -284,9 +284,9 @@ fn x86_tiles_match_scalar() {
         for nb in [1, 2, 7, 8, 9, 18] {
             let k = cols_for(ty, nb * QK);
             let w = random_matrix(&mut r, ty, GROUP, k);
-            let x = rand_vec(&mut r, 4 * k);
-            let mut want = vec![0.0; 4 * GROUP];
-            matmul_quant_scalar(&x, &w, &mut want, 4);
+            let x = rand_vec(&mut r, 8 * k);
+            let mut want = vec![0.0; 8 * GROUP];
+            matmul_quant_scalar(&x, &w, &mut want, 8);
             let what = format!("{ty} nb={nb}");
             #[cfg(target_arch = "x86_64")]
             {
@@ -298,7 +298,7 @@ fn x86_tiles_match_scalar() {
                     assert_eq!(t, &tiles[0], "{what}: {} differs", kernel.name());
                 }
                 if kernels.contains(&QKernel::Avx512Vnni) && avx512::has_tile(ty) {
-                    check_wide_tiles(&w, &x, &tiles[0], &what);
+                    check_wide_tiles(&w, &x, &want, &tiles[0], &what);
                 }
             }
         }
@@ -315,7 +315,7 @@ fn check_group_tiles(
     want: &[f32],
     what: &str,
 ) -> [[f32; GROUP]; 4] {
-    let xq = q8_rows(x, 4, w.cols());
+    let xq = q8_rows(x, 8, w.cols());
     let mut all = [[0.0; GROUP]; 4];
     for t in 0..2 {
         let what = format!("{} {what} half {t}", kernel.name());
@@ -341,22 +341,41 @@ fn check_group_tiles(
     all
 }
 
-/// The 512-bit tiles of 1, 3 and 4 rows against the 256-bit ones' results, bit for bit.
+/// The 512-bit tiles of 1, 3, 4 and 8 rows against the 256-bit ones' results (rows 0..4),
+/// bit for bit, and against `want` (8 rows).
 #[cfg(target_arch = "x86_64")]
-fn check_wide_tiles(w: &QuantMatrix, x: &[f32], narrow: &[[f32; GROUP]; 4], what: &str) {
-    let xq = q8_rows(x, 4, w.cols());
+fn check_wide_tiles(
+    w: &QuantMatrix,
+    x: &[f32],
+    want: &[f32],
+    narrow: &[[f32; GROUP]; 4],
+    what: &str,
+) {
+    let xq = q8_rows(x, 8, w.cols());
     // SAFETY: the caller checked that the CPU has AVX512-VNNI (and -BW); w has group 0,
-    // and rows 0..4 of xq exist.
-    let (one, three, four) = unsafe {
+    // and rows 0..8 of xq exist.
+    let (one, three, four, eight) = unsafe {
         (
             avx512::tile_group::<1>(w, 0, &xq, 2),
             avx512::tile_group::<3>(w, 0, &xq, 1),
             avx512::tile_group::<4>(w, 0, &xq, 0),
+            avx512::tile_group::<8>(w, 0, &xq, 0),
         )
     };
     assert_eq!(&four, narrow, "512-bit {what}");
     assert_eq!(one[0], four[2], "512-bit {what}");
     assert_eq!(three, [four[1], four[2], four[3]], "512-bit {what}");
+    assert_eq!(eight[..4], four, "512-bit {what}");
+    for (i, row) in eight.iter().enumerate() {
+        let at = i * GROUP;
+        assert_close(
+            row,
+            &want[at..at + GROUP],
+            1e-5,
+            1e-5,
+            &format!("512-bit {what}"),
+        );
+    }
 }
 
 /// The product (AVX2 where present) and the portable path against the single-threaded
