@@ -580,7 +580,7 @@ fn dot_groups(
     kernel: QKernel,
 ) {
     debug_assert!(j0.is_multiple_of(GROUP));
-    let wide = kernel == QKernel::Avx512Vnni && avx512::has_tile(w.ty);
+    let wide = kernel == QKernel::Avx512Vnni;
     let unit = if wide { GROUP } else { LANES };
     // A tile's row of results, less the padding rows past the task's last column.
     let put = |i: usize, j: usize, v: &[f32]| store_run(i, j, &v[..v.len().min(j0 + nj - j)]);

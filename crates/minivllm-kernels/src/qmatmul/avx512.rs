@@ -1,4 +1,4 @@
-//! 512-bit AVX512-VNNI tiles for Q4_0, Q4_1 and Q8_0, the formats of the shipped model.
+//! 512-bit AVX512-VNNI tiles, for every format the groups layout holds.
 //!
 //! A group's quant vector is 64 bytes, four of each of its sixteen rows: one register. Each
 //! activation quad is broadcast from memory into the `vpdpbusd` that meets it (EVEX's
@@ -10,17 +10,12 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{prefetch_block, GROUP_PREFETCH, Q8_0_PREFETCH};
-use super::{Q8Rows, QuantMatrix, GROUP, VEC_BYTES};
+use super::x86::{prefetch_block, GROUP_PREFETCH, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0_PREFETCH};
+use super::{hbits_bytes, Q8Rows, QuantMatrix, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
 
-/// Whether [`tile_group`] covers `ty`.
-pub(super) fn has_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
-}
-
-/// `out[r][c] = w[g·GROUP + c] · x[i + r]` for Q4_0, Q4_1 and Q8_0 ([`has_tile`]).
+/// `out[r][c] = w[g·GROUP + c] · x[i + r]`.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C, AVX512-F, -BW and -VNNI; `w` must have group `g`, and
@@ -37,6 +32,11 @@ pub(super) unsafe fn tile_group<const R: usize>(
         match w.ty {
             GgmlType::Q8_0 => tile_q8_0::<R>(w, g, x, i),
             GgmlType::Q4_1 => tile_q4::<R, true>(w, g, x, i),
+            GgmlType::Q5_0 => tile_k::<R, Q5_0>(w, g, x, i),
+            GgmlType::Q5_1 => tile_k::<R, Q5_1>(w, g, x, i),
+            GgmlType::Q4_K => tile_k::<R, Q4_K>(w, g, x, i),
+            GgmlType::Q5_K => tile_k::<R, Q5_K>(w, g, x, i),
+            GgmlType::Q6_K => tile_k::<R, Q6_K>(w, g, x, i),
             _ => tile_q4::<R, false>(w, g, x, i),
         }
     }
@@ -68,6 +68,16 @@ impl<const R: usize> Rows<R> {
 /// `y` must point to 32 readable bytes; the caller has AVX512-VNNI.
 #[inline(always)]
 unsafe fn block_sum(w: &[__m512i; 8], y: *const i8) -> __m512i {
+    // SAFETY: the caller's contract.
+    unsafe { quad_sum(w, y) }
+}
+
+/// `Σ_n w[n] · quad n of y` over `N` quads, exact.
+///
+/// # Safety
+/// `y` must point to `4 N` readable bytes; the caller has AVX512-VNNI.
+#[inline(always)]
+unsafe fn quad_sum<const N: usize>(w: &[__m512i; N], y: *const i8) -> __m512i {
     let y = y as *const i32;
     // SAFETY: the caller's contract.
     unsafe {
@@ -176,6 +186,131 @@ unsafe fn tile_q8_0<const R: usize>(
                 let isum = _mm512_sub_epi32(block_sum(&v, x.qs[r].add(b * QK)), offset);
                 let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*x.d[r].add(b)));
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
+            }
+        }
+        store(acc)
+    }
+}
+
+// Index loops: the nibble index selects a register and a shift; `r` an accumulator and a row.
+#[allow(clippy::needless_range_loop)]
+/// 5-bit formats and K-quants: `x86::tile_group_k`'s arithmetic on whole groups, lane for
+/// lane (the bits above the nibbles or-ed in from the high-bit planes, which are a group's
+/// 64 bytes per nibble vector here; the sub-block scales of sixteen rows widened at once).
+/// The integer sums need no widening steps: `vpdpbusd` sums in 32 bits.
+#[inline(always)]
+unsafe fn tile_k<const R: usize, const F: u8>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; GROUP]; R] {
+    const { assert!(F <= Q6_K) };
+    let per_block = F == Q5_0 || F == Q5_1;
+    let nb = w.nb;
+    let block_bytes = GROUP * QK / 2;
+    let hb = hbits_bytes(w.ty);
+    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
+    let wsub = w.sub.as_ptr().wrapping_add(g * nb * SUB_BYTES);
+    let wh = w.hbits.as_ptr().wrapping_add(g * nb * hb);
+    let scales_per_group = if per_block { nb } else { nb / KSUB };
+    let wd = w.d.as_ptr().wrapping_add(g * scales_per_group * GROUP);
+    let wm = w.mins.as_ptr().wrapping_add(g * scales_per_group * GROUP);
+    let x = Rows::<R>::new(x, i, nb);
+    // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and `hb`
+    // high-bit bytes, `scales_per_group` scales (and minima, for Q5_1, Q4_K and Q5_K) of
+    // GROUP rows each, and SUB_BYTES scale bytes per block for K-quants; activation rows
+    // i..i + R hold nb blocks of QK quants, scales, sums and half sums. The rest is register
+    // arithmetic under the contract's features.
+    unsafe {
+        let low = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let (mut dsup, mut msup) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for b in 0..nb {
+            if per_block || b % KSUB == 0 {
+                let at = if per_block { b } else { b / KSUB } * GROUP;
+                dsup = scales(wd.add(at));
+                if F != Q6_K && F != Q5_0 {
+                    msup = scales(wm.add(at));
+                }
+            }
+            let q = wq.add(b * block_bytes);
+            prefetch_block(q.wrapping_add(GROUP_PREFETCH), block_bytes);
+            prefetch_block(wh.wrapping_add((b + GROUP_PREFETCH / block_bytes) * hb), hb);
+            let mut v = [_mm512_setzero_si512(); 8];
+            for j in 0..4 {
+                let raw = _mm512_loadu_si512(q.add(j * VEC_BYTES) as *const __m512i);
+                v[j] = _mm512_and_si512(raw, low);
+                v[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+            }
+            if F == Q5_0 || F == Q5_1 || F == Q5_K {
+                let h = _mm512_loadu_si512(wh.add(b * hb) as *const __m512i);
+                let bit = _mm512_set1_epi8(0x10);
+                let or = |v: __m512i, h: __m512i| _mm512_or_si512(v, _mm512_and_si512(h, bit));
+                v[0] = or(v[0], _mm512_slli_epi16::<4>(h));
+                v[1] = or(v[1], _mm512_slli_epi16::<3>(h));
+                v[2] = or(v[2], _mm512_slli_epi16::<2>(h));
+                v[3] = or(v[3], _mm512_slli_epi16::<1>(h));
+                v[4] = or(v[4], h);
+                v[5] = or(v[5], _mm512_srli_epi16::<1>(h));
+                v[6] = or(v[6], _mm512_srli_epi16::<2>(h));
+                v[7] = or(v[7], _mm512_srli_epi16::<3>(h));
+            }
+            if F == Q6_K {
+                let top = _mm512_set1_epi8(0x30);
+                let or = |v: __m512i, h: __m512i| _mm512_or_si512(v, _mm512_and_si512(h, top));
+                for p in 0..2 {
+                    let at = b * hb + VEC_BYTES * p;
+                    let h = _mm512_loadu_si512(wh.add(at) as *const __m512i);
+                    v[4 * p] = or(v[4 * p], _mm512_slli_epi16::<4>(h));
+                    v[4 * p + 1] = or(v[4 * p + 1], _mm512_slli_epi16::<2>(h));
+                    v[4 * p + 2] = or(v[4 * p + 2], h);
+                    v[4 * p + 3] = or(v[4 * p + 3], _mm512_srli_epi16::<2>(h));
+                }
+            }
+            let s = wsub.wrapping_add(b * SUB_BYTES);
+            let sub = |at: usize| _mm_loadu_si128(s.add(at) as *const __m128i);
+            let (dlo, dhi, mlo);
+            if F == Q5_0 {
+                (dlo, dhi) = (dsup, dsup);
+                mlo = _mm512_mul_ps(dsup, _mm512_set1_ps(-16.0));
+            } else if F == Q5_1 {
+                (dlo, dhi, mlo) = (dsup, dsup, msup);
+            } else if F == Q6_K {
+                let (s0, s1) = (sub(0), sub(GROUP));
+                dlo = _mm512_mul_ps(dsup, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s0)));
+                dhi = _mm512_mul_ps(dsup, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s1)));
+                mlo = _mm512_setzero_ps();
+            } else {
+                let (s0, s1) = (sub(0), sub(GROUP));
+                dlo = _mm512_mul_ps(dsup, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s0)));
+                let m = _mm512_mul_ps(msup, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s1)));
+                // Negated by its sign bit, as the 256-bit kernel does (exact).
+                mlo = _mm512_castsi512_ps(_mm512_xor_si512(
+                    _mm512_castps_si512(m),
+                    _mm512_set1_epi32(i32::MIN),
+                ));
+                dhi = dlo;
+            }
+            for r in 0..R {
+                let y = x.qs[r].add(b * QK);
+                let dx = _mm512_set1_ps(*x.d[r].add(b));
+                if F == Q6_K {
+                    let [v0, v1, v2, v3, v4, v5, v6, v7] = v;
+                    let lo = quad_sum(&[v0, v1, v2, v3], y);
+                    let hi = quad_sum(&[v4, v5, v6, v7], y.add(16));
+                    let [ylo, yhi] = *x.halves[r].add(b);
+                    let lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(32 * ylo));
+                    let hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(32 * yhi));
+                    acc[r] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(dlo, dx), acc[r]);
+                    acc[r] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(dhi, dx), acc[r]);
+                    continue;
+                }
+                let isum = block_sum(&v, y);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dlo, dx), acc[r]);
+                acc[r] = _mm512_fmadd_ps(mlo, _mm512_set1_ps(*x.s[r].add(b)), acc[r]);
             }
         }
         store(acc)

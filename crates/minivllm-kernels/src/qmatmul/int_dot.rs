@@ -2,7 +2,8 @@
 //!
 //! This is the only step that differs between the instruction sets. AVX2 multiplies byte
 //! pairs with `vpmaddubsw` into 16 bits and widens with `vpmaddwd`; the VNNI extensions
-//! fuse all of it into one `vpdpbusd` per vector. The sums are exact in every case, so every
+//! fuse all of it into one `vpdpbusd` per vector (AVX512-VNNI's 512-bit kernels, in
+//! `avx512.rs`, call it directly). The sums are exact in every case, so every
 //! ISA gives the kernels the same integers, and the tiles the same bits.
 
 use std::arch::x86_64::*;
@@ -63,26 +64,6 @@ impl IntDot for AvxVnni {
         for t in 0..N {
             // SAFETY: a register-only intrinsic; the caller has AVX-VNNI.
             acc = unsafe { _mm256_dpbusd_avx_epi32(acc, u[t], s[t]) };
-        }
-        acc
-    }
-}
-
-/// AVX512-VNNI on 256-bit vectors (AVX512-VL), whose EVEX encoding can take the
-/// broadcast activation quad straight from memory.
-pub(super) struct Avx512Vnni;
-
-impl IntDot for Avx512Vnni {
-    #[inline(always)]
-    unsafe fn dot<const N: usize, const CHUNK: usize>(
-        acc: __m256i,
-        u: &[__m256i; N],
-        s: &[__m256i; N],
-    ) -> __m256i {
-        let mut acc = acc;
-        for t in 0..N {
-            // SAFETY: a register-only intrinsic; the caller has AVX512-VNNI and AVX512-VL.
-            acc = unsafe { _mm256_dpbusd_epi32(acc, u[t], s[t]) };
         }
         acc
     }

@@ -10,8 +10,7 @@ pub enum QKernel {
     Avx2,
     /// AVX-VNNI `vpdpbusd` on 256-bit vectors (VEX).
     AvxVnni,
-    /// AVX512-VNNI `vpdpbusd`: on 512-bit vectors for Q4_0, Q4_1 and Q8_0, on 256-bit
-    /// ones (EVEX, AVX512-VL) for the other formats.
+    /// AVX512-VNNI `vpdpbusd` on 512-bit vectors: whole groups.
     Avx512Vnni,
 }
 

@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::int_dot::{Avx512Vnni, AvxVnni, IntDot, Maddubs};
+use super::int_dot::{AvxVnni, IntDot, Maddubs};
 use super::{Q8Rows, QKernel, QuantMatrix, RowSums, GROUP, KSUB, LANES, SUB_BYTES, VEC_BYTES};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
@@ -37,10 +37,10 @@ impl<const R: usize> XRows<R> {
 /// all eight rows, and the block's integer dot product for the eight rows is summed exactly
 /// in 32 bits ([`IntDot`]), then scaled once. Every lane's sum runs in block order whatever
 /// `R` and whatever `kernel`, so a row's result depends neither on its batch nor on the
-/// instruction set.
+/// instruction set. (`QKernel::Avx512Vnni` runs whole groups in `avx512.rs` instead.)
 ///
 /// # Safety
-/// The CPU must have what `kernel` names (each includes AVX2, FMA and F16C); `w` must have
+/// The CPU must have what `kernel` names (both include AVX2, FMA and F16C); `w` must have
 /// rows `t·LANES..(t + 1)·LANES` (padding included), and rows `i..i + R` of `x` must exist,
 /// with the same number of blocks.
 #[inline(always)]
@@ -51,12 +51,12 @@ pub(super) unsafe fn tile_group<const R: usize>(
     x: &Q8Rows,
     i: usize,
 ) -> [[f32; LANES]; R] {
+    debug_assert!(matches!(kernel, QKernel::Avx2 | QKernel::AvxVnni));
     // SAFETY: (each arm) the caller's contract, which includes the CPU features.
     unsafe {
         match kernel {
-            QKernel::Avx512Vnni => tile_avx512_vnni::<R>(w, t, x, i),
             QKernel::AvxVnni => tile_avx_vnni::<R>(w, t, x, i),
-            QKernel::Avx2 | QKernel::Portable => tile_avx2::<R>(w, t, x, i),
+            _ => tile_avx2::<R>(w, t, x, i),
         }
     }
 }
@@ -81,17 +81,6 @@ unsafe fn tile_avx_vnni<const R: usize>(
 ) -> [[f32; LANES]; R] {
     // SAFETY: the caller's contract, forwarded.
     unsafe { tile_of::<R, AvxVnni>(w, t, x, i) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn tile_avx512_vnni<const R: usize>(
-    w: &QuantMatrix,
-    t: usize,
-    x: &Q8Rows,
-    i: usize,
-) -> [[f32; LANES]; R] {
-    // SAFETY: the caller's contract, forwarded.
-    unsafe { tile_of::<R, Avx512Vnni>(w, t, x, i) }
 }
 
 /// [`tile_group`] by format, with `D`'s integer sums.
@@ -181,12 +170,12 @@ unsafe fn tile_group_of<const R: usize, D: IntDot, const STORED_MIN: bool>(
     }
 }
 
-// The formats of `tile_group_k`.
-const Q5_0: u8 = 0;
-const Q5_1: u8 = 1;
-const Q4_K: u8 = 2;
-const Q5_K: u8 = 3;
-const Q6_K: u8 = 4;
+// The formats of `tile_group_k` (and of the 512-bit `avx512::tile_k`).
+pub(super) const Q5_0: u8 = 0;
+pub(super) const Q5_1: u8 = 1;
+pub(super) const Q4_K: u8 = 2;
+pub(super) const Q5_K: u8 = 3;
+pub(super) const Q6_K: u8 = 4;
 
 /// [`tile_group`] for 5-bit formats and K-quants. Each block of 32 is the 4-bit case with
 /// the bits above the nibbles or-ed in from `hbits`; K-quants' scales `d·sc` are made per
