@@ -3,9 +3,9 @@
 //! Every row of `x` is quantised once to 8-bit blocks of 32 (ggml's Q8_0/Q8_1) and every
 //! output is an integer dot product of blocks, as llama.cpp computes ([`crate::qdot`] has
 //! ggml's reference formulas). Decoding a few rows is bound by reading the weights, which
-//! stay 4-8x smaller than f32; many rows (prefill) run the same products in tiles (4 activation
-//! rows against 8 or 16 weight rows), so that weights and activations are each unpacked
-//! once per tile.
+//! stay 4-8x smaller than f32; many rows (prefill) run the same products in tiles (8
+//! activation rows against 16 weight rows with AVX512-VNNI, 4 against 8 with 256-bit
+//! registers), so that weights and activations are each unpacked once per tile.
 //!
 //! Weights are split at load into quants, scales and offsets; the bytes are those of the
 //! file, rearranged. Every format is interleaved in groups of sixteen rows (after the

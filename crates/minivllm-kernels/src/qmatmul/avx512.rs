@@ -10,7 +10,9 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{prefetch_block, GROUP_PREFETCH, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0_PREFETCH};
+use super::x86::{
+    prefetch_block, XRows, GROUP_PREFETCH, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0_PREFETCH,
+};
 use super::{hbits_bytes, Q8Rows, QuantMatrix, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
@@ -38,26 +40,6 @@ pub(super) unsafe fn tile_group<const R: usize>(
             GgmlType::Q5_K => tile_k::<R, Q5_K>(w, g, x, i),
             GgmlType::Q6_K => tile_k::<R, Q6_K>(w, g, x, i),
             _ => tile_q4::<R, false>(w, g, x, i),
-        }
-    }
-}
-
-/// Where activation rows `i..i + R` start: quants, scales, sums and half sums.
-struct Rows<const R: usize> {
-    qs: [*const i8; R],
-    d: [*const f32; R],
-    s: [*const f32; R],
-    halves: [*const [i32; 2]; R],
-}
-
-impl<const R: usize> Rows<R> {
-    #[inline(always)]
-    fn new(x: &Q8Rows, i: usize, nb: usize) -> Self {
-        Rows {
-            qs: std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK)),
-            d: std::array::from_fn(|r| x.d.as_ptr().wrapping_add((i + r) * nb)),
-            s: std::array::from_fn(|r| x.s.as_ptr().wrapping_add((i + r) * nb)),
-            halves: std::array::from_fn(|r| x.halves.as_ptr().wrapping_add((i + r) * nb)),
         }
     }
 }
@@ -116,7 +98,7 @@ unsafe fn tile_q4<const R: usize, const STORED_MIN: bool>(
     let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
     let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP);
     let wm = w.mins.as_ptr().wrapping_add(g * nb * GROUP);
-    let x = Rows::<R>::new(x, i, nb);
+    let x = XRows::<R>::new(x, i, nb);
     // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and GROUP scales
     // (and offsets, for Q4_1) each; activation rows i..i + R hold nb blocks of QK quants and
     // nb scales and sums. The rest is register arithmetic under the contract's features.
@@ -165,7 +147,7 @@ unsafe fn tile_q8_0<const R: usize>(
     let block_bytes = GROUP * QK;
     let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
     let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP);
-    let x = Rows::<R>::new(x, i, nb);
+    let x = XRows::<R>::new(x, i, nb);
     // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and GROUP scales
     // each; activation rows i..i + R hold nb blocks of QK quants, scales and half sums.
     // The rest is register arithmetic under the contract's features.
@@ -216,7 +198,7 @@ unsafe fn tile_k<const R: usize, const F: u8>(
     let scales_per_group = if per_block { nb } else { nb / KSUB };
     let wd = w.d.as_ptr().wrapping_add(g * scales_per_group * GROUP);
     let wm = w.mins.as_ptr().wrapping_add(g * scales_per_group * GROUP);
-    let x = Rows::<R>::new(x, i, nb);
+    let x = XRows::<R>::new(x, i, nb);
     // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and `hb`
     // high-bit bytes, `scales_per_group` scales (and minima, for Q5_1, Q4_K and Q5_K) of
     // GROUP rows each, and SUB_BYTES scale bytes per block for K-quants; activation rows

@@ -13,16 +13,16 @@ use crate::quant::GgmlType;
 /// Where activation rows `i..i + R` of a [`Q8Rows`] (`nb` blocks each) start: their quants,
 /// scales, sums and half sums. Made with `wrapping_add`, so making them is safe; the
 /// kernels that read through them state why the rows exist.
-struct XRows<const R: usize> {
-    qs: [*const i8; R],
-    d: [*const f32; R],
-    s: [*const f32; R],
-    halves: [*const [i32; 2]; R],
+pub(super) struct XRows<const R: usize> {
+    pub(super) qs: [*const i8; R],
+    pub(super) d: [*const f32; R],
+    pub(super) s: [*const f32; R],
+    pub(super) halves: [*const [i32; 2]; R],
 }
 
 impl<const R: usize> XRows<R> {
     #[inline(always)]
-    fn new(x: &Q8Rows, i: usize, nb: usize) -> Self {
+    pub(super) fn new(x: &Q8Rows, i: usize, nb: usize) -> Self {
         XRows {
             qs: std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK)),
             d: std::array::from_fn(|r| x.d.as_ptr().wrapping_add((i + r) * nb)),
@@ -33,9 +33,9 @@ impl<const R: usize> XRows<R> {
 }
 
 /// `out[r][c] = w[t·LANES + c] · x[i + r]`, `t` a half group: lane `c` of each register is
-/// weight row `t·LANES + c`. Per block, each activation quad is broadcast against the matching quads of
-/// all eight rows, and the block's integer dot product for the eight rows is summed exactly
-/// in 32 bits ([`IntDot`]), then scaled once. Every lane's sum runs in block order whatever
+/// weight row `t·LANES + c`. Per block, each activation quad is broadcast against the
+/// matching quads of all eight rows, and the block's integer dot product for the eight rows
+/// is summed exactly in 32 bits ([`IntDot`]), then scaled once. Every lane's sum runs in block order whatever
 /// `R` and whatever `kernel`, so a row's result depends neither on its batch nor on the
 /// instruction set. (`QKernel::Avx512Vnni` runs whole groups in `avx512.rs` instead.)
 ///
