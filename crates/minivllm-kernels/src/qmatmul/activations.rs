@@ -3,9 +3,9 @@
 
 use rayon::prelude::*;
 
-use super::use_avx2;
 #[cfg(target_arch = "x86_64")]
-use super::x86;
+use super::{avx512, x86};
+use super::{use_avx2, QKernel};
 use crate::qdot::{self, QK};
 
 /// Activation rows quantised for the kernels: `nb` blocks per row, with scales `d` and
@@ -32,7 +32,7 @@ impl Q8Rows {
         if nb == 0 {
             return;
         }
-        let avx2 = use_avx2();
+        let isa = QuantIsa::best();
         let rows = x
             .par_chunks_exact(nb * QK)
             .zip(self.qs.par_chunks_exact_mut(nb * QK))
@@ -42,7 +42,7 @@ impl Q8Rows {
         rows.with_min_len(QUANTIZE_ROWS_PER_TASK)
             .for_each(|((((x, qs), d), s), halves)| {
                 let sums = RowSums { d, s, halves };
-                quantize_row(x, qs, sums, avx2)
+                quantize_row(x, qs, sums, isa)
             });
     }
 }
@@ -57,14 +57,39 @@ pub(super) struct RowSums<'a> {
     pub(super) halves: &'a mut [[i32; 2]],
 }
 
-/// One row of [`Q8Rows::quantize`]: `nb` blocks into `qs` and `sums`.
-pub(super) fn quantize_row(x: &[f32], qs: &mut [i8], sums: RowSums, avx2: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` came from `use_avx2()`; x holds nb blocks (chunked above).
-        return unsafe { x86::quantize_row(x, qs, sums) };
+/// The activation quantiser's instruction set; every one gives the scalar reference's bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum QuantIsa {
+    Scalar,
+    Avx2,
+    /// AVX-512 F and BW, present wherever [`QKernel::Avx512Vnni`] runs.
+    Avx512,
+}
+
+impl QuantIsa {
+    pub(super) fn best() -> QuantIsa {
+        if QKernel::best() == QKernel::Avx512Vnni {
+            QuantIsa::Avx512
+        } else if use_avx2() {
+            QuantIsa::Avx2
+        } else {
+            QuantIsa::Scalar
+        }
     }
-    let _ = avx2;
+}
+
+/// One row of [`Q8Rows::quantize`]: `nb` blocks into `qs` and `sums`; `isa` must be one this
+/// CPU has (from [`QuantIsa::best`], or lower).
+pub(super) fn quantize_row(x: &[f32], qs: &mut [i8], sums: RowSums, isa: QuantIsa) {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        // SAFETY: the CPU has `isa` (the contract above); x holds nb blocks (chunked above).
+        QuantIsa::Avx512 => return unsafe { avx512::quantize_row(x, qs, sums) },
+        // SAFETY: as above.
+        QuantIsa::Avx2 => return unsafe { x86::quantize_row(x, qs, sums) },
+        QuantIsa::Scalar => {}
+    }
+    let _ = isa;
     let mut sums = sums;
     for b in 0..sums.d.len() {
         quantize_block_into(x, b, qs, &mut sums);

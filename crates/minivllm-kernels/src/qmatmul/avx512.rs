@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use super::x86::{
     prefetch_block, XRows, GROUP_PREFETCH, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0_PREFETCH,
 };
-use super::{hbits_bytes, Q8Rows, QuantMatrix, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
+use super::{hbits_bytes, Q8Rows, QuantMatrix, RowSums, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
 use crate::qdot::QK;
 use crate::quant::GgmlType;
 
@@ -296,6 +296,58 @@ unsafe fn tile_k<const R: usize, const F: u8>(
             }
         }
         store(acc)
+    }
+}
+
+/// One activation row quantised as [`crate::qdot::quantize_block`] does, bit for bit, as
+/// `x86::quantize_row` (whose notes on rounding apply), a block in two registers: `vpmovdb`
+/// packs the quants and two reductions give the half sums.
+///
+/// # Safety
+/// The CPU must have AVX512-F and -BW; `x` must hold `nb · QK` values.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
+pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], mut sums: RowSums) {
+    let nb = sums.d.len();
+    debug_assert!(x.len() == nb * QK && qs.len() == nb * QK);
+    debug_assert!(sums.s.len() == nb && sums.halves.len() == nb);
+    // SAFETY: (whole body) block b reads x[b·QK..(b+1)·QK] and writes qs at the same
+    // offsets, both in bounds by the contract; the rest is register arithmetic.
+    unsafe {
+        let sign = _mm512_set1_epi32(i32::MIN);
+        let half = _mm512_set1_ps(0.5);
+        let one = _mm512_castps_si512(_mm512_set1_ps(1.0));
+        for b in 0..nb {
+            let p = x.as_ptr().add(b * QK);
+            let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+            let amax =
+                _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v[0], v[0])
+                | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v[1], v[1]);
+            let dv = amax / 127.0;
+            let id = if dv != 0.0 { 1.0 / dv } else { 0.0 };
+            if !id.is_finite() || !amax.is_finite() || nan != 0 {
+                super::activations::quantize_block_into(x, b, qs, &mut sums);
+                continue;
+            }
+            let idv = _mm512_set1_ps(id);
+            let q = v.map(|v| {
+                let y = _mm512_mul_ps(v, idv);
+                let t0 = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+                let frac = _mm512_abs_ps(_mm512_sub_ps(y, t0));
+                let away = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign), one);
+                let ge = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
+                let step = _mm512_maskz_mov_ps(ge, _mm512_castsi512_ps(away));
+                _mm512_cvttps_epi32(_mm512_add_ps(t0, step))
+            });
+            let out = qs.as_mut_ptr().add(b * QK) as *mut __m128i;
+            _mm_storeu_si128(out, _mm512_cvtepi32_epi8(q[0]));
+            _mm_storeu_si128(out.add(1), _mm512_cvtepi32_epi8(q[1]));
+            let dr = half::f16::from_f32(dv).to_f32();
+            let (lo, hi) = (_mm512_reduce_add_epi32(q[0]), _mm512_reduce_add_epi32(q[1]));
+            sums.d[b] = dr;
+            sums.s[b] = (lo + hi) as f32 * dr;
+            sums.halves[b] = [lo, hi];
+        }
     }
 }
 

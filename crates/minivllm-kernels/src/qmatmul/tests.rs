@@ -88,15 +88,30 @@ fn quantize_row_q8_follows_ggml() {
     assert_eq!(q[0], BlockQ8::default());
 }
 
-/// The AVX2 activation quantiser against `quantize_block`, bit for bit: random blocks,
+/// The vector activation quantisers against `quantize_block`, bit for bit: random blocks,
 /// exact ties (`amax` = 127 makes the scale 1, so x.5 values must round away from zero as
 /// `roundf` does), zero, subnormal and non-finite blocks.
 #[test]
-fn avx2_quantiser_matches_scalar_bit_for_bit() {
-    if !use_avx2() {
-        eprintln!("SKIPPED avx2_quantiser_matches_scalar_bit_for_bit: no AVX2+F16C");
-        return;
+fn vector_quantisers_match_scalar_bit_for_bit() {
+    use activations::{quantize_row, QuantIsa};
+    let best = QuantIsa::best();
+    for (isa, ran) in [
+        (QuantIsa::Avx2, best != QuantIsa::Scalar),
+        (QuantIsa::Avx512, best == QuantIsa::Avx512),
+    ] {
+        let verdict = if ran {
+            "RAN"
+        } else {
+            "SKIPPED (not on this CPU)"
+        };
+        eprintln!("vector_quantisers_match_scalar_bit_for_bit: {isa:?}: {verdict}");
+        if ran {
+            check_quantiser(isa, |x, qs, sums| quantize_row(x, qs, sums, isa));
+        }
     }
+}
+
+fn check_quantiser(isa: activations::QuantIsa, quantize: impl Fn(&[f32], &mut [i8], RowSums)) {
     let mut r = rng(11);
     let mut x = rand_vec(&mut r, 40 * QK);
     for (t, v) in x[..QK].iter_mut().enumerate() {
@@ -118,23 +133,20 @@ fn avx2_quantiser_matches_scalar_bit_for_bit() {
         s: &mut s,
         halves: &mut halves,
     };
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: use_avx2() checked the CPU; x holds nb blocks.
-    unsafe {
-        x86::quantize_row(&x, &mut qs, sums)
-    };
+    quantize(&x, &mut qs, sums);
     for (b, xb) in x.chunks_exact(QK).enumerate() {
         let want = qdot::quantize_block(xb);
-        assert_eq!(&qs[b * QK..(b + 1) * QK], &want.qs, "block {b} quants");
-        assert_eq!(d[b].to_bits(), want.d.to_bits(), "block {b} scale");
-        assert_eq!(s[b].to_bits(), want.s.to_bits(), "block {b} sum");
+        let what = format!("{isa:?} block {b}");
+        assert_eq!(&qs[b * QK..(b + 1) * QK], &want.qs, "{what} quants");
+        assert_eq!(d[b].to_bits(), want.d.to_bits(), "{what} scale");
+        assert_eq!(s[b].to_bits(), want.s.to_bits(), "{what} sum");
         let half = |h: usize| -> i32 {
             want.qs[h * 16..(h + 1) * 16]
                 .iter()
                 .map(|&q| q as i32)
                 .sum()
         };
-        assert_eq!(halves[b], [half(0), half(1)], "block {b} half sums");
+        assert_eq!(halves[b], [half(0), half(1)], "{what} half sums");
     }
     assert_eq!(qs[1], -15, "-14.5 rounds away from zero");
     assert_eq!(qs[2], -14, "-13.5 rounds away from zero");
