@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::x86::{
-    prefetch_block, XRows, GROUP_PREFETCH, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0_PREFETCH,
+    prefetch_block, XRows, GROUP_PREFETCH, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0_PREFETCH,
 };
 use super::{hbits_bytes, Q8Rows, QuantMatrix, RowSums, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
 use crate::qdot::QK;
@@ -32,14 +32,14 @@ pub(super) unsafe fn tile_group<const R: usize>(
     // SAFETY: (each arm) the caller's contract, forwarded.
     unsafe {
         match w.ty {
-            GgmlType::Q8_0 => tile_q8_0::<R>(w, g, x, i),
-            GgmlType::Q4_1 => tile_q4::<R, true>(w, g, x, i),
-            GgmlType::Q5_0 => tile_k::<R, Q5_0>(w, g, x, i),
-            GgmlType::Q5_1 => tile_k::<R, Q5_1>(w, g, x, i),
-            GgmlType::Q4_K => tile_k::<R, Q4_K>(w, g, x, i),
-            GgmlType::Q5_K => tile_k::<R, Q5_K>(w, g, x, i),
-            GgmlType::Q6_K => tile_k::<R, Q6_K>(w, g, x, i),
-            _ => tile_q4::<R, false>(w, g, x, i),
+            GgmlType::Q4_0 => tile_nibbles::<R, Q4_0>(w, g, x, i),
+            GgmlType::Q4_1 => tile_nibbles::<R, Q4_1>(w, g, x, i),
+            GgmlType::Q5_0 => tile_nibbles::<R, Q5_0>(w, g, x, i),
+            GgmlType::Q5_1 => tile_nibbles::<R, Q5_1>(w, g, x, i),
+            GgmlType::Q4_K => tile_nibbles::<R, Q4_K>(w, g, x, i),
+            GgmlType::Q5_K => tile_nibbles::<R, Q5_K>(w, g, x, i),
+            GgmlType::Q6_K => tile_nibbles::<R, Q6_K>(w, g, x, i),
+            _ => tile_q8_0::<R>(w, g, x, i),
         }
     }
 }
@@ -80,55 +80,6 @@ unsafe fn quad_sum<const N: usize>(w: &[__m512i; N], y: *const i8) -> __m512i {
 unsafe fn scales(p: *const half::f16) -> __m512 {
     // SAFETY: the caller's contract.
     unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
-}
-
-// Index loops: the row index `r` selects an accumulator and an activation row.
-#[allow(clippy::needless_range_loop)]
-/// Q4_0 and Q4_1: a block's 256 bytes are four registers, whose low nibbles are quads 0-3
-/// of every row and high nibbles quads 4-7.
-#[inline(always)]
-unsafe fn tile_q4<const R: usize, const STORED_MIN: bool>(
-    w: &QuantMatrix,
-    g: usize,
-    x: &Q8Rows,
-    i: usize,
-) -> [[f32; GROUP]; R] {
-    let nb = w.nb;
-    let block_bytes = GROUP * QK / 2;
-    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
-    let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP);
-    let wm = w.mins.as_ptr().wrapping_add(g * nb * GROUP);
-    let x = XRows::<R>::new(x, i, nb);
-    // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and GROUP scales
-    // (and offsets, for Q4_1) each; activation rows i..i + R hold nb blocks of QK quants and
-    // nb scales and sums. The rest is register arithmetic under the contract's features.
-    unsafe {
-        let low = _mm512_set1_epi8(0x0F);
-        let mut acc = [_mm512_setzero_ps(); R];
-        for b in 0..nb {
-            let q = wq.add(b * block_bytes);
-            prefetch_block(q.wrapping_add(GROUP_PREFETCH), block_bytes);
-            let mut v = [_mm512_setzero_si512(); 8];
-            for j in 0..4 {
-                let raw = _mm512_loadu_si512(q.add(j * VEC_BYTES) as *const __m512i);
-                v[j] = _mm512_and_si512(raw, low);
-                v[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
-            }
-            let dw = scales(wd.add(b * GROUP));
-            let mw = if STORED_MIN {
-                scales(wm.add(b * GROUP))
-            } else {
-                _mm512_mul_ps(dw, _mm512_set1_ps(-8.0))
-            };
-            for r in 0..R {
-                let isum = block_sum(&v, x.qs[r].add(b * QK));
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*x.d[r].add(b)));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
-                acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*x.s[r].add(b)), acc[r]);
-            }
-        }
-        store(acc)
-    }
 }
 
 // Index loops: the row index `r` selects an accumulator and an activation row.
@@ -176,19 +127,21 @@ unsafe fn tile_q8_0<const R: usize>(
 
 // Index loops: the nibble index selects a register and a shift; `r` an accumulator and a row.
 #[allow(clippy::needless_range_loop)]
-/// 5-bit formats and K-quants: `x86::tile_group_k`'s arithmetic on whole groups, lane for
-/// lane (the bits above the nibbles or-ed in from the high-bit planes, which are a group's
-/// 64 bytes per nibble vector here; the sub-block scales of sixteen rows widened at once).
-/// The integer sums need no widening steps: `vpdpbusd` sums in 32 bits.
+/// The formats stored as nibbles (4-, 5- and 6-bit, plain and K-quants):
+/// `x86::tile_group_nibbles`'s arithmetic on whole groups, lane for lane. A block's 256
+/// quant bytes are four registers, whose low nibbles are quads 0-3 of every row and high
+/// nibbles quads 4-7; the bits above the nibbles come from the high-bit planes (a group's
+/// 64 bytes per nibble vector here), the sub-block scales of sixteen rows are widened at
+/// once, and the integer sums need no widening steps: `vpdpbusd` sums in 32 bits.
 #[inline(always)]
-unsafe fn tile_k<const R: usize, const F: u8>(
+unsafe fn tile_nibbles<const R: usize, const F: u8>(
     w: &QuantMatrix,
     g: usize,
     x: &Q8Rows,
     i: usize,
 ) -> [[f32; GROUP]; R] {
     const { assert!(F <= Q6_K) };
-    let per_block = F == Q5_0 || F == Q5_1;
+    let per_block = F <= Q5_1;
     let nb = w.nb;
     let block_bytes = GROUP * QK / 2;
     let hb = hbits_bytes(w.ty);
@@ -212,7 +165,7 @@ unsafe fn tile_k<const R: usize, const F: u8>(
             if per_block || b % KSUB == 0 {
                 let at = if per_block { b } else { b / KSUB } * GROUP;
                 dsup = scales(wd.add(at));
-                if F != Q6_K && F != Q5_0 {
+                if matches!(F, Q4_1 | Q5_1 | Q4_K | Q5_K) {
                     msup = scales(wm.add(at));
                 }
             }
@@ -253,10 +206,11 @@ unsafe fn tile_k<const R: usize, const F: u8>(
             let s = wsub.wrapping_add(b * SUB_BYTES);
             let sub = |at: usize| _mm_loadu_si128(s.add(at) as *const __m128i);
             let (dlo, dhi, mlo);
-            if F == Q5_0 {
+            if F == Q4_0 || F == Q5_0 {
                 (dlo, dhi) = (dsup, dsup);
-                mlo = _mm512_mul_ps(dsup, _mm512_set1_ps(-16.0));
-            } else if F == Q5_1 {
+                let offset = if F == Q4_0 { -8.0 } else { -16.0 };
+                mlo = _mm512_mul_ps(dsup, _mm512_set1_ps(offset));
+            } else if F == Q4_1 || F == Q5_1 {
                 (dlo, dhi, mlo) = (dsup, dsup, msup);
             } else if F == Q6_K {
                 let (s0, s1) = (sub(0), sub(GROUP));

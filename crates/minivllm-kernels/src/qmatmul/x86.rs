@@ -35,9 +35,10 @@ impl<const R: usize> XRows<R> {
 /// `out[r][c] = w[t·LANES + c] · x[i + r]`, `t` a half group: lane `c` of each register is
 /// weight row `t·LANES + c`. Per block, each activation quad is broadcast against the
 /// matching quads of all eight rows, and the block's integer dot product for the eight rows
-/// is summed exactly in 32 bits ([`IntDot`]), then scaled once. Every lane's sum runs in block order whatever
-/// `R` and whatever `kernel`, so a row's result depends neither on its batch nor on the
-/// instruction set. (`QKernel::Avx512Vnni` runs whole groups in `avx512.rs` instead.)
+/// is summed exactly in 32 bits ([`IntDot`]), then scaled once. Every lane's sum runs in
+/// block order whatever `R` and whatever `kernel`, so a row's result depends neither on its
+/// batch nor on the instruction set. (`QKernel::Avx512Vnni` runs whole groups in
+/// `avx512.rs` instead.)
 ///
 /// # Safety
 /// The CPU must have what `kernel` names (both include AVX2, FMA and F16C); `w` must have
@@ -94,93 +95,35 @@ unsafe fn tile_of<const R: usize, D: IntDot>(
     // SAFETY: (each arm) the caller's contract, forwarded.
     unsafe {
         match w.ty {
-            GgmlType::Q4_1 => tile_group_of::<R, D, true>(w, t, x, i),
-            GgmlType::Q5_0 => tile_group_k::<R, D, Q5_0>(w, t, x, i),
-            GgmlType::Q5_1 => tile_group_k::<R, D, Q5_1>(w, t, x, i),
-            GgmlType::Q4_K => tile_group_k::<R, D, Q4_K>(w, t, x, i),
-            GgmlType::Q5_K => tile_group_k::<R, D, Q5_K>(w, t, x, i),
-            GgmlType::Q6_K => tile_group_k::<R, D, Q6_K>(w, t, x, i),
-            GgmlType::Q8_0 => tile_group_q8_0::<R, D>(w, t, x, i),
-            _ => tile_group_of::<R, D, false>(w, t, x, i),
+            GgmlType::Q4_0 => tile_group_nibbles::<R, D, Q4_0>(w, t, x, i),
+            GgmlType::Q4_1 => tile_group_nibbles::<R, D, Q4_1>(w, t, x, i),
+            GgmlType::Q5_0 => tile_group_nibbles::<R, D, Q5_0>(w, t, x, i),
+            GgmlType::Q5_1 => tile_group_nibbles::<R, D, Q5_1>(w, t, x, i),
+            GgmlType::Q4_K => tile_group_nibbles::<R, D, Q4_K>(w, t, x, i),
+            GgmlType::Q5_K => tile_group_nibbles::<R, D, Q5_K>(w, t, x, i),
+            GgmlType::Q6_K => tile_group_nibbles::<R, D, Q6_K>(w, t, x, i),
+            _ => tile_group_q8_0::<R, D>(w, t, x, i),
         }
     }
 }
 
-// Index loops: the quad index `j` selects both a register and an activation offset.
-#[allow(clippy::needless_range_loop)]
-#[inline(always)]
-unsafe fn tile_group_of<const R: usize, D: IntDot, const STORED_MIN: bool>(
-    w: &QuantMatrix,
-    t: usize,
-    x: &Q8Rows,
-    i: usize,
-) -> [[f32; LANES]; R] {
-    let nb = w.nb;
-    let block_bytes = GROUP * QK / 2;
-    let (g, h) = (t / 2, t % 2);
-    let wq =
-        w.qs.as_ptr()
-            .wrapping_add(g * nb * block_bytes + h * LANES * 4);
-    let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP + h * LANES) as *const u16;
-    let wm = w.mins.as_ptr().wrapping_add(g * nb * GROUP + h * LANES) as *const u16;
-    let XRows {
-        qs: xq,
-        d: xd,
-        s: xs,
-        ..
-    } = XRows::<R>::new(x, i, nb);
-    // SAFETY (whole body): group g holds nb blocks of `block_bytes` quants and GROUP scales
-    // (and offsets, for Q4_1) each; activation rows i..i + R hold nb blocks of QK quants and
-    // nb scales and sums. The rest is register arithmetic under AVX2/FMA/F16C.
-    // SAFETY: the caller's contract, forwarded.
-    unsafe {
-        let low = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..nb {
-            let q = wq.add(b * block_bytes);
-            // The group's blocks are one sequential stream; ask for it well ahead.
-            prefetch_block(q.wrapping_add(GROUP_PREFETCH), block_bytes);
-            // Nibble vectors 0-3 (values 4j..4j + 4 of each row), then 4-7 (16 + 4j..).
-            let mut v = [_mm256_setzero_si256(); 8];
-            for j in 0..4 {
-                let raw = _mm256_loadu_si256(q.add(j * VEC_BYTES) as *const __m256i);
-                v[j] = _mm256_and_si256(raw, low);
-                v[4 + j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-            }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd.add(b * GROUP) as *const __m128i));
-            let mw = if STORED_MIN {
-                _mm256_cvtph_ps(_mm_loadu_si128(wm.add(b * GROUP) as *const __m128i))
-            } else {
-                _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
-            };
-            for r in 0..R {
-                let quads = quads::<8>(xq[r].add(b * QK));
-                // 8 · 2 · 15 · 127 = 30,480: the 4-bit products fit 16 bits all together.
-                let isum = D::dot::<8, 8>(_mm256_setzero_si256(), &v, &quads);
-                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xd[r].add(b)));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);
-                acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xs[r].add(b)), acc[r]);
-            }
-        }
-        let mut out = [[0.0; LANES]; R];
-        for r in 0..R {
-            _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
-        }
-        out
-    }
-}
+// The formats of `tile_group_nibbles` (and of the 512-bit `avx512::tile_nibbles`).
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q4_1: u8 = 1;
+pub(super) const Q5_0: u8 = 2;
+pub(super) const Q5_1: u8 = 3;
+pub(super) const Q4_K: u8 = 4;
+pub(super) const Q5_K: u8 = 5;
+pub(super) const Q6_K: u8 = 6;
 
-// The formats of `tile_group_k` (and of the 512-bit `avx512::tile_k`).
-pub(super) const Q5_0: u8 = 0;
-pub(super) const Q5_1: u8 = 1;
-pub(super) const Q4_K: u8 = 2;
-pub(super) const Q5_K: u8 = 3;
-pub(super) const Q6_K: u8 = 4;
-
-/// [`tile_group`] for 5-bit formats and K-quants. Each block of 32 is the 4-bit case with
-/// the bits above the nibbles or-ed in from `hbits`; K-quants' scales `d·sc` are made per
-/// block from the super-block's `d` and the 6- or 8-bit `sc` of eight rows.
-/// Wider quants overflow 16 bits sooner, so the 16-bit sums are widened every 4 (5 bits:
+/// [`tile_group`] for the formats stored as nibbles: 4-, 5- and 6-bit, plain and K-quants.
+/// A block's four quant vectors give eight nibble vectors (low nibbles: values `4j..4j + 4`
+/// of each row, high nibbles: `16 + 4j..`), with the bits above the nibbles or-ed in from
+/// `hbits`; Q4_0 and Q5_0's offsets (-8, -16) and Q4_1 and Q5_1's stored minima apply
+/// through the activations' block sums; K-quants' scales `d·sc` are made per block from the
+/// super-block's `d` and the 6- or 8-bit `sc` of eight rows.
+/// 4-bit products fit 16 bits all eight together (8 · 2 · 15 · 127 = 30,480); wider quants
+/// overflow sooner, so the 16-bit sums are widened every 4 (5 bits:
 /// 4 · 2 · 31 · 127 = 31,496) or 2 (6 bits: 2 · 2 · 63 · 127 = 32,004) products. Q6_K's
 /// halves of 16 have their own scales, so their sums stay apart, and its `-32` offset is
 /// taken off each half's integer sum as 32 times the activations' sum over the half: exact,
@@ -188,7 +131,7 @@ pub(super) const Q6_K: u8 = 4;
 // Index loops: the nibble index `n` selects both a register and an activation quad.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_group_k<const R: usize, D: IntDot, const F: u8>(
+unsafe fn tile_group_nibbles<const R: usize, D: IntDot, const F: u8>(
     w: &QuantMatrix,
     t: usize,
     x: &Q8Rows,
@@ -196,11 +139,11 @@ unsafe fn tile_group_k<const R: usize, D: IntDot, const F: u8>(
 ) -> [[f32; LANES]; R] {
     const { assert!(F <= Q6_K) };
     let bits = match F {
-        Q4_K => 4,
+        Q4_0 | Q4_1 | Q4_K => 4,
         Q6_K => 6,
         _ => 5,
     };
-    let per_block = F == Q5_0 || F == Q5_1;
+    let per_block = F <= Q5_1;
     let nb = w.nb;
     let block_bytes = GROUP * QK / 2;
     let hb = super::hbits_bytes(w.ty);
@@ -235,7 +178,7 @@ unsafe fn tile_group_k<const R: usize, D: IntDot, const F: u8>(
             if per_block || b % KSUB == 0 {
                 let at = if per_block { b } else { b / KSUB } * GROUP;
                 dsup = _mm256_cvtph_ps(_mm_loadu_si128(wd.add(at) as *const __m128i));
-                if F != Q6_K && F != Q5_0 {
+                if matches!(F, Q4_1 | Q5_1 | Q4_K | Q5_K) {
                     msup = _mm256_cvtph_ps(_mm_loadu_si128(wm.add(at) as *const __m128i));
                 }
             }
@@ -278,10 +221,11 @@ unsafe fn tile_group_k<const R: usize, D: IntDot, const F: u8>(
             let s = wsub.wrapping_add(b * SUB_BYTES);
             let sub = |at: usize| _mm_loadl_epi64(s.add(at) as *const __m128i);
             let (dlo, dhi, mlo);
-            if F == Q5_0 {
+            if F == Q4_0 || F == Q5_0 {
                 (dlo, dhi) = (dsup, dsup);
-                mlo = _mm256_mul_ps(dsup, _mm256_set1_ps(-16.0));
-            } else if F == Q5_1 {
+                let offset = if F == Q4_0 { -8.0 } else { -16.0 };
+                mlo = _mm256_mul_ps(dsup, _mm256_set1_ps(offset));
+            } else if F == Q4_1 || F == Q5_1 {
                 (dlo, dhi, mlo) = (dsup, dsup, msup);
             } else if F == Q6_K {
                 let (s0, s1) = (sub(0), sub(GROUP));
