@@ -567,8 +567,8 @@ fn dot_rows(
     dot_groups(xq, w, store_run, m, j0, nj, kernel);
 }
 
-/// [`dot_rows`] on x86 (`j0` a multiple of [`GROUP`]): whole groups where the 512-bit
-/// kernel covers the format, half groups otherwise.
+/// [`dot_rows`] on x86 (`j0` a multiple of [`GROUP`]): whole groups with AVX512-VNNI, half
+/// groups with the 256-bit kernels.
 #[cfg(target_arch = "x86_64")]
 fn dot_groups(
     xq: &Q8Rows,
@@ -581,39 +581,47 @@ fn dot_groups(
 ) {
     debug_assert!(j0.is_multiple_of(GROUP));
     let wide = kernel == QKernel::Avx512Vnni;
-    let unit = if wide { GROUP } else { LANES };
+    let (unit, tile_r) = if wide {
+        (GROUP, WIDE_TILE_R)
+    } else {
+        (LANES, TILE_R)
+    };
     // A tile's row of results, less the padding rows past the task's last column.
     let put = |i: usize, j: usize, v: &[f32]| store_run(i, j, &v[..v.len().min(j0 + nj - j)]);
     for i0 in (0..m).step_by(X_CHUNK) {
         let i1 = (i0 + X_CHUNK).min(m);
         for u in j0 / unit..(j0 + nj).div_ceil(unit) {
-            let tile_r = if wide { WIDE_TILE_R } else { TILE_R };
             for i in (i0..i1).step_by(tile_r) {
-                macro_rules! go {
+                // Both tiles' contracts: `kernel` is available (`QKernel::best` or a caller
+                // that checked); group (or half group) u exists, rows being padded to whole
+                // groups, and so do activation rows i..i + R <= m, with w.nb blocks each.
+                macro_rules! wide {
                     ($r:literal) => {{
-                        if wide {
-                            // SAFETY: `kernel` is available (`QKernel::best` or a caller
-                            // that checked) and covers the format in 512 bits; group u and
-                            // activation rows i..i + $r <= m exist, with w.nb blocks each.
-                            let v = unsafe { avx512::tile_group::<$r>(w, u, xq, i) };
-                            put_tile(&v, i, u * GROUP, &put);
-                        } else {
-                            // SAFETY: as above; half group u exists (rows padded to whole
-                            // groups).
-                            let v = unsafe { x86::tile_group::<$r>(kernel, w, u, xq, i) };
-                            put_tile(&v, i, u * LANES, &put);
-                        }
+                        // SAFETY: as said above the macros.
+                        let v = unsafe { avx512::tile_group::<$r>(w, u, xq, i) };
+                        put_tile(&v, i, u * GROUP, &put);
                     }};
                 }
-                match tile_r.min(i1 - i) {
-                    8 => go!(8),
-                    7 => go!(7),
-                    6 => go!(6),
-                    5 => go!(5),
-                    4 => go!(4),
-                    3 => go!(3),
-                    2 => go!(2),
-                    _ => go!(1),
+                macro_rules! narrow {
+                    ($r:literal) => {{
+                        // SAFETY: as said above the macros.
+                        let v = unsafe { x86::tile_group::<$r>(kernel, w, u, xq, i) };
+                        put_tile(&v, i, u * LANES, &put);
+                    }};
+                }
+                match (wide, tile_r.min(i1 - i)) {
+                    (true, 8) => wide!(8),
+                    (true, 7) => wide!(7),
+                    (true, 6) => wide!(6),
+                    (true, 5) => wide!(5),
+                    (true, 4) => wide!(4),
+                    (true, 3) => wide!(3),
+                    (true, 2) => wide!(2),
+                    (true, _) => wide!(1),
+                    (false, 4) => narrow!(4),
+                    (false, 3) => narrow!(3),
+                    (false, 2) => narrow!(2),
+                    (false, _) => narrow!(1),
                 }
             }
         }

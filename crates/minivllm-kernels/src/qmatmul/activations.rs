@@ -42,7 +42,9 @@ impl Q8Rows {
         rows.with_min_len(QUANTIZE_ROWS_PER_TASK)
             .for_each(|((((x, qs), d), s), halves)| {
                 let sums = RowSums { d, s, halves };
-                quantize_row(x, qs, sums, isa)
+                // SAFETY: `isa` is the best this CPU has; x, qs and sums are one row's
+                // chunks of nb blocks.
+                unsafe { quantize_row(x, qs, sums, isa) }
             });
     }
 }
@@ -78,14 +80,17 @@ impl QuantIsa {
     }
 }
 
-/// One row of [`Q8Rows::quantize`]: `nb` blocks into `qs` and `sums`; `isa` must be one this
-/// CPU has (from [`QuantIsa::best`], or lower).
-pub(super) fn quantize_row(x: &[f32], qs: &mut [i8], sums: RowSums, isa: QuantIsa) {
+/// One row of [`Q8Rows::quantize`]: `nb` blocks into `qs` and `sums`.
+///
+/// # Safety
+/// The CPU must have `isa` ([`QuantIsa::best`] or lower); `x` and `qs` must hold `nb · QK`
+/// values, `nb` being the length of `sums`' slices.
+pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], sums: RowSums, isa: QuantIsa) {
     #[cfg(target_arch = "x86_64")]
     match isa {
-        // SAFETY: the CPU has `isa` (the contract above); x holds nb blocks (chunked above).
+        // SAFETY: the caller's contract.
         QuantIsa::Avx512 => return unsafe { avx512::quantize_row(x, qs, sums) },
-        // SAFETY: as above.
+        // SAFETY: the caller's contract.
         QuantIsa::Avx2 => return unsafe { x86::quantize_row(x, qs, sums) },
         QuantIsa::Scalar => {}
     }

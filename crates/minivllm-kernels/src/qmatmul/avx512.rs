@@ -44,17 +44,7 @@ pub(super) unsafe fn tile_group<const R: usize>(
     }
 }
 
-/// `Σ_n w[n] · quad n of y`, exact, one weight row per lane.
-///
-/// # Safety
-/// `y` must point to 32 readable bytes; the caller has AVX512-VNNI.
-#[inline(always)]
-unsafe fn block_sum(w: &[__m512i; 8], y: *const i8) -> __m512i {
-    // SAFETY: the caller's contract.
-    unsafe { quad_sum(w, y) }
-}
-
-/// `Σ_n w[n] · quad n of y` over `N` quads, exact.
+/// `Σ_n w[n] · quad n of y` over `N` quads, exact, one weight row per lane.
 ///
 /// # Safety
 /// `y` must point to `4 N` readable bytes; the caller has AVX512-VNNI.
@@ -116,7 +106,7 @@ unsafe fn tile_q8_0<const R: usize>(
             for r in 0..R {
                 let [lo, hi] = *x.halves[r].add(b);
                 let offset = _mm512_set1_epi32(128 * (lo + hi));
-                let isum = _mm512_sub_epi32(block_sum(&v, x.qs[r].add(b * QK)), offset);
+                let isum = _mm512_sub_epi32(quad_sum(&v, x.qs[r].add(b * QK)), offset);
                 let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*x.d[r].add(b)));
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
             }
@@ -244,7 +234,7 @@ unsafe fn tile_nibbles<const R: usize, const F: u8>(
                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(dhi, dx), acc[r]);
                     continue;
                 }
-                let isum = block_sum(&v, y);
+                let isum = quad_sum(&v, y);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dlo, dx), acc[r]);
                 acc[r] = _mm512_fmadd_ps(mlo, _mm512_set1_ps(*x.s[r].add(b)), acc[r]);
             }

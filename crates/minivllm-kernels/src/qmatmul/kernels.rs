@@ -29,21 +29,17 @@ impl QKernel {
     pub fn available(self) -> bool {
         use crate::cpu::{detected, isa, Isa};
         #[cfg(target_arch = "x86_64")]
-        let has = |f: &str| match f {
-            "avxvnni" => is_x86_feature_detected!("avxvnni"),
-            _ => {
-                is_x86_feature_detected!("avx512vnni")
-                    && is_x86_feature_detected!("avx512vl")
-                    && is_x86_feature_detected!("avx512bw")
-            }
-        };
+        let (avx_vnni, avx512_vnni) = (
+            is_x86_feature_detected!("avxvnni"),
+            is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw"),
+        );
         #[cfg(not(target_arch = "x86_64"))]
-        let has = |_: &str| false;
+        let (avx_vnni, avx512_vnni) = (false, false);
         match self {
             QKernel::Portable => true,
             QKernel::Avx2 => isa() >= Isa::Avx2,
-            QKernel::AvxVnni => isa() >= Isa::Avx2 && isa() == detected() && has("avxvnni"),
-            QKernel::Avx512Vnni => isa() >= Isa::Avx512 && has("avx512vnni"),
+            QKernel::AvxVnni => isa() >= Isa::Avx2 && isa() == detected() && avx_vnni,
+            QKernel::Avx512Vnni => isa() >= Isa::Avx512 && avx512_vnni,
         }
     }
 
@@ -51,9 +47,8 @@ impl QKernel {
     pub fn best() -> QKernel {
         static BEST: std::sync::OnceLock<QKernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let mut all = QKernel::ALL;
-            all.reverse();
-            all.into_iter()
+            let mut fastest_first = QKernel::ALL.into_iter().rev();
+            fastest_first
                 .find(|k| k.available())
                 .unwrap_or(QKernel::Portable)
         })
