@@ -20,7 +20,8 @@ pub struct ServeArgs {
     /// The model name clients send and `/v1/models` lists (default: the --model string).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// Require `Authorization: Bearer <key>` on /v1/* (health, metrics and tokenize stay open).
+    /// Require `Authorization: Bearer <key>` on every route but /health, /metrics and
+    /// /version (/v1/*, /tokenize and /detokenize included).
     #[arg(long, env = "MINIVLLM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Origins allowed to call from a browser (CORS), comma-separated, or `*`. Default: none.
@@ -37,6 +38,17 @@ pub struct ServeArgs {
     /// Seconds a client has to send a request's headers before its connection is closed.
     #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
     pub header_read_timeout: f64,
+    /// Seconds a client has to send a request's body (408 and the connection closed after);
+    /// a body with a Content-Length must also come at 64 KiB/s or faster after 5 s.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub body_read_timeout: f64,
+    /// The most memory one request may make the server hold (its prompts x n x logprobs,
+    /// stop strings, response), estimated before it is queued; above it: 400, e.g. `256MiB`.
+    /// Default: an eighth of the memory left after loading (the least of free memory, the
+    /// cgroup limit and `ulimit -v`), at most 1 GiB. Requests in flight together may hold
+    /// half of that memory, and at least four times this; past it they get 503.
+    #[arg(long, value_parser = crate::parse_bytes)]
+    pub max_request_memory: Option<u64>,
     /// Connections served at once; further ones wait in the listen backlog.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
@@ -68,6 +80,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         allowed_origins: args.allowed_origins,
         max_request_body_bytes: usize::try_from(args.max_request_body_size)
             .context("--max-request-body-size is too large")?,
+        body_read_timeout: Duration::from_secs_f64(args.body_read_timeout),
+        max_request_memory: args.max_request_memory,
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
@@ -85,6 +99,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let (aborted_tx, aborted) = std::sync::mpsc::channel();
     let served = rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
@@ -117,10 +132,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             // Dropping the runtime drops every response stream, which aborts their requests.
             _ = async { if signalled.await.is_ok() { shutdown_signal().await } else { std::future::pending().await } } => {
                 eprintln!("aborting the requests in flight");
+                let _ = aborted_tx.send(());
                 Ok(())
             }
         }
     });
+    if aborted.try_recv().is_ok() {
+        // At once, as the second signal asked: work on the blocking threads (a long prompt
+        // being tokenised) is not waited for, and it holds handles to the engine, so the
+        // engine thread is not joined either; the process exits when this returns.
+        rt.shutdown_background();
+        return served;
+    }
     // Dropping the runtime drops the last handles to the engine; its thread then drops the
     // engine, which, with tensor parallelism, stops the workers, and must do so before this
     // thread ends MPI by dropping the group.

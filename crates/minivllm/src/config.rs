@@ -32,6 +32,15 @@ pub enum RopeScaling {
     FreqFactors(Vec<f32>),
 }
 
+/// The largest width, vocabulary, layer or head count a configuration may give (16,777,216):
+/// a thousand times today's largest models, and small enough that products of two such
+/// sizes cannot overflow a 64-bit `usize`.
+pub const MAX_DIMENSION: usize = 1 << 24;
+
+/// The largest `head_dim` (LLaMA-family models use 64 to 256): the RoPE table built at load
+/// holds 8,192 positions of it.
+pub const MAX_HEAD_DIM: usize = 1 << 12;
+
 /// Hyper-parameters of a LLaMA-family decoder.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -68,6 +77,7 @@ impl ModelConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return bad(format!("{name} must be positive"));
         }
+        self.validate_bounds()?;
         if !self
             .num_attention_heads
             .is_multiple_of(self.num_key_value_heads)
@@ -105,6 +115,51 @@ impl ModelConfig {
                     f.len(),
                     self.head_dim / 2
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every size below its largest supported value, products included, so that nothing
+    /// sized from them overflows; a size that fits is still checked against the weights'
+    /// shapes before it sizes a buffer (`LlamaForCausalLM::load_parallel`).
+    fn validate_bounds(&self) -> Result<(), ConfigError> {
+        let above = |name: &str, v: usize, max: usize| {
+            Err(ConfigError::Invalid(format!(
+                "{name} {v} is above the largest supported ({max})"
+            )))
+        };
+        let sizes = [
+            ("hidden_size", self.hidden_size, MAX_DIMENSION),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            ("intermediate_size", self.intermediate_size, MAX_DIMENSION),
+            ("vocab_size", self.vocab_size, MAX_DIMENSION),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_DIMENSION),
+            (
+                "num_attention_heads",
+                self.num_attention_heads,
+                MAX_DIMENSION,
+            ),
+            (
+                "num_key_value_heads",
+                self.num_key_value_heads,
+                MAX_DIMENSION,
+            ),
+        ];
+        if let Some(&(name, v, max)) = sizes.iter().find(|(_, v, max)| v > max) {
+            return above(name, v, max);
+        }
+        for (name, heads) in [
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+        ] {
+            let width = heads.checked_mul(self.head_dim);
+            if width.is_none_or(|w| w > MAX_DIMENSION) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} × head_dim ({heads} × {}) is above the largest supported \
+                     ({MAX_DIMENSION})",
+                    self.head_dim
+                )));
             }
         }
         Ok(())
@@ -404,6 +459,37 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("rms_norm_eps"));
+    }
+
+    #[test]
+    fn rejects_sizes_above_the_largest_supported() {
+        for (key, value, needle) in [
+            (
+                "hidden_size",
+                1u64 << 62,
+                "hidden_size 4611686018427387904 is above",
+            ),
+            ("vocab_size", 1 << 40, "vocab_size 1099511627776 is above"),
+            (
+                "head_dim",
+                1 << 13,
+                "head_dim 8192 is above the largest supported (4096)",
+            ),
+            (
+                "num_attention_heads",
+                1 << 23,
+                "num_attention_heads × head_dim",
+            ),
+        ] {
+            let mut j = base();
+            j["head_dim"] = json!(64);
+            j[key] = json!(value);
+            let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+            assert!(e.contains(needle), "{key}: {e}");
+        }
+        let mut j = base();
+        j["vocab_size"] = json!(MAX_DIMENSION);
+        ModelConfig::from_hf_json(&j).unwrap();
     }
 
     #[test]

@@ -49,6 +49,11 @@ impl ValidationError {
 pub const MAX_STOP_STRINGS: usize = 1024;
 pub const MAX_STOP_STRING_BYTES: usize = 4096;
 
+/// Most `stop_token_ids` one request may have: each sampled token is looked up in them,
+/// and each prompt holds a copy. vLLM sets no bound; a vocabulary's special tokens are a
+/// few hundred at most.
+pub const MAX_STOP_TOKEN_IDS: usize = 2048;
+
 /// Most log-probabilities a request may ask for per position (vLLM's `max_logprobs`
 /// default): each costs a top-k pass over the vocabulary and a share of every output.
 pub const MAX_LOGPROBS: usize = 20;
@@ -334,6 +339,15 @@ impl SamplingParams {
                 format!(
                     "each stop string may be at most {MAX_STOP_STRING_BYTES} bytes long, got one of {}.",
                     long.len()
+                ),
+            ));
+        }
+        if self.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ValidationError::of(
+                "stop_token_ids",
+                format!(
+                    "stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {}.",
+                    self.stop_token_ids.len()
                 ),
             ));
         }

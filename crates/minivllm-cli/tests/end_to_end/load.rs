@@ -1,7 +1,8 @@
 //! A load test over loopback: 1,000 requests at 64 at a time, streamed and not, of mixed
 //! prompt lengths, one in ten invalid and one in ten streams dropped by its client midway.
 //! No 5xx; every valid request gets the text it gets alone (greedy); the engine's counts
-//! return to zero; and the server's memory after the run is within 10 % of after warm-up.
+//! return to zero; the server's memory after the run is within 10 % of after warm-up; and
+//! clients trickling their bodies meanwhile are cut with 408.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,7 +13,7 @@ use serde_json::{json, Value};
 use crate::common;
 use crate::server;
 use common::model;
-use server::{metric, metrics, request, send, start_with, wait_for_metrics, Server};
+use server::{metric, metrics, request, rss_kib, send, start_with, wait_for_metrics, Server};
 
 const REQUESTS: usize = 1000;
 const CONCURRENCY: usize = 64;
@@ -50,15 +51,6 @@ fn text_of(status: u16, raw: &str, stream: bool) -> String {
             v["choices"][0]["text"].as_str().unwrap_or("").to_string()
         })
         .collect()
-}
-
-fn rss_kib(server: &Server) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 /// One request of the mix, by its index: invalid, dropped midway, or run to the end.
@@ -105,6 +97,36 @@ fn one_request(server: &Server, i: usize, prompts: &[(String, usize)], alone: &[
             );
         }
     }
+}
+
+const SLOW_BODIES: usize = 16;
+
+/// A client that declares a 100-byte body and sends a byte of it every 2 s; what the server
+/// answers.
+fn slow_body(server: &Server) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{",
+    )
+    .unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .unwrap();
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 1024];
+    for _ in 0..30 {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(_) => {
+                if s.write_all(b" ").is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    String::from_utf8_lossy(&reply).into_owned()
 }
 
 #[cfg(target_os = "linux")]
@@ -164,7 +186,21 @@ fn a_thousand_mixed_requests_at_64_concurrency() {
     settled("the warm-up to drain");
     let warm = rss_kib(&server);
     let started = std::time::Instant::now();
-    run(0..REQUESTS);
+    // Slow-body clients throughout the run: each is cut with 408, and the others' requests
+    // go on meanwhile.
+    std::thread::scope(|scope| {
+        let slow: Vec<_> = (0..SLOW_BODIES)
+            .map(|_| scope.spawn(|| slow_body(&server)))
+            .collect();
+        run(0..REQUESTS);
+        for s in slow {
+            let reply = s.join().unwrap();
+            assert!(
+                reply.starts_with("HTTP/1.1 408"),
+                "a slow body got {reply:.200}"
+            );
+        }
+    });
     settled("the run to drain");
     let after = rss_kib(&server);
     eprintln!(

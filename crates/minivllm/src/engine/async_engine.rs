@@ -274,6 +274,7 @@ fn engine_loop(
     let mut streams: HashMap<String, mpsc::UnboundedSender<RequestOutput>> = HashMap::new();
     loop {
         if !engine.has_unfinished_requests() {
+            engine.release_idle_memory();
             match commands.blocking_recv() {
                 Some(cmd) => handle(&mut engine, &mut streams, shared, options, cmd),
                 None => return,

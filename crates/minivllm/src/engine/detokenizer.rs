@@ -79,7 +79,7 @@ impl IncrementalDetokenizer {
         let tail = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT_TOKENS + 2)..];
         IncrementalDetokenizer {
             skip_special_tokens: cfg.skip_special_tokens,
-            stop: StopStrings::new(&cfg.stop).map(StopScanner::new),
+            stop: StopStrings::shared(&cfg.stop).map(StopScanner::new),
             include_stop_str_in_output: cfg.include_stop_str_in_output,
             window: tail.to_vec(),
             prefix_offset: tail.len().saturating_sub(PROMPT_CONTEXT_TOKENS),

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::core::policy::Policy;
 use crate::core::scheduler::{ScheduledSeq, Scheduler};
 use crate::engine::arg_utils::{block_manager, scheduler_config};
 pub use crate::engine::arg_utils::{check_width, resolve_max_model_len, width, EngineArgs};
@@ -22,7 +23,7 @@ use crate::model_executor::layers::sampler::Sampler;
 use crate::model_executor::model_loader::load_model_shard;
 use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::RequestOutput;
-use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
+use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence};
 use crate::worker::model_runner::{LogitsRows, ModelRunner, SeqInput};
 
@@ -114,6 +115,12 @@ impl LLMEngine {
         !self.outputs.is_empty()
     }
 
+    /// Gives back the memory a past large batch left in the step buffers; the async engine
+    /// calls it whenever it goes idle.
+    pub fn release_idle_memory(&mut self) {
+        self.runner.release_idle_memory();
+    }
+
     pub fn num_unfinished_requests(&self) -> usize {
         self.outputs.len()
     }
@@ -194,6 +201,14 @@ impl LLMEngine {
         params.validate()?;
         params.validate_for_model(self.tokenizer.vocab_size(), MAX_LOGPROBS)?;
         check_width(&params, self.max_num_seqs)?;
+        // vLLM refuses it too: under FCFS a priority would be silently ignored.
+        if priority != 0 && self.scheduler.config().policy != Policy::Priority {
+            return Err(ValidationError::new(
+                Some("priority"),
+                format!("Got priority {priority} but Priority scheduling is not enabled."),
+            )
+            .into());
+        }
         let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;

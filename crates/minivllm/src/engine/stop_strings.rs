@@ -1,33 +1,40 @@
 //! Stop strings found as the output grows, at a cost per new byte that does not depend on
 //! how many stop strings a request has or how long they are.
 //!
-//! An Aho-Corasick automaton over the stop strings' bytes is built once per request and
-//! shared by its sequences; each sequence keeps only its state, fed the bytes its output
-//! gains. The state's depth is the longest suffix of the output that begins a stop string,
-//! which is exactly what streaming must hold back; each state also knows the longest stop
-//! string that ends there, so the earliest-starting match in new text is found in one pass.
+//! An Aho-Corasick automaton over the stop strings' bytes is built once per stop list and
+//! shared by every prompt and fork of a request (and by requests with the same list, while
+//! any holds it); each sequence keeps only its state, fed the bytes its output gains. The
+//! state's depth is the longest suffix of the output that begins a stop string, which is
+//! exactly what streaming must hold back; each state also knows the longest stop string
+//! that ends there, so the earliest-starting match in new text is found in one pass.
+//!
+//! The trie is laid out breadth first from the sorted strings, so a node's children are
+//! consecutive nodes (sorted by byte) and depth only grows with the node's number: a node
+//! costs 13 bytes, not a heap allocation of its own.
 
-use std::sync::Arc;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, Weak};
 
 /// The automaton: a trie of the stop strings with failure links.
 #[derive(Debug)]
 pub struct StopStrings {
     patterns: Vec<String>,
-    nodes: Vec<Node>,
-}
-
-#[derive(Debug, Default)]
-struct Node {
-    /// Children by byte, sorted.
-    next: Vec<(u8, u32)>,
-    /// The longest proper suffix of this node's string that is also a trie node.
-    fail: u32,
-    depth: u32,
-    /// The longest stop string that ends here (this node's or a suffix's), by index.
-    longest_match: Option<u32>,
+    /// The byte on the edge into each node (the root's is unused).
+    label: Vec<u8>,
+    /// Node `v`'s children are `first_child[v]..first_child[v + 1]`.
+    first_child: Vec<u32>,
+    /// The longest proper suffix of each node's string that is also a trie node.
+    fail: Vec<u32>,
+    /// The longest stop string that ends at each node (its own or a suffix's), by index;
+    /// `NONE` where none does.
+    longest_match: Vec<u32>,
+    /// The first node of each depth (breadth-first numbering), and one past the last node.
+    depth_start: Vec<u32>,
 }
 
 const ROOT: u32 = 0;
+const NONE: u32 = u32::MAX;
 
 impl StopStrings {
     /// The automaton for `patterns`; empty strings are dropped (they would match before any
@@ -37,69 +44,167 @@ impl StopStrings {
         if patterns.is_empty() {
             return None;
         }
-        let mut s = StopStrings {
-            patterns,
-            nodes: vec![Node::default()],
-        };
-        for i in 0..s.patterns.len() {
-            s.insert(i);
-        }
+        let mut s = StopStrings::trie(patterns);
         s.link();
         Some(Arc::new(s))
     }
 
-    fn child(&self, node: u32, byte: u8) -> Option<u32> {
-        let next = &self.nodes[node as usize].next;
-        next.binary_search_by_key(&byte, |&(b, _)| b)
-            .ok()
-            .map(|i| next[i].1)
-    }
-
-    fn insert(&mut self, pattern: usize) {
-        let mut node = ROOT;
-        for &b in self.patterns[pattern].as_bytes() {
-            node = match self.child(node, b) {
-                Some(c) => c,
-                None => {
-                    let c = self.nodes.len() as u32;
-                    let depth = self.nodes[node as usize].depth + 1;
-                    self.nodes.push(Node {
-                        depth,
-                        ..Node::default()
-                    });
-                    let next = &mut self.nodes[node as usize].next;
-                    let at = next.partition_point(|&(x, _)| x < b);
-                    next.insert(at, (b, c));
-                    c
-                }
-            };
+    /// The automaton for `patterns`, shared with whoever holds one for the same list: the
+    /// server builds a request's off the engine thread and keeps it while the request runs,
+    /// so the engine finds it here instead of building one per prompt.
+    pub fn shared(patterns: &[String]) -> Option<Arc<Self>> {
+        static BUILT: Mutex<Vec<(u64, Weak<StopStrings>)>> = Mutex::new(Vec::new());
+        if patterns.iter().all(String::is_empty) {
+            return None;
         }
-        // Of duplicates, the first keeps the node.
-        self.nodes[node as usize]
-            .longest_match
-            .get_or_insert(pattern as u32);
+        // A cheap key (equal lists are compared whole below): hashing megabytes per prompt
+        // on the engine thread would cost what sharing saves.
+        let key = {
+            let mut h = DefaultHasher::new();
+            for p in patterns {
+                p.len().hash(&mut h);
+                p.as_bytes()[..p.len().min(16)].hash(&mut h);
+            }
+            h.finish()
+        };
+        let same = |s: &StopStrings| {
+            let mut own = s.patterns.iter();
+            patterns
+                .iter()
+                .filter(|p| !p.is_empty())
+                .all(|p| own.next() == Some(p))
+                && own.next().is_none()
+        };
+        let found = BUILT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .find_map(|(_, w)| w.upgrade().filter(|s| same(s)));
+        if found.is_some() {
+            return found;
+        }
+        // Built outside the lock: a large list takes a while, and other lists need not wait.
+        let built = Self::new(patterns)?;
+        let mut all = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|(_, w)| w.strong_count() > 0);
+        all.push((key, Arc::downgrade(&built)));
+        Some(built)
     }
 
-    /// Failure links and inherited matches, breadth first (a node's failure target is
-    /// shallower, so it is complete by the time the node is reached).
+    /// Bytes this automaton holds, for a request's memory budget.
+    pub fn heap_bytes(&self) -> usize {
+        Self::bytes_for(
+            self.patterns.iter().map(String::len).sum(),
+            self.patterns.len(),
+        )
+    }
+
+    /// At most what the automaton of `count` strings of `total_bytes` in all holds: a node
+    /// per byte at most, and the strings themselves.
+    pub fn bytes_for(total_bytes: usize, count: usize) -> usize {
+        // label, first_child, fail, longest_match, and the child count while building.
+        const NODE: usize = 1 + 4 + 4 + 4 + 4;
+        (total_bytes + 1) * NODE + total_bytes + count * std::mem::size_of::<String>()
+    }
+
+    /// The trie, built level by level from the strings in byte order: the nodes of one
+    /// depth are the distinct prefixes of that length, which sorted order lists grouped by
+    /// parent, parents in the order of the level above, so numbering them as they come is
+    /// breadth first with each node's children consecutive and sorted.
+    fn trie(patterns: Vec<String>) -> Self {
+        // Stable, so of duplicates the first keeps its node.
+        let mut order: Vec<u32> = (0..patterns.len() as u32).collect();
+        order.sort_by(|&a, &b| patterns[a as usize].cmp(&patterns[b as usize]));
+        let total: usize = patterns.iter().map(String::len).sum();
+        let mut s = StopStrings {
+            label: Vec::with_capacity(total + 1),
+            first_child: Vec::with_capacity(total + 2),
+            fail: Vec::new(),
+            longest_match: Vec::with_capacity(total + 1),
+            depth_start: vec![0, 1],
+            patterns,
+        };
+        s.label.push(0);
+        s.longest_match.push(NONE);
+        // Children per node, turned into `first_child` at the end.
+        let mut children: Vec<u32> = vec![0];
+        // Each string still long enough, with its node one level up.
+        let mut active: Vec<(u32, u32)> = order.iter().map(|&p| (p, ROOT)).collect();
+        let mut depth = 0;
+        while !active.is_empty() {
+            depth += 1;
+            let mut prev: Option<(u32, u8, u32)> = None; // parent, byte, node
+            let mut next = Vec::with_capacity(active.len());
+            for &(p, parent) in &active {
+                let bytes = s.patterns[p as usize].as_bytes();
+                let b = bytes[depth - 1];
+                let node = match prev {
+                    Some((pp, pb, n)) if pp == parent && pb == b => n,
+                    _ => {
+                        let n = s.label.len() as u32;
+                        s.label.push(b);
+                        s.longest_match.push(NONE);
+                        children.push(0);
+                        children[parent as usize] += 1;
+                        n
+                    }
+                };
+                prev = Some((parent, b, node));
+                if bytes.len() == depth {
+                    let m = &mut s.longest_match[node as usize];
+                    if *m == NONE {
+                        *m = p;
+                    }
+                } else {
+                    next.push((p, node));
+                }
+            }
+            s.depth_start.push(s.label.len() as u32);
+            active = next;
+        }
+        // Children are numbered in their parents' order, after the root.
+        let mut at = 1u32;
+        for c in children {
+            s.first_child.push(at);
+            at += c;
+        }
+        s.first_child.push(at);
+        s
+    }
+
+    fn child(&self, node: u32, byte: u8) -> Option<u32> {
+        let (lo, hi) = (
+            self.first_child[node as usize] as usize,
+            self.first_child[node as usize + 1] as usize,
+        );
+        self.label[lo..hi]
+            .binary_search(&byte)
+            .ok()
+            .map(|i| (lo + i) as u32)
+    }
+
+    /// Failure links and inherited matches, in node order (breadth first: a node's failure
+    /// target is shallower, so it is complete by the time the node is reached).
     fn link(&mut self) {
-        let mut queue = std::collections::VecDeque::from([ROOT]);
-        while let Some(node) = queue.pop_front() {
-            for k in 0..self.nodes[node as usize].next.len() {
-                let (b, child) = self.nodes[node as usize].next[k];
+        let n = self.label.len();
+        self.fail = vec![ROOT; n];
+        for node in 0..n as u32 {
+            let (lo, hi) = (
+                self.first_child[node as usize],
+                self.first_child[node as usize + 1],
+            );
+            for child in lo..hi {
                 let fail = if node == ROOT {
                     ROOT
                 } else {
-                    self.step(self.nodes[node as usize].fail, b)
+                    self.step(self.fail[node as usize], self.label[child as usize])
                 };
-                let inherited = self.nodes[fail as usize].longest_match;
-                let c = &mut self.nodes[child as usize];
-                c.fail = fail;
+                self.fail[child as usize] = fail;
                 // A node's own pattern is longer than any that ends at a suffix of it.
-                if c.longest_match.is_none() {
-                    c.longest_match = inherited;
+                if self.longest_match[child as usize] == NONE {
+                    self.longest_match[child as usize] = self.longest_match[fail as usize];
                 }
-                queue.push_back(child);
             }
         }
     }
@@ -113,8 +218,12 @@ impl StopStrings {
             if node == ROOT {
                 return ROOT;
             }
-            node = self.nodes[node as usize].fail;
+            node = self.fail[node as usize];
         }
+    }
+
+    fn depth(&self, node: u32) -> usize {
+        self.depth_start.partition_point(|&s| s <= node) - 1
     }
 }
 
@@ -147,9 +256,10 @@ impl StopScanner {
         let mut best: Option<(usize, u32)> = None;
         for (i, &b) in new.as_bytes().iter().enumerate() {
             self.state = self.strings.step(self.state, b);
-            let Some(p) = self.strings.nodes[self.state as usize].longest_match else {
+            let p = self.strings.longest_match[self.state as usize];
+            if p == NONE {
                 continue;
-            };
+            }
             let start = base + i + 1 - self.strings.patterns[p as usize].len();
             if best.is_none_or(|(s, _)| start < s) {
                 best = Some((start, p));
@@ -164,7 +274,7 @@ impl StopScanner {
     /// Bytes at the end of the output that begin a stop string: text a later token may
     /// still turn into a stop, so streaming holds it back.
     pub fn pending(&self) -> usize {
-        self.strings.nodes[self.state as usize].depth as usize
+        self.strings.depth(self.state)
     }
 }
 
@@ -253,5 +363,51 @@ mod tests {
         assert_eq!(sc.pending(), text.len());
         let m = sc.feed(text.len(), "q").unwrap();
         assert_eq!((m.start, m.pattern), (0, stops[17].clone()));
+    }
+
+    /// Random lists over a small alphabet (many shared prefixes, duplicates, strings that
+    /// are suffixes of others) against the naive search, fed a byte at a time.
+    #[test]
+    fn random_lists_agree_with_the_naive_search() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let word = |rng: &mut rand_chacha::ChaCha8Rng, max: usize| -> String {
+            let len = rng.random_range(1..=max);
+            (0..len)
+                .map(|_| (b'a' + rng.random_range(0..3u8)) as char)
+                .collect()
+        };
+        for _ in 0..300 {
+            let count = rng.random_range(1..12);
+            let stops: Vec<String> = (0..count).map(|_| word(&mut rng, 5)).collect();
+            let refs: Vec<&str> = stops.iter().map(String::as_str).collect();
+            let text = word(&mut rng, 40);
+            let mut sc = StopScanner::new(StopStrings::new(&stops).unwrap());
+            for at in 0..text.len() {
+                let got = sc.feed(at, &text[at..at + 1]);
+                let (want, pending) = naive(&refs, &text[..at + 1], at);
+                assert_eq!(
+                    got.map(|m| (m.start, m.pattern)),
+                    want,
+                    "{stops:?} in {text:?}"
+                );
+                if want.is_some() {
+                    break;
+                }
+                assert_eq!(sc.pending(), pending, "{stops:?} in {text:?} at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn one_automaton_per_list_while_held() {
+        let stops: Vec<String> = vec!["shared-a".into(), "shared-b".into()];
+        let a = StopStrings::shared(&stops).unwrap();
+        let b = StopStrings::shared(&stops).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        let other = StopStrings::shared(&["shared-a".to_string()]).unwrap();
+        assert!(!Arc::ptr_eq(&a, &other));
+        assert!(a.heap_bytes() >= StopStrings::bytes_for(16, 2) / 2);
+        assert!(StopStrings::shared(&["".to_string()]).is_none());
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::config::ModelConfig;
+use crate::config::{ConfigError, ModelConfig};
 use crate::distributed::{Communicator, SingleProcess};
 use crate::model_executor::loader::gguf::{GgufFile, GgufValue};
 use crate::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
@@ -14,7 +14,7 @@ use crate::model_executor::loader::hf::{resolve_model, ModelLocation};
 use crate::model_executor::loader::safetensors::SafetensorsWeights;
 use crate::model_executor::loader::weights::LoadOptions;
 use crate::model_executor::loader::{read_json, LoadError};
-use crate::model_executor::models::llama::LlamaForCausalLM;
+use crate::model_executor::models::llama::{check_config_against_weights, LlamaForCausalLM};
 
 /// A model ready to run.
 pub struct LoadedModel {
@@ -83,6 +83,7 @@ fn load_gguf(
     let mut file = GgufFile::open(path)?;
     let config = config_from_gguf(&file)?;
     let weights = GgufWeights::new(&file, &config);
+    check_config_against_weights(&config, &weights, &path.display().to_string())?;
     let model = LlamaForCausalLM::load_parallel(&config, &weights, opts, comm)?;
     Ok((config, model, std::mem::take(&mut file.metadata)))
 }
@@ -92,8 +93,13 @@ fn load_hf_dir(
     opts: &LoadOptions,
     comm: Arc<dyn Communicator>,
 ) -> Result<(ModelConfig, LlamaForCausalLM), LoadError> {
-    let config = ModelConfig::from_hf_json(&read_json(&dir.join("config.json"))?)?;
+    let path = dir.join("config.json");
+    let config = ModelConfig::from_hf_json(&read_json(&path)?).map_err(|e| match e {
+        ConfigError::Invalid(m) => LoadError::Config(format!("{}: {m}", path.display())),
+        other => other.into(),
+    })?;
     let weights = SafetensorsWeights::open_dir(dir)?;
+    check_config_against_weights(&config, &weights, &path.display().to_string())?;
     let model = LlamaForCausalLM::load_parallel(&config, &weights, opts, comm)?;
     Ok((config, model))
 }

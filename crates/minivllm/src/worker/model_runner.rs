@@ -160,6 +160,12 @@ impl ModelRunner {
         self.forward(None)
     }
 
+    /// Frees step buffers that a large batch left grown (see
+    /// `ForwardBuffers::release_if_large`); for when no request is running.
+    pub fn release_idle_memory(&mut self) {
+        self.buffers.release_if_large();
+    }
+
     /// Runs the model on `input`, or on the batch `prepare_input` laid out.
     pub(super) fn forward(&mut self, input: Option<&InputMetadata>) -> Result<&[f32], InputError> {
         let block_size = self.cache.block_size();

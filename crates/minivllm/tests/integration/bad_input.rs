@@ -161,17 +161,28 @@ fn absurd_or_contradictory_model_numbers_are_refused() {
         (
             "llama.feed_forward_length",
             huge.clone(),
-            "expected [1099511627776, 576]",
+            "intermediate_size 1099511627776 is above the largest supported (16777216)",
+        ),
+        (
+            "llama.feed_forward_length",
+            GgufValue::U32(1 << 20),
+            "intermediate_size 1048576 does not match the tensor \
+             model.layers.0.mlp.gate_proj.weight [1536, 576]",
         ),
         (
             "llama.embedding_length",
             huge.clone(),
-            "head_dim (122167958641)",
+            "hidden_size 1099511627776 is above the largest supported",
+        ),
+        (
+            "llama.embedding_length",
+            GgufValue::U32(4608),
+            "hidden_size 4608 does not match the tensor model.embed_tokens.weight [49152, 576]",
         ),
         (
             "llama.block_count",
             huge.clone(),
-            "missing tensor model.layers.30",
+            "num_hidden_layers 1099511627776 is above the largest supported",
         ),
         (
             "llama.block_count",
@@ -191,7 +202,7 @@ fn absurd_or_contradictory_model_numbers_are_refused() {
         (
             "llama.vocab_size",
             huge.clone(),
-            "expected [1099511627776, 576]",
+            "vocab_size 1099511627776 is above the largest supported",
         ),
         (
             "tokenizer.ggml.eos_token_id",
@@ -207,5 +218,243 @@ fn absurd_or_contradictory_model_numbers_are_refused() {
         let path = mutated_gguf(key, value);
         let e = load_err(path.to_str().unwrap());
         assert!(e.contains(needle), "{key}: {e}");
+    }
+}
+
+/// The tensors of a tiny LLaMA (vocabulary 16, width 8, one layer of 2 heads of 4 sharing one
+/// KV head, MLP 16), in f32, and the `config.json` that describes them.
+fn tiny_tensors() -> Vec<(String, Vec<usize>)> {
+    let layer = |s: &str| format!("model.layers.0.{s}.weight");
+    let mut t = vec![
+        ("model.embed_tokens.weight".to_string(), vec![16, 8]),
+        ("model.norm.weight".to_string(), vec![8]),
+    ];
+    for (name, shape) in [
+        ("input_layernorm", vec![8]),
+        ("post_attention_layernorm", vec![8]),
+        ("self_attn.q_proj", vec![8, 8]),
+        ("self_attn.k_proj", vec![4, 8]),
+        ("self_attn.v_proj", vec![4, 8]),
+        ("self_attn.o_proj", vec![8, 8]),
+        ("mlp.gate_proj", vec![16, 8]),
+        ("mlp.up_proj", vec![16, 8]),
+        ("mlp.down_proj", vec![8, 16]),
+    ] {
+        t.push((layer(name), shape));
+    }
+    t
+}
+
+fn tiny_config() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 4, "vocab_size": 16, "rms_norm_eps": 1e-5, "max_position_embeddings": 64,
+        "tie_word_embeddings": true
+    })
+}
+
+/// Writes `tensors` (f32, small values) as the safetensors file `path`.
+fn write_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>)]) {
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, shape)| {
+            let n: usize = shape.iter().product();
+            (0..n)
+                .flat_map(|i| (0.01 * i as f32).to_le_bytes())
+                .collect()
+        })
+        .collect();
+    let views = tensors.iter().zip(&bytes).map(|((name, shape), b)| {
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b);
+        (name.clone(), view.unwrap())
+    });
+    safetensors::tensor::serialize_to_file(views, None, path).unwrap();
+}
+
+/// A folder holding the tiny model's weights and `config`.
+fn tiny_hf_folder(config: &serde_json::Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_safetensors(&dir.path().join("model.safetensors"), &tiny_tensors());
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// Why loading the model in `dir` fails (the folder has no tokenizer: the model must fail
+/// first).
+fn model_err(dir: &std::path::Path) -> String {
+    match load_model(dir.to_str().unwrap(), &LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// `config.json` sizes too large to be real, or that the weights contradict, are refused
+/// naming the field, before any buffer is sized by them (before, `hidden_size` 2^62 panicked
+/// on a capacity overflow and 2^40 aborted allocating the embeddings).
+#[test]
+fn absurd_or_contradictory_config_json_sizes_are_refused() {
+    let ok = tiny_hf_folder(&tiny_config());
+    load_model(ok.path().to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let huge = serde_json::json!(1u64 << 40);
+    let cases: Vec<(Vec<(&str, serde_json::Value)>, &str)> = vec![
+        (
+            vec![("hidden_size", serde_json::json!(1u64 << 62))],
+            "hidden_size 4611686018427387904 is above the largest supported (16777216)",
+        ),
+        (
+            vec![
+                ("hidden_size", huge.clone()),
+                ("head_dim", serde_json::json!(1u64 << 32)),
+            ],
+            "hidden_size 1099511627776 is above the largest supported",
+        ),
+        (
+            vec![("head_dim", serde_json::json!(1u64 << 32))],
+            "head_dim 4294967296 is above the largest supported (4096)",
+        ),
+        (
+            vec![("intermediate_size", huge.clone())],
+            "intermediate_size 1099511627776 is above",
+        ),
+        (
+            vec![("num_attention_heads", huge.clone())],
+            "num_attention_heads 1099511627776 is above",
+        ),
+        (
+            vec![("num_attention_heads", serde_json::json!(1u64 << 23))],
+            "num_attention_heads × head_dim (8388608 × 4) is above",
+        ),
+        (
+            vec![("vocab_size", huge.clone())],
+            "vocab_size 1099511627776 is above",
+        ),
+        (
+            vec![("num_hidden_layers", huge.clone())],
+            "num_hidden_layers 1099511627776 is above",
+        ),
+        (
+            vec![("hidden_size", serde_json::json!(4096))],
+            "hidden_size 4096 does not match the tensor model.embed_tokens.weight [16, 8]",
+        ),
+        (
+            vec![("vocab_size", serde_json::json!(1 << 20))],
+            "vocab_size 1048576 does not match the tensor model.embed_tokens.weight [16, 8]",
+        ),
+        (
+            vec![("intermediate_size", serde_json::json!(1 << 20))],
+            "intermediate_size 1048576 does not match the tensor \
+             model.layers.0.mlp.gate_proj.weight [16, 8]",
+        ),
+        (
+            vec![("num_attention_heads", serde_json::json!(1024))],
+            "num_attention_heads × head_dim 4096 does not match the tensor \
+             model.layers.0.self_attn.q_proj.weight [8, 8]",
+        ),
+        (
+            vec![("num_key_value_heads", serde_json::json!(2))],
+            "num_key_value_heads × head_dim 8 does not match the tensor \
+             model.layers.0.self_attn.k_proj.weight [4, 8]",
+        ),
+        (
+            vec![("num_hidden_layers", serde_json::json!(1000))],
+            "num_hidden_layers 1000 but the weights hold no model.layers.999",
+        ),
+    ];
+    for (edits, needle) in cases {
+        let mut config = tiny_config();
+        for (key, value) in &edits {
+            config[key] = value.clone();
+        }
+        let dir = tiny_hf_folder(&config);
+        let e = model_err(dir.path());
+        assert!(
+            e.contains(needle) && e.contains("config.json: "),
+            "{edits:?}: {e}"
+        );
+    }
+}
+
+/// A folder whose index maps the tiny model's tensors to `shard` (the embeddings) and to a
+/// real shard in the folder (the rest).
+fn indexed_folder(shard: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = tiny_tensors();
+    write_safetensors(
+        &dir.path().join("model-00001-of-00002.safetensors"),
+        &tensors[1..],
+    );
+    let mut map = serde_json::Map::new();
+    for (name, _) in &tensors[1..] {
+        map.insert(name.clone(), "model-00001-of-00002.safetensors".into());
+    }
+    map.insert(tensors[0].0.clone(), shard.into());
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("config.json"), tiny_config().to_string()).unwrap();
+    dir
+}
+
+/// Like [`model_err`], failing rather than hanging if loading blocks (on a FIFO).
+fn model_err_in_time(dir: &std::path::Path) -> String {
+    let dir = dir.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(model_err(&dir)));
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("loading did not finish within 60 s")
+}
+
+/// The shards an index names stay in the model's folder and are regular files: `..`, an
+/// absolute path, a FIFO (which blocked the load for ever) and a folder are refused, named.
+#[test]
+fn index_shards_outside_the_folder_or_not_regular_files_are_refused() {
+    let outside = tempfile::tempdir().unwrap();
+    let good = indexed_folder("model-00002-of-00002.safetensors");
+    write_safetensors(
+        &good.path().join("model-00002-of-00002.safetensors"),
+        &tiny_tensors()[..1],
+    );
+    load_model(good.path().to_str().unwrap(), &LoadOptions::default()).unwrap();
+
+    let inner = outside.path().join("model");
+    std::fs::create_dir(&inner).unwrap();
+    let stray = outside.path().join("outside.safetensors");
+    write_safetensors(&stray, &tiny_tensors()[..1]);
+    let absolute = stray.to_str().unwrap().to_string();
+    for shard in [
+        "../outside.safetensors",
+        absolute.as_str(),
+        "sub/../../outside.safetensors",
+        "./x.safetensors",
+        "",
+    ] {
+        let dir = indexed_folder(shard);
+        let e = model_err_in_time(dir.path());
+        assert!(
+            e.contains(&format!(
+                "shard {shard:?} is not a file name in the model's folder"
+            )),
+            "{shard}: {e}"
+        );
+    }
+
+    let fifo = indexed_folder("fifo.safetensors");
+    let made = std::process::Command::new("mkfifo")
+        .arg(fifo.path().join("fifo.safetensors"))
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let folder = indexed_folder("sub.safetensors");
+    std::fs::create_dir(folder.path().join("sub.safetensors")).unwrap();
+    for (dir, name) in [(&fifo, "fifo.safetensors"), (&folder, "sub.safetensors")] {
+        let e = model_err_in_time(dir.path());
+        assert!(
+            e.contains(name) && e.contains("must be a regular file"),
+            "{name}: {e}"
+        );
     }
 }

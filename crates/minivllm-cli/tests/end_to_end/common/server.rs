@@ -45,6 +45,26 @@ pub fn start_with(model: &str, extra: &[&str]) -> Server {
     )
 }
 
+/// The server's resident memory.
+pub fn rss_kib(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// The server under an address-space limit of `bytes` (`prlimit --as`, which then runs the
+/// binary in its own process, so the server's pid is the child's).
+pub fn start_capped(model: &str, bytes: u64, extra: &[&str]) -> Server {
+    let mut prlimit = Command::new("prlimit");
+    prlimit
+        .arg(format!("--as={bytes}"))
+        .arg(env!("CARGO_BIN_EXE_minivllm"));
+    start_under(prlimit, model, extra, false)
+}
+
 /// The server as `mpirun` starts it: `ranks` processes of one tensor-parallel group
 /// (`child` is mpirun).
 pub fn start_ranks(ranks: usize, model: &str, extra: &[&str]) -> Server {

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -23,6 +24,7 @@ use tower_http::timeout::TimeoutLayer;
 use tracing::Instrument;
 
 use super::protocol::ApiError;
+use super::request_memory::{headroom, trim_freed_memory, MemoryLimits, MemoryPool};
 use super::serving_chat::chat_completions;
 use super::serving_completion::completions;
 use super::serving_engine::now;
@@ -38,12 +40,20 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Origins browsers may call from (`*` for any); empty: no CORS headers at all.
     pub allowed_origins: Vec<String>,
-    /// Larger request bodies get 413 before any of it is parsed.
+    /// Larger request bodies get 413 before any of it is parsed (from `Content-Length`
+    /// when the client sends one, before any of the body is read).
     pub max_request_body_bytes: usize,
+    /// A request's body must arrive within this time (sooner for short bodies: see
+    /// [`body_deadline`]), or the request gets 408 and its connection closes.
+    pub body_read_timeout: Duration,
+    /// The most one request may make the server hold (`--max-request-memory`); `None`: an
+    /// eighth of the memory left once the model is loaded, at most 1 GiB.
+    pub max_request_memory: Option<u64>,
 }
 
 impl ServerConfig {
     pub const DEFAULT_MAX_REQUEST_BODY_BYTES: usize = 8 << 20;
+    pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
     pub fn new(served_model_name: impl Into<String>) -> Self {
         Self {
@@ -51,13 +61,43 @@ impl ServerConfig {
             api_key: None,
             allowed_origins: Vec::new(),
             max_request_body_bytes: Self::DEFAULT_MAX_REQUEST_BODY_BYTES,
+            body_read_timeout: Self::DEFAULT_BODY_READ_TIMEOUT,
+            max_request_memory: None,
         }
+    }
+
+    /// The memory limits this configuration gives, read against the memory left now.
+    pub fn memory_limits(&self) -> MemoryLimits {
+        // Without /proc (not Linux), as if 8 GiB were left.
+        let auto = MemoryLimits::from_headroom(headroom().unwrap_or(8 << 30));
+        match self.max_request_memory {
+            Some(per_request) => auto.with_per_request(per_request),
+            None => auto,
+        }
+    }
+}
+
+/// Slower than this, a body's sender is holding a connection, not sending a request.
+const MIN_BODY_BYTES_PER_SEC: u64 = 64 << 10;
+/// Time any body gets before the rate counts.
+const BODY_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a body of `content_length` bytes may take to arrive: the grace period plus
+/// its length at the minimum rate, never more than `timeout` (which alone bounds a
+/// chunked body, whose length is not known).
+pub fn body_deadline(content_length: Option<u64>, timeout: Duration) -> Duration {
+    match content_length {
+        Some(len) => timeout
+            .min(BODY_GRACE + Duration::from_secs_f64(len as f64 / MIN_BODY_BYTES_PER_SEC as f64)),
+        None => timeout,
     }
 }
 
 pub struct AppState {
     pub engine: AsyncEngine,
     pub config: ServerConfig,
+    /// What requests in flight hold, against the memory limits.
+    pub memory: Arc<MemoryPool>,
     /// Permits for requests' CPU work off the async workers (see `serving_engine::off_async`):
     /// one per core, so such work queues instead of taking every thread.
     pub cpu: Semaphore,
@@ -74,36 +114,109 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
     let body_limit = config.max_request_body_bytes;
     let cors = cors_layer(&config.allowed_origins);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let memory = MemoryPool::new(config.memory_limits());
+    let limits = memory.limits();
+    tracing::info!(
+        per_request_mib = limits.per_request >> 20,
+        in_flight_mib = limits.in_flight >> 20,
+        "request memory limits"
+    );
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(trim_freed_memory());
+    }
     let state = Arc::new(AppState {
         engine,
         config,
+        memory,
         cpu: Semaphore::new(cores),
     });
-    // Every route that takes work needs the key: probes and scrapers keep working, but the
-    // tokenizer routes (CPU work on any text) are not open to whoever can reach the port.
-    let v1 = Router::new()
+    // Layers run outside in: the key is checked before anything else is said about the
+    // request (an unknown route or a wrong content type tells a stranger nothing), then
+    // the body is read whole, within its size and time bounds, before any handler runs.
+    let router = Router::new()
+        .route("/health", get(|| async {}))
+        .route("/version", get(version))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
-    let router = Router::new()
-        .route("/health", get(|| async {}))
-        .route("/version", get(version))
-        .route("/metrics", get(metrics))
-        .merge(v1)
         .route_layer(middleware::from_fn(require_json))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), read_body))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ))
         .with_state(state);
     let router = match cors {
         Some(cors) => router.layer(cors),
         None => router,
     };
     router.layer(middleware::from_fn(request_id_and_log))
+}
+
+/// Reads a request's body whole before its handler runs: 413 from `Content-Length` alone
+/// when it is over the limit, 408 when the body does not arrive in time (a client sending
+/// a byte every few seconds would otherwise hold its connection slot for as long as it
+/// likes). The handler then gets the body from memory.
+async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let limit = s.config.max_request_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return too_large(limit);
+    }
+    if declared == Some(0) || req.method() == Method::GET {
+        return next.run(req).await;
+    }
+    let deadline = body_deadline(declared, s.config.body_read_timeout);
+    let (parts, body) = req.into_parts();
+    let read = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit));
+    let bytes = match tokio::time::timeout(deadline, read).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(limit),
+        Ok(Err(e)) => {
+            return ApiError::bad_request(format!("cannot read the request body: {e}"), None)
+                .into_response()
+        }
+        Err(_) => {
+            let mut resp = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {:.0} s (bodies must arrive within \
+                     --body-read-timeout, and at {} KiB/s or faster after the first {} s)",
+                    deadline.as_secs_f64(),
+                    MIN_BODY_BYTES_PER_SEC >> 10,
+                    BODY_GRACE.as_secs()
+                ),
+                None,
+            )
+            .into_response();
+            // The rest of the body is not worth waiting for: close the connection.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return resp;
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+fn too_large(limit: usize) -> Response {
+    let mut resp = ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body is larger than the server's limit of {limit} bytes (--max-request-body-size)"),
+        None,
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 /// What the server grants each connection.
@@ -289,17 +402,26 @@ async fn require_json(req: Request, next: Next) -> Response {
     .into_response()
 }
 
+/// Routes anyone may call when the server has a key: probes and scrapers keep working, but
+/// every route that takes work (the tokenizer routes too: CPU work on any text), and any
+/// path the server does not know, needs the key.
+const OPEN_ROUTES: [&str; 3] = ["/health", "/version", "/metrics"];
+
 async fn require_api_key(State(s): State<Shared>, req: Request, next: Next) -> Response {
     let Some(key) = &s.config.api_key else {
         return next.run(req).await;
     };
+    if OPEN_ROUTES.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    // Exactly `Bearer <key>`, as vLLM compares it: no other spacing or case.
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     match given {
-        Some(k) if same_secret(k.trim().as_bytes(), key.as_bytes()) => next.run(req).await,
+        Some(k) if same_secret(k.as_bytes(), key.as_bytes()) => next.run(req).await,
         _ => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "Unauthorized: send the server's API key as `Authorization: Bearer <key>`",

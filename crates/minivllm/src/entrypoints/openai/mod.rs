@@ -3,6 +3,7 @@
 
 pub mod api_server;
 pub mod protocol;
+pub mod request_memory;
 pub mod serving_chat;
 pub mod serving_completion;
 pub mod serving_engine;

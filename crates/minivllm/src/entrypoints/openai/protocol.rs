@@ -21,6 +21,21 @@ pub enum PromptField {
     IdLists(Vec<Vec<TokenId>>),
 }
 
+impl PromptField {
+    /// How many prompts: one engine request each.
+    pub fn len(&self) -> usize {
+        match self {
+            PromptField::Text(_) | PromptField::Ids(_) => 1,
+            PromptField::Texts(v) => v.len(),
+            PromptField::IdLists(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum StopField {
@@ -53,7 +68,8 @@ pub struct CommonParams {
     /// Sequences sampled, of which the `n` most likely are returned (vLLM's `best_of`).
     pub best_of: Option<usize>,
     pub stop: Option<StopField>,
-    pub seed: Option<u64>,
+    /// A 64-bit signed integer, as vLLM's server takes it (-1 included).
+    pub seed: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     #[serde(default)]
@@ -70,6 +86,8 @@ pub struct CommonParams {
     pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     pub include_stop_str_in_output: Option<bool>,
     pub skip_special_tokens: Option<bool>,
+    /// vLLM's: this many alternatives per prompt token.
+    pub prompt_logprobs: Option<usize>,
     #[serde(default)]
     pub priority: i32,
 }
@@ -91,7 +109,8 @@ impl CommonParams {
             presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-            seed: self.seed,
+            // Any i64 seeds as its bits do: distinct seeds stay distinct.
+            seed: self.seed.map(|s| s as u64),
             stop: self
                 .stop
                 .clone()
@@ -107,6 +126,7 @@ impl CommonParams {
                 .include_stop_str_in_output
                 .unwrap_or(d.include_stop_str_in_output),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(d.skip_special_tokens),
+            prompt_logprobs: self.prompt_logprobs,
             ..d
         }
     }
@@ -229,6 +249,30 @@ fn text_of_parts(parts: &[ContentPart]) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
+/// The prompt ends where the template leaves it, or with the final message left open so
+/// the model continues it (vLLM's `continue_final_message`: a prefilled assistant turn).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateMode {
+    GenerationPrompt,
+    AsRendered,
+    ContinueFinalMessage,
+}
+
+impl TemplateMode {
+    /// From vLLM's two flags, refusing both at once as vLLM does.
+    pub fn of(add_generation_prompt: bool, continue_final_message: bool) -> Result<Self, ApiError> {
+        match (add_generation_prompt, continue_final_message) {
+            (true, true) => Err(ApiError::bad_request(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                Some("continue_final_message"),
+            )),
+            (true, false) => Ok(TemplateMode::GenerationPrompt),
+            (false, false) => Ok(TemplateMode::AsRendered),
+            (false, true) => Ok(TemplateMode::ContinueFinalMessage),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatCompletionRequest {
     pub messages: Vec<ChatMessageIn>,
@@ -239,13 +283,21 @@ pub struct ChatCompletionRequest {
     pub top_logprobs: Option<usize>,
     #[serde(default = "default_true")]
     pub add_generation_prompt: bool,
+    #[serde(default)]
+    pub continue_final_message: bool,
     #[serde(flatten)]
     pub common: CommonParams,
 }
 
 impl ChatCompletionRequest {
+    pub fn template_mode(&self) -> TemplateMode {
+        TemplateMode::of(self.add_generation_prompt, self.continue_final_message)
+            .unwrap_or(TemplateMode::GenerationPrompt)
+    }
+
     pub fn check(&self) -> Result<(), ApiError> {
         self.common.check()?;
+        TemplateMode::of(self.add_generation_prompt, self.continue_final_message)?;
         if self.messages.is_empty() {
             return Err(ApiError::bad_request(
                 "messages must not be empty",
@@ -276,6 +328,8 @@ pub struct TokenizeRequest {
     pub add_special_tokens: Option<bool>,
     #[serde(default = "default_true")]
     pub add_generation_prompt: bool,
+    #[serde(default)]
+    pub continue_final_message: bool,
     #[serde(default)]
     pub return_token_strs: bool,
 }

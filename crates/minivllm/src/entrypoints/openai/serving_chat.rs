@@ -10,10 +10,12 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId, Shared};
-use super::protocol::{chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn};
+use super::protocol::{
+    chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateMode,
+};
 use super::serving_engine::{
-    check_model, checked_params, delta, finish_reason, fold, json_response, last_output, now,
-    off_async, parse, sse, stop_reason, submit, token_text, top, usage, Prompt,
+    admit, check_model, delta, finish_reason, fold, json_response, last_output, now, off_async,
+    parse, prompt_logprobs, sse, stop_reason, submit, token_text, top, usage, Held, Prompt,
 };
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
@@ -25,13 +27,18 @@ use crate::sequence::TokenId;
 pub fn render_chat(
     s: &AppState,
     messages: &[ChatMessageIn],
-    add_generation_prompt: bool,
+    mode: TemplateMode,
     add_special_tokens: bool,
 ) -> Result<Prompt, ApiError> {
     let tok = s.engine.tokenizer();
-    let rendered = tok
-        .apply_chat_template(&chat_messages(messages)?, add_generation_prompt)
+    let messages = chat_messages(messages)?;
+    let add_generation_prompt = mode == TemplateMode::GenerationPrompt;
+    let mut rendered = tok
+        .apply_chat_template(&messages, add_generation_prompt)
         .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+    if mode == TemplateMode::ContinueFinalMessage {
+        rendered = continue_final_message(rendered, &messages)?;
+    }
     let ids = tok
         .encode(&rendered, add_special_tokens)
         .map_err(EngineError::from)?;
@@ -41,12 +48,29 @@ pub fn render_chat(
     })
 }
 
+/// The rendered chat cut just after the final message's text, as transformers does: the
+/// template's end-of-turn marks after it would tell the model the turn is over.
+fn continue_final_message(
+    rendered: String,
+    messages: &[crate::engine::chat_template::ChatMessage],
+) -> Result<String, ApiError> {
+    let last = messages.last().map_or("", |m| m.content.trim());
+    match rendered.rfind(last) {
+        Some(at) if !last.is_empty() => Ok(rendered[..at + last.len()].to_string()),
+        _ => Err(ApiError::bad_request(
+            "continue_final_message needs a final message with text that the chat template \
+             renders as written",
+            Some("messages"),
+        )),
+    }
+}
+
 pub async fn chat_completions(
     State(s): State<Shared>,
     Extension(rid): Extension<RequestId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (req, prompt, params) = off_async(&s, move |s| prepare(s, body)).await?;
+    let (req, prompt, params, held) = off_async(&s, move |s| prepare(s, body)).await?;
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let n = params.n;
     let prompts = [prompt];
@@ -55,17 +79,19 @@ pub async fn chat_completions(
         &rid,
         "chatcmpl",
         &prompts,
-        &[params],
+        vec![params],
         req.common.priority,
     )
     .await?;
     let rx = streams.remove(0);
     let reply = Reply {
+        _held: held,
         id: format!("chatcmpl-{}", rid.0),
         created: now(),
         model: s.config.served_model_name.clone(),
         n,
         top_logprobs: logprobs,
+        prompt_logprobs: req.common.prompt_logprobs.is_some(),
         tok: s.engine.tokenizer().clone(),
     };
     if req.common.stream {
@@ -81,30 +107,31 @@ pub async fn chat_completions(
 fn prepare(
     s: &AppState,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(ChatCompletionRequest, Prompt, SamplingParams), ApiError> {
+) -> Result<(ChatCompletionRequest, Prompt, SamplingParams, Held), ApiError> {
     let req: ChatCompletionRequest = parse(body)?;
     req.check()?;
     check_model(s, req.common.model.as_deref())?;
     // The template writes the BOS itself.
-    let prompt = render_chat(s, &req.messages, req.add_generation_prompt, false)?;
+    let prompt = render_chat(s, &req.messages, req.template_mode(), false)?;
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    let params = checked_params(
-        s,
-        req.common.sampling_params(max_tokens, logprobs),
-        prompt.ids.len(),
-    )?;
-    Ok((req, prompt, params))
+    let base = req.common.sampling_params(max_tokens, logprobs);
+    let (mut params, held) = admit(s, &base, std::slice::from_ref(&prompt), false)?;
+    Ok((req, prompt, params.remove(0), held))
 }
 
 /// What every response of one request shares.
 struct Reply {
+    /// Released when the response is done.
+    _held: Held,
     id: String,
     created: u64,
     model: String,
     n: usize,
     /// `Some(k)` when the request asked for logprobs, with `k` alternatives each.
     top_logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs` was asked for: the response carries them.
+    prompt_logprobs: bool,
     tok: Arc<Tokenizer>,
 }
 
@@ -139,6 +166,9 @@ impl Reply {
             .collect();
         let mut body = self.body("chat.completion", Value::Array(choices));
         body["usage"] = completion_usage(out);
+        if self.prompt_logprobs {
+            body["prompt_logprobs"] = prompt_logprobs(&self.tok, out);
+        }
         body
     }
 

@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, CompletionRequest, PromptField};
 use super::serving_engine::{
-    check_model, checked_params, delta, finish_reason, fold, json_response, last_output, merge,
-    now, off_async, parse, stop_reason, submit, token_text, top, usage, Prompt, Streams,
+    admit, check_model, check_request_width, delta, finish_reason, fold, json_response,
+    last_output, merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text,
+    top, usage, Held, Prompt, Streams,
 };
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
@@ -23,16 +24,18 @@ pub async fn completions(
     Extension(rid): Extension<RequestId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (req, prompts, base, params) = off_async(&s, move |s| prepare(s, body)).await?;
+    let (req, prompts, base, params, held) = off_async(&s, move |s| prepare(s, body)).await?;
     let tok = s.engine.tokenizer().clone();
-    let streams = submit(&s, &rid, "cmpl", &prompts, &params, req.common.priority).await?;
+    let streams = submit(&s, &rid, "cmpl", &prompts, params, req.common.priority).await?;
     let reply = Reply {
+        _held: held,
         id: format!("cmpl-{}", rid.0),
         created: now(),
         model: s.config.served_model_name.clone(),
         n: base.n,
         echo: req.echo,
         logprobs: req.logprobs.is_some(),
+        prompt_logprobs: req.common.prompt_logprobs.is_some(),
         tok,
         prompts,
     };
@@ -56,23 +59,23 @@ type Prepared = (
     Vec<Prompt>,
     SamplingParams,
     Vec<SamplingParams>,
+    Held,
 );
 
 fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
     let req: CompletionRequest = parse(body)?;
     req.common.check()?;
     check_model(s, req.common.model.as_deref())?;
-    let prompts = prompts(s.engine.tokenizer(), req.prompt.clone())?;
     let mut base = req.common.sampling_params(req.max_tokens, req.logprobs);
     if req.echo {
         // Echoed prompts carry their tokens' logprobs too, as in OpenAI's legacy API.
-        base.prompt_logprobs = req.logprobs;
+        base.prompt_logprobs = base.prompt_logprobs.max(req.logprobs);
     }
-    let params = prompts
-        .iter()
-        .map(|p| checked_params(s, base.clone(), p.ids.len()))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((req, prompts, base, params))
+    // Before any prompt is tokenised or any state is sized by their number.
+    check_request_width(s, &base, req.prompt.len())?;
+    let prompts = prompts(s.engine.tokenizer(), req.prompt.clone())?;
+    let (params, held) = admit(s, &base, &prompts, req.echo)?;
+    Ok((req, prompts, base, params, held))
 }
 
 fn prompts(tok: &Tokenizer, field: PromptField) -> Result<Vec<Prompt>, ApiError> {
@@ -107,12 +110,16 @@ fn prompts(tok: &Tokenizer, field: PromptField) -> Result<Vec<Prompt>, ApiError>
 
 /// What every response of one request shares.
 struct Reply {
+    /// Released when the response is done.
+    _held: Held,
     id: String,
     created: u64,
     model: String,
     n: usize,
     echo: bool,
     logprobs: bool,
+    /// vLLM's `prompt_logprobs` field was asked for: each choice carries them.
+    prompt_logprobs: bool,
     tok: std::sync::Arc<Tokenizer>,
     prompts: Vec<Prompt>,
 }
@@ -176,7 +183,11 @@ impl Reply {
                     o.text.clone()
                 };
                 let logprobs = self.logprobs(out, o, 0, self.echo, &mut 0);
-                choices.push(self.choice(i * self.n + o.index, text, logprobs, o));
+                let mut choice = self.choice(i * self.n + o.index, text, logprobs, o);
+                if self.prompt_logprobs {
+                    choice["prompt_logprobs"] = prompt_logprobs(&self.tok, out);
+                }
+                choices.push(choice);
             }
         }
         let mut body = self.body(Value::Array(choices));

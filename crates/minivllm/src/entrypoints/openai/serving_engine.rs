@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -15,8 +16,10 @@ use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::ApiError;
+use super::request_memory::{estimate, PromptShape, Reservation};
 use crate::engine::async_engine::{collect, NewRequest};
 use crate::engine::llm_engine::check_width;
+use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
 use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
@@ -77,19 +80,87 @@ pub fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-/// Validates `params` for a prompt of `prompt_len` tokens and fixes its output budget, so a
-/// prompt that fills the context is refused here with OpenAI's message.
-pub fn checked_params(
+/// A request's `n` (or `best_of`) times its prompts must fit in one batch: every sequence
+/// of a request is admitted together, and each holds state from the start.
+pub fn check_request_width(
     s: &AppState,
-    mut params: SamplingParams,
-    prompt_len: usize,
-) -> Result<SamplingParams, ApiError> {
-    params.validate()?;
+    params: &SamplingParams,
+    prompts: usize,
+) -> Result<(), ApiError> {
+    let max = s.engine.max_num_seqs();
+    // One prompt: the engine's own check, with its message.
+    check_width(params, max)?;
+    let width = params.best_of_or_n().saturating_mul(prompts);
+    if width > max {
+        return Err(ApiError::bad_request(
+            format!(
+                "This request asks for {prompts} prompts x {} sequences each = {width} \
+                 sequences, more than --max-num-seqs {max}: all of a request's sequences \
+                 must fit in one batch. Send fewer prompts per request, or a smaller n.",
+                params.best_of_or_n()
+            ),
+            Some("prompt"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a request holds while it runs: its share of the memory pool, and its stop
+/// strings' automaton (built here, off the engine thread, so the engine finds it built).
+pub struct Held {
+    _memory: Reservation,
+    _stops: Option<Arc<StopStrings>>,
+}
+
+/// Admits a request: checks `base` against the server, fixes each prompt's output budget
+/// (a prompt that fills the context is refused here with OpenAI's message), reserves the
+/// request's memory (`echo`: each choice repeats its prompt), builds its stop strings'
+/// automaton, and only then copies the parameters per prompt.
+pub fn admit(
+    s: &AppState,
+    base: &SamplingParams,
+    prompts: &[Prompt],
+    echo: bool,
+) -> Result<(Vec<SamplingParams>, Held), ApiError> {
+    base.validate()?;
     // Before anything is sized by `n`: the streams' per-choice state, the engine's forks.
-    check_width(&params, s.engine.max_num_seqs())?;
-    params.validate_for_model(s.engine.tokenizer().vocab_size(), MAX_LOGPROBS)?;
-    params.max_tokens = Some(params.max_tokens_for(prompt_len, s.engine.max_model_len())?);
-    Ok(params)
+    check_request_width(s, base, prompts.len())?;
+    base.validate_for_model(s.engine.tokenizer().vocab_size(), MAX_LOGPROBS)?;
+    let shapes = prompts
+        .iter()
+        .map(|p| {
+            Ok(PromptShape {
+                tokens: p.ids.len(),
+                max_tokens: base.max_tokens_for(p.ids.len(), s.engine.max_model_len())?,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let what = format!(
+        "{} prompt(s) x {} sequence(s), max_tokens {}, logprobs {}, prompt_logprobs {}, {} stop \
+         string(s)",
+        prompts.len(),
+        base.best_of_or_n(),
+        shapes.iter().map(|p| p.max_tokens).max().unwrap_or(0),
+        base.logprobs.unwrap_or(0),
+        base.prompt_logprobs.unwrap_or(0),
+        base.stop.len()
+    );
+    let vocab = s.engine.tokenizer().vocab_size();
+    let memory = s
+        .memory
+        .reserve(estimate(base, &shapes, echo, vocab), &what)?;
+    let held = Held {
+        _memory: memory,
+        _stops: StopStrings::shared(&base.stop),
+    };
+    let params = shapes
+        .iter()
+        .map(|p| SamplingParams {
+            max_tokens: Some(p.max_tokens),
+            ..base.clone()
+        })
+        .collect();
+    Ok((params, held))
 }
 
 /// One prompt of a request, tokenised, with the text to echo.
@@ -108,7 +179,7 @@ pub async fn submit(
     request_id: &RequestId,
     prefix: &str,
     prompts: &[Prompt],
-    params: &[SamplingParams],
+    params: Vec<SamplingParams>,
     priority: i32,
 ) -> Result<Streams, ApiError> {
     static SERIAL: AtomicU64 = AtomicU64::new(0);
@@ -120,7 +191,7 @@ pub async fn submit(
         .map(|(i, (p, params))| NewRequest {
             request_id: format!("{prefix}-{}-{serial}-{i}", request_id.0),
             prompt: p.ids.clone().into(),
-            params: params.clone(),
+            params,
             priority,
         })
         .collect();
@@ -214,6 +285,28 @@ pub fn merge(streams: Streams) -> mpsc::UnboundedReceiver<(usize, RequestOutput)
 
 pub fn token_text(tok: &Tokenizer, id: TokenId) -> String {
     tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// vLLM's `prompt_logprobs`: per prompt token (`null` for the first, which nothing
+/// predicts), `{token id: {logprob, rank, decoded_token}}`, the prompt's token with its
+/// rank in the vocabulary and the alternatives ranked in order.
+pub fn prompt_logprobs(tok: &Tokenizer, out: &RequestOutput) -> Value {
+    let positions = out.prompt_logprobs.as_deref().unwrap_or(&[]);
+    let entry = |id: TokenId, lp: f32, rank: usize| json!({"logprob": lp, "rank": rank, "decoded_token": token_text(tok, id)});
+    let list = out.prompt_token_ids.iter().enumerate().map(|(i, &id)| {
+        let Some(lps) = positions.get(i).and_then(Option::as_ref) else {
+            return Value::Null;
+        };
+        let mut map = serde_json::Map::new();
+        for (rank, (alt, lp)) in top(lps).into_iter().enumerate() {
+            map.insert(alt.to_string(), entry(alt, lp, rank + 1));
+        }
+        if let Some(lp) = lps.get(id) {
+            map.insert(id.to_string(), entry(id, lp, lps.rank));
+        }
+        Value::Object(map)
+    });
+    Value::Array(list.collect())
 }
 
 /// The alternatives at one position, best first, each token once.

@@ -4,14 +4,18 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::Response;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::{Serialize, Serializer};
 use serde_json::json;
 
 use super::api_server::{AppState, Shared};
-use super::protocol::{ApiError, DetokenizeRequest, TokenizeRequest};
+use super::protocol::{ApiError, DetokenizeRequest, TemplateMode, TokenizeRequest};
 use super::serving_chat::render_chat;
 use super::serving_engine::{check_model, json_response, off_async, parse};
 use crate::engine::llm_engine::EngineError;
+use crate::engine::tokenizer::Tokenizer;
+use crate::sequence::TokenId;
 
 pub async fn tokenize(
     State(s): State<Shared>,
@@ -30,7 +34,8 @@ fn tokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
             .map_err(EngineError::from)?,
         (None, Some(messages)) => {
             let add_special = req.add_special_tokens.unwrap_or(false);
-            render_chat(s, messages, req.add_generation_prompt, add_special)?.ids
+            let mode = TemplateMode::of(req.add_generation_prompt, req.continue_final_message)?;
+            render_chat(s, messages, mode, add_special)?.ids
         }
         _ => {
             return Err(ApiError::bad_request(
@@ -39,17 +44,37 @@ fn tokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
             ))
         }
     };
-    let token_strs = req.return_token_strs.then(|| {
-        ids.iter()
-            .map(|&id| tok.id_to_token(id).unwrap_or_default())
-            .collect::<Vec<_>>()
-    });
-    Ok(json_response(&json!({
-        "count": ids.len(),
-        "max_model_len": s.engine.max_model_len(),
-        "tokens": ids,
-        "token_strs": token_strs,
-    })))
+    // Serialised straight from the ids: a JSON value per token would cost ten times the
+    // ids' memory on a multi-megabyte prompt.
+    let body = TokenizeResponse {
+        count: ids.len(),
+        max_model_len: s.engine.max_model_len(),
+        tokens: &ids,
+        token_strs: req.return_token_strs.then_some(TokenStrs(tok, &ids)),
+    };
+    let bytes = serde_json::to_vec(&body).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
+}
+
+#[derive(Serialize)]
+struct TokenizeResponse<'a> {
+    count: usize,
+    max_model_len: usize,
+    tokens: &'a [TokenId],
+    token_strs: Option<TokenStrs<'a>>,
+}
+
+/// Each id's token string, written as the list is serialised.
+struct TokenStrs<'a>(&'a Tokenizer, &'a [TokenId]);
+
+impl Serialize for TokenStrs<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(
+            self.1
+                .iter()
+                .map(|&id| self.0.id_to_token(id).unwrap_or_default()),
+        )
+    }
 }
 
 pub async fn detokenize(

@@ -41,6 +41,18 @@ impl WeightMatrix {
         cols: usize,
         opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
+        // The rows and columns come from the model's configuration: every part's stored
+        // shape must agree before they size anything.
+        for &(name, r) in parts {
+            let found = src.tensor_shape(name)?;
+            if found != [r, cols] {
+                return Err(LoadError::ShapeMismatch {
+                    tensor: name.to_string(),
+                    found,
+                    expected: vec![r, cols],
+                });
+            }
+        }
         let rows = parts.iter().map(|(_, r)| r).sum();
         if opts.dtype != DType::Float32 {
             if let Some(loaded) = load_quantized_parts(src, parts, cols)? {

@@ -25,7 +25,8 @@ pub struct RopeTableError {
 }
 
 impl RotaryEmbedding {
-    pub fn new(config: &ModelConfig) -> Self {
+    /// The table for the model's first positions (an error if it cannot be allocated).
+    pub fn new(config: &ModelConfig) -> Result<Self, RopeTableError> {
         let head_dim = config.head_dim;
         let mut rope = Self {
             cos_sin_cache: Vec::new(),
@@ -33,10 +34,8 @@ impl RotaryEmbedding {
             head_dim,
             max_positions: 0,
         };
-        let initial = config.max_position_embeddings.min(INITIAL_POSITIONS);
-        rope.resize(initial)
-            .unwrap_or_else(|e| panic!("{e}: {initial} positions always fit"));
-        rope
+        rope.resize(config.max_position_embeddings.min(INITIAL_POSITIONS))?;
+        Ok(rope)
     }
 
     /// Tables positions `0..positions` (allocation failure is an error, not an abort).
@@ -140,12 +139,13 @@ mod tests {
             "max_position_embeddings": 1u64 << 60, // a crafted file's claim
         });
         let cfg = ModelConfig::from_hf_json(&json).unwrap();
-        let mut rope = RotaryEmbedding::new(&cfg);
+        let mut rope = RotaryEmbedding::new(&cfg).unwrap();
         assert_eq!(rope.max_positions(), INITIAL_POSITIONS);
         let small = RotaryEmbedding::new(&ModelConfig {
             max_position_embeddings: 100,
             ..cfg.clone()
-        });
+        })
+        .unwrap();
         assert_eq!(small.max_positions(), 100);
         assert!(rope.resize(1 << 60).is_err());
         assert!(rope.resize(usize::MAX).is_err());

@@ -214,6 +214,10 @@ impl WeightSource for GgufWeights<'_> {
         self.names.contains_key(name)
     }
 
+    fn tensor_shape(&self, name: &str) -> Result<Vec<usize>, LoadError> {
+        Ok(self.info(name)?.shape())
+    }
+
     fn load(&self, name: &str) -> Result<Tensor, LoadError> {
         let info = self.info(name)?;
         // ggml lists dimensions fastest-varying first; PyTorch's order is the reverse.

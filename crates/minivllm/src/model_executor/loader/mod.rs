@@ -53,6 +53,16 @@ pub enum LoadError {
     },
     #[error("bad model config: {0}")]
     Config(String),
+    /// A size the configuration gives that the weights it comes with contradict.
+    #[error("{origin}: {field} {value} does not match the tensor {tensor} {shape:?}")]
+    ConfigMismatch {
+        /// The configuration's file, or `model config` where it came from elsewhere.
+        origin: String,
+        field: &'static str,
+        value: usize,
+        tensor: String,
+        shape: Vec<usize>,
+    },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 }

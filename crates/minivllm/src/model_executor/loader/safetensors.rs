@@ -2,9 +2,10 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use memmap2::Mmap;
+use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use super::weights::{Tensor, WeightSource};
@@ -30,13 +31,19 @@ impl SafetensorsWeights {
                 .ok_or_else(|| {
                     LoadError::Config(format!("{} lacks weight_map", index_path.display()))
                 })?;
-            let mut files: Vec<String> = map
-                .values()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect();
+            let mut files = map
+                .iter()
+                .map(|(tensor, shard)| match shard.as_str() {
+                    Some(shard) => shard_path(dir, &index_path, shard),
+                    None => Err(LoadError::Config(format!(
+                        "{}: the shard of {tensor} is {shard}, not a file name",
+                        index_path.display()
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             files.sort();
             files.dedup();
-            Self::open_files(&files.iter().map(|f| dir.join(f)).collect::<Vec<_>>())
+            Self::open_files(&files)
         } else if single.is_file() {
             Self::open_files(&[single])
         } else {
@@ -47,6 +54,8 @@ impl SafetensorsWeights {
         }
     }
 
+    /// Opens each file, which must be a regular file: opening a FIFO or a device would
+    /// block or read without end.
     pub fn open_files(paths: &[PathBuf]) -> Result<Self, LoadError> {
         let mut shards = Vec::with_capacity(paths.len());
         let mut index = HashMap::new();
@@ -55,7 +64,20 @@ impl SafetensorsWeights {
                 path: path.clone(),
                 source,
             };
+            let not_a_file = || {
+                LoadError::Config(format!(
+                    "{}: a safetensors shard must be a regular file",
+                    path.display()
+                ))
+            };
+            if !std::fs::metadata(path).map_err(io)?.is_file() {
+                return Err(not_a_file());
+            }
             let file = File::open(path).map_err(io)?;
+            // Again on the open file, in case the path was replaced in between.
+            if !file.metadata().map_err(io)?.is_file() {
+                return Err(not_a_file());
+            }
             // SAFETY: the file is opened read-only and the map lives as long as this
             // value; a file changed underneath us would garble weights, not memory safety
             // of the process beyond what any mmap-based loader accepts.
@@ -73,28 +95,9 @@ impl SafetensorsWeights {
         }
         Ok(Self { shards, index })
     }
-}
 
-impl WeightSource for SafetensorsWeights {
-    fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name)
-    }
-
-    fn stored_half(&self, name: &str) -> Option<HalfKind> {
-        let (_, mmap) = &self.shards[*self.index.get(name)?];
-        match SafeTensors::deserialize(mmap)
-            .ok()?
-            .tensor(name)
-            .ok()?
-            .dtype()
-        {
-            Dtype::F16 => Some(HalfKind::F16),
-            Dtype::BF16 => Some(HalfKind::BF16),
-            _ => None,
-        }
-    }
-
-    fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+    /// The tensor's header entry, its data still in the mapping.
+    fn view(&self, name: &str) -> Result<TensorView<'_>, LoadError> {
         let &shard = self
             .index
             .get(name)
@@ -102,9 +105,45 @@ impl WeightSource for SafetensorsWeights {
         let (path, mmap) = &self.shards[shard];
         let st = SafeTensors::deserialize(mmap)
             .map_err(|e| LoadError::Config(format!("{}: {e}", path.display())))?;
-        let view = st
-            .tensor(name)
-            .map_err(|_| LoadError::MissingTensor(name.to_string()))?;
+        st.tensor(name)
+            .map_err(|_| LoadError::MissingTensor(name.to_string()))
+    }
+}
+
+/// The path of a shard the index names, which must be a plain file name: the index is
+/// text that anyone can write, and `../x`, `/x` or `sub/../../x` would read a file outside
+/// the model's folder. (A shard that is a symbolic link is followed, as `model.safetensors`
+/// is: the Hugging Face cache links every snapshot file to its blob in `../../blobs`.)
+fn shard_path(dir: &Path, index_path: &Path, shard: &str) -> Result<PathBuf, LoadError> {
+    let mut parts = Path::new(shard).components();
+    match (parts.next(), parts.next()) {
+        (Some(Component::Normal(name)), None) if !shard.contains(['/', '\\']) => Ok(dir.join(name)),
+        _ => Err(LoadError::Config(format!(
+            "{}: shard {shard:?} is not a file name in the model's folder",
+            index_path.display()
+        ))),
+    }
+}
+
+impl WeightSource for SafetensorsWeights {
+    fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    fn tensor_shape(&self, name: &str) -> Result<Vec<usize>, LoadError> {
+        Ok(self.view(name)?.shape().to_vec())
+    }
+
+    fn stored_half(&self, name: &str) -> Option<HalfKind> {
+        match self.view(name).ok()?.dtype() {
+            Dtype::F16 => Some(HalfKind::F16),
+            Dtype::BF16 => Some(HalfKind::BF16),
+            _ => None,
+        }
+    }
+
+    fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+        let view = self.view(name)?;
         let bytes = view.data();
         let data: Vec<f32> = match view.dtype() {
             Dtype::F32 => bytes
@@ -136,7 +175,6 @@ impl WeightSource for SafetensorsWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use safetensors::tensor::TensorView;
 
     fn write(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
         let views: Vec<(&str, TensorView<'_>)> = tensors

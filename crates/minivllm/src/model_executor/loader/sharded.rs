@@ -114,6 +114,20 @@ impl WeightSource for ShardedSource<'_> {
         self.inner.contains(name)
     }
 
+    fn tensor_shape(&self, name: &str) -> Result<Vec<usize>, LoadError> {
+        let shape = self.inner.tensor_shape(name)?;
+        let Some(dim) = (self.split)(name) else {
+            return Ok(shape);
+        };
+        let (rows, cols) = dims(name, &shape)?;
+        Ok(match dim {
+            SplitDim::Rows | SplitDim::SharedRows { .. } => {
+                vec![self.rank.rows(name, dim, rows)?.len(), cols]
+            }
+            SplitDim::Cols => vec![rows, self.rank.part(name, cols, 1)?.len()],
+        })
+    }
+
     /// Cut along whole blocks: a row is a run of blocks, so a row split takes whole rows
     /// and a column split the same run of blocks from every row.
     fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {

@@ -32,6 +32,11 @@ pub trait WeightSource {
     /// The tensor dequantised to f32.
     fn load(&self, name: &str) -> Result<Tensor, LoadError>;
     fn contains(&self, name: &str) -> bool;
+    /// The tensor's shape, read without its data where the format allows: what a size the
+    /// configuration claims is checked against before it sizes anything.
+    fn tensor_shape(&self, name: &str) -> Result<Vec<usize>, LoadError> {
+        self.load(name).map(|t| t.shape)
+    }
     /// The tensor in its stored block format, when that is one the kernels compute on;
     /// `None` when it is not (then [`WeightSource::load`] gives it in f32).
     fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {

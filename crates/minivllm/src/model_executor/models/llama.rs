@@ -66,6 +66,38 @@ pub struct ForwardBuffers {
     gathered: Vec<f32>,
 }
 
+impl ForwardBuffers {
+    /// Below this, buffers are kept while idle: what an ordinary batch needs.
+    const KEEP_BYTES: usize = 32 << 20;
+
+    /// Frees the buffers if a past batch grew them large (a step scoring a long prompt's
+    /// logprobs needs a vocabulary-wide row per token): called when the engine goes idle,
+    /// so one such request does not leave its peak in the server for good.
+    pub fn release_if_large(&mut self) {
+        let floats: usize = [
+            &self.hidden,
+            &self.residual,
+            &self.qkv,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn_out,
+            &self.gate_up,
+            &self.act,
+            &self.last_hidden,
+            &self.logits,
+            &self.local_logits,
+            &self.gathered,
+        ]
+        .iter()
+        .map(|v| v.capacity())
+        .sum();
+        if floats * std::mem::size_of::<f32>() > Self::KEEP_BYTES {
+            *self = Self::default();
+        }
+    }
+}
+
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buf.resize(len, 0.0);
     &mut buf[..len]
@@ -91,6 +123,7 @@ impl LlamaForCausalLM {
         comm: Arc<dyn Communicator>,
     ) -> Result<Self, LoadError> {
         config.validate()?;
+        check_config_against_weights(config, src, "model config")?;
         let rank = Rank {
             rank: comm.rank(),
             world_size: comm.world_size(),
@@ -130,6 +163,7 @@ impl LlamaForCausalLM {
                 &out_opts,
             )?)
         };
+        let rotary = RotaryEmbedding::new(c).map_err(|e| LoadError::Config(e.to_string()))?;
         Ok(Self {
             config: config.clone(),
             local: local.clone(),
@@ -139,7 +173,7 @@ impl LlamaForCausalLM {
             layers,
             norm: RmsNorm::load(src, "model.norm.weight", h, c.rms_norm_eps)?,
             lm_head,
-            rotary: RotaryEmbedding::new(c),
+            rotary,
         })
     }
 
@@ -401,6 +435,63 @@ impl LlamaForCausalLM {
         }
         Ok(&buf.logits[..n * vocab])
     }
+}
+
+/// Checks the sizes `config` gives against the shapes of the weights `src` holds (the whole
+/// model's, before any split), naming the field that disagrees. A configuration is text that
+/// anyone can edit and its sizes go on to size every buffer: a width, vocabulary or layer
+/// count the weights do not back is refused before anything is allocated from it. `origin`
+/// names the configuration in the error (its file).
+pub fn check_config_against_weights(
+    config: &ModelConfig,
+    src: &dyn WeightSource,
+    origin: &str,
+) -> Result<(), LoadError> {
+    let c = config;
+    let h = ("hidden_size", c.hidden_size);
+    let layer = |i: usize, s: &str| format!("model.layers.{i}.{s}");
+    let expected = [
+        (
+            "model.embed_tokens.weight".to_string(),
+            [("vocab_size", c.vocab_size), h],
+        ),
+        (
+            layer(0, "self_attn.q_proj.weight"),
+            [("num_attention_heads × head_dim", c.q_size()), h],
+        ),
+        (
+            layer(0, "self_attn.k_proj.weight"),
+            [("num_key_value_heads × head_dim", c.kv_size()), h],
+        ),
+        (
+            layer(0, "mlp.gate_proj.weight"),
+            [("intermediate_size", c.intermediate_size), h],
+        ),
+    ];
+    for (tensor, dims) in expected {
+        let shape = src.tensor_shape(&tensor)?;
+        let wrong = dims
+            .iter()
+            .enumerate()
+            .find(|&(i, &(_, value))| shape.len() != 2 || shape[i] != value);
+        if let Some((_, &(field, value))) = wrong {
+            return Err(LoadError::ConfigMismatch {
+                origin: origin.to_string(),
+                field,
+                value,
+                tensor,
+                shape,
+            });
+        }
+    }
+    let last = layer(c.num_hidden_layers - 1, "self_attn.q_proj.weight");
+    if !src.contains(&last) {
+        return Err(LoadError::Config(format!(
+            "{origin}: num_hidden_layers {} but the weights hold no {last}",
+            c.num_hidden_layers
+        )));
+    }
+    Ok(())
 }
 
 /// How tensor parallelism splits each LLaMA weight (norms stay whole on every rank); each

@@ -1,0 +1,356 @@
+//! What one request may make the server hold, checked before any work is queued, and the
+//! memory given back to the system once large requests end.
+//!
+//! A request's memory is bounded by its fields, not its body size: a 5 KB body asking for
+//! 256 completions with 20 logprobs over an echoed 800-token prompt builds a 113 MB
+//! response, and 24 prompts sharing a 4 MB stop list copy it 24 times. Each request's
+//! worst case is estimated from its fields and refused (400) above `--max-request-memory`;
+//! what requests in flight hold together is bounded too (503 while the pool is full), so
+//! many requests each within the limit cannot add up past the machine's memory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+
+use super::protocol::ApiError;
+use crate::engine::stop_strings::StopStrings;
+use crate::sampling_params::SamplingParams;
+
+/// Bytes per logprob entry of a response (a position's alternative: the engine's entry,
+/// the JSON object's key and value while the response is built, and its text), measured
+/// on `/v1/completions` with `echo` and rounded up.
+const LOGPROB_ENTRY_BYTES: u64 = 320;
+/// Bytes per generated token of one sequence: its id, text, and share of the response.
+const TOKEN_BYTES: u64 = 64;
+/// Bytes per prompt token held per prompt (ids, and the text echoed in each choice).
+const PROMPT_TOKEN_BYTES: u64 = 16;
+/// A `logit_bias` entry in the engine's map.
+const BIAS_ENTRY_BYTES: u64 = 48;
+
+/// One prompt of a request, as the estimate sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptShape {
+    pub tokens: usize,
+    /// Its output budget (`max_tokens` after the context check).
+    pub max_tokens: usize,
+}
+
+/// The most a request may make the server hold: its prompts' copies of the sampling
+/// parameters, the stop strings' automaton (one per request), and each sequence's tokens,
+/// logprobs and share of the response. `echo_prompt` when every choice repeats its prompt
+/// (with its logprobs when `params.prompt_logprobs` is set). Prompt logprobs also need a
+/// row of `vocab_size` logits per prompt token in the step that scores them.
+pub fn estimate(
+    params: &SamplingParams,
+    prompts: &[PromptShape],
+    echo_prompt: bool,
+    vocab_size: usize,
+) -> u64 {
+    let stop_bytes: usize = params.stop.iter().map(String::len).sum();
+    let automaton = if stop_bytes > 0 {
+        StopStrings::bytes_for(stop_bytes, params.stop.len()) as u64
+    } else {
+        0
+    };
+    let per_prompt_params = (stop_bytes + params.stop.len() * std::mem::size_of::<String>()) as u64
+        + 4 * params.stop_token_ids.len() as u64
+        + BIAS_ENTRY_BYTES * params.logit_bias.len() as u64;
+    let seqs = params.best_of_or_n() as u64;
+    let choices = params.n as u64;
+    let logprob_width = params.logprobs.map_or(0, |k| k as u64 + 1);
+    let prompt_width = params.prompt_logprobs.map_or(0, |k| k as u64 + 1);
+    let mut total = automaton;
+    for p in prompts {
+        let (tokens, out) = (p.tokens as u64, p.max_tokens as u64);
+        total = total
+            .saturating_add(per_prompt_params)
+            .saturating_add(tokens.saturating_mul(PROMPT_TOKEN_BYTES))
+            // The engine's prompt logprobs, once per prompt, and their logits rows.
+            .saturating_add(tokens.saturating_mul(prompt_width * 8))
+            .saturating_add(if prompt_width > 0 {
+                tokens.saturating_mul(4 * vocab_size as u64)
+            } else {
+                0
+            })
+            .saturating_add(seqs.saturating_mul(out).saturating_mul(TOKEN_BYTES))
+            .saturating_add(
+                seqs.saturating_mul(out)
+                    .saturating_mul(logprob_width * LOGPROB_ENTRY_BYTES),
+            );
+        if echo_prompt {
+            total = total.saturating_add(
+                choices
+                    .saturating_mul(tokens)
+                    .saturating_mul(PROMPT_TOKEN_BYTES + prompt_width * LOGPROB_ENTRY_BYTES),
+            );
+        }
+    }
+    total
+}
+
+/// The server's memory bounds for requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// A request estimated above this gets 400 (`--max-request-memory`).
+    pub per_request: u64,
+    /// What requests in flight may hold together; a request that does not fit beside them
+    /// gets 503.
+    pub in_flight: u64,
+}
+
+impl MemoryLimits {
+    /// Per request: an eighth of the memory left once the model and KV cache are loaded,
+    /// at most 1 GiB; in flight: half of it. "Left" is the smallest of what the machine has
+    /// available, the cgroup allows, and the address space `ulimit -v` leaves.
+    pub fn from_headroom(headroom: u64) -> Self {
+        MemoryLimits {
+            per_request: (headroom / 8).clamp(16 << 20, 1 << 30),
+            in_flight: (headroom / 2).max(64 << 20),
+        }
+    }
+
+    /// With a per-request limit the user set: the pool holds at least four such requests.
+    pub fn with_per_request(self, per_request: u64) -> Self {
+        MemoryLimits {
+            per_request,
+            in_flight: self.in_flight.max(per_request.saturating_mul(4)),
+        }
+    }
+}
+
+/// The memory this process may still take, as far as Linux tells: available memory, the
+/// cgroup's limit less its usage, and the address-space limit less the address space in use.
+/// `None` where none can be read.
+pub fn headroom() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let available = meminfo
+        .as_deref()
+        .and_then(|m| proc_kib(m, "MemAvailable:"));
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map(|max| {
+            let used = std::fs::read_to_string("/sys/fs/cgroup/memory.current")
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            max.saturating_sub(used)
+        });
+    let address_space = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            let line = l.lines().find(|l| l.starts_with("Max address space"))?;
+            line.split_whitespace().nth(3)?.parse::<u64>().ok()
+        })
+        .map(|limit| {
+            let used = std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| proc_kib(&s, "VmSize:"))
+                .unwrap_or(0);
+            limit.saturating_sub(used)
+        });
+    [available, cgroup, address_space]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+/// A `Name:  1234 kB` line of a /proc file, in bytes.
+fn proc_kib(text: &str, name: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(name))?;
+    let kib: u64 = line[name.len()..].split_whitespace().next()?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The requests' shared pool.
+#[derive(Debug)]
+pub struct MemoryPool {
+    limits: MemoryLimits,
+    held: AtomicU64,
+}
+
+/// Memory a request holds from the pool until it is dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    pool: Arc<MemoryPool>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.pool.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+impl MemoryPool {
+    pub fn new(limits: MemoryLimits) -> Arc<Self> {
+        Arc::new(MemoryPool {
+            limits,
+            held: AtomicU64::new(0),
+        })
+    }
+
+    pub fn limits(&self) -> MemoryLimits {
+        self.limits
+    }
+
+    /// Bytes reserved by requests in flight.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Reserves `bytes` for a request (`what` describes it for the error), or says why not:
+    /// 400 above the per-request limit, 503 while the requests in flight hold too much.
+    pub fn reserve(self: &Arc<Self>, bytes: u64, what: &str) -> Result<Reservation, ApiError> {
+        if bytes > self.limits.per_request {
+            return Err(ApiError::bad_request(
+                format!(
+                    "This request would hold up to {} ({what}), above the server's limit of {} \
+                     per request (--max-request-memory). Ask for fewer prompts, a smaller n or \
+                     max_tokens, fewer logprobs, or a shorter stop list.",
+                    mib(bytes),
+                    mib(self.limits.per_request)
+                ),
+                None,
+            ));
+        }
+        let limit = self.limits.in_flight;
+        let reserved = self
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + bytes <= limit).then_some(held + bytes)
+            });
+        match reserved {
+            Ok(_) => Ok(Reservation {
+                pool: self.clone(),
+                bytes,
+            }),
+            Err(held) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "The server is busy: requests in flight hold {} of the {} it allows them, \
+                     and this one needs up to {}. Try again later.",
+                    mib(held),
+                    mib(limit),
+                    mib(bytes)
+                ),
+                None,
+            )),
+        }
+    }
+}
+
+/// Runs until the process ends: once a second, when the resident memory is more than
+/// [`TRIM_GROWTH`] above the lowest it has been after a trim and has moved since the last
+/// one, hands the allocator's free pages back to the system. glibc keeps freed heap pages
+/// otherwise, so one burst of large requests (or of large refused ones: parsing them costs
+/// memory too) would leave the server at its peak. A trim while the memory is still in use
+/// frees little; the next, once the requests have ended and the memory has dropped, does.
+pub async fn trim_freed_memory() {
+    let Some(start) = resident_bytes() else {
+        return;
+    };
+    let (mut floor, mut last) = (start, start);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(now) = resident_bytes() else {
+            return;
+        };
+        if now > floor + TRIM_GROWTH && now.abs_diff(last) > TRIM_GROWTH / 4 {
+            let _ = tokio::task::spawn_blocking(release_free_memory).await;
+            last = resident_bytes().unwrap_or(now);
+            floor = floor.min(last);
+        }
+    }
+}
+
+/// Growth worth a trim: a trim walks the whole heap, so not for every few pages.
+const TRIM_GROWTH: u64 = 16 << 20;
+
+/// This process's resident memory, from /proc.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+/// Gives the allocator's free pages back to the system.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn release_free_memory() {
+    extern "C" {
+        fn malloc_trim(pad: usize) -> std::ffi::c_int;
+    }
+    // SAFETY: glibc's malloc_trim takes no pointers and is thread-safe (it locks each arena).
+    unsafe {
+        malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn release_free_memory() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(tokens: usize, max_tokens: usize) -> PromptShape {
+        PromptShape { tokens, max_tokens }
+    }
+
+    #[test]
+    fn the_probes_requests_are_estimated_above_a_small_limit() {
+        // n 256 x 20 logprobs x an echoed 800-token prompt: a 113 MB response.
+        let p = SamplingParams {
+            n: 256,
+            logprobs: Some(20),
+            prompt_logprobs: Some(20),
+            ..SamplingParams::default()
+        };
+        let b = estimate(&p, &[shape(800, 1)], true, 49152);
+        assert!(b > 1 << 30, "{b}");
+        // 24 prompts sharing 1,024 stop strings of 4,096 bytes.
+        let p = SamplingParams {
+            stop: vec!["x".repeat(4096); 1024],
+            ..SamplingParams::default()
+        };
+        let b = estimate(&p, &[shape(1, 16); 24], false, 49152);
+        assert!(b > 24 * (4 << 20) + (60 << 20), "{b}");
+        // An ordinary request is a few hundred kilobytes at most.
+        let b = estimate(&SamplingParams::default(), &[shape(200, 256)], false, 49152);
+        assert!(b < 1 << 20, "{b}");
+    }
+
+    #[test]
+    fn limits_refuse_with_400_and_the_pool_with_503() {
+        let pool = MemoryPool::new(MemoryLimits {
+            per_request: 100,
+            in_flight: 150,
+        });
+        let e = pool.reserve(101, "1 prompt").unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("--max-request-memory"), "{}", e.message);
+        let a = pool.reserve(100, "a").unwrap();
+        let e = pool.reserve(60, "b").unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        drop(a);
+        assert_eq!(pool.held(), 0);
+        let _b = pool.reserve(60, "b").unwrap();
+        assert_eq!(pool.held(), 60);
+    }
+
+    #[test]
+    fn headroom_is_read_and_limits_follow_it() {
+        assert!(headroom().is_some_and(|h| h > 0));
+        let l = MemoryLimits::from_headroom(1 << 30);
+        assert_eq!(l.per_request, 128 << 20);
+        assert_eq!(l.in_flight, 512 << 20);
+        assert_eq!(MemoryLimits::from_headroom(64 << 30).per_request, 1 << 30);
+        assert_eq!(l.with_per_request(256 << 20).in_flight, 1 << 30);
+    }
+}
