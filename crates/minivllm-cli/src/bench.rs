@@ -436,10 +436,7 @@ impl Environment {
 
 /// The process's peak resident memory (`VmHWM`), where Linux reports it.
 fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    minivllm::utils::proc_kib_field("/proc/self/status", "VmHWM")
 }
 
 /// The engine for `bench latency`: the whole batch prefilled in its first step, then one

@@ -26,6 +26,19 @@ pub fn parse_byte_size(s: &str) -> Result<u64, String> {
     Ok((value * mult) as u64)
 }
 
+/// A `Name:  1234 kB` field of a Linux /proc file (`/proc/meminfo`, `/proc/self/status`),
+/// in bytes; `None` where the file or the field is missing.
+pub fn proc_kib_field(path: &str, name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.split(':').next() == Some(name))?;
+    let kib: u64 = line[name.len() + 1..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +53,15 @@ mod tests {
         assert!(parse_byte_size("3 parsecs")
             .unwrap_err()
             .contains("parsecs"));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn proc_fields_in_bytes() {
+        let total = proc_kib_field("/proc/meminfo", "MemTotal").unwrap();
+        assert!(total > 1 << 20);
+        // A field is matched whole, not by prefix.
+        assert_eq!(proc_kib_field("/proc/meminfo", "MemTot"), None);
+        assert_eq!(proc_kib_field("/proc/no-such-file", "MemTotal"), None);
     }
 }

@@ -143,6 +143,7 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn(require_json))
+        // `read_body` enforces the limit; this lifts axum's own (2 MB) to it.
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(
@@ -185,7 +186,8 @@ async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Respons
                 .into_response()
         }
         Err(_) => {
-            let mut resp = ApiError::new(
+            // The rest of the body is not worth waiting for.
+            return closing(ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 format!(
                     "the request body did not arrive within {:.0} s (bodies must arrive within \
@@ -195,12 +197,7 @@ async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Respons
                     BODY_GRACE.as_secs()
                 ),
                 None,
-            )
-            .into_response();
-            // The rest of the body is not worth waiting for: close the connection.
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return resp;
+            ));
         }
     };
     next.run(Request::from_parts(parts, Body::from(bytes)))
@@ -208,12 +205,17 @@ async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Respons
 }
 
 fn too_large(limit: usize) -> Response {
-    let mut resp = ApiError::new(
+    closing(ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         format!("the request body is larger than the server's limit of {limit} bytes (--max-request-body-size)"),
         None,
-    )
-    .into_response();
+    ))
+}
+
+/// `e` as a response that closes the connection: the body the client is still sending
+/// would otherwise have to be read first.
+fn closing(e: ApiError) -> Response {
+    let mut resp = e.into_response();
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp

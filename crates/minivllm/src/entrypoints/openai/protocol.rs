@@ -290,14 +290,10 @@ pub struct ChatCompletionRequest {
 }
 
 impl ChatCompletionRequest {
-    pub fn template_mode(&self) -> TemplateMode {
-        TemplateMode::of(self.add_generation_prompt, self.continue_final_message)
-            .unwrap_or(TemplateMode::GenerationPrompt)
-    }
-
-    pub fn check(&self) -> Result<(), ApiError> {
+    /// The checks that need nothing but the request; returns how to render its template.
+    pub fn check(&self) -> Result<TemplateMode, ApiError> {
         self.common.check()?;
-        TemplateMode::of(self.add_generation_prompt, self.continue_final_message)?;
+        let mode = TemplateMode::of(self.add_generation_prompt, self.continue_final_message)?;
         if self.messages.is_empty() {
             return Err(ApiError::bad_request(
                 "messages must not be empty",
@@ -310,7 +306,7 @@ impl ChatCompletionRequest {
                 Some("top_logprobs"),
             ));
         }
-        Ok(())
+        Ok(mode)
     }
 }
 

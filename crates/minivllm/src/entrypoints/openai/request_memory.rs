@@ -17,6 +17,7 @@ use axum::http::StatusCode;
 use super::protocol::ApiError;
 use crate::engine::stop_strings::StopStrings;
 use crate::sampling_params::SamplingParams;
+use crate::utils::proc_kib_field;
 
 /// Bytes per logprob entry of a response (a position's alternative: the engine's entry,
 /// the JSON object's key and value while the response is built, and its text), measured
@@ -124,10 +125,7 @@ impl MemoryLimits {
 /// cgroup's limit less its usage, and the address-space limit less the address space in use.
 /// `None` where none can be read.
 pub fn headroom() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
-    let available = meminfo
-        .as_deref()
-        .and_then(|m| proc_kib(m, "MemAvailable:"));
+    let available = proc_kib_field("/proc/meminfo", "MemAvailable");
     let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
@@ -145,23 +143,13 @@ pub fn headroom() -> Option<u64> {
             line.split_whitespace().nth(3)?.parse::<u64>().ok()
         })
         .map(|limit| {
-            let used = std::fs::read_to_string("/proc/self/status")
-                .ok()
-                .and_then(|s| proc_kib(&s, "VmSize:"))
-                .unwrap_or(0);
+            let used = proc_kib_field("/proc/self/status", "VmSize").unwrap_or(0);
             limit.saturating_sub(used)
         });
     [available, cgroup, address_space]
         .into_iter()
         .flatten()
         .min()
-}
-
-/// A `Name:  1234 kB` line of a /proc file, in bytes.
-fn proc_kib(text: &str, name: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with(name))?;
-    let kib: u64 = line[name.len()..].split_whitespace().next()?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// The requests' shared pool.

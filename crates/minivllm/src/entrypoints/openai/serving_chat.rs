@@ -109,10 +109,10 @@ fn prepare(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(ChatCompletionRequest, Prompt, SamplingParams, Held), ApiError> {
     let req: ChatCompletionRequest = parse(body)?;
-    req.check()?;
+    let mode = req.check()?;
     check_model(s, req.common.model.as_deref())?;
     // The template writes the BOS itself.
-    let prompt = render_chat(s, &req.messages, req.template_mode(), false)?;
+    let prompt = render_chat(s, &req.messages, mode, false)?;
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let base = req.common.sampling_params(max_tokens, logprobs);

@@ -62,9 +62,11 @@ pub async fn off_async<T: Send + 'static>(
 }
 
 /// `v` as a JSON response, serialised by the caller's thread.
-pub fn json_response(v: &Value) -> Response {
-    let body = serde_json::to_vec(v).expect("a JSON value serialises");
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+pub fn json_response(v: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(v) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => ApiError::internal(format!("cannot write the response: {e}")).into_response(),
+    }
 }
 
 /// vLLM answers a model name it does not serve with 404, which OpenAI's clients raise as

@@ -4,8 +4,7 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::{Serialize, Serializer};
 use serde_json::json;
 
@@ -52,8 +51,7 @@ fn tokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
         tokens: &ids,
         token_strs: req.return_token_strs.then_some(TokenStrs(tok, &ids)),
     };
-    let bytes = serde_json::to_vec(&body).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
+    Ok(json_response(&body))
 }
 
 #[derive(Serialize)]
