@@ -36,6 +36,19 @@ fn greedy(server: &Server) -> String {
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
+/// Another client's greedy requests, until `done`: each must keep its answer. Returns the
+/// slowest one's time.
+fn bystander(server: &Server, answer: &str, done: &AtomicBool) -> Duration {
+    let mut slowest = Duration::ZERO;
+    while !done.load(Ordering::Relaxed) {
+        let t = Instant::now();
+        assert_eq!(greedy(server), answer);
+        slowest = slowest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    slowest
+}
+
 /// The probe's crashing requests, and the bounds each must meet: the status it may get and
 /// a word its error message must hold.
 fn hostile_requests() -> Vec<(&'static str, Value, &'static [u16], &'static str)> {
@@ -99,19 +112,9 @@ fn hostile_requests_under_a_2_gib_cap_get_4xx_and_the_memory_goes_back() {
         greedy(&server);
     }
     let warm = rss_kib(&server);
-    // Another client's greedy requests all along: each must keep its answer.
     let done = AtomicBool::new(false);
-    let slowest = std::thread::scope(|scope| {
-        let bystander = scope.spawn(|| {
-            let mut slowest = Duration::ZERO;
-            while !done.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                assert_eq!(greedy(&server), answer);
-                slowest = slowest.max(t.elapsed());
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            slowest
-        });
+    let (slowest_hostile, slowest) = std::thread::scope(|scope| {
+        let watch = scope.spawn(|| bystander(&server, &answer, &done));
         for (what, body, allowed, names) in hostile_requests() {
             let (status, v) = post(&server, &body);
             assert!(allowed.contains(&status), "{what}: {status} {v:.300}");
@@ -121,7 +124,13 @@ fn hostile_requests_under_a_2_gib_cap_get_4xx_and_the_memory_goes_back() {
             }
             eprintln!("{what}: {status}, RSS {} KiB", rss_kib(&server));
         }
+        done.store(true, Ordering::Relaxed);
+        let slowest_hostile = watch.join().unwrap();
         // Large requests the budget admits: their memory must be given back afterwards.
+        // (Each is one 300-token prefill step that a bystander waits behind: > 1 s on two
+        // cores, a matter for the scheduler's chunking, not for the memory bounds.)
+        done.store(false, Ordering::Relaxed);
+        let watch = scope.spawn(|| bystander(&server, &answer, &done));
         for _ in 0..3 {
             let body = json!({"prompt": (100..400).collect::<Vec<u32>>(), "n": 8,
                               "logprobs": 20, "echo": true, "max_tokens": 4, "temperature": 1});
@@ -130,23 +139,26 @@ fn hostile_requests_under_a_2_gib_cap_get_4xx_and_the_memory_goes_back() {
             assert_eq!(v["choices"].as_array().unwrap().len(), 8);
         }
         done.store(true, Ordering::Relaxed);
-        bystander.join().unwrap()
+        (slowest_hostile, watch.join().unwrap())
     });
-    eprintln!("the bystander's slowest greedy request: {slowest:?}");
+    // Printed, not asserted: a timing, which other tests sharing the cores would upset.
+    eprintln!(
+        "the bystander's slowest greedy request: {slowest_hostile:?} during the hostile \
+         requests, {slowest:?} behind the large admitted ones"
+    );
     assert_eq!(greedy(&server), answer);
-    // Back near warm idle within 10 s of the burst. The issue's goal is 20 %; measured here
-    // 143 MB warm and 165-180 MB after (glibc's heap keeps pages that small live
-    // allocations pin), so the test holds 50 % and would catch the peak being kept (230+ MB
-    // without the trim, 240+ MB without freeing the step buffers when idle).
+    // Back within 20 % of warm idle within 10 s of the burst (the issue's goal). Measured
+    // here: 143 MB warm, 158-161 MB after; 1.4x without `map_large_allocations`, 1.6x
+    // without the trims.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut now = rss_kib(&server);
-    while now as f64 > warm as f64 * 1.5 && Instant::now() < deadline {
+    while now as f64 > warm as f64 * 1.2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(250));
         now = rss_kib(&server);
     }
     eprintln!("RSS: {warm} KiB warm, {now} KiB after the burst");
     assert!(
-        now as f64 <= warm as f64 * 1.5,
+        now as f64 <= warm as f64 * 1.2,
         "RSS {now} KiB 10 s after the burst, {warm} KiB warm"
     );
 }

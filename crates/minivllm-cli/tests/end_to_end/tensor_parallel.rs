@@ -225,10 +225,16 @@ fn a_killed_rank_ends_the_job_within_seconds() {
         let status = exit_status(&mut server, Duration::from_secs(10))
             .unwrap_or_else(|| panic!("rank {victim} killed: the job still runs after 10 s"));
         assert!(!status.success(), "rank {victim} killed: mpirun {status}");
+        // mpirun may return while the SIGKILLed ranks are still being torn down (their
+        // memory unmapped), which takes a moment on a loaded machine: the bound is the
+        // same 10 s from the kill.
         for pid in others {
+            while alive(pid) && killed.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             assert!(
                 !alive(pid),
-                "rank {victim} killed: process {pid} still runs"
+                "rank {victim} killed: process {pid} still runs 10 s later"
             );
         }
         eprintln!(

@@ -24,7 +24,9 @@ use tower_http::timeout::TimeoutLayer;
 use tracing::Instrument;
 
 use super::protocol::ApiError;
-use super::request_memory::{headroom, trim_freed_memory, MemoryLimits, MemoryPool};
+use super::request_memory::{
+    headroom, map_large_allocations, trim_freed_memory, MemoryLimits, MemoryPool,
+};
 use super::serving_chat::chat_completions;
 use super::serving_completion::completions;
 use super::serving_engine::now;
@@ -121,6 +123,7 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
         in_flight_mib = limits.in_flight >> 20,
         "request memory limits"
     );
+    map_large_allocations();
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(trim_freed_memory());
     }
