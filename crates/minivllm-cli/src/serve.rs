@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// half of that memory, and at least four times this; past it they get 503.
     #[arg(long, value_parser = crate::parse_bytes)]
     pub max_request_memory: Option<u64>,
+    /// Seconds a client may accept none of its response (its socket buffer full) before its
+    /// connection is closed and its request aborted; as nginx's `send_timeout`.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub send_timeout: f64,
     /// Connections served at once; further ones wait in the listen backlog.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
@@ -88,6 +92,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections as usize,
         shutdown_timeout: Duration::from_secs_f64(args.shutdown_timeout),
         request_timeout: args.request_timeout.map(Duration::from_secs_f64),
+        send_timeout: Duration::from_secs_f64(args.send_timeout),
     };
     let options = AsyncEngineOptions {
         max_waiting_requests: args.max_waiting_requests,

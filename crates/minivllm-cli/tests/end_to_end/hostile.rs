@@ -278,3 +278,24 @@ fn slow_bodies_oversized_declarations_and_auth_first() {
     let (status, _, _) = request_with(port, "GET", "/no/such/route", &key, None).unwrap();
     assert_eq!(status, 404);
 }
+
+/// A client that asks for a large response and then reads none of it is cut after
+/// `--send-timeout`: with one connection slot, the next client gets in.
+#[test]
+fn a_client_that_stops_reading_gives_its_slot_back() {
+    let server = start_with(&model(), &["--max-connections", "1", "--send-timeout", "2"]);
+    // About 20 MB of response (each token's id and string), more than the socket buffers
+    // on both ends hold.
+    let body = json!({"prompt": "hello ".repeat(1_000_000), "return_token_strs": true}).to_string();
+    let silent = server::send(server.port, "POST", "/tokenize", &[], &body).unwrap();
+    let started = Instant::now();
+    // Without the send timeout this one waits for as long as the silent client lives.
+    let mut next = server::send(server.port, "GET", "/health", &[], "").unwrap();
+    next.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut reply = String::new();
+    let _ = next.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:.200}");
+    eprintln!("the next client got in after {:?}", started.elapsed());
+    drop(silent);
+}

@@ -19,6 +19,7 @@ use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutStream;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use tower_http::timeout::TimeoutLayer;
 use tracing::Instrument;
@@ -236,6 +237,9 @@ pub struct ConnectionLimits {
     pub shutdown_timeout: Duration,
     /// A request whose response has not started within this time gets 408 (off: `None`).
     pub request_timeout: Option<Duration>,
+    /// A connection whose client accepts none of its response for this long is closed
+    /// (its request aborted), so a client that stops reading holds no slot and no memory.
+    pub send_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -245,6 +249,7 @@ impl Default for ConnectionLimits {
             max_connections: 1024,
             shutdown_timeout: Duration::from_secs(30),
             request_timeout: None,
+            send_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -290,8 +295,13 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let conn =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        // The timer runs only while a write waits on a full socket buffer.
+        let mut stream = TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(limits.send_timeout));
+        let conn = http.serve_connection(
+            TokioIo::new(Box::pin(stream)),
+            TowerToHyperService::new(app.clone()),
+        );
         let conn = graceful.watch(conn);
         connections.spawn(async move {
             if let Err(e) = conn.await {
