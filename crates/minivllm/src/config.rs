@@ -9,8 +9,55 @@ use serde_json::Value;
 pub enum ConfigError {
     #[error("bad model config: {0}")]
     Invalid(String),
-    #[error("unsupported model architecture {0:?} (supported: llama, mistral)")]
+    #[error("unsupported model architecture {0:?} (supported: {SUPPORTED_ARCHITECTURES})")]
     UnsupportedArchitecture(String),
+}
+
+/// The model families the engine runs, as vLLM's model registry names them: each is picked
+/// by a GGUF file's `general.architecture` or a `config.json`'s `architectures`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFamily {
+    /// Llama 2/3, SmolLM2, TinyLlama.
+    Llama,
+    /// Mistral (the LLaMA computation; its sliding window is not applied yet).
+    Mistral,
+    /// Qwen2 and Qwen2.5: LLaMA with a bias on the q, k and v projections.
+    Qwen2,
+}
+
+/// GGUF name, Hugging Face class, family.
+const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
+    ("llama", "LlamaForCausalLM", ModelFamily::Llama),
+    ("mistral", "MistralForCausalLM", ModelFamily::Mistral),
+    ("qwen2", "Qwen2ForCausalLM", ModelFamily::Qwen2),
+];
+
+/// For error messages: every name [`ModelFamily::from_name`] takes.
+pub const SUPPORTED_ARCHITECTURES: &str =
+    "llama (LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM)";
+
+impl ModelFamily {
+    /// The family of a GGUF architecture name or a Hugging Face class (or `model_type`).
+    pub fn from_name(name: &str) -> Result<Self, ConfigError> {
+        ARCHITECTURES
+            .iter()
+            .find(|(gguf, hf, _)| name == *gguf || name == *hf)
+            .map(|&(_, _, f)| f)
+            .ok_or_else(|| ConfigError::UnsupportedArchitecture(name.to_string()))
+    }
+
+    /// Its GGUF name, which `ModelConfig::architecture` holds.
+    pub fn gguf_name(self) -> &'static str {
+        ARCHITECTURES
+            .iter()
+            .find(|&&(_, _, f)| f == self)
+            .map_or("llama", |&(g, _, _)| g)
+    }
+
+    /// Whether the q, k and v projections carry a bias.
+    pub fn qkv_bias(self) -> bool {
+        self == ModelFamily::Qwen2
+    }
 }
 
 /// How rotary frequencies are stretched for long contexts.
@@ -44,8 +91,11 @@ pub const MAX_HEAD_DIM: usize = 1 << 12;
 /// Hyper-parameters of a LLaMA-family decoder.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// `llama` or `mistral` (the same computation here).
+    /// The family's GGUF name (`llama`, `mistral`, `qwen2`): see [`ModelFamily`].
     pub architecture: String,
+    pub family: ModelFamily,
+    /// A bias on the q, k and v projections (Qwen2).
+    pub qkv_bias: bool,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -262,11 +312,14 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .or_else(|| json.get("model_type").and_then(Value::as_str))
             .unwrap_or("<missing>");
-        let architecture = match arch {
-            "LlamaForCausalLM" | "llama" => "llama",
-            "MistralForCausalLM" | "mistral" => "mistral",
-            other => return Err(ConfigError::UnsupportedArchitecture(other.to_string())),
-        };
+        let family = ModelFamily::from_name(arch)?;
+        // Llama's `attention_bias` puts a bias on the output projection too, which the
+        // shared decoder does not hold: refused rather than run without it.
+        if json.get("attention_bias").and_then(Value::as_bool) == Some(true) && !family.qkv_bias() {
+            return Err(ConfigError::Invalid(
+                "attention_bias: true is not supported for this architecture".into(),
+            ));
+        }
         // LLaMA's MLP is SwiGLU; another activation would compute a different model.
         if let Some(act) = json.get("hidden_act").and_then(Value::as_str) {
             if act != "silu" {
@@ -294,7 +347,9 @@ impl ModelConfig {
             .filter(|v| v.is_object())
             .or(rope_params);
         let cfg = ModelConfig {
-            architecture: architecture.to_string(),
+            architecture: family.gguf_name().to_string(),
+            family,
+            qkv_bias: family.qkv_bias(),
             vocab_size: req_usize(json, "vocab_size")?,
             hidden_size,
             intermediate_size: req_usize(json, "intermediate_size")?,
@@ -408,6 +463,38 @@ mod tests {
         j["architectures"] = json!(["GPTNeoXForCausalLM"]);
         let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
         assert!(e.contains("GPTNeoXForCausalLM"), "{e}");
+        // The message tells the user what would load instead.
+        assert!(e.contains("Qwen2ForCausalLM") && e.contains("llama"), "{e}");
+    }
+
+    #[test]
+    fn qwen2_is_llama_with_qkv_bias() {
+        let mut j = base();
+        j["architectures"] = json!(["Qwen2ForCausalLM"]);
+        let c = ModelConfig::from_hf_json(&j).unwrap();
+        assert_eq!(
+            (c.family, c.architecture.as_str(), c.qkv_bias),
+            (ModelFamily::Qwen2, "qwen2", true)
+        );
+        j["architectures"] = json!(["LlamaForCausalLM"]);
+        assert!(!ModelConfig::from_hf_json(&j).unwrap().qkv_bias);
+        // Llama's attention_bias also biases o_proj, which is not held: refused, not ignored.
+        j["attention_bias"] = json!(true);
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("attention_bias"), "{e}");
+    }
+
+    #[test]
+    fn every_registered_name_resolves_and_is_listed() {
+        for (gguf, hf, family) in ARCHITECTURES {
+            assert_eq!(ModelFamily::from_name(gguf).unwrap(), *family);
+            assert_eq!(ModelFamily::from_name(hf).unwrap(), *family);
+            assert_eq!(family.gguf_name(), *gguf);
+            assert!(
+                SUPPORTED_ARCHITECTURES.contains(hf),
+                "{hf} missing from the message"
+            );
+        }
     }
 
     #[test]

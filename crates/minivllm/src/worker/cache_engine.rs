@@ -271,6 +271,8 @@ mod tests {
     fn tiny_config() -> ModelConfig {
         ModelConfig {
             architecture: "llama".into(),
+            family: crate::config::ModelFamily::Llama,
+            qkv_bias: false,
             vocab_size: 8,
             hidden_size: 8,
             intermediate_size: 16,

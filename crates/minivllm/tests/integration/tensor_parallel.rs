@@ -151,15 +151,20 @@ fn every_tensor_of_the_file_splits_along_whole_blocks() {
     }
 }
 
-/// A small LLaMA with random f32 weights: 8 heads of 8, `kv_heads` KV heads, 2 layers.
+/// A small LLaMA with random f32 weights: 8 heads of 8, `kv_heads` KV heads, 2 layers; as
+/// `architecture` says, with Qwen2's q/k/v biases.
 struct RandomLlama {
     config: minivllm::config::ModelConfig,
 }
 
 impl RandomLlama {
     fn new(kv_heads: usize) -> Self {
+        Self::of("LlamaForCausalLM", kv_heads)
+    }
+
+    fn of(architecture: &str, kv_heads: usize) -> Self {
         let json = serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
+            "architectures": [architecture],
             "hidden_size": 64,
             "intermediate_size": 128,
             "num_attention_heads": 8,
@@ -180,6 +185,13 @@ impl RandomLlama {
         let c = &self.config;
         let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
         let kv = c.num_key_value_heads * c.head_dim;
+        if let Some(tensor) = name.strip_suffix(".bias").filter(|_| c.qkv_bias) {
+            return match tensor.rsplit('.').next()? {
+                "q_proj" => Some(vec![h]),
+                "k_proj" | "v_proj" => Some(vec![kv]),
+                _ => None,
+            };
+        }
         let tensor = name.rsplit_once(".weight")?.0;
         let last = tensor.rsplit('.').next()?;
         Some(match last {
@@ -208,7 +220,7 @@ impl minivllm::model_executor::loader::weights::WeightSource for RandomLlama {
         let seed = name
             .bytes()
             .fold(17u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
-        let norm = shape.len() == 1;
+        let norm = name.ends_with("norm.weight");
         let data = (0..shape.iter().product::<usize>() as u32)
             .map(|i| {
                 let x = ((i.wrapping_mul(2654435761) ^ seed).wrapping_mul(2246822519) >> 8) % 2001;
@@ -288,8 +300,12 @@ fn greedy_on_ranks(llama: &RandomLlama, world: usize) -> Vec<(Vec<Vec<u32>>, Vec
 #[test]
 fn a_random_llama_decodes_alike_on_one_two_and_four_ranks() {
     minivllm::kernels::threading::init_threads(2);
-    for kv_heads in [4, 2] {
-        let llama = RandomLlama::new(kv_heads);
+    for (architecture, kv_heads) in [
+        ("LlamaForCausalLM", 4),
+        ("LlamaForCausalLM", 2),
+        ("Qwen2ForCausalLM", 2),
+    ] {
+        let llama = RandomLlama::of(architecture, kv_heads);
         let (ids, logits) = greedy_on(&llama, Arc::new(SingleProcess));
         for world in [2, 4] {
             let ranks = greedy_on_ranks(&llama, world);
@@ -306,11 +322,28 @@ fn a_random_llama_decodes_alike_on_one_two_and_four_ranks() {
                 .zip(&logits)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max);
-            eprintln!("random LLaMA, {kv_heads} KV heads, {world} ranks: worst logit difference {worst:e}");
+            eprintln!("random {architecture}, {kv_heads} KV heads, {world} ranks: worst logit difference {worst:e}");
             assert!(
                 worst < 1e-4,
                 "{kv_heads} KV heads, {world} ranks: logits off by {worst}"
             );
         }
     }
+}
+
+/// Qwen2's q/k/v biases change what the model computes: the same weights with and without
+/// them give other logits (a loader that dropped them would pass the test above).
+#[test]
+fn qwen2_biases_are_applied() {
+    minivllm::kernels::threading::init_threads(2);
+    let (_, plain) = greedy_on(&RandomLlama::new(2), Arc::new(SingleProcess));
+    let qwen2 = RandomLlama::of("Qwen2ForCausalLM", 2);
+    assert!(qwen2.config.qkv_bias);
+    let (_, biased) = greedy_on(&qwen2, Arc::new(SingleProcess));
+    let moved = plain
+        .iter()
+        .zip(&biased)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(moved > 1e-2, "biases moved the logits by {moved} only");
 }

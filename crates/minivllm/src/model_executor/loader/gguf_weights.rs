@@ -6,12 +6,9 @@ use std::collections::HashMap;
 use super::gguf::{GgufFile, GgufTensorInfo, GgufValue};
 use super::weights::{QuantTensor, Tensor, WeightSource};
 use super::LoadError;
-use crate::config::{ModelConfig, RopeScaling};
+use crate::config::{ModelConfig, ModelFamily, RopeScaling};
 use minivllm_kernels::hmatmul::HalfKind;
 use minivllm_kernels::quant::GgmlType;
-
-/// Architectures whose GGUF tensors and metadata follow llama.cpp's `llama` layout.
-const LLAMA_LIKE: &[&str] = &["llama", "mistral"];
 
 /// Reads the model's hyper-parameters from `<arch>.*` metadata.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
@@ -20,9 +17,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         .and_then(GgufValue::as_str)
         .ok_or_else(|| LoadError::Config("GGUF lacks general.architecture".into()))?
         .to_string();
-    if !LLAMA_LIKE.contains(&arch.as_str()) {
-        return Err(LoadError::UnsupportedArchitecture(arch));
-    }
+    let family = ModelFamily::from_name(&arch)?;
     let key = |k: &str| format!("{arch}.{k}");
     let uint = |k: &str| -> Result<Option<usize>, LoadError> {
         match file.get(&key(k)) {
@@ -58,6 +53,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let rope_scaling = rope_scaling_from_gguf(file, &key, head_dim)?;
     let cfg = ModelConfig {
         architecture: arch.clone(),
+        family,
+        // llama.cpp's qwen2 graph adds the biases where the file has them.
+        qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
         vocab_size,
         hidden_size,
         intermediate_size: req("feed_forward_length")?,
@@ -140,6 +138,9 @@ pub struct GgufWeights<'a> {
     names: HashMap<String, String>,
     num_heads: usize,
     num_kv_heads: usize,
+    /// llama.cpp permutes q/k rows for its `llama` graph only (Qwen2's rotary pairs are
+    /// already Hugging Face's halves).
+    permuted_qk: bool,
 }
 
 impl<'a> GgufWeights<'a> {
@@ -155,6 +156,7 @@ impl<'a> GgufWeights<'a> {
             names,
             num_heads: config.num_attention_heads,
             num_kv_heads: config.num_key_value_heads,
+            permuted_qk: matches!(config.family, ModelFamily::Llama | ModelFamily::Mistral),
         }
     }
 }
@@ -176,6 +178,9 @@ pub fn hf_name(gguf: &str) -> Option<String> {
         "attn_q.weight" => "self_attn.q_proj.weight",
         "attn_k.weight" => "self_attn.k_proj.weight",
         "attn_v.weight" => "self_attn.v_proj.weight",
+        "attn_q.bias" => "self_attn.q_proj.bias",
+        "attn_k.bias" => "self_attn.k_proj.bias",
+        "attn_v.bias" => "self_attn.v_proj.bias",
         "attn_output.weight" => "self_attn.o_proj.weight",
         "ffn_gate.weight" => "mlp.gate_proj.weight",
         "ffn_up.weight" => "mlp.up_proj.weight",
@@ -199,7 +204,9 @@ impl GgufWeights<'_> {
     /// Undoes the converter's q/k row order (see [`unpermute_rows`]) on rows of any element.
     fn unpermuted<T: Copy + Default>(&self, info: &GgufTensorInfo, data: Vec<T>) -> Vec<T> {
         let rows = info.shape().first().copied().unwrap_or(0);
-        if info.name.ends_with("attn_q.weight") {
+        if !self.permuted_qk {
+            data
+        } else if info.name.ends_with("attn_q.weight") {
             unpermute_rows(&data, rows, self.num_heads)
         } else if info.name.ends_with("attn_k.weight") {
             unpermute_rows(&data, rows, self.num_kv_heads)

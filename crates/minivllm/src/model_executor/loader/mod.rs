@@ -41,7 +41,7 @@ pub enum LoadError {
     BadGguf { path: PathBuf, reason: String },
     #[error("tensor {tensor}: unsupported tensor type {type_name}")]
     UnsupportedTensorType { tensor: String, type_name: String },
-    #[error("unsupported model architecture {0:?} (supported: llama, mistral)")]
+    #[error("unsupported model architecture {0:?} (supported: {supported})", supported = crate::config::SUPPORTED_ARCHITECTURES)]
     UnsupportedArchitecture(String),
     #[error("missing tensor {0}")]
     MissingTensor(String),

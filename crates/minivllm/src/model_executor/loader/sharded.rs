@@ -75,11 +75,13 @@ impl<'a> ShardedSource<'a> {
     }
 }
 
+/// A split tensor's rows and columns; a vector (a bias) is one column.
 fn dims(name: &str, shape: &[usize]) -> Result<(usize, usize), LoadError> {
     match *shape {
         [rows, cols] => Ok((rows, cols)),
+        [rows] => Ok((rows, 1)),
         _ => Err(LoadError::Config(format!(
-            "tensor {name}: a split needs 2 dimensions, not {shape:?}"
+            "tensor {name}: a split needs 1 or 2 dimensions, not {shape:?}"
         ))),
     }
 }
@@ -94,8 +96,10 @@ impl WeightSource for ShardedSource<'_> {
         Ok(match dim {
             SplitDim::Rows | SplitDim::SharedRows { .. } => {
                 let r = self.rank.rows(name, dim, rows)?;
+                let mut shape = t.shape.clone();
+                shape[0] = r.len();
                 Tensor {
-                    shape: vec![r.len(), cols],
+                    shape,
                     data: t.data[r.start * cols..r.end * cols].to_vec(),
                 }
             }
@@ -122,7 +126,9 @@ impl WeightSource for ShardedSource<'_> {
         let (rows, cols) = dims(name, &shape)?;
         Ok(match dim {
             SplitDim::Rows | SplitDim::SharedRows { .. } => {
-                vec![self.rank.rows(name, dim, rows)?.len(), cols]
+                let mut shape = shape.clone();
+                shape[0] = self.rank.rows(name, dim, rows)?.len();
+                shape
             }
             SplitDim::Cols => vec![rows, self.rank.part(name, cols, 1)?.len()],
         })

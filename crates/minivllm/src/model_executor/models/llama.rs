@@ -1,5 +1,6 @@
-//! LLaMA-family decoder (Llama 2/3, Mistral, SmolLM2, TinyLlama): RMSNorm, GQA attention
-//! with RoPE over a paged KV cache, SwiGLU MLP, optionally tied embeddings.
+//! LLaMA-family decoder (Llama 2/3, Mistral, SmolLM2, TinyLlama; Qwen2 and Qwen2.5 with
+//! their q/k/v bias): RMSNorm, GQA attention with RoPE over a paged KV cache, SwiGLU MLP,
+//! optionally tied embeddings.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -21,6 +22,8 @@ struct DecoderLayer {
     input_layernorm: RmsNorm,
     /// q, k and v projections stacked: `[(heads + 2 kv_heads) * head_dim, hidden]`.
     qkv_proj: Linear,
+    /// Qwen2's q, k and v biases, stacked as the projections are (this rank's part).
+    qkv_bias: Option<Vec<f32>>,
     o_proj: Linear,
     post_attention_layernorm: RmsNorm,
     /// gate and up projections stacked: `[2 * intermediate, hidden]`.
@@ -361,6 +364,11 @@ impl LlamaForCausalLM {
         let (qs, kvs) = (c.q_size(), c.kv_size());
         let qkv = sized(&mut buf.qkv, t * (qs + 2 * kvs));
         layer.qkv_proj.forward(&buf.hidden, qkv, t);
+        if let Some(bias) = &layer.qkv_bias {
+            for row in qkv.chunks_exact_mut(qs + 2 * kvs) {
+                row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+            }
+        }
         let q = sized(&mut buf.q, t * qs);
         let k = sized(&mut buf.k, t * kvs);
         let v = sized(&mut buf.v, t * kvs);
@@ -497,9 +505,15 @@ pub fn check_config_against_weights(
 /// How tensor parallelism splits each LLaMA weight (norms stay whole on every rank); each
 /// KV head is held by `kv_copies` ranks.
 fn llama_split(name: &str, kv_copies: usize) -> Option<SplitDim> {
-    const KV: [&str; 2] = ["k_proj.weight", "v_proj.weight"];
-    const ROWS: [&str; 5] = [
+    const KV: [&str; 4] = [
+        "k_proj.weight",
+        "v_proj.weight",
+        "k_proj.bias",
+        "v_proj.bias",
+    ];
+    const ROWS: [&str; 6] = [
         "q_proj.weight",
+        "q_proj.bias",
         "gate_proj.weight",
         "up_proj.weight",
         "embed_tokens.weight",
@@ -532,6 +546,16 @@ fn load_layer(
         name("self_attn.v_proj.weight"),
     );
     let (gate, up) = (name("mlp.gate_proj.weight"), name("mlp.up_proj.weight"));
+    let qkv_bias = if c.qkv_bias {
+        let mut stacked = Vec::with_capacity(c.q_size() + 2 * c.kv_size());
+        for (bias, len) in [("q", c.q_size()), ("k", c.kv_size()), ("v", c.kv_size())] {
+            let bias = name(&format!("self_attn.{bias}_proj.bias"));
+            stacked.extend(src.load(&bias)?.expect_shape(&bias, &[len])?);
+        }
+        Some(stacked)
+    } else {
+        None
+    };
     Ok(DecoderLayer {
         input_layernorm: RmsNorm::load(src, &name("input_layernorm.weight"), h, c.rms_norm_eps)?,
         qkv_proj: Linear::load_merged(
@@ -540,6 +564,7 @@ fn load_layer(
             h,
             opts,
         )?,
+        qkv_bias,
         o_proj: Linear::load(src, &name("self_attn.o_proj.weight"), c.q_size(), h, opts)?,
         post_attention_layernorm: RmsNorm::load(
             src,
