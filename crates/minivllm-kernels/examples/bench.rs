@@ -84,6 +84,7 @@ fn bench_attention(label: &str, lens: &[(usize, usize)]) {
         head_dim: 64,
         block_size: 16,
         scale: 0.125,
+        sliding_window: None,
     };
     let blocks: Vec<usize> = lens
         .iter()

@@ -35,6 +35,9 @@ pub struct AttnShape {
     pub block_size: usize,
     /// Usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+    /// A query at position `p` sees only positions `p + 1 - w ..= p` (Mistral's and Gemma's
+    /// sliding-window layers); `None` sees the whole context.
+    pub sliding_window: Option<usize>,
 }
 
 impl AttnShape {
@@ -77,6 +80,16 @@ impl AttnShape {
             self.block_size > 0,
             "attention: block_size must be positive"
         );
+        assert!(
+            self.sliding_window != Some(0),
+            "attention: a sliding window must hold at least one position"
+        );
+    }
+
+    /// The first position a query that sees up to `limit` (exclusive) attends to.
+    #[inline]
+    fn first_visible(&self, limit: usize) -> usize {
+        self.sliding_window.map_or(0, |w| limit.saturating_sub(w))
     }
 
     /// Floats in one cache block.
@@ -430,7 +443,8 @@ pub fn paged_attention_scalar<'c>(
                 let kvh = h / shape.group();
                 let q = &query[(t * shape.num_heads + h) * hd..][..hd];
                 scores.clear();
-                for pos in 0..=last {
+                let first = shape.first_visible(last + 1);
+                for pos in first..=last {
                     // Keys are stored transposed in their block: [head_dim, block_size].
                     let at = shape.head_block_offset(s.block_table, pos, kvh) + pos % bs;
                     let dot: f32 = (0..hd).map(|d| q[d] * key_cache.get(at + d * bs)).sum();
@@ -439,7 +453,7 @@ pub fn paged_attention_scalar<'c>(
                 crate::softmax::softmax_inplace_scalar(&mut scores);
                 let o = &mut out[(t * shape.num_heads + h) * hd..][..hd];
                 o.fill(0.0);
-                for (pos, &p) in scores.iter().enumerate() {
+                for (pos, &p) in (first..).zip(&scores) {
                     let at = shape.head_block_offset(s.block_table, pos, kvh) + (pos % bs) * hd;
                     for (x, o) in o.iter_mut().enumerate() {
                         *o += p * value_cache.get(at + x);

@@ -23,6 +23,32 @@ pub enum ModelFamily {
     Mistral,
     /// Qwen2 and Qwen2.5: LLaMA with a bias on the q, k and v projections.
     Qwen2,
+    /// Qwen3: LLaMA with an RMSNorm over each head's q and k before RoPE.
+    Qwen3,
+    /// Gemma 3's text model: GeGLU, (1 + w) norms around attention and the MLP, q/k norms,
+    /// scaled embeddings, sliding-window layers with their own RoPE base.
+    Gemma3,
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (`silu`).
+    Silu,
+    /// GeGLU with the tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl Activation {
+    fn from_hf(name: &str) -> Result<Self, ConfigError> {
+        match name {
+            "silu" | "swish" => Ok(Activation::Silu),
+            "gelu_pytorch_tanh" | "gelu_tanh" => Ok(Activation::GeluTanh),
+            other => Err(ConfigError::Invalid(format!(
+                "unsupported hidden_act {other:?} (supported: silu, gelu_pytorch_tanh)"
+            ))),
+        }
+    }
 }
 
 /// GGUF name, Hugging Face class, family.
@@ -30,15 +56,24 @@ const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("llama", "LlamaForCausalLM", ModelFamily::Llama),
     ("mistral", "MistralForCausalLM", ModelFamily::Mistral),
     ("qwen2", "Qwen2ForCausalLM", ModelFamily::Qwen2),
+    ("qwen3", "Qwen3ForCausalLM", ModelFamily::Qwen3),
+    ("gemma3", "Gemma3ForCausalLM", ModelFamily::Gemma3),
 ];
 
 /// For error messages: every name [`ModelFamily::from_name`] takes.
-pub const SUPPORTED_ARCHITECTURES: &str =
-    "llama (LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM)";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama (LlamaForCausalLM), mistral \
+     (MistralForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 (Qwen3ForCausalLM), gemma3 \
+     (Gemma3ForCausalLM)";
 
 impl ModelFamily {
     /// The family of a GGUF architecture name or a Hugging Face class (or `model_type`).
     pub fn from_name(name: &str) -> Result<Self, ConfigError> {
+        // Gemma 3's text-only checkpoints say `model_type: gemma3_text`.
+        let name = if name == "gemma3_text" {
+            "gemma3"
+        } else {
+            name
+        };
         ARCHITECTURES
             .iter()
             .find(|(gguf, hf, _)| name == *gguf || name == *hf)
@@ -57,6 +92,11 @@ impl ModelFamily {
     /// Whether the q, k and v projections carry a bias.
     pub fn qkv_bias(self) -> bool {
         self == ModelFamily::Qwen2
+    }
+
+    /// Whether each head's q and k go through an RMSNorm before RoPE.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, ModelFamily::Qwen3 | ModelFamily::Gemma3)
     }
 }
 
@@ -96,6 +136,26 @@ pub struct ModelConfig {
     pub family: ModelFamily,
     /// A bias on the q, k and v projections (Qwen2).
     pub qkv_bias: bool,
+    /// An RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Gemma's extra norms after attention and after the MLP, before each residual add (its
+    /// MLP's input norm is then `pre_feedforward_layernorm`).
+    pub sandwich_norms: bool,
+    pub hidden_act: Activation,
+    /// Token embeddings are multiplied by this (Gemma: √hidden_size).
+    pub embedding_multiplier: Option<f32>,
+    /// Added to every RMSNorm weight as it is loaded: Gemma's checkpoints hold `w` of
+    /// `x·(1 + w)` (llama.cpp's converter adds the 1 into its GGUF files itself).
+    pub norm_weight_offset: f32,
+    /// Scores are scaled by `1/√query_pre_attn_scalar` (Gemma) instead of `1/√head_dim`.
+    pub query_pre_attn_scalar: Option<f32>,
+    /// The window of the sliding-window layers (a query sees its last `w` positions).
+    pub sliding_window: Option<usize>,
+    /// Which layers slide (`[num_hidden_layers]`; empty when none do).
+    pub sliding_layers: Vec<bool>,
+    /// The RoPE base of the sliding-window layers where it is their own (Gemma 3's
+    /// `rope_local_base_freq`, unscaled).
+    pub rope_local_theta: Option<f32>,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -155,6 +215,38 @@ impl ModelConfig {
             return bad(format!(
                 "rms_norm_eps must be a positive number, got {}",
                 self.rms_norm_eps
+            ));
+        }
+        let optional = [
+            ("query_pre_attn_scalar", self.query_pre_attn_scalar),
+            ("rope_local_base_freq", self.rope_local_theta),
+            ("embedding multiplier", self.embedding_multiplier),
+        ];
+        if let Some((name, Some(v))) = optional
+            .iter()
+            .find(|(_, v)| v.is_some_and(|v| !positive_finite(v)))
+        {
+            return bad(format!("{name} must be a positive number, got {v}"));
+        }
+        if !self.norm_weight_offset.is_finite() {
+            return bad("the norm weight offset must be finite".into());
+        }
+        if self.sliding_window == Some(0) {
+            return bad("sliding_window must be positive".into());
+        }
+        if !self.sliding_layers.is_empty()
+            && (self.sliding_layers.len() != self.num_hidden_layers
+                || self.sliding_window.is_none())
+        {
+            return bad(format!(
+                "{} layer types for {} layers{}",
+                self.sliding_layers.len(),
+                self.num_hidden_layers,
+                if self.sliding_window.is_none() {
+                    " and no sliding_window"
+                } else {
+                    ""
+                }
             ));
         }
         self.validate_rope_scaling()?;
@@ -296,6 +388,20 @@ impl ModelConfig {
         })
     }
 
+    /// The sliding window of layer `i`, if it is a sliding-window layer.
+    pub fn layer_window(&self, i: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| self.sliding_layers.get(i).copied().unwrap_or(false))
+    }
+
+    /// The scale of attention scores.
+    pub fn attention_scale(&self) -> f32 {
+        1.0 / self
+            .query_pre_attn_scalar
+            .unwrap_or(self.head_dim as f32)
+            .sqrt()
+    }
+
     pub fn q_size(&self) -> usize {
         self.num_attention_heads * self.head_dim
     }
@@ -320,14 +426,24 @@ impl ModelConfig {
                 "attention_bias: true is not supported for this architecture".into(),
             ));
         }
-        // LLaMA's MLP is SwiGLU; another activation would compute a different model.
-        if let Some(act) = json.get("hidden_act").and_then(Value::as_str) {
-            if act != "silu" {
-                return Err(ConfigError::Invalid(format!(
-                    "unsupported hidden_act {act:?} (LLaMA models use \"silu\")"
-                )));
+        // Gemma names it `hidden_activation`; an activation the family does not use would
+        // compute a different model.
+        let hidden_act = match json
+            .get("hidden_activation")
+            .or_else(|| json.get("hidden_act"))
+            .and_then(Value::as_str)
+        {
+            Some(name) => Activation::from_hf(name)?,
+            None if family == ModelFamily::Gemma3 => Activation::GeluTanh,
+            None => Activation::Silu,
+        };
+        // Gemma 2's logit soft-capping: Gemma 3's configs set none.
+        for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+            if json.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(ConfigError::Invalid(format!("{key} is not supported")));
             }
         }
+        let gemma = family == ModelFamily::Gemma3;
         let hidden_size = req_usize(json, "hidden_size")?;
         let num_attention_heads = req_usize(json, "num_attention_heads")?;
         let head_dim = match opt_usize(json, "head_dim")? {
@@ -342,18 +458,54 @@ impl ModelConfig {
             .or_else(|| json.get("rope_theta"))
             .and_then(Value::as_f64)
             .unwrap_or(10000.0) as f32;
-        let scaling = json
+        let mut scaling = json
             .get("rope_scaling")
             .filter(|v| v.is_object())
             .or(rope_params);
+        // Gemma 3 in transformers 5: one set of rope parameters per layer type.
+        let per_type = |t: &str| rope_params.and_then(|p| p.get(t)).filter(|v| v.is_object());
+        let mut rope_theta = rope_theta;
+        if let Some(full) = per_type("full_attention") {
+            scaling = Some(full);
+            if let Some(theta) = full.get("rope_theta").and_then(Value::as_f64) {
+                rope_theta = theta as f32;
+            }
+        }
+        let rope_local_theta = per_type("sliding_attention")
+            .and_then(|p| p.get("rope_theta"))
+            .or_else(|| json.get("rope_local_base_freq"))
+            .and_then(Value::as_f64)
+            .map(|t| t as f32)
+            .or(gemma.then_some(10_000.0));
+        let num_hidden_layers = req_usize(json, "num_hidden_layers")?;
+        let (sliding_window, sliding_layers) =
+            sliding_layers_from_hf(json, family, num_hidden_layers)?;
         let cfg = ModelConfig {
             architecture: family.gguf_name().to_string(),
             family,
             qkv_bias: family.qkv_bias(),
+            qk_norm: family.qk_norm(),
+            sandwich_norms: gemma,
+            hidden_act,
+            // transformers computes √hidden in double precision and rounds it to the weights'.
+            embedding_multiplier: gemma.then(|| (hidden_size as f64).sqrt() as f32),
+            norm_weight_offset: if gemma { 1.0 } else { 0.0 },
+            query_pre_attn_scalar: if gemma {
+                Some(
+                    json.get("query_pre_attn_scalar")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(256.0) as f32,
+                )
+            } else {
+                None
+            },
+            sliding_window,
+            sliding_layers,
+            rope_local_theta,
             vocab_size: req_usize(json, "vocab_size")?,
             hidden_size,
             intermediate_size: req_usize(json, "intermediate_size")?,
-            num_hidden_layers: req_usize(json, "num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads: opt_usize(json, "num_key_value_heads")?
                 .unwrap_or(num_attention_heads),
@@ -373,6 +525,60 @@ impl ModelConfig {
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+/// The sliding window and which layers use it, as transformers decides: `layer_types` where
+/// the config lists them, else the family's rule (Gemma 3: five sliding layers to one
+/// global; Mistral: every layer; Qwen: layers from `max_window_layers` on, only with
+/// `use_sliding_window`).
+fn sliding_layers_from_hf(
+    json: &Value,
+    family: ModelFamily,
+    layers: usize,
+) -> Result<(Option<usize>, Vec<bool>), ConfigError> {
+    let window = opt_usize(json, "sliding_window")?;
+    let Some(window) = window else {
+        return Ok((None, Vec::new()));
+    };
+    if let Some(types) = json.get("layer_types").and_then(Value::as_array) {
+        let sliding = types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(ConfigError::Invalid(format!(
+                    "unsupported layer type {t} (supported: full_attention, sliding_attention)"
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(if sliding.iter().any(|&s| s) {
+            (Some(window), sliding)
+        } else {
+            (None, Vec::new())
+        });
+    }
+    let sliding: Vec<bool> = match family {
+        ModelFamily::Gemma3 => {
+            let pattern = opt_usize(json, "sliding_window_pattern")?
+                .unwrap_or(6)
+                .max(1);
+            (0..layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
+        ModelFamily::Mistral => vec![true; layers],
+        ModelFamily::Qwen2 | ModelFamily::Qwen3 => {
+            if json.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
+                return Ok((None, Vec::new()));
+            }
+            let from = opt_usize(json, "max_window_layers")?.unwrap_or(layers);
+            (0..layers).map(|i| i >= from).collect()
+        }
+        ModelFamily::Llama => return Ok((None, Vec::new())),
+    };
+    Ok(if sliding.iter().any(|&s| s) {
+        (Some(window), sliding)
+    } else {
+        (None, Vec::new())
+    })
 }
 
 fn opt_usize(json: &Value, key: &str) -> Result<Option<usize>, ConfigError> {
@@ -482,6 +688,76 @@ mod tests {
         j["attention_bias"] = json!(true);
         let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
         assert!(e.contains("attention_bias"), "{e}");
+    }
+
+    #[test]
+    fn gemma3_in_both_transformers_layouts() {
+        // transformers 5: layer_types and rope parameters per layer type.
+        let v5 = json!({
+            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+            "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "vocab_size": 256, "query_pre_attn_scalar": 24, "sliding_window": 16,
+            "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": null,
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+                "sliding_attention", "sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}
+        });
+        // transformers 4: a pattern and the local base at the top level.
+        let mut v4 = v5.clone();
+        let o = v4.as_object_mut().unwrap();
+        for k in ["layer_types", "rope_parameters", "hidden_activation"] {
+            o.remove(k);
+        }
+        o.insert("model_type".into(), json!("gemma3_text"));
+        o.insert("architectures".into(), json!(null));
+        o.insert("sliding_window_pattern".into(), json!(6));
+        o.insert("rope_theta".into(), json!(1000000.0));
+        o.insert("rope_local_base_freq".into(), json!(10000.0));
+        for j in [v5, v4] {
+            let c = ModelConfig::from_hf_json(&j).unwrap();
+            assert_eq!(c.family, ModelFamily::Gemma3);
+            assert_eq!(c.hidden_act, Activation::GeluTanh);
+            assert!(c.qk_norm && c.sandwich_norms && !c.qkv_bias);
+            assert_eq!(
+                (c.embedding_multiplier, c.norm_weight_offset),
+                (Some(8.0), 1.0)
+            );
+            assert_eq!(c.attention_scale(), 1.0 / 24f32.sqrt());
+            assert_eq!((c.rope_theta, c.rope_local_theta), (1e6, Some(1e4)));
+            let windows: Vec<_> = (0..6).map(|i| c.layer_window(i)).collect();
+            assert_eq!(
+                windows,
+                [Some(16), Some(16), Some(16), Some(16), Some(16), None]
+            );
+        }
+    }
+
+    #[test]
+    fn sliding_windows_follow_each_family() {
+        let mut j = base();
+        j["num_hidden_layers"] = json!(4);
+        j["sliding_window"] = json!(4096);
+        // Llama has none, whatever the field says.
+        assert_eq!(ModelConfig::from_hf_json(&j).unwrap().layer_window(0), None);
+        // Mistral v0.1: every layer.
+        j["architectures"] = json!(["MistralForCausalLM"]);
+        let c = ModelConfig::from_hf_json(&j).unwrap();
+        assert!((0..4).all(|i| c.layer_window(i) == Some(4096)));
+        // Qwen: only with use_sliding_window, from max_window_layers on.
+        j["architectures"] = json!(["Qwen2ForCausalLM"]);
+        j["max_window_layers"] = json!(2);
+        assert_eq!(ModelConfig::from_hf_json(&j).unwrap().sliding_window, None);
+        j["use_sliding_window"] = json!(true);
+        let c = ModelConfig::from_hf_json(&j).unwrap();
+        let windows: Vec<_> = (0..4).map(|i| c.layer_window(i)).collect();
+        assert_eq!(windows, [None, None, Some(4096), Some(4096)]);
+        // An activation the decoder does not have is refused, not run as SiLU.
+        j["hidden_act"] = json!("relu");
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("relu"), "{e}");
     }
 
     #[test]

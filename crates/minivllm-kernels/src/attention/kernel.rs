@@ -98,6 +98,7 @@ fn run_task_generic<S: Simd>(s: S, cx: &Ctx<'_>, task: Task<'_>, scr: &mut Scrat
                 q,
                 limit0: seq.context_len,
                 group: g,
+                window: cx.shape.sliding_window,
             };
             chunk_states(s, cx, &seq, kv_head, &rows, c0, states, &mut scr.scores);
         }
@@ -110,17 +111,33 @@ fn run_task_generic<S: Simd>(s: S, cx: &Ctx<'_>, task: Task<'_>, scr: &mut Scrat
 }
 
 /// Query rows of consecutive tokens for one kv head: row `r` is head `r % group` of token
-/// `r / group`, which attends to positions `0..limit0 + r / group`.
+/// `r / group`, which attends to positions `first(r)..limit0 + r / group`.
 struct RowSet<'a> {
     /// `[rows, head_dim]`.
     q: &'a [f32],
     limit0: usize,
     group: usize,
+    window: Option<usize>,
 }
 
 impl RowSet<'_> {
     fn limit(&self, r: usize) -> usize {
         self.limit0 + r / self.group
+    }
+
+    /// Row `r`'s first visible position (after a sliding window).
+    fn first(&self, r: usize) -> usize {
+        self.window.map_or(0, |w| self.limit(r).saturating_sub(w))
+    }
+
+    /// How many rows see some position before `p`: rows are ordered by window too, so those
+    /// whose window starts at or after `p` are a suffix.
+    fn seeing_before(&self, p: usize, n_rows: usize) -> usize {
+        match self.window {
+            None => n_rows,
+            // first(r) < p  ⇔  limit0 + r / group < p + w.
+            Some(w) => ((p + w).saturating_sub(self.limit0) * self.group).min(n_rows),
+        }
     }
 
     /// The first row that attends to position `p` (all rows after it do too).
@@ -159,12 +176,15 @@ fn tile<S: Simd>(
             q: &scr.q,
             limit0,
             group: g,
+            window: sh.sliding_window,
         };
         scr.run.resize(rows * sl, 0.0);
         scr.cur.resize(rows * sl, 0.0);
         let mut run = States::new(&mut scr.run, rows, hd);
         run.clear();
-        for c0 in (0..end).step_by(cx.chunk_len) {
+        // Chunks below every row's window are skipped (an empty state merges as nothing).
+        let c_first = set.first(0) / cx.chunk_len * cx.chunk_len;
+        for c0 in (c_first..end).step_by(cx.chunk_len) {
             chunk_states(s, cx, seq, kvh, &set, c0, &mut scr.cur, &mut scr.scores);
             for r in 0..rows {
                 merge(s, &mut run, r, state_row(&scr.cur, rows, hd, r));
@@ -253,15 +273,22 @@ fn chunk_states_of<S: Simd, T: Load>(
     let span = (SPAN_POSITIONS / bs).max(1) * bs;
     scores.resize(n_rows * span, 0.0);
     let c_end = (c0 + cx.chunk_len).min(rows.limit(n_rows - 1));
-    for p0 in (c0..c_end).step_by(span) {
+    // Spans wholly below the first row's window are skipped; spans keep their fixed starts.
+    let p_first = c0 + rows.first(0).saturating_sub(c0) / span * span;
+    for p0 in (p_first..c_end).step_by(span) {
         let p1 = (p0 + span).min(c_end);
-        // Rows are ordered by limit: those that see position p0 are a suffix.
+        // Rows are ordered by limit: those that see position p0 are a suffix; with a sliding
+        // window, those that see anything before p1 are a prefix.
         let r0 = rows.first_seeing(p0);
         if r0 >= n_rows {
             break;
         }
+        let r_end = rows.seeing_before(p1, n_rows);
         for (k, b0) in (p0..p1).step_by(bs).enumerate() {
             let rb = rows.first_seeing(b0);
+            if rb >= r_end {
+                continue;
+            }
             let (kt, vals) = sh.block(key_cache, value_cache, seq.block_table, b0, kvh);
             // A block's keys and values are a few KiB at an address the block table picks:
             // too short a stream for the hardware prefetcher to learn before it ends, so
@@ -273,20 +300,24 @@ fn chunk_states_of<S: Simd, T: Load>(
                 prefetch(s, next);
             }
             let sc = &mut scores[rb * span + k * bs..];
-            micro::qk(s, &rows.q[rb * hd..], kt, sc, (hd, bs, span));
+            micro::qk(s, &rows.q[rb * hd..r_end * hd], kt, sc, (hd, bs, span));
         }
-        for r in r0..n_rows {
+        for r in r0..r_end {
             let n = p1.min(rows.limit(r)) - p0;
-            softmax_step(s, &mut st, r, &mut scores[r * span..r * span + n], sh.scale);
+            let sc = &mut scores[r * span..r * span + n];
+            // Positions before the window weigh nothing; each row here sees one at least.
+            let hidden = rows.first(r).saturating_sub(p0);
+            sc[..hidden].fill(f32::NEG_INFINITY);
+            softmax_step(s, &mut st, r, sc, sh.scale);
         }
         for (k, b0) in (p0..p1).step_by(bs).enumerate() {
             let (_, values) = sh.block(key_cache, value_cache, seq.block_table, b0, kvh);
             let mut r = rows.first_seeing(b0);
-            while r < n_rows {
+            while r < r_end {
                 // Rows of one token share a limit; near the diagonal, tokens see fewer keys.
                 let n = bs.min(rows.limit(r) - b0);
                 let mut end = r + 1;
-                while end < n_rows && bs.min(rows.limit(end) - b0) == n {
+                while end < r_end && bs.min(rows.limit(end) - b0) == n {
                     end += 1;
                 }
                 let acc = &mut st.acc[r * hd..end * hd];

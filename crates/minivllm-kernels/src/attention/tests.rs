@@ -84,6 +84,7 @@ fn reference(b: &Batch) -> Vec<f32> {
         num_kv_heads: nkv,
         head_dim: hd,
         scale,
+        sliding_window,
         ..
     } = b.shape;
     let mut out = vec![0.0; b.query.len()];
@@ -98,10 +99,11 @@ fn reference(b: &Batch) -> Vec<f32> {
         for i in 0..ql {
             let t = qs + i;
             let last = cl - ql + i;
+            let first = sliding_window.map_or(0, |w| (last + 1).saturating_sub(w));
             for h in 0..nh {
                 let kvh = h / (nh / nkv);
                 let q = &b.query[(t * nh + h) * hd..][..hd];
-                let s: Vec<f64> = (0..=last)
+                let s: Vec<f64> = (first..=last)
                     .map(|p| {
                         let kr = &k[(p * nkv + kvh) * hd..][..hd];
                         q.iter()
@@ -115,8 +117,8 @@ fn reference(b: &Batch) -> Vec<f32> {
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for d in 0..hd {
-                    let acc: f64 = (0..=last)
-                        .map(|p| e[p] * v[(p * nkv + kvh) * hd + d] as f64)
+                    let acc: f64 = (first..=last)
+                        .map(|p| e[p - first] * v[(p * nkv + kvh) * hd + d] as f64)
                         .sum();
                     out[(t * nh + h) * hd + d] = (acc / z) as f32;
                 }
@@ -126,6 +128,13 @@ fn reference(b: &Batch) -> Vec<f32> {
     out
 }
 
+fn windowed(shape: AttnShape, window: usize) -> AttnShape {
+    AttnShape {
+        sliding_window: Some(window),
+        ..shape
+    }
+}
+
 fn shapes() -> Vec<(AttnShape, Vec<(usize, usize)>)> {
     let s = |nh, nkv, hd: usize, bs| AttnShape {
         num_heads: nh,
@@ -133,6 +142,7 @@ fn shapes() -> Vec<(AttnShape, Vec<(usize, usize)>)> {
         head_dim: hd,
         block_size: bs,
         scale: 1.0 / (hd as f32).sqrt(),
+        sliding_window: None,
     };
     vec![
         // SmolLM2: GQA 9/3, mixed prefill (with and without a cached prefix) and decodes.
@@ -149,6 +159,14 @@ fn shapes() -> Vec<(AttnShape, Vec<(usize, usize)>)> {
         (s(4, 1, 13, 3), vec![(1, 10), (4, 4), (2, 9)]),
         // Plain multi-head, one-token blocks.
         (s(2, 2, 8, 1), vec![(3, 5), (1, 2)]),
+        // Sliding windows: spanning chunks (a prefill tile whose rows start in different
+        // chunks, decodes that skip whole chunks), shorter than a block, of one position.
+        (
+            windowed(s(6, 2, 32, 16), 100),
+            vec![(40, 600), (1, 513), (1, 256), (1, 90), (70, 70), (300, 300)],
+        ),
+        (windowed(s(4, 1, 13, 3), 5), vec![(1, 10), (9, 9), (2, 9)]),
+        (windowed(s(2, 2, 8, 4), 1), vec![(6, 6), (1, 7)]),
     ]
 }
 
@@ -235,6 +253,7 @@ fn reshape_and_cache_rounds_to_the_cache_type() {
         head_dim: 2,
         block_size: 2,
         scale: 1.0,
+        sliding_window: None,
     };
     let mut kc = KvBuffer::zeros(KvCacheDtype::BFloat16, shape.block_len());
     let mut vc = KvBuffer::zeros(KvCacheDtype::BFloat16, shape.block_len());
@@ -281,6 +300,7 @@ fn reshape_and_cache_places_rows() {
         head_dim: 3,
         block_size: 4,
         scale: 1.0,
+        sliding_window: None,
     };
     let mut kc = vec![0.0; 3 * shape.block_len()];
     let mut vc = kc.clone();
@@ -309,6 +329,7 @@ fn empty_batch_is_noop() {
         head_dim: 4,
         block_size: 2,
         scale: 0.5,
+        sliding_window: None,
     };
     let none: &[f32] = &[];
     paged_attention(&mut [], &[], none, none, &[], &shape);

@@ -24,7 +24,7 @@ fn write_hf_folder(dir: &std::path::Path, bf16: bool) {
     let weights = GgufWeights::new(&gguf, &config);
     let mut tensors = BTreeMap::new();
     for t in &gguf.tensors {
-        let name = hf_name(&t.name).expect("llama tensor");
+        let name = hf_name(&t.name, minivllm::config::ModelFamily::Llama).expect("llama tensor");
         let tensor = weights.load(&name).unwrap();
         let bytes: Vec<u8> = if bf16 {
             let b = tensor.data.iter().map(|&f| half::bf16::from_f32(f));

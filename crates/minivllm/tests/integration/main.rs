@@ -13,6 +13,7 @@ mod gguf_dequant;
 mod gguf_model;
 mod hf_folder;
 mod layers;
+mod model_families;
 mod model_reference;
 mod scheduler;
 mod tensor_parallel;

@@ -27,6 +27,7 @@ pub struct LayerKvCache {
 }
 
 /// Multi-head attention with grouped KV heads over a paged cache.
+#[derive(Clone, Copy)]
 pub struct PagedAttention {
     shape: AttnShape,
 }
@@ -40,8 +41,22 @@ impl PagedAttention {
                 head_dim,
                 block_size,
                 scale: 1.0 / (head_dim as f32).sqrt(),
+                sliding_window: None,
             },
         }
+    }
+
+    /// Scores scaled by `scale` instead of `1 / sqrt(head_dim)` (Gemma's
+    /// `query_pre_attn_scalar`).
+    pub fn with_scale(mut self, scale: f32) -> Self {
+        self.shape.scale = scale;
+        self
+    }
+
+    /// Each query sees only the last `window` positions, its own included.
+    pub fn with_sliding_window(mut self, window: Option<usize>) -> Self {
+        self.shape.sliding_window = window;
+        self
     }
 
     /// Writes this step's keys and values into their slots, then attends every query over its

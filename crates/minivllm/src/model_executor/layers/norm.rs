@@ -19,7 +19,15 @@ impl RmsNorm {
         Ok(Self { weight, eps })
     }
 
-    /// `out = rms_norm(x)`, row by row.
+    /// Adds `offset` to every weight (Gemma's `x·(1 + w)`, in f32 as transformers computes it).
+    pub fn with_weight_offset(mut self, offset: f32) -> Self {
+        if offset != 0.0 {
+            self.weight.iter_mut().for_each(|w| *w += offset);
+        }
+        self
+    }
+
+    /// `out = rms_norm(x)`, row by row (rows as long as the weight).
     pub fn forward(&self, x: &[f32], out: &mut [f32]) {
         norm::rms_norm(x, &self.weight, self.eps, out);
     }

@@ -27,10 +27,19 @@ pub struct RopeTableError {
 impl RotaryEmbedding {
     /// The table for the model's first positions (an error if it cannot be allocated).
     pub fn new(config: &ModelConfig) -> Result<Self, RopeTableError> {
+        Self::with_base(config, config.rope_theta, &config.rope_scaling)
+    }
+
+    /// The table of another base and scaling than the config's (Gemma 3's sliding layers).
+    pub fn with_base(
+        config: &ModelConfig,
+        theta: f32,
+        scaling: &RopeScaling,
+    ) -> Result<Self, RopeTableError> {
         let head_dim = config.head_dim;
         let mut rope = Self {
             cos_sin_cache: Vec::new(),
-            inv_freq: inverse_frequencies(config.rope_theta, head_dim, &config.rope_scaling),
+            inv_freq: inverse_frequencies(theta, head_dim, scaling),
             head_dim,
             max_positions: 0,
         };

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::gguf::{GgufFile, GgufTensorInfo, GgufValue};
 use super::weights::{QuantTensor, Tensor, WeightSource};
 use super::LoadError;
-use crate::config::{ModelConfig, ModelFamily, RopeScaling};
+use crate::config::{Activation, ModelConfig, ModelFamily, RopeScaling};
 use minivllm_kernels::hmatmul::HalfKind;
 use minivllm_kernels::quant::GgmlType;
 
@@ -51,15 +51,50 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
             .ok_or_else(|| LoadError::Config("GGUF gives no vocabulary size".into()))?,
     };
     let rope_scaling = rope_scaling_from_gguf(file, &key, head_dim)?;
+    let num_hidden_layers = req("block_count")?;
+    let gemma = family == ModelFamily::Gemma3;
+    // Gemma 3's sliding layers: llama.cpp reads the window from the file and fixes the rest
+    // (five sliding layers to one global, a local RoPE base of 10,000).
+    let sliding_window = if gemma {
+        uint("attention.sliding_window")?
+    } else {
+        None
+    };
+    let sliding_layers = match sliding_window {
+        Some(_) => (0..num_hidden_layers).map(|i| (i + 1) % 6 != 0).collect(),
+        None => Vec::new(),
+    };
     let cfg = ModelConfig {
         architecture: arch.clone(),
         family,
         // llama.cpp's qwen2 graph adds the biases where the file has them.
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
+        qk_norm: family.qk_norm(),
+        sandwich_norms: gemma,
+        hidden_act: if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
+        embedding_multiplier: gemma.then(|| (hidden_size as f64).sqrt() as f32),
+        // The converter stored Gemma's norm weights as 1 + w already.
+        norm_weight_offset: 0.0,
+        // Not in the file: llama.cpp scales by 1/√head_dim except for Gemma 3 27B (62
+        // layers), whose query_pre_attn_scalar is hidden / heads.
+        query_pre_attn_scalar: gemma.then(|| {
+            if num_hidden_layers == 62 {
+                (hidden_size / num_attention_heads.max(1)) as f32
+            } else {
+                head_dim as f32
+            }
+        }),
+        sliding_window,
+        sliding_layers,
+        rope_local_theta: gemma.then_some(10_000.0),
         vocab_size,
         hidden_size,
         intermediate_size: req("feed_forward_length")?,
-        num_hidden_layers: req("block_count")?,
+        num_hidden_layers,
         num_attention_heads,
         num_key_value_heads: uint("attention.head_count_kv")?.unwrap_or(num_attention_heads),
         head_dim,
@@ -147,7 +182,7 @@ impl<'a> GgufWeights<'a> {
     pub fn new(file: &'a GgufFile, config: &ModelConfig) -> Self {
         let mut names = HashMap::new();
         for t in &file.tensors {
-            if let Some(hf) = hf_name(&t.name) {
+            if let Some(hf) = hf_name(&t.name, config.family) {
                 names.insert(hf, t.name.clone());
             }
         }
@@ -161,8 +196,8 @@ impl<'a> GgufWeights<'a> {
     }
 }
 
-/// llama.cpp's tensor names -> transformers' names.
-pub fn hf_name(gguf: &str) -> Option<String> {
+/// llama.cpp's tensor names -> transformers' names, for a model of `family`.
+pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
         "output_norm.weight" => return Some("model.norm.weight".into()),
@@ -172,9 +207,17 @@ pub fn hf_name(gguf: &str) -> Option<String> {
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    // Gemma's norm after attention takes LLaMA's name for the norm before the MLP, which
+    // Gemma calls `pre_feedforward_layernorm`.
+    let gemma = family == ModelFamily::Gemma3;
     let hf = match part {
         "attn_norm.weight" => "input_layernorm.weight",
+        "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "post_attention_norm.weight" if gemma => "post_attention_layernorm.weight",
+        "post_ffw_norm.weight" if gemma => "post_feedforward_layernorm.weight",
+        "attn_q_norm.weight" => "self_attn.q_norm.weight",
+        "attn_k_norm.weight" => "self_attn.k_norm.weight",
         "attn_q.weight" => "self_attn.q_proj.weight",
         "attn_k.weight" => "self_attn.k_proj.weight",
         "attn_v.weight" => "self_attn.v_proj.weight",
@@ -291,17 +334,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn maps_gemma_norms_by_their_place() {
+        let gemma = |n: &str| hf_name(n, ModelFamily::Gemma3).unwrap();
+        let llama = |n: &str| hf_name(n, ModelFamily::Llama).unwrap();
+        // The norm before the MLP: LLaMA's post_attention_layernorm, Gemma's pre_feedforward.
+        assert_eq!(
+            llama("blk.1.ffn_norm.weight"),
+            "model.layers.1.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            gemma("blk.1.ffn_norm.weight"),
+            "model.layers.1.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            gemma("blk.1.post_attention_norm.weight"),
+            "model.layers.1.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            gemma("blk.1.post_ffw_norm.weight"),
+            "model.layers.1.post_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            gemma("blk.1.attn_k_norm.weight"),
+            "model.layers.1.self_attn.k_norm.weight"
+        );
+        assert_eq!(
+            hf_name("blk.1.post_ffw_norm.weight", ModelFamily::Llama),
+            None
+        );
+    }
+
+    #[test]
     fn maps_llama_cpp_names() {
         assert_eq!(
-            hf_name("blk.12.attn_q.weight").unwrap(),
+            hf_name("blk.12.attn_q.weight", ModelFamily::Llama).unwrap(),
             "model.layers.12.self_attn.q_proj.weight"
         );
         assert_eq!(
-            hf_name("token_embd.weight").unwrap(),
+            hf_name("token_embd.weight", ModelFamily::Llama).unwrap(),
             "model.embed_tokens.weight"
         );
-        assert_eq!(hf_name("blk.x.attn_q.weight"), None);
-        assert_eq!(hf_name("rope_freqs.weight"), None);
+        assert_eq!(hf_name("blk.x.attn_q.weight", ModelFamily::Llama), None);
+        assert_eq!(hf_name("rope_freqs.weight", ModelFamily::Llama), None);
     }
 
     #[test]

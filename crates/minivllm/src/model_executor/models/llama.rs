@@ -1,13 +1,19 @@
-//! LLaMA-family decoder (Llama 2/3, Mistral, SmolLM2, TinyLlama; Qwen2 and Qwen2.5 with
-//! their q/k/v bias): RMSNorm, GQA attention with RoPE over a paged KV cache, SwiGLU MLP,
-//! optionally tied embeddings.
+//! LLaMA-family decoder: RMSNorm, GQA attention with RoPE over a paged KV cache, a gated
+//! MLP, optionally tied embeddings. The families differ only in parts the config switches
+//! on (vLLM keeps one file per family; here they share this one, which names what differs):
+//! - Llama 2/3, Mistral, SmolLM2, TinyLlama: the plain decoder;
+//! - Qwen2 / Qwen2.5: a bias on q, k and v;
+//! - Qwen3: an RMSNorm over each head's q and k before RoPE;
+//! - Gemma 3: q/k norms, norms after attention and after the MLP too, (1 + w) norm weights,
+//!   GeGLU, embeddings scaled by √hidden, scores scaled by `query_pre_attn_scalar`, and
+//!   sliding-window layers with their own RoPE base.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use minivllm_kernels::activation::silu_and_mul;
+use minivllm_kernels::activation::{gelu_tanh_and_mul, silu_and_mul};
 
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig, RopeScaling};
 use crate::distributed::{Communicator, SingleProcess};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
@@ -24,11 +30,30 @@ struct DecoderLayer {
     qkv_proj: Linear,
     /// Qwen2's q, k and v biases, stacked as the projections are (this rank's part).
     qkv_bias: Option<Vec<f32>>,
+    /// Qwen3's and Gemma's norms over each head's q and k (`[head_dim]`).
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     o_proj: Linear,
-    post_attention_layernorm: RmsNorm,
+    /// Gemma's norm of the attention output, before the residual add.
+    post_attention_norm: Option<RmsNorm>,
+    /// The MLP's input norm (LLaMA's `post_attention_layernorm`, Gemma's
+    /// `pre_feedforward_layernorm`).
+    pre_mlp_layernorm: RmsNorm,
     /// gate and up projections stacked: `[2 * intermediate, hidden]`.
     gate_up_proj: Linear,
     down_proj: Linear,
+    /// Gemma's norm of the MLP output, before the residual add.
+    post_mlp_norm: Option<RmsNorm>,
+    /// Attention over the whole context or a sliding window, with its scale.
+    attention: LayerAttention,
+}
+
+/// What differs between a layer's attention and another's: its window, and which RoPE table
+/// (Gemma 3's sliding layers have their own base).
+#[derive(Clone, Copy)]
+struct LayerAttention {
+    window: Option<usize>,
+    local_rope: bool,
 }
 
 pub struct LlamaForCausalLM {
@@ -46,6 +71,8 @@ pub struct LlamaForCausalLM {
     /// `None` when tied to the embeddings.
     lm_head: Option<Linear>,
     rotary: RotaryEmbedding,
+    /// The sliding-window layers' RoPE table, where their base is their own.
+    local_rotary: Option<RotaryEmbedding>,
 }
 
 /// Activations of one forward pass, kept between passes so steady-state decoding
@@ -61,6 +88,8 @@ pub struct ForwardBuffers {
     attn_out: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
+    /// Where a norm of `hidden` is written before the two are swapped.
+    normed: Vec<f32>,
     last_hidden: Vec<f32>,
     logits: Vec<f32>,
     /// With the vocabulary split: this rank's columns of the logits, then every rank's,
@@ -87,6 +116,7 @@ impl ForwardBuffers {
             &self.attn_out,
             &self.gate_up,
             &self.act,
+            &self.normed,
             &self.last_hidden,
             &self.logits,
             &self.local_logits,
@@ -166,7 +196,14 @@ impl LlamaForCausalLM {
                 &out_opts,
             )?)
         };
-        let rotary = RotaryEmbedding::new(c).map_err(|e| LoadError::Config(e.to_string()))?;
+        let rope_err = |e: RopeTableError| LoadError::Config(e.to_string());
+        let rotary = RotaryEmbedding::new(c).map_err(rope_err)?;
+        let local_rotary = match c.rope_local_theta {
+            Some(theta) if !c.sliding_layers.is_empty() => {
+                Some(RotaryEmbedding::with_base(c, theta, &RopeScaling::None).map_err(rope_err)?)
+            }
+            _ => None,
+        };
         Ok(Self {
             config: config.clone(),
             local: local.clone(),
@@ -174,9 +211,10 @@ impl LlamaForCausalLM {
             vocab_rows,
             embed_tokens,
             layers,
-            norm: RmsNorm::load(src, "model.norm.weight", h, c.rms_norm_eps)?,
+            norm: load_norm(c, src, "model.norm.weight", h)?,
             lm_head,
             rotary,
+            local_rotary,
         })
     }
 
@@ -197,6 +235,9 @@ impl LlamaForCausalLM {
     /// Sizes what depends on the longest sequence (the RoPE table) to `max_model_len`
     /// positions, which must not exceed the model's context.
     pub fn set_max_model_len(&mut self, max_model_len: usize) -> Result<(), RopeTableError> {
+        if let Some(local) = &mut self.local_rotary {
+            local.resize(max_model_len)?;
+        }
         self.rotary.resize(max_model_len)
     }
 
@@ -306,11 +347,13 @@ impl LlamaForCausalLM {
             c.num_key_value_heads,
             c.head_dim,
             block_size,
-        );
+        )
+        .with_scale(c.attention_scale());
         let meta = AttentionMetadata::new(input);
 
         self.embed(&input.token_ids, buf)?;
         sized(&mut buf.residual, t * h);
+        sized(&mut buf.normed, t * h);
         for (i, layer) in self.layers.iter().enumerate() {
             if i == 0 {
                 buf.residual.copy_from_slice(&buf.hidden);
@@ -322,13 +365,20 @@ impl LlamaForCausalLM {
                     .input_layernorm
                     .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             }
+            let attn = attn.with_sliding_window(layer.attention.window);
             self.attention_block(layer, input, &meta, &attn, &mut kv_caches[i], buf);
             self.comm.all_reduce_sum(&mut buf.hidden)?;
+            if let Some(norm) = &layer.post_attention_norm {
+                norm_in_place(norm, buf);
+            }
             layer
-                .post_attention_layernorm
+                .pre_mlp_layernorm
                 .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             self.mlp_block(layer, t, buf);
             self.comm.all_reduce_sum(&mut buf.hidden)?;
+            if let Some(norm) = &layer.post_mlp_norm {
+                norm_in_place(norm, buf);
+            }
         }
         self.norm
             .forward_fused_add(&mut buf.hidden, &mut buf.residual);
@@ -346,7 +396,11 @@ impl LlamaForCausalLM {
                 _ => row.fill(0.0),
             }
         }
-        Ok(self.comm.all_reduce_sum(hidden)?)
+        self.comm.all_reduce_sum(hidden)?;
+        if let Some(m) = self.config.embedding_multiplier {
+            hidden.iter_mut().for_each(|x| *x *= m);
+        }
+        Ok(())
     }
 
     /// `hidden = o_proj(attention(rope(q), rope(k), v))`, from the normed `hidden`.
@@ -373,26 +427,39 @@ impl LlamaForCausalLM {
         let k = sized(&mut buf.k, t * kvs);
         let v = sized(&mut buf.v, t * kvs);
         for (i, row) in qkv.chunks_exact(qs + 2 * kvs).enumerate() {
-            q[i * qs..(i + 1) * qs].copy_from_slice(&row[..qs]);
-            k[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs..qs + kvs]);
+            let (q, k) = (&mut q[i * qs..(i + 1) * qs], &mut k[i * kvs..(i + 1) * kvs]);
+            // The q/k norms go head by head (rows of head_dim) as the rows are split out.
+            match &layer.q_norm {
+                Some(norm) => norm.forward(&row[..qs], q),
+                None => q.copy_from_slice(&row[..qs]),
+            }
+            match &layer.k_norm {
+                Some(norm) => norm.forward(&row[qs..qs + kvs], k),
+                None => k.copy_from_slice(&row[qs..qs + kvs]),
+            }
             v[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs + kvs..]);
         }
-        self.rotary
-            .forward(&input.positions, q, c.num_attention_heads);
-        self.rotary
-            .forward(&input.positions, k, c.num_key_value_heads);
+        let rotary = match &self.local_rotary {
+            Some(local) if layer.attention.local_rope => local,
+            _ => &self.rotary,
+        };
+        rotary.forward(&input.positions, q, c.num_attention_heads);
+        rotary.forward(&input.positions, k, c.num_key_value_heads);
         let out = sized(&mut buf.attn_out, t * qs);
         attn.forward(q, k, v, kv, meta, out);
         layer.o_proj.forward(out, &mut buf.hidden, t);
     }
 
-    /// `hidden = down(silu(gate(hidden)) * up(hidden))`.
+    /// `hidden = down(act(gate(hidden)) * up(hidden))`.
     fn mlp_block(&self, layer: &DecoderLayer, t: usize, buf: &mut ForwardBuffers) {
         let inter = self.local.intermediate_size;
         let gate_up = sized(&mut buf.gate_up, t * 2 * inter);
         layer.gate_up_proj.forward(&buf.hidden, gate_up, t);
         let act = sized(&mut buf.act, t * inter);
-        silu_and_mul(gate_up, act, inter);
+        match self.local.hidden_act {
+            Activation::Silu => silu_and_mul(gate_up, act, inter),
+            Activation::GeluTanh => gelu_tanh_and_mul(gate_up, act, inter),
+        }
         layer.down_proj.forward(act, &mut buf.hidden, t);
     }
 
@@ -546,6 +613,15 @@ fn load_layer(
         name("self_attn.v_proj.weight"),
     );
     let (gate, up) = (name("mlp.gate_proj.weight"), name("mlp.up_proj.weight"));
+    let optional_norm = |on: bool, s: &str, dim: usize| -> Result<Option<RmsNorm>, LoadError> {
+        on.then(|| load_norm(c, src, &name(s), dim)).transpose()
+    };
+    let pre_mlp = if c.sandwich_norms {
+        "pre_feedforward_layernorm.weight"
+    } else {
+        "post_attention_layernorm.weight"
+    };
+    let window = c.layer_window(i);
     let qkv_bias = if c.qkv_bias {
         let mut stacked = Vec::with_capacity(c.q_size() + 2 * c.kv_size());
         for (bias, len) in [("q", c.q_size()), ("k", c.kv_size()), ("v", c.kv_size())] {
@@ -557,7 +633,7 @@ fn load_layer(
         None
     };
     Ok(DecoderLayer {
-        input_layernorm: RmsNorm::load(src, &name("input_layernorm.weight"), h, c.rms_norm_eps)?,
+        input_layernorm: load_norm(c, src, &name("input_layernorm.weight"), h)?,
         qkv_proj: Linear::load_merged(
             src,
             &[(&q, c.q_size()), (&k, c.kv_size()), (&v, c.kv_size())],
@@ -565,13 +641,16 @@ fn load_layer(
             opts,
         )?,
         qkv_bias,
+        q_norm: optional_norm(c.qk_norm, "self_attn.q_norm.weight", c.head_dim)?,
+        k_norm: optional_norm(c.qk_norm, "self_attn.k_norm.weight", c.head_dim)?,
         o_proj: Linear::load(src, &name("self_attn.o_proj.weight"), c.q_size(), h, opts)?,
-        post_attention_layernorm: RmsNorm::load(
-            src,
-            &name("post_attention_layernorm.weight"),
-            h,
-            c.rms_norm_eps,
-        )?,
+        post_attention_norm: optional_norm(c.sandwich_norms, "post_attention_layernorm.weight", h)?,
+        pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
+        post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
+        attention: LayerAttention {
+            window,
+            local_rope: window.is_some(),
+        },
         gate_up_proj: Linear::load_merged(
             src,
             &[(&gate, c.intermediate_size), (&up, c.intermediate_size)],
@@ -586,4 +665,20 @@ fn load_layer(
             opts,
         )?,
     })
+}
+
+/// An RMSNorm of the model's kind (Gemma's weights are offsets from 1).
+fn load_norm(
+    c: &ModelConfig,
+    src: &dyn WeightSource,
+    name: &str,
+    dim: usize,
+) -> Result<RmsNorm, LoadError> {
+    Ok(RmsNorm::load(src, name, dim, c.rms_norm_eps)?.with_weight_offset(c.norm_weight_offset))
+}
+
+/// `hidden = norm(hidden)`, through `normed` (as long as `hidden`), without allocating.
+fn norm_in_place(norm: &RmsNorm, buf: &mut ForwardBuffers) {
+    norm.forward(&buf.hidden, &mut buf.normed);
+    std::mem::swap(&mut buf.hidden, &mut buf.normed);
 }

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Writes tiny random-weight Hugging Face models plus reference outputs for end-to-end tests.
+
+Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
+    llama  (LlamaForCausalLM, tied embeddings)
+    qwen2  (Qwen2ForCausalLM, q/k/v bias, untied lm_head)
+    qwen3  (Qwen3ForCausalLM, per-head q_norm/k_norm, head_dim 32 != hidden/heads, untied)
+    gemma3 (Gemma3ForCausalLM from a text-only Gemma3TextConfig: 6 layers, layers 0-4
+            sliding (window 16), layer 5 full; query_pre_attn_scalar 24 != head_dim 32;
+            separate rope thetas for full/sliding layers; tied embeddings)
+each holding
+    config.json, model.safetensors   exactly as `save_pretrained(safe_serialization=True)`
+                                     writes them (generation_config.json is deleted)
+    reference.json                   what transformers computes with those weights (float32,
+                                     eager attention):
+        seed, transformers_version, torch_version,
+        prompts:  list of 3 token-id lists (lengths 5, 23, 40; ids in 1..255),
+        cases:    one entry per prompt:
+            prompt     the prompt ids again,
+            greedy     the 12 ids `generate(max_new_tokens=12, do_sample=False)` produces
+                       (no eos, so always 12),
+            min_margin smallest top-1 minus top-2 raw-logit gap over those 12 steps
+                       (every one is > MIN_MARGIN; the seed is bumped until it is),
+            logprobs   teacher-forced over prompt+greedy in one forward: for i in
+                       0..len-2, log_softmax(logits[i])[ids[i+1]],
+            last_logits the 256 raw logits at the last prompt position (forward over the
+                       prompt alone).
+
+Every parameter is randomised (not HF's init) so that a wrong weight mapping shows up:
+linear weights N(0, 1/in_features), embeddings N(0, 1) (but N(0, 1/hidden) when tied:
+the tensor is then also the lm_head matrix, and with N(0, 1) the current token's own
+embedding dominates the logits so greedy decoding only repeats one token), biases
+N(0, 0.5^2), RMSNorm weights U(0.5, 1.5) for Llama/Qwen and U(-0.5, 0.5) for Gemma3
+(whose norm scales by 1 + w), including q_norm/k_norm and Gemma3's four per-layer norms.
+generate() (KV cache) is checked against the argmax of the single full forward.
+
+Run (needs torch and transformers; CI does not run this, the outputs are committed):
+    /path/to/python scripts/make_tiny_reference_models.py
+The output is deterministic for a given torch/transformers version (both are recorded in
+reference.json). Note: the repository's top-level .gitignore ignores *.safetensors; the
+tiny_models/.gitignore written by this script re-includes them.
+"""
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+OUT = Path(__file__).resolve().parent.parent / "crates/minivllm/tests/data/tiny_models"
+PROMPT_LENS = [5, 23, 40]
+MAX_NEW_TOKENS = 12
+MIN_MARGIN = 1e-3
+MAX_SEED_TRIES = 100
+
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=3,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    # No eos, so generate() always produces MAX_NEW_TOKENS tokens.
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=0,
+    use_cache=True,
+)
+
+
+def llama_config():
+    return LlamaConfig(
+        **COMMON,
+        hidden_act="silu",
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
+def qwen2_config():
+    return Qwen2Config(
+        **COMMON,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def qwen3_config():
+    return Qwen3Config(
+        **COMMON,
+        head_dim=32,  # hidden/heads would be 16
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def gemma3_config():
+    cfg = dict(COMMON)
+    cfg["num_hidden_layers"] = 6
+    return Gemma3TextConfig(
+        **cfg,
+        head_dim=32,
+        query_pre_attn_scalar=24,  # deliberately not head_dim: scaling is 24**-0.5
+        hidden_activation="gelu_pytorch_tanh",
+        sliding_window=16,
+        # Same as the legacy sliding_window_pattern=6: every 6th layer is global.
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+        tie_word_embeddings=True,
+    )
+
+
+FAMILIES = {
+    # name: (config factory, model class, base seed, rmsnorm weight range)
+    "llama": (llama_config, LlamaForCausalLM, 1000, (0.5, 1.5)),
+    "qwen2": (qwen2_config, Qwen2ForCausalLM, 2000, (0.5, 1.5)),
+    "qwen3": (qwen3_config, Qwen3ForCausalLM, 3000, (0.5, 1.5)),
+    "gemma3": (gemma3_config, Gemma3ForCausalLM, 4000, (-0.5, 0.5)),
+}
+
+
+def randomise(model, norm_range):
+    """Overwrite every parameter; fails if one is left untouched."""
+    done = set()
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            kind = type(module).__name__
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) in done:  # a tied lm_head keeps the embedding's values
+                    continue
+                if isinstance(module, torch.nn.Embedding):
+                    # A tied embedding is also the lm_head matrix, so it gets the matrix
+                    # rule; with N(0, 1) the residual stream is dominated by the current
+                    # token's own embedding, so greedy decoding just repeats one token.
+                    tied = model.config.tie_word_embeddings
+                    p.normal_(0.0, 1.0 / math.sqrt(module.embedding_dim) if tied else 1.0)
+                elif isinstance(module, torch.nn.Linear) and pname == "weight":
+                    p.normal_(0.0, 1.0 / math.sqrt(module.in_features))
+                elif isinstance(module, torch.nn.Linear) and pname == "bias":
+                    p.normal_(0.0, 0.5)
+                elif "RMSNorm" in kind and pname == "weight":
+                    p.uniform_(*norm_range)
+                else:
+                    raise RuntimeError(f"don't know how to randomise {name}.{pname} ({kind})")
+                done.add(id(p))
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) not in done]
+    assert not missing, missing
+
+
+def build(family, seed):
+    make_config, cls, _, norm_range = FAMILIES[family]
+    config = make_config()
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = cls(config).to(torch.float32).eval()
+    randomise(model, norm_range)
+    model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None
+    model.generation_config.pad_token_id = 0
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, 256, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    return model, prompts
+
+
+@torch.no_grad()
+def reference_case(model, prompt):
+    ids = torch.tensor([prompt], dtype=torch.long)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=MAX_NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    greedy = out.sequences[0, len(prompt):].tolist()
+    assert len(greedy) == MAX_NEW_TOKENS, greedy
+    margins = []
+    for step_logits in out.logits:  # raw logits, one (1, vocab) per step
+        top2 = torch.topk(step_logits[0].float(), 2).values
+        margins.append(float(top2[0] - top2[1]))
+
+    full = torch.tensor([prompt + greedy], dtype=torch.long)
+    logits = model(full, attention_mask=torch.ones_like(full)).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    logprobs = [float(logp[i, full[0, i + 1]]) for i in range(full.shape[1] - 1)]
+    # The cached generate() and the single full forward must agree on every greedy token.
+    argmax = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+    assert argmax == greedy, (argmax, greedy)
+
+    last = model(ids, attention_mask=torch.ones_like(ids)).logits[0, -1].float()
+    return {
+        "prompt": prompt,
+        "greedy": greedy,
+        "min_margin": min(margins),
+        "logprobs": logprobs,
+        "last_logits": [float(x) for x in last],
+    }
+
+
+def make(family):
+    base_seed = FAMILIES[family][2]
+    for seed in range(base_seed, base_seed + MAX_SEED_TRIES):
+        model, prompts = build(family, seed)
+        cases = [reference_case(model, p) for p in prompts]
+        if all(c["min_margin"] > MIN_MARGIN for c in cases):
+            break
+        print(f"{family}: seed {seed} has a margin <= {MIN_MARGIN}, trying the next")
+    else:
+        raise RuntimeError(f"{family}: no seed in {MAX_SEED_TRIES} tries gave margins > {MIN_MARGIN}")
+
+    folder = OUT / family
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    reference = {
+        "family": family,
+        "architecture": type(model).__name__,
+        "seed": seed,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "dtype": "float32",
+        "attn_implementation": "eager",
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "prompts": prompts,
+        "cases": cases,
+    }
+    (folder / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    files = ", ".join(f"{f.name} {f.stat().st_size}" for f in sorted(folder.iterdir()))
+    print(f"{family}: seed {seed}, {size} bytes ({files})")
+    print(f"{family}: min margins {[round(c['min_margin'], 6) for c in cases]}")
+
+
+def main():
+    torch.set_default_dtype(torch.float32)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    # The top-level .gitignore ignores *.safetensors; these small ones are fixtures.
+    (OUT / ".gitignore").write_text("!*.safetensors\n")
+    for family in FAMILIES:
+        make(family)
+
+
+if __name__ == "__main__":
+    main()
