@@ -18,6 +18,11 @@ if [ $# -gt 0 ]; then
 fi
 cargo_test --no-run
 target/debug/minivllm download-default-model >/dev/null
+# The real files of other families (`tests/integration/real_models.rs`; skipped when
+# absent): MINIVLLM_TEST_MODELS="qwen2.5-coder-0.5b gemma-3-270m" fetches them (.ci/run does).
+for name in ${MINIVLLM_TEST_MODELS:-}; do
+  target/debug/minivllm download-model "$name" >/dev/null
+done
 cargo_test
 
 # The scalar kernels end to end: the reference checks again, SIMD switched off, run from the

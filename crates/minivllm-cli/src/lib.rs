@@ -9,6 +9,7 @@ mod bench_serve;
 mod bench_sweep;
 mod download;
 mod generate;
+mod perplexity;
 mod quantize;
 mod serve;
 
@@ -45,6 +46,9 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Write a GGUF model's weights in another block format (as llama.cpp's llama-quantize).
     Quantize(quantize::QuantizeArgs),
+    /// Perplexity over a text file, and KL divergence against a base run (as llama.cpp's
+    /// llama-perplexity).
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 /// Options every command that runs a model shares, with vLLM's names.
@@ -208,6 +212,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
     }
 }
 
@@ -218,9 +223,10 @@ impl Command {
             Command::Generate(args) => Some(args.engine.model.tensor_parallel_size),
             Command::Serve(args) => Some(args.engine.model.tensor_parallel_size),
             Command::Bench(args) => args.model_args().map(|m| m.tensor_parallel_size),
-            Command::DownloadDefaultModel(_) | Command::DownloadModel(_) | Command::Quantize(_) => {
-                None
-            }
+            Command::DownloadDefaultModel(_)
+            | Command::DownloadModel(_)
+            | Command::Quantize(_)
+            | Command::Perplexity(_) => None,
         }
     }
 }

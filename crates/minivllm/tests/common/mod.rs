@@ -20,7 +20,8 @@ pub struct ReferenceCase {
     pub steps: Vec<ReferenceStep>,
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+/// A JSON array of token ids.
+pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
         .iter()
@@ -63,4 +64,27 @@ pub fn reference_cases() -> Vec<ReferenceCase> {
                 .collect(),
         })
         .collect()
+}
+
+/// Each prompt's output ids when `params` runs them all through `engine` in one batch.
+pub fn run_to_completion(
+    engine: &mut minivllm::engine::llm_engine::LLMEngine,
+    prompts: &[Vec<u32>],
+    params: &minivllm::sampling_params::SamplingParams,
+) -> Vec<Vec<u32>> {
+    for (i, p) in prompts.iter().enumerate() {
+        let prompt = minivllm::engine::llm_engine::PromptInput::from(p.clone());
+        engine
+            .add_request(i.to_string(), prompt, params.clone(), 0)
+            .unwrap();
+    }
+    let mut outs = vec![Vec::new(); prompts.len()];
+    while engine.has_unfinished_requests() {
+        for o in engine.step().unwrap() {
+            if o.finished {
+                outs[o.request_id.parse::<usize>().unwrap()] = o.outputs[0].token_ids.clone();
+            }
+        }
+    }
+    outs
 }

@@ -15,5 +15,6 @@ mod hf_folder;
 mod layers;
 mod model_families;
 mod model_reference;
+mod real_models;
 mod scheduler;
 mod tensor_parallel;

@@ -36,13 +36,7 @@ struct Case {
 fn cases(family: &str) -> Vec<Case> {
     let text = std::fs::read_to_string(folder(family).join("reference.json")).unwrap();
     let json: Value = serde_json::from_str(&text).unwrap();
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = crate::common::ids;
     let floats = |v: &Value| -> Vec<f32> {
         v.as_array()
             .unwrap()

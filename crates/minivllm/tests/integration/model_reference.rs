@@ -7,7 +7,7 @@ use crate::common;
 
 use std::sync::OnceLock;
 
-use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
+use minivllm::engine::llm_engine::{EngineArgs, LLMEngine};
 use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::{DType, LoadOptions, Quantization};
 use minivllm::model_executor::model_loader::{load_model, LoadedModel};
@@ -194,20 +194,8 @@ fn greedy_up_to_near_tie(opts: &LoadOptions, kv: CacheDtype, near_tie: f32) {
         max_tokens: Some(32),
         ..SamplingParams::default()
     };
-    for (i, c) in cases.iter().enumerate() {
-        let prompt = PromptInput::from(c.prompt_ids.clone());
-        engine
-            .add_request(i.to_string(), prompt, params.clone(), 0)
-            .unwrap();
-    }
-    let mut outs = vec![Vec::new(); cases.len()];
-    while engine.has_unfinished_requests() {
-        for o in engine.step().unwrap() {
-            if o.finished {
-                outs[o.request_id.parse::<usize>().unwrap()] = o.outputs[0].token_ids.clone();
-            }
-        }
-    }
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_ids.clone()).collect();
+    let outs = common::run_to_completion(&mut engine, &prompts, &params);
     for (case, out) in cases.iter().zip(outs) {
         let n = case
             .steps
