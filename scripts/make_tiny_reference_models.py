@@ -9,11 +9,14 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
             sliding (window 16), layer 5 full; query_pre_attn_scalar 24 != head_dim 32;
             separate rope thetas for full/sliding layers; tied embeddings)
 each holding
-    config.json, model.safetensors   exactly as `save_pretrained(safe_serialization=True)`
-                                     writes them (generation_config.json is deleted)
-    reference.json                   what transformers computes with those weights (float32,
+    config.json                      as transformers writes it
+    reference.json                   what transformers computes with the weights (float32,
                                      eager attention):
         seed, transformers_version, torch_version,
+        weights:  per tensor, name, shape and the rule (offset + scale * uniform(-1, 1) from
+                  the tensor's own xorshift64* stream, `uniform` below) that drew it: the
+                  tests draw the same float32 values (tests/integration/tiny_models.rs), so
+                  no weight file is committed,
         prompts:  list of 3 token-id lists (lengths 5, 23, 40; ids in 1..255),
         cases:    one entry per prompt:
             prompt     the prompt ids again,
@@ -37,8 +40,7 @@ generate() (KV cache) is checked against the argmax of the single full forward.
 Run (needs torch and transformers; CI does not run this, the outputs are committed):
     /path/to/python scripts/make_tiny_reference_models.py
 The output is deterministic for a given torch/transformers version (both are recorded in
-reference.json). Note: the repository's top-level .gitignore ignores *.safetensors; the
-tiny_models/.gitignore written by this script re-includes them.
+reference.json).
 """
 
 import json
@@ -46,6 +48,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 from transformers import (
@@ -143,9 +146,33 @@ FAMILIES = {
 }
 
 
-def randomise(model, norm_range):
-    """Overwrite every parameter; fails if one is left untouched."""
-    done = set()
+MASK = (1 << 64) - 1
+
+
+def uniform(name, seed, n):
+    """n values in [-1, 1) from the tensor's own stream, as the Rust tests draw them
+    (crates/minivllm/tests/integration/tiny_models.rs): xorshift64* seeded by FNV-1a of the
+    name mixed with the seed, the top 24 bits of each output."""
+    h = 0xCBF29CE484222325
+    for b in name.encode():
+        h = ((h ^ b) * 0x100000001B3) & MASK
+    x = (h ^ (seed * 0x9E3779B97F4A7C15)) & MASK or 1
+    out = np.empty(n, dtype=np.float32)
+    for i in range(n):
+        x ^= x >> 12
+        x ^= (x << 25) & MASK
+        x ^= x >> 27
+        r = (x * 0x2545F4914F6CDD1D) & MASK
+        out[i] = (r >> 40) / float(1 << 24)
+    return out * np.float32(2.0) - np.float32(1.0)
+
+
+def randomise(model, norm_range, seed):
+    """Overwrite every parameter with `offset + scale * uniform(-1, 1)` in float32 and return
+    those rules by tensor name (the tests regenerate the weights from them); fails if a
+    parameter is left untouched."""
+    done, rules = set(), []
+    third = math.sqrt(3.0)  # a uniform of half-width sqrt(3)·s has standard deviation s
     with torch.no_grad():
         for name, module in model.named_modules():
             kind = type(module).__name__
@@ -157,18 +184,26 @@ def randomise(model, norm_range):
                     # rule; with N(0, 1) the residual stream is dominated by the current
                     # token's own embedding, so greedy decoding just repeats one token.
                     tied = model.config.tie_word_embeddings
-                    p.normal_(0.0, 1.0 / math.sqrt(module.embedding_dim) if tied else 1.0)
+                    rule = (0.0, third / math.sqrt(module.embedding_dim) if tied else third)
                 elif isinstance(module, torch.nn.Linear) and pname == "weight":
-                    p.normal_(0.0, 1.0 / math.sqrt(module.in_features))
+                    rule = (0.0, third / math.sqrt(module.in_features))
                 elif isinstance(module, torch.nn.Linear) and pname == "bias":
-                    p.normal_(0.0, 0.5)
+                    rule = (0.0, 0.5 * third)
                 elif "RMSNorm" in kind and pname == "weight":
-                    p.uniform_(*norm_range)
+                    lo, hi = norm_range
+                    rule = ((lo + hi) / 2, (hi - lo) / 2)
                 else:
                     raise RuntimeError(f"don't know how to randomise {name}.{pname} ({kind})")
+                full = f"{name}.{pname}"
+                offset, scale = np.float32(rule[0]), np.float32(rule[1])
+                values = offset + scale * uniform(full, seed, p.numel())
+                p.copy_(torch.from_numpy(values).reshape(p.shape))
+                rules.append({"name": full, "shape": list(p.shape),
+                              "offset": float(offset), "scale": float(scale)})
                 done.add(id(p))
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) not in done]
     assert not missing, missing
+    return rules
 
 
 def build(family, seed):
@@ -177,13 +212,13 @@ def build(family, seed):
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(config).to(torch.float32).eval()
-    randomise(model, norm_range)
+    rules = randomise(model, norm_range, seed)
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None
     model.generation_config.pad_token_id = 0
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(1, 256, (n,), generator=gen).tolist() for n in PROMPT_LENS]
-    return model, prompts
+    return model, prompts, rules
 
 
 @torch.no_grad()
@@ -227,7 +262,7 @@ def reference_case(model, prompt):
 def make(family):
     base_seed = FAMILIES[family][2]
     for seed in range(base_seed, base_seed + MAX_SEED_TRIES):
-        model, prompts = build(family, seed)
+        model, prompts, rules = build(family, seed)
         cases = [reference_case(model, p) for p in prompts]
         if all(c["min_margin"] > MIN_MARGIN for c in cases):
             break
@@ -239,8 +274,9 @@ def make(family):
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    (folder / "generation_config.json").unlink(missing_ok=True)
+    # Only the config: the weights are drawn again from `weights` by the tests.
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
     reference = {
         "family": family,
         "architecture": type(model).__name__,
@@ -250,6 +286,7 @@ def make(family):
         "dtype": "float32",
         "attn_implementation": "eager",
         "max_new_tokens": MAX_NEW_TOKENS,
+        "weights": rules,
         "prompts": prompts,
         "cases": cases,
     }
@@ -266,8 +303,6 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     OUT.mkdir(parents=True, exist_ok=True)
-    # The top-level .gitignore ignores *.safetensors; these small ones are fixtures.
-    (OUT / ".gitignore").write_text("!*.safetensors\n")
     for family in FAMILIES:
         make(family)
 

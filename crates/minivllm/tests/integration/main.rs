@@ -18,3 +18,4 @@ mod model_reference;
 mod real_models;
 mod scheduler;
 mod tensor_parallel;
+mod tiny_models;

@@ -1,30 +1,27 @@
 //! Every supported family against Hugging Face transformers' float32 output, on tiny
 //! random-weight models (`tests/data/tiny_models/<family>`, made by
-//! `scripts/make_tiny_reference_models.py` with the reference data beside them): teacher-forced
+//! `scripts/make_tiny_reference_models.py`; weights drawn again in `tiny_models.rs`): teacher-forced
 //! log-probabilities and a prompt's logits within 1e-4, greedy ids equal, and the same logits
 //! whether a prompt is computed whole, in chunks, or batched with others.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::LoadOptions;
-use minivllm::model_executor::model_loader::{load_model, LoadedModel};
+use minivllm::model_executor::models::llama::LlamaForCausalLM;
 use minivllm::worker::cache_engine::CacheEngine;
 use minivllm::worker::model_runner::{LogitsRows, ModelRunner, SeqInput};
 use minivllm_kernels::attention::KvCacheDtype;
 use minivllm_kernels::softmax::log_softmax_inplace;
 use serde_json::Value;
 
+use super::tiny_models::{self, reference, TinyWeights};
+
 const FAMILIES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
 const TOL: f32 = 1e-4;
 const BLOCK_SIZE: usize = 16;
 /// Blocks each sequence of a test may use: sequences of a batch get disjoint ranges.
 const BLOCKS_PER_SEQ: u32 = 8;
-
-fn folder(family: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/tiny_models/{family}"))
-}
 
 struct Case {
     prompt: Vec<u32>,
@@ -34,8 +31,7 @@ struct Case {
 }
 
 fn cases(family: &str) -> Vec<Case> {
-    let text = std::fs::read_to_string(folder(family).join("reference.json")).unwrap();
-    let json: Value = serde_json::from_str(&text).unwrap();
+    let json = reference(family);
     let ids = crate::common::ids;
     let floats = |v: &Value| -> Vec<f32> {
         v.as_array()
@@ -60,9 +56,9 @@ fn cases(family: &str) -> Vec<Case> {
 fn runner(family: &str) -> ModelRunner {
     static THREADS: OnceLock<()> = OnceLock::new();
     THREADS.get_or_init(|| minivllm_kernels::threading::init_threads(2));
-    let LoadedModel { config, model, .. } =
-        load_model(folder(family).to_str().unwrap(), &LoadOptions::FLOAT32)
-            .unwrap_or_else(|e| panic!("{family}: {e}"));
+    let config = tiny_models::config(family);
+    let model = LlamaForCausalLM::load(&config, &TinyWeights::of(family), &LoadOptions::FLOAT32)
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
     let cache = CacheEngine::with_dtype(
         &config,
         BLOCK_SIZE,

@@ -11,7 +11,6 @@ use minivllm::distributed::{Communicator, SingleProcess, ThreadGroup};
 use minivllm::model_executor::input_metadata::InputMetadata;
 use minivllm::model_executor::loader::gguf::GgufFile;
 use minivllm::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
-use minivllm::model_executor::loader::safetensors::SafetensorsWeights;
 use minivllm::model_executor::loader::weights::{LoadOptions, WeightSource};
 use minivllm::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
 use minivllm::worker::cache_engine::CacheEngine;
@@ -352,12 +351,8 @@ fn decodes_alike_on_one_two_and_four_ranks(
 fn every_family_decodes_alike_on_one_two_and_four_ranks() {
     minivllm::kernels::threading::init_threads(2);
     for family in ["qwen3", "gemma3"] {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data/tiny_models")
-            .join(family);
-        let json = std::fs::read_to_string(dir.join("config.json")).unwrap();
-        let config = ModelConfig::from_hf_json(&serde_json::from_str(&json).unwrap()).unwrap();
-        let weights = SafetensorsWeights::open_dir(&dir).unwrap();
+        let config = super::tiny_models::config(family);
+        let weights = super::tiny_models::TinyWeights::of(family);
         decodes_alike_on_one_two_and_four_ranks(family, &config, &weights);
     }
 }
