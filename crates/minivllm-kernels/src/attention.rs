@@ -89,13 +89,20 @@ impl AttnShape {
     /// The first position a query that sees up to `limit` (exclusive) attends to.
     #[inline]
     fn first_visible(&self, limit: usize) -> usize {
-        self.sliding_window.map_or(0, |w| limit.saturating_sub(w))
+        first_visible(self.sliding_window, limit)
     }
 
     /// Floats in one cache block.
     fn block_len(&self) -> usize {
         self.num_kv_heads * self.block_size * self.head_dim
     }
+}
+
+/// The first position a query that sees up to `limit` (exclusive) attends to, under a
+/// sliding `window`.
+#[inline]
+fn first_visible(window: Option<usize>, limit: usize) -> usize {
+    window.map_or(0, |w| limit.saturating_sub(w))
 }
 
 /// One sequence's part of a flat batch.

@@ -9,7 +9,10 @@ use serde_json::Value;
 pub enum ConfigError {
     #[error("bad model config: {0}")]
     Invalid(String),
-    #[error("unsupported model architecture {0:?} (supported: {SUPPORTED_ARCHITECTURES})")]
+    #[error(
+        "unsupported model architecture {0:?} (supported: {supported})",
+        supported = supported_architectures()
+    )]
     UnsupportedArchitecture(String),
 }
 
@@ -60,10 +63,14 @@ const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("gemma3", "Gemma3ForCausalLM", ModelFamily::Gemma3),
 ];
 
-/// For error messages: every name [`ModelFamily::from_name`] takes.
-pub const SUPPORTED_ARCHITECTURES: &str = "llama (LlamaForCausalLM), mistral \
-     (MistralForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 (Qwen3ForCausalLM), gemma3 \
-     (Gemma3ForCausalLM)";
+/// For error messages: every name [`ModelFamily::from_name`] takes, from the table.
+pub fn supported_architectures() -> String {
+    ARCHITECTURES
+        .iter()
+        .map(|(gguf, hf, _)| format!("{gguf} ({hf})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 impl ModelFamily {
     /// The family of a GGUF architecture name or a Hugging Face class (or `model_type`).
@@ -767,7 +774,7 @@ mod tests {
             assert_eq!(ModelFamily::from_name(hf).unwrap(), *family);
             assert_eq!(family.gguf_name(), *gguf);
             assert!(
-                SUPPORTED_ARCHITECTURES.contains(hf),
+                supported_architectures().contains(hf),
                 "{hf} missing from the message"
             );
         }

@@ -10,7 +10,7 @@
 
 use super::cache::Load;
 use super::micro;
-use super::{AttnShape, KvSlice, SeqAttn};
+use super::{first_visible, AttnShape, KvSlice, SeqAttn};
 use crate::simd::{self, simd_dispatch, Simd};
 
 /// What the tasks of one call read.
@@ -127,7 +127,7 @@ impl RowSet<'_> {
 
     /// Row `r`'s first visible position (after a sliding window).
     fn first(&self, r: usize) -> usize {
-        self.window.map_or(0, |w| self.limit(r).saturating_sub(w))
+        first_visible(self.window, self.limit(r))
     }
 
     /// How many rows see some position before `p`: rows are ordered by window too, so those

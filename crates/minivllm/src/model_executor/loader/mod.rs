@@ -41,7 +41,7 @@ pub enum LoadError {
     BadGguf { path: PathBuf, reason: String },
     #[error("tensor {tensor}: unsupported tensor type {type_name}")]
     UnsupportedTensorType { tensor: String, type_name: String },
-    #[error("unsupported model architecture {0:?} (supported: {supported})", supported = crate::config::SUPPORTED_ARCHITECTURES)]
+    #[error("unsupported model architecture {0:?} (supported: {supported})", supported = crate::config::supported_architectures())]
     UnsupportedArchitecture(String),
     #[error("missing tensor {0}")]
     MissingTensor(String),

@@ -44,16 +44,9 @@ struct DecoderLayer {
     down_proj: Linear,
     /// Gemma's norm of the MLP output, before the residual add.
     post_mlp_norm: Option<RmsNorm>,
-    /// Attention over the whole context or a sliding window, with its scale.
-    attention: LayerAttention,
-}
-
-/// What differs between a layer's attention and another's: its window, and which RoPE table
-/// (Gemma 3's sliding layers have their own base).
-#[derive(Clone, Copy)]
-struct LayerAttention {
+    /// A sliding-window layer's window (`None`: the whole context). Such layers use the
+    /// local RoPE table where the model has one (Gemma 3's own base).
     window: Option<usize>,
-    local_rope: bool,
 }
 
 pub struct LlamaForCausalLM {
@@ -353,7 +346,9 @@ impl LlamaForCausalLM {
 
         self.embed(&input.token_ids, buf)?;
         sized(&mut buf.residual, t * h);
-        sized(&mut buf.normed, t * h);
+        if c.sandwich_norms {
+            sized(&mut buf.normed, t * h);
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             if i == 0 {
                 buf.residual.copy_from_slice(&buf.hidden);
@@ -365,7 +360,7 @@ impl LlamaForCausalLM {
                     .input_layernorm
                     .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             }
-            let attn = attn.with_sliding_window(layer.attention.window);
+            let attn = attn.with_sliding_window(layer.window);
             self.attention_block(layer, input, &meta, &attn, &mut kv_caches[i], buf);
             self.comm.all_reduce_sum(&mut buf.hidden)?;
             if let Some(norm) = &layer.post_attention_norm {
@@ -440,7 +435,7 @@ impl LlamaForCausalLM {
             v[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs + kvs..]);
         }
         let rotary = match &self.local_rotary {
-            Some(local) if layer.attention.local_rope => local,
+            Some(local) if layer.window.is_some() => local,
             _ => &self.rotary,
         };
         rotary.forward(&input.positions, q, c.num_attention_heads);
@@ -621,7 +616,6 @@ fn load_layer(
     } else {
         "post_attention_layernorm.weight"
     };
-    let window = c.layer_window(i);
     let qkv_bias = if c.qkv_bias {
         let mut stacked = Vec::with_capacity(c.q_size() + 2 * c.kv_size());
         for (bias, len) in [("q", c.q_size()), ("k", c.kv_size()), ("v", c.kv_size())] {
@@ -647,10 +641,7 @@ fn load_layer(
         post_attention_norm: optional_norm(c.sandwich_norms, "post_attention_layernorm.weight", h)?,
         pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
         post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
-        attention: LayerAttention {
-            window,
-            local_rope: window.is_some(),
-        },
+        window: c.layer_window(i),
         gate_up_proj: Linear::load_merged(
             src,
             &[(&gate, c.intermediate_size), (&up, c.intermediate_size)],
