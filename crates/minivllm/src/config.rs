@@ -3,6 +3,8 @@
 
 use serde_json::Value;
 
+use crate::distributed::share;
+
 /// Why a model's configuration cannot be used. (The loaders report it as their
 /// `LoadError`, under the same messages.)
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -357,42 +359,38 @@ impl ModelConfig {
         }
     }
 
-    /// One tensor-parallel rank's part of the model: attention heads, KV heads, the MLP's
-    /// width and the vocabulary divided by `world_size` (KV heads fewer than the ranks are
-    /// replicated, one per rank); an error names what does not divide.
-    pub fn tensor_parallel_part(&self, world_size: usize) -> Result<ModelConfig, ConfigError> {
-        let parts = [
-            ("num_attention_heads", self.num_attention_heads),
-            ("intermediate_size", self.intermediate_size),
-            ("vocab_size", self.vocab_size),
-        ];
-        if let Some((name, v)) = parts
-            .iter()
-            .find(|(_, v)| world_size == 0 || !v.is_multiple_of(world_size))
-        {
-            return Err(ConfigError::Invalid(format!(
-                "{name} ({v}) does not divide over {world_size} tensor-parallel ranks"
-            )));
+    /// The heads and KV heads each of `world_size` ranks computes, when attention splits
+    /// over them in whole KV groups (KV heads fewer than the ranks are replicated on the
+    /// ranks whose query heads use them, as vLLM does); `None` when it does not, and every
+    /// rank then computes all the heads.
+    pub fn attention_split(&self, world_size: usize) -> Option<(usize, usize)> {
+        let (heads, kv) = (self.num_attention_heads, self.num_key_value_heads);
+        if world_size <= 1 {
+            return Some((heads, kv));
         }
-        // Fewer KV heads than ranks: each is replicated on the ranks whose query heads use it.
-        let kv = self.num_key_value_heads;
-        let local_kv = if kv.is_multiple_of(world_size) {
-            kv / world_size
-        } else if world_size.is_multiple_of(kv) {
-            1
+        if kv.is_multiple_of(world_size) {
+            Some((heads / world_size, kv / world_size))
+        } else if world_size.is_multiple_of(kv) && heads.is_multiple_of(world_size) {
+            Some((heads / world_size, 1))
         } else {
-            return Err(ConfigError::Invalid(format!(
-                "num_key_value_heads ({kv}) neither divides over {world_size} tensor-parallel \
-                 ranks nor divides {world_size} (to be replicated)"
-            )));
-        };
-        Ok(ModelConfig {
-            num_attention_heads: self.num_attention_heads / world_size,
-            num_key_value_heads: local_kv,
-            intermediate_size: self.intermediate_size / world_size,
-            vocab_size: self.vocab_size / world_size,
+            None
+        }
+    }
+
+    /// Rank `rank`'s part of the model out of `world_size`: its attention heads and KV heads
+    /// ([`Self::attention_split`], or all of them), and its share of the MLP's width and of
+    /// the vocabulary ([`share`]: any width splits, the first ranks holding one more).
+    pub fn tensor_parallel_part(&self, rank: usize, world_size: usize) -> ModelConfig {
+        let (heads, kv) = self
+            .attention_split(world_size)
+            .unwrap_or((self.num_attention_heads, self.num_key_value_heads));
+        ModelConfig {
+            num_attention_heads: heads,
+            num_key_value_heads: kv,
+            intermediate_size: share(self.intermediate_size, rank, world_size).len(),
+            vocab_size: share(self.vocab_size, rank, world_size).len(),
             ..self.clone()
-        })
+        }
     }
 
     /// The sliding window of layer `i`, if it is a sliding-window layer.

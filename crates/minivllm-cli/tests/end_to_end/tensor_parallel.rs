@@ -1,8 +1,9 @@
 //! Tensor parallelism across processes: `mpirun -n 3 minivllm ... --tensor-parallel-size 3`
-//! (SmolLM2-135M: 9 heads and 3 KV heads, so 3 ranks) gives what one process gives, its
-//! ranks stop together when rank 0 stops, and the death of any rank ends the job within
-//! seconds. Needs the `mpi` feature and Open MPI's `mpirun`; without them each test says it
-//! was skipped.
+//! gives the tokens one process gives, on the default quantised path (SmolLM2-135M, and
+//! the real Qwen2.5 and Gemma 3 files where they are downloaded, whose heads do not split
+//! by 3), its ranks stop together when rank 0 stops, and the death of any rank ends the
+//! job within seconds. Needs the `mpi` feature and Open MPI's `mpirun`; without them each
+//! test says it was skipped.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -12,11 +13,19 @@ use serde_json::{json, Value};
 use crate::common::model;
 use crate::server::{request, start_ranks, Server};
 
-const PROMPTS: [&str; 4] = [
+const PROMPTS: [&str; 12] = [
     "The capital of France is",
     "def fibonacci(n):",
     "Once upon a time, in a small village,",
     "List three colours:",
+    "The three laws of thermodynamics are",
+    "SELECT name FROM users WHERE",
+    "In 1969, the first person to walk on the Moon",
+    "Here is a haiku about autumn:",
+    "To make bread, you need",
+    "The difference between a list and a tuple in Python is",
+    "Question: What is 12 times 12? Answer:",
+    "Dear Sir or Madam,",
 ];
 
 /// Whether the MPI tests can run here; says so when they cannot.
@@ -46,19 +55,30 @@ fn mpirun(ranks: usize) -> Command {
     c
 }
 
-/// Greedy completions of `PROMPTS` in one batch, in f32 (whose logits differ from one
-/// process's only by the order of the all-reduce's sums), as `[prompt][token]`.
+/// Greedy completions of `PROMPTS` in one batch on the default path (EOS ignored, so that
+/// every prompt runs the whole length), as `[prompt][token]`.
 fn generate(launcher: Command, ranks: usize) -> Vec<Vec<u64>> {
+    generate_with(launcher, ranks, &model(), &PROMPTS, 24)
+}
+
+fn generate_with(
+    launcher: Command,
+    ranks: usize,
+    model: &str,
+    prompts: &[&str],
+    max_tokens: usize,
+) -> Vec<Vec<u64>> {
     let mut cmd = launcher;
-    cmd.args(["generate", "--model", &model(), "--dtype", "float32"])
+    cmd.args(["generate", "--model", model])
         .args([
             "--tensor-parallel-size",
             &ranks.to_string(),
             "--threads",
             "1",
         ])
-        .args(["--max-tokens", "24", "--temperature", "0", "--json"]);
-    for p in PROMPTS {
+        .args(["--max-tokens", &max_tokens.to_string()])
+        .args(["--temperature", "0", "--ignore-eos", "--json"]);
+    for p in prompts {
         cmd.args(["--prompt", p]);
     }
     let out = cmd.output().expect("run minivllm generate");
@@ -88,6 +108,43 @@ fn generate_on_three_ranks_gives_one_process_tokens() {
     assert_eq!(generate(mpirun(3), 3), alone);
 }
 
+/// The real Qwen2.5-Coder-0.5B (14 heads, 2 KV heads, 151,936 tokens) and Gemma 3 270M
+/// (4 heads, 1 KV head) files, Q4_K_M, give one process's tokens at 2 and 3 ranks: at 3
+/// their heads do not split, so every rank computes all of them, and every other width
+/// splits unevenly.
+#[test]
+fn real_files_on_two_and_three_ranks_give_one_process_tokens() {
+    let test = "real_files_on_two_and_three_ranks_give_one_process_tokens";
+    if !mpi_available(test) {
+        return;
+    }
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    for file in [
+        "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+        "gemma-3-270m.Q4_K_M.gguf",
+    ] {
+        let path = models.join(file);
+        if !path.is_file() {
+            eprintln!("SKIPPED {test} for {file}: not downloaded");
+            continue;
+        }
+        let path = path.to_str().unwrap();
+        let prompts = &PROMPTS[..4];
+        let alone = generate_with(
+            Command::new(env!("CARGO_BIN_EXE_minivllm")),
+            1,
+            path,
+            prompts,
+            16,
+        );
+        assert!(alone.iter().all(|ids| ids.len() == 16), "{file}");
+        for ranks in [2, 3] {
+            let split = generate_with(mpirun(ranks), ranks, path, prompts, 16);
+            assert_eq!(split, alone, "{file} on {ranks} ranks");
+        }
+    }
+}
+
 #[test]
 fn a_world_that_does_not_match_is_refused_at_start() {
     if !mpi_available("a_world_that_does_not_match_is_refused_at_start") {
@@ -105,11 +162,6 @@ fn a_world_that_does_not_match_is_refused_at_start() {
     let err = run(2, "3");
     assert!(
         err.contains("started 2 processes but --tensor-parallel-size is 3"),
-        "{err}"
-    );
-    let err = run(2, "2");
-    assert!(
-        err.contains("num_attention_heads (9) does not divide over 2"),
         "{err}"
     );
 }
@@ -375,10 +427,11 @@ fn ranks_on_two_hosts_over_tcp_give_one_process_tokens() {
         generate(Command::new(env!("CARGO_BIN_EXE_minivllm")), 1)
     );
     eprintln!("{test}: {crossed} bytes reached the second host over the link");
-    // 24 steps, each with 61 all-reduces of at least a token's 576 floats, and the weights'
-    // load needs none: the traffic is the collectives'.
+    // 24 steps, in each of which each of the 30 layers gathers at least two 576-wide rows
+    // of which the other ranks hold two thirds; the weights' load needs none: the traffic
+    // is the collectives'.
     assert!(
-        crossed > 24 * 61 * 576 * 4,
+        crossed > 24 * 30 * 2 * 384 * 4,
         "only {crossed} bytes crossed the link"
     );
 }

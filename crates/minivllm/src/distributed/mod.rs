@@ -8,8 +8,10 @@ mod communicator;
 mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+mod shards;
 mod thread_group;
 
 pub use communicator::{CommError, Communicator, SingleProcess};
 pub use group::init_group;
+pub use shards::{gather_columns, share, GatherBuffers};
 pub use thread_group::ThreadGroup;

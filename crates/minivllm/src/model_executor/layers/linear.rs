@@ -415,3 +415,61 @@ mod tests {
         assert!("q3_k".parse::<Q>().unwrap_err().contains("supported"));
     }
 }
+
+#[cfg(test)]
+mod row_subset_tests {
+    use minivllm_kernels::qdot::quantize_to;
+    use minivllm_kernels::quant::GgmlType;
+
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| {
+                ((i.wrapping_mul(2654435761) ^ seed).wrapping_mul(2246822519) >> 8) as f32
+                    / (1u32 << 24) as f32
+                    * 2.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    /// Tensor parallelism gives each rank a run of a matrix's rows at any offset: a block
+    /// format must compute a row's output exactly as the whole matrix does, so that the
+    /// ranks' outputs put together are one process's. (The float kernels' edge tiles sum
+    /// in another order, so f32/f16/bf16 ranks agree only to rounding.)
+    #[test]
+    fn any_run_of_rows_computes_what_the_whole_matrix_computes() {
+        minivllm_kernels::threading::init_threads(2);
+        let (rows, cols) = (45, 512);
+        let w = values(rows * cols, 7);
+        let make = |q: &str, data: &[f32], r: usize| -> WeightMatrix {
+            let ty = *GgmlType::ALL.iter().find(|t| t.name() == q).unwrap();
+            let blocks = quantize_to(ty, data).unwrap();
+            quant_matrix(q, ty, r, cols, blocks).unwrap()
+        };
+        let kinds = [
+            "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+        ];
+        let mut failed = Vec::new();
+        for m in [1, 3, 17] {
+            let x = values(m * cols, 99 + m as u32);
+            for kind in kinds {
+                let whole = make(kind, &w, rows);
+                let mut want = vec![0.0; m * rows];
+                whole.matmul(&x, &mut want, m);
+                for (a, b) in [(0, 15), (15, 30), (30, 45), (1, 2), (3, 44), (17, 40)] {
+                    let part = make(kind, &w[a * cols..b * cols], b - a);
+                    let mut got = vec![0.0; m * (b - a)];
+                    part.matmul(&x, &mut got, m);
+                    for i in 0..m {
+                        if got[i * (b - a)..(i + 1) * (b - a)] != want[i * rows + a..i * rows + b] {
+                            failed.push(format!("{kind}, m {m}, rows {a}..{b}, row {i}"));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(failed.is_empty(), "{failed:#?}");
+    }
+}

@@ -1,26 +1,25 @@
 //! One tensor-parallel rank's view of a model's weights: each tensor is cut to the rank's
-//! shard as it is read, in its stored format, so a rank keeps only its part (Megatron's
-//! column- and row-parallel splits).
+//! shard as it is read, in its stored format, so a rank keeps only its part. Every split
+//! is by output rows (see `distributed::shards` for why): a row is a run of whole blocks,
+//! so any row count splits, whatever the format.
 
 use std::ops::Range;
 
 use minivllm_kernels::hmatmul::HalfKind;
 
+use crate::distributed::share;
+
 use super::weights::{QuantTensor, Tensor, WeightSource};
 use super::LoadError;
 
-/// Which dimension of a `[rows, cols]` weight the ranks split.
+/// How the ranks split the output rows of a `[rows, cols]` weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SplitDim {
-    /// Output features (column-parallel: q/k/v, gate/up; the vocabulary of the embedding
-    /// and LM head). Each rank computes its slice of the outputs.
+    /// Each rank holds its [`share`] of the rows, and computes those outputs.
     Rows,
-    /// Output features in parts that `copies` consecutive ranks each hold whole: the KV
-    /// heads, when a model has fewer of them than there are ranks (as vLLM replicates them).
+    /// Equal parts that `copies` consecutive ranks each hold whole: the KV heads, when a
+    /// model has fewer of them than there are ranks (as vLLM replicates them).
     SharedRows { copies: usize },
-    /// Input features (row-parallel: the attention output and down projections). Each
-    /// rank computes a partial sum that an all-reduce completes.
-    Cols,
 }
 
 /// This rank's place in its group.
@@ -44,15 +43,15 @@ impl Rank {
         Ok(self.rank * per..(self.rank + 1) * per)
     }
 
-    /// The rows of `dim` (a row split) this rank holds out of `rows`.
+    /// The rows this rank holds out of `rows`, split as `dim` says.
     fn rows(&self, tensor: &str, dim: SplitDim, rows: usize) -> Result<Range<usize>, LoadError> {
         match dim {
-            SplitDim::SharedRows { copies } if copies > 1 => Rank {
-                rank: self.rank / copies,
-                world_size: self.world_size / copies,
+            SplitDim::SharedRows { copies } => Rank {
+                rank: self.rank / copies.max(1),
+                world_size: self.world_size / copies.max(1),
             }
             .part(tensor, rows, 1),
-            _ => self.part(tensor, rows, 1),
+            SplitDim::Rows => Ok(share(rows, self.rank, self.world_size)),
         }
     }
 }
@@ -93,24 +92,12 @@ impl WeightSource for ShardedSource<'_> {
             return Ok(t);
         };
         let (rows, cols) = dims(name, &t.shape)?;
-        Ok(match dim {
-            SplitDim::Rows | SplitDim::SharedRows { .. } => {
-                let r = self.rank.rows(name, dim, rows)?;
-                let mut shape = t.shape.clone();
-                shape[0] = r.len();
-                Tensor {
-                    shape,
-                    data: t.data[r.start * cols..r.end * cols].to_vec(),
-                }
-            }
-            SplitDim::Cols => {
-                let c = self.rank.part(name, cols, 1)?;
-                let data = t.data.chunks_exact(cols).flat_map(|row| &row[c.clone()]);
-                Tensor {
-                    shape: vec![rows, c.len()],
-                    data: data.copied().collect(),
-                }
-            }
+        let r = self.rank.rows(name, dim, rows)?;
+        let mut shape = t.shape.clone();
+        shape[0] = r.len();
+        Ok(Tensor {
+            shape,
+            data: t.data[r.start * cols..r.end * cols].to_vec(),
         })
     }
 
@@ -123,19 +110,13 @@ impl WeightSource for ShardedSource<'_> {
         let Some(dim) = (self.split)(name) else {
             return Ok(shape);
         };
-        let (rows, cols) = dims(name, &shape)?;
-        Ok(match dim {
-            SplitDim::Rows | SplitDim::SharedRows { .. } => {
-                let mut shape = shape.clone();
-                shape[0] = self.rank.rows(name, dim, rows)?.len();
-                shape
-            }
-            SplitDim::Cols => vec![rows, self.rank.part(name, cols, 1)?.len()],
-        })
+        let (rows, _) = dims(name, &shape)?;
+        let mut shape = shape.clone();
+        shape[0] = self.rank.rows(name, dim, rows)?.len();
+        Ok(shape)
     }
 
-    /// Cut along whole blocks: a row is a run of blocks, so a row split takes whole rows
-    /// and a column split the same run of blocks from every row.
+    /// A row is a run of whole blocks, so a row split takes whole rows as stored.
     fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {
         let Some(t) = self.inner.load_quantized(name)? else {
             return Ok(None);
@@ -144,28 +125,12 @@ impl WeightSource for ShardedSource<'_> {
             return Ok(Some(t));
         };
         let (rows, cols) = dims(name, &t.shape)?;
-        let (block, bytes) = (t.ty.block_size(), t.ty.type_size());
-        let row_bytes = cols / block * bytes;
-        let (shape, data) = match dim {
-            SplitDim::Rows | SplitDim::SharedRows { .. } => {
-                let r = self.rank.rows(name, dim, rows)?;
-                let data = t.data[r.start * row_bytes..r.end * row_bytes].to_vec();
-                (vec![r.len(), cols], data)
-            }
-            SplitDim::Cols => {
-                let c = self.rank.part(name, cols, block)?;
-                let (from, to) = (c.start / block * bytes, c.end / block * bytes);
-                let data = t
-                    .data
-                    .chunks_exact(row_bytes)
-                    .flat_map(|row| &row[from..to]);
-                (vec![rows, c.len()], data.copied().collect())
-            }
-        };
+        let row_bytes = cols / t.ty.block_size() * t.ty.type_size();
+        let r = self.rank.rows(name, dim, rows)?;
         Ok(Some(QuantTensor {
-            shape,
+            shape: vec![r.len(), cols],
             ty: t.ty,
-            data,
+            data: t.data[r.start * row_bytes..r.end * row_bytes].to_vec(),
         }))
     }
 

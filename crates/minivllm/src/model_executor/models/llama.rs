@@ -14,7 +14,9 @@ use std::sync::Arc;
 use minivllm_kernels::activation::{gelu_tanh_and_mul, silu_and_mul};
 
 use crate::config::{Activation, ModelConfig, RopeScaling};
-use crate::distributed::{Communicator, SingleProcess};
+use crate::distributed::{
+    gather_columns, share, CommError, Communicator, GatherBuffers, SingleProcess,
+};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
@@ -57,6 +59,8 @@ pub struct LlamaForCausalLM {
     comm: Arc<dyn Communicator>,
     /// The vocabulary rows of the embeddings (and LM head) this rank holds.
     vocab_rows: Range<usize>,
+    /// Whether this rank computes only its part of the heads (else all of them).
+    heads_split: bool,
     /// Rows are dequantised as tokens look them up; a tied LM head multiplies by it as stored.
     embed_tokens: WeightMatrix,
     layers: Vec<DecoderLayer>,
@@ -85,10 +89,11 @@ pub struct ForwardBuffers {
     normed: Vec<f32>,
     last_hidden: Vec<f32>,
     logits: Vec<f32>,
-    /// With the vocabulary split: this rank's columns of the logits, then every rank's,
-    /// rank after rank, before they are laid out by row.
-    local_logits: Vec<f32>,
-    gathered: Vec<f32>,
+    /// With tensor parallelism: this rank's columns of an output (the logits, a
+    /// projection's), and the whole rows put together from every rank's.
+    local_out: Vec<f32>,
+    whole: Vec<f32>,
+    gather: GatherBuffers,
 }
 
 impl ForwardBuffers {
@@ -112,12 +117,13 @@ impl ForwardBuffers {
             &self.normed,
             &self.last_hidden,
             &self.logits,
-            &self.local_logits,
-            &self.gathered,
+            &self.local_out,
+            &self.whole,
         ]
         .iter()
         .map(|v| v.capacity())
-        .sum();
+        .sum::<usize>()
+            + self.gather.capacity();
         if floats * std::mem::size_of::<f32>() > Self::KEEP_BYTES {
             *self = Self::default();
         }
@@ -138,9 +144,13 @@ impl LlamaForCausalLM {
         Self::load_parallel(config, src, opts, Arc::new(SingleProcess))
     }
 
-    /// This rank's part of the model (Megatron's tensor parallelism): q/k/v and gate/up
-    /// split by output rows (whole heads), the output and down projections by input
-    /// columns (their partial sums all-reduced), the embeddings and LM head by vocabulary.
+    /// This rank's part of the model for tensor parallelism. Every matrix is split by its
+    /// output rows: q/k/v by whole heads (when whole KV groups go to each rank; otherwise
+    /// each rank computes every head), gate/up by the MLP's width, the output and down
+    /// projections by the hidden width, the embeddings and LM head by vocabulary; any width
+    /// splits, the first ranks holding one more row. The ranks gather each other's output
+    /// columns instead of all-reducing partial sums, so every dot product is one process's
+    /// and the group's logits are one process's to the bit (see `distributed::shards`).
     /// Each tensor is cut as it is read, in its stored format.
     pub fn load_parallel(
         config: &ModelConfig,
@@ -154,13 +164,23 @@ impl LlamaForCausalLM {
             rank: comm.rank(),
             world_size: comm.world_size(),
         };
-        let local = config.tensor_parallel_part(rank.world_size)?;
+        let local = config.tensor_parallel_part(rank.rank, rank.world_size);
+        let heads_split = rank.world_size > 1 && config.attention_split(rank.world_size).is_some();
+        if rank.world_size > 1 && !heads_split {
+            tracing::info!(
+                heads = config.num_attention_heads,
+                kv_heads = config.num_key_value_heads,
+                ranks = rank.world_size,
+                "the KV heads do not split over the ranks in whole groups: every rank computes \
+                 all the attention heads (the MLP, projections and vocabulary are still split)"
+            );
+        }
         // Ranks sharing each KV head, when there are fewer KV heads than ranks.
         let kv_copies = rank.world_size / config.num_key_value_heads.min(rank.world_size);
-        let split = |name: &str| llama_split(name, kv_copies);
+        let split = |name: &str| llama_split(name, heads_split.then_some(kv_copies));
         let sharded = ShardedSource::new(src, rank, &split);
         let src: &dyn WeightSource = if rank.world_size == 1 { src } else { &sharded };
-        let vocab_rows = rank.rank * local.vocab_size..(rank.rank + 1) * local.vocab_size;
+        let vocab_rows = share(config.vocab_size, rank.rank, rank.world_size);
         let c = &local;
         let h = c.hidden_size;
         let out_opts = opts.for_output();
@@ -171,7 +191,7 @@ impl LlamaForCausalLM {
             &out_opts,
         )?;
         let layers = (0..c.num_hidden_layers)
-            .map(|i| load_layer(c, src, i, opts))
+            .map(|i| load_layer(config, c, rank, src, i, opts))
             .collect::<Result<Vec<_>, _>>()?;
         // Some checkpoints that tie embeddings still ship lm_head; when the config says
         // tied we follow it, as transformers does.
@@ -202,6 +222,7 @@ impl LlamaForCausalLM {
             local: local.clone(),
             comm,
             vocab_rows,
+            heads_split,
             embed_tokens,
             layers,
             norm: load_norm(c, src, "model.norm.weight", h)?,
@@ -361,16 +382,14 @@ impl LlamaForCausalLM {
                     .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             }
             let attn = attn.with_sliding_window(layer.window);
-            self.attention_block(layer, input, &meta, &attn, &mut kv_caches[i], buf);
-            self.comm.all_reduce_sum(&mut buf.hidden)?;
+            self.attention_block(layer, input, &meta, &attn, &mut kv_caches[i], buf)?;
             if let Some(norm) = &layer.post_attention_norm {
                 norm_in_place(norm, buf);
             }
             layer
                 .pre_mlp_layernorm
                 .forward_fused_add(&mut buf.hidden, &mut buf.residual);
-            self.mlp_block(layer, t, buf);
-            self.comm.all_reduce_sum(&mut buf.hidden)?;
+            self.mlp_block(layer, t, buf)?;
             if let Some(norm) = &layer.post_mlp_norm {
                 norm_in_place(norm, buf);
             }
@@ -407,7 +426,7 @@ impl LlamaForCausalLM {
         attn: &PagedAttention,
         kv: &mut LayerKvCache,
         buf: &mut ForwardBuffers,
-    ) {
+    ) -> Result<(), CommError> {
         let c = &self.local;
         let t = input.num_tokens();
         let (qs, kvs) = (c.q_size(), c.kv_size());
@@ -442,11 +461,36 @@ impl LlamaForCausalLM {
         rotary.forward(&input.positions, k, c.num_key_value_heads);
         let out = sized(&mut buf.attn_out, t * qs);
         attn.forward(q, k, v, kv, meta, out);
-        layer.o_proj.forward(out, &mut buf.hidden, t);
+        let comm = &*self.comm;
+        let (q_size, h) = (self.config.q_size(), self.config.hidden_size);
+        let heads = whole_rows(
+            comm,
+            self.heads_split,
+            out,
+            t,
+            q_size,
+            &mut buf.gather,
+            &mut buf.whole,
+        )?;
+        project_whole(
+            comm,
+            &layer.o_proj,
+            heads,
+            t,
+            h,
+            &mut buf.local_out,
+            &mut buf.gather,
+            &mut buf.hidden,
+        )
     }
 
     /// `hidden = down(act(gate(hidden)) * up(hidden))`.
-    fn mlp_block(&self, layer: &DecoderLayer, t: usize, buf: &mut ForwardBuffers) {
+    fn mlp_block(
+        &self,
+        layer: &DecoderLayer,
+        t: usize,
+        buf: &mut ForwardBuffers,
+    ) -> Result<(), CommError> {
         let inter = self.local.intermediate_size;
         let gate_up = sized(&mut buf.gate_up, t * 2 * inter);
         layer.gate_up_proj.forward(&buf.hidden, gate_up, t);
@@ -455,7 +499,28 @@ impl LlamaForCausalLM {
             Activation::Silu => silu_and_mul(gate_up, act, inter),
             Activation::GeluTanh => gelu_tanh_and_mul(gate_up, act, inter),
         }
-        layer.down_proj.forward(act, &mut buf.hidden, t);
+        let (comm, c) = (&*self.comm, &self.config);
+        let split = comm.world_size() > 1;
+        let act = whole_rows(
+            comm,
+            split,
+            act,
+            t,
+            c.intermediate_size,
+            &mut buf.gather,
+            &mut buf.whole,
+        )?;
+        let h = c.hidden_size;
+        project_whole(
+            comm,
+            &layer.down_proj,
+            act,
+            t,
+            h,
+            &mut buf.local_out,
+            &mut buf.gather,
+            &mut buf.hidden,
+        )
     }
 
     /// Projects only the rows that need logits: a prompt of 500 tokens needs one row, and
@@ -477,7 +542,7 @@ impl LlamaForCausalLM {
             if world == 1 {
                 &mut buf.logits
             } else {
-                &mut buf.local_logits
+                &mut buf.local_out
             },
             n * part,
         );
@@ -490,21 +555,53 @@ impl LlamaForCausalLM {
         }
         // Only rank 0 samples: the others send their columns and keep none.
         let rank0 = self.comm.rank() == 0;
-        let gathered = sized(&mut buf.gathered, if rank0 { n * vocab } else { 0 });
-        self.comm
-            .gather(0, &buf.local_logits[..n * part], gathered)?;
-        if !rank0 {
-            return Ok(&[]);
-        }
-        // Gathered rank after rank, each `[n, part]`; laid out as `[n, vocab]`.
-        let logits = sized(&mut buf.logits, n * vocab);
-        for (r, chunk) in gathered.chunks_exact((n * part).max(1)).enumerate() {
-            for (i, row) in chunk.chunks_exact(part).enumerate() {
-                logits[i * vocab + r * part..i * vocab + (r + 1) * part].copy_from_slice(row);
-            }
-        }
-        Ok(&buf.logits[..n * vocab])
+        let logits = sized(&mut buf.logits, if rank0 { n * vocab } else { 0 });
+        let own = &buf.local_out[..n * part];
+        gather_columns(&*self.comm, Some(0), own, n, vocab, &mut buf.gather, logits)?;
+        Ok(&buf.logits[..if rank0 { n * vocab } else { 0 }])
     }
+}
+
+/// `local`'s `t` rows whole: where `split`, `local` holds this rank's [`share`] of the
+/// `width` columns, put together with the other ranks' in `whole`; otherwise `local` itself.
+fn whole_rows<'a>(
+    comm: &dyn Communicator,
+    split: bool,
+    local: &'a [f32],
+    t: usize,
+    width: usize,
+    gather: &mut GatherBuffers,
+    whole: &'a mut Vec<f32>,
+) -> Result<&'a [f32], CommError> {
+    if !split {
+        return Ok(local);
+    }
+    let whole = sized(whole, t * width);
+    gather_columns(comm, None, local, t, width, gather, whole)?;
+    Ok(whole)
+}
+
+/// `out[t, width] = proj(input)`, where `proj` holds this rank's [`share`] of the `width`
+/// output rows: each rank computes its columns and they are gathered.
+#[allow(clippy::too_many_arguments)]
+fn project_whole(
+    comm: &dyn Communicator,
+    proj: &Linear,
+    input: &[f32],
+    t: usize,
+    width: usize,
+    local_out: &mut Vec<f32>,
+    gather: &mut GatherBuffers,
+    out: &mut Vec<f32>,
+) -> Result<(), CommError> {
+    let out = sized(out, t * width);
+    if comm.world_size() == 1 {
+        proj.forward(input, out, t);
+        return Ok(());
+    }
+    let local = sized(local_out, t * proj.out_features());
+    proj.forward(input, local, t);
+    gather_columns(comm, None, local, t, width, gather, out)
 }
 
 /// Checks the sizes `config` gives against the shapes of the weights `src` holds (the whole
@@ -564,41 +661,47 @@ pub fn check_config_against_weights(
     Ok(())
 }
 
-/// How tensor parallelism splits each LLaMA weight (norms stay whole on every rank); each
-/// KV head is held by `kv_copies` ranks.
-fn llama_split(name: &str, kv_copies: usize) -> Option<SplitDim> {
+/// How tensor parallelism splits each LLaMA weight, all by output rows (norms stay whole on
+/// every rank). With `kv_copies` the heads are split, each KV head held by that many ranks;
+/// with `None` every rank holds every head's q/k/v.
+fn llama_split(name: &str, kv_copies: Option<usize>) -> Option<SplitDim> {
     const KV: [&str; 4] = [
         "k_proj.weight",
         "v_proj.weight",
         "k_proj.bias",
         "v_proj.bias",
     ];
+    const Q: [&str; 2] = ["q_proj.weight", "q_proj.bias"];
     const ROWS: [&str; 6] = [
-        "q_proj.weight",
-        "q_proj.bias",
         "gate_proj.weight",
         "up_proj.weight",
+        "o_proj.weight",
+        "down_proj.weight",
         "embed_tokens.weight",
         "lm_head.weight",
     ];
-    const COLS: [&str; 2] = ["o_proj.weight", "down_proj.weight"];
-    if KV.iter().any(|s| name.ends_with(s)) {
-        Some(SplitDim::SharedRows { copies: kv_copies })
-    } else if ROWS.iter().any(|s| name.ends_with(s)) {
+    let ends = |names: &[&str]| names.iter().any(|s| name.ends_with(s));
+    if ends(&KV) {
+        kv_copies.map(|copies| SplitDim::SharedRows { copies })
+    } else if ends(&Q) {
+        kv_copies.map(|_| SplitDim::Rows)
+    } else if ends(&ROWS) {
         Some(SplitDim::Rows)
-    } else if COLS.iter().any(|s| name.ends_with(s)) {
-        Some(SplitDim::Cols)
     } else {
         None
     }
 }
 
+/// Layer `i` of rank `rank`: `whole` is the model's configuration, `c` the rank's part.
 fn load_layer(
+    whole: &ModelConfig,
     c: &ModelConfig,
+    rank: Rank,
     src: &dyn WeightSource,
     i: usize,
     opts: &LoadOptions,
 ) -> Result<DecoderLayer, LoadError> {
+    let own_hidden = share(whole.hidden_size, rank.rank, rank.world_size).len();
     let p = format!("model.layers.{i}");
     let h = c.hidden_size;
     let name = |s: &str| format!("{p}.{s}");
@@ -637,7 +740,13 @@ fn load_layer(
         qkv_bias,
         q_norm: optional_norm(c.qk_norm, "self_attn.q_norm.weight", c.head_dim)?,
         k_norm: optional_norm(c.qk_norm, "self_attn.k_norm.weight", c.head_dim)?,
-        o_proj: Linear::load(src, &name("self_attn.o_proj.weight"), c.q_size(), h, opts)?,
+        o_proj: Linear::load(
+            src,
+            &name("self_attn.o_proj.weight"),
+            whole.q_size(),
+            own_hidden,
+            opts,
+        )?,
         post_attention_norm: optional_norm(c.sandwich_norms, "post_attention_layernorm.weight", h)?,
         pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
         post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
@@ -651,8 +760,8 @@ fn load_layer(
         down_proj: Linear::load(
             src,
             &name("mlp.down_proj.weight"),
-            c.intermediate_size,
-            h,
+            whole.intermediate_size,
+            own_hidden,
             opts,
         )?,
     })
