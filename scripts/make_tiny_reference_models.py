@@ -8,6 +8,14 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
     gemma3 (Gemma3ForCausalLM from a text-only Gemma3TextConfig: 6 layers, layers 0-4
             sliding (window 16), layer 5 full; query_pre_attn_scalar 24 != head_dim 32;
             separate rope thetas for full/sliding layers; tied embeddings)
+    llama3 (LlamaForCausalLM with Llama 3.1's `llama3` rope scaling: factor 8, low/high
+            frequency factors 1 and 4, original context 64, so that of head_dim 16's eight
+            frequencies one is kept, one smoothed and six divided)
+    phi3   (Phi3ForCausalLM: fused qkv_proj and gate_up_proj, LongRoPE with partial rotary
+            factor 0.5 (8 of 16 dims rotated), original context 4 so that every prompt runs
+            on the long factors (transformers picks them per forward pass when the sequence
+            is longer), sliding window 16 on every layer; plus `short_case`, a 4-token prompt
+            whose last logits come from the short factors)
 each holding
     config.json                      as transformers writes it
     reference.json                   what transformers computes with the weights (float32,
@@ -38,7 +46,7 @@ N(0, 0.5^2), RMSNorm weights U(0.5, 1.5) for Llama/Qwen and U(-0.5, 0.5) for Gem
 generate() (KV cache) is checked against the argmax of the single full forward.
 
 Run (needs torch and transformers; CI does not run this, the outputs are committed):
-    /path/to/python scripts/make_tiny_reference_models.py
+    /path/to/python scripts/make_tiny_reference_models.py [FAMILY ...]
 The output is deterministic for a given torch/transformers version (both are recorded in
 reference.json).
 """
@@ -46,6 +54,7 @@ reference.json).
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +67,8 @@ from transformers import (
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -137,12 +148,50 @@ def gemma3_config():
     )
 
 
+def llama3_config():
+    return LlamaConfig(
+        **COMMON,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
+
+
+def phi3_config():
+    return Phi3Config(
+        **COMMON,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        sliding_window=16,
+        original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": PHI3_ORIGINAL_CONTEXT,
+            "short_factor": [1.0, 1.25, 2.5, 4.0],
+            "long_factor": [1.5, 3.0, 7.5, 20.0],
+        },
+    )
+
+
+PHI3_ORIGINAL_CONTEXT = 4
+
 FAMILIES = {
     # name: (config factory, model class, base seed, rmsnorm weight range)
     "llama": (llama_config, LlamaForCausalLM, 1000, (0.5, 1.5)),
     "qwen2": (qwen2_config, Qwen2ForCausalLM, 2000, (0.5, 1.5)),
     "qwen3": (qwen3_config, Qwen3ForCausalLM, 3000, (0.5, 1.5)),
     "gemma3": (gemma3_config, Gemma3ForCausalLM, 4000, (-0.5, 0.5)),
+    "llama3": (llama3_config, LlamaForCausalLM, 5000, (0.5, 1.5)),
+    "phi3": (phi3_config, Phi3ForCausalLM, 6000, (0.5, 1.5)),
 }
 
 
@@ -290,6 +339,13 @@ def make(family):
         "prompts": prompts,
         "cases": cases,
     }
+    if family == "phi3":
+        # Within the original context transformers runs the short factors.
+        prompt = prompts[0][:PHI3_ORIGINAL_CONTEXT]
+        ids = torch.tensor([prompt], dtype=torch.long)
+        with torch.no_grad():
+            last = model(ids, attention_mask=torch.ones_like(ids)).logits[0, -1].float()
+        reference["short_case"] = {"prompt": prompt, "last_logits": [float(x) for x in last]}
     (folder / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
 
     size = sum(f.stat().st_size for f in folder.iterdir())
@@ -303,7 +359,8 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     OUT.mkdir(parents=True, exist_ok=True)
-    for family in FAMILIES:
+    # Families named on the command line, or all of them.
+    for family in sys.argv[1:] or FAMILIES:
         make(family)
 
 

@@ -24,7 +24,7 @@ pub enum ConfigError {
 pub enum ModelFamily {
     /// Llama 2/3, SmolLM2, TinyLlama.
     Llama,
-    /// Mistral (the LLaMA computation; its sliding window is not applied yet).
+    /// Mistral: LLaMA with a sliding window on every layer (v0.1).
     Mistral,
     /// Qwen2 and Qwen2.5: LLaMA with a bias on the q, k and v projections.
     Qwen2,
@@ -33,6 +33,9 @@ pub enum ModelFamily {
     /// Gemma 3's text model: GeGLU, (1 + w) norms around attention and the MLP, q/k norms,
     /// scaled embeddings, sliding-window layers with their own RoPE base.
     Gemma3,
+    /// Phi-3 and Phi-4: LLaMA with q/k/v and gate/up stored fused, LongRoPE for the 128k
+    /// variants, a partial rotary dimension (Phi-4-mini) and a window on every layer.
+    Phi3,
 }
 
 /// The MLP's gate activation.
@@ -63,6 +66,7 @@ const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("qwen2", "Qwen2ForCausalLM", ModelFamily::Qwen2),
     ("qwen3", "Qwen3ForCausalLM", ModelFamily::Qwen3),
     ("gemma3", "Gemma3ForCausalLM", ModelFamily::Gemma3),
+    ("phi3", "Phi3ForCausalLM", ModelFamily::Phi3),
 ];
 
 /// For error messages: every name [`ModelFamily::from_name`] takes, from the table.
@@ -116,6 +120,15 @@ pub enum RopeScaling {
     /// Positions divided by `factor` (Hugging Face `rope_type: "linear"`).
     Linear {
         factor: f32,
+    },
+    /// Phi-3's LongRoPE: one divisor per rotary frequency, `long_factor` when the context
+    /// runs past `original_max_position_embeddings` and `short_factor` within it, and cosines
+    /// and sines scaled by `attention_factor`.
+    LongRope {
+        short_factor: Vec<f32>,
+        long_factor: Vec<f32>,
+        original_max_position_embeddings: usize,
+        attention_factor: f32,
     },
     /// Llama 3.1's frequency-dependent scaling.
     Llama3 {
@@ -172,6 +185,9 @@ pub struct ModelConfig {
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
     pub head_dim: usize,
+    /// The dims of each head that RoPE rotates (the first ones): `head_dim`, or a part of it
+    /// (Phi-4-mini's `partial_rotary_factor` 0.75).
+    pub rotary_dim: usize,
     pub max_position_embeddings: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
@@ -210,6 +226,12 @@ impl ModelConfig {
             return bad(format!(
                 "head_dim ({}) must be even for RoPE",
                 self.head_dim
+            ));
+        }
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
+            return bad(format!(
+                "the rotary dimension ({}) must be even and at most head_dim ({})",
+                self.rotary_dim, self.head_dim
             ));
         }
         // Written so that NaN fails: such values load fine and then yield NaN logits.
@@ -356,6 +378,32 @@ impl ModelConfig {
                 Some(&v) => bad("frequency factor", v),
                 None => Ok(()),
             },
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                attention_factor,
+            } => {
+                let half = self.rotary_dim / 2;
+                for (what, f) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+                    if f.len() != half {
+                        return Err(ConfigError::Invalid(format!(
+                            "longrope {what} has {} values for {half} rotary frequencies",
+                            f.len()
+                        )));
+                    }
+                    if let Some(&v) = f.iter().find(|&&v| !positive_finite(v)) {
+                        return bad(what, v);
+                    }
+                }
+                if !positive_finite(*attention_factor) {
+                    return bad("attention_factor", *attention_factor);
+                }
+                if *original_max_position_embeddings == 0 {
+                    return bad("original_max_position_embeddings", 0.0);
+                }
+                Ok(())
+            }
         }
     }
 
@@ -482,6 +530,14 @@ impl ModelConfig {
             .and_then(Value::as_f64)
             .map(|t| t as f32)
             .or(gemma.then_some(10_000.0));
+        // Phi-4-mini rotates only the first dims of each head; transformers 5 keeps the
+        // factor among the rope parameters, 4 at the top level (and truncates the product).
+        let partial = scaling
+            .and_then(|p| p.get("partial_rotary_factor"))
+            .or_else(|| json.get("partial_rotary_factor"))
+            .and_then(Value::as_f64)
+            .unwrap_or(1.0);
+        let rotary_dim = (head_dim as f64 * partial) as usize;
         let num_hidden_layers = req_usize(json, "num_hidden_layers")?;
         let (sliding_window, sliding_layers) =
             sliding_layers_from_hf(json, family, num_hidden_layers)?;
@@ -515,13 +571,14 @@ impl ModelConfig {
             num_key_value_heads: opt_usize(json, "num_key_value_heads")?
                 .unwrap_or(num_attention_heads),
             head_dim,
+            rotary_dim,
             max_position_embeddings: opt_usize(json, "max_position_embeddings")?.unwrap_or(2048),
             rms_norm_eps: json
                 .get("rms_norm_eps")
                 .and_then(Value::as_f64)
                 .unwrap_or(1e-6) as f32,
             rope_theta,
-            rope_scaling: parse_hf_rope_scaling(scaling)?,
+            rope_scaling: parse_hf_rope_scaling(scaling, json)?,
             tie_word_embeddings: json
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
@@ -569,7 +626,7 @@ fn sliding_layers_from_hf(
                 .max(1);
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
-        ModelFamily::Mistral => vec![true; layers],
+        ModelFamily::Mistral | ModelFamily::Phi3 => vec![true; layers],
         ModelFamily::Qwen2 | ModelFamily::Qwen3 => {
             if json.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok((None, Vec::new()));
@@ -599,7 +656,12 @@ fn req_usize(json: &Value, key: &str) -> Result<usize, ConfigError> {
     opt_usize(json, key)?.ok_or_else(|| ConfigError::Invalid(format!("config.json lacks {key}")))
 }
 
-fn parse_hf_rope_scaling(scaling: Option<&Value>) -> Result<RopeScaling, ConfigError> {
+/// The rope scaling of a config.json's `rope_scaling` (or transformers 5's
+/// `rope_parameters`); `json`, the whole config, for what LongRoPE reads at its top level.
+fn parse_hf_rope_scaling(
+    scaling: Option<&Value>,
+    json: &Value,
+) -> Result<RopeScaling, ConfigError> {
     let Some(s) = scaling else {
         return Ok(RopeScaling::None);
     };
@@ -625,8 +687,55 @@ fn parse_hf_rope_scaling(scaling: Option<&Value>) -> Result<RopeScaling, ConfigE
             high_freq_factor: num("high_freq_factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
         }),
+        // "su" is what the first Phi-3 128k checkpoints called it.
+        "longrope" | "su" => {
+            let factors = |k: &str| -> Result<Vec<f32>, ConfigError> {
+                s.get(k)
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| {
+                        ConfigError::Invalid(format!("rope scaling {kind:?} lacks {k}"))
+                    })?
+                    .iter()
+                    .map(|v| {
+                        v.as_f64().map(|x| x as f32).ok_or_else(|| {
+                            ConfigError::Invalid(format!(
+                                "rope scaling {k} holds {v}, not a number"
+                            ))
+                        })
+                    })
+                    .collect()
+            };
+            let original = opt_usize(s, "original_max_position_embeddings")?
+                .or(opt_usize(json, "original_max_position_embeddings")?)
+                .ok_or_else(|| {
+                    ConfigError::Invalid(
+                        "longrope scaling needs original_max_position_embeddings".into(),
+                    )
+                })?;
+            // As transformers: the stretch is the context over the original one unless the
+            // config gives it, and cosines and sines grow with its log.
+            let factor = match s.get("factor").and_then(Value::as_f64) {
+                Some(f) => f,
+                None => {
+                    opt_usize(json, "max_position_embeddings")?.unwrap_or(original) as f64
+                        / original.max(1) as f64
+                }
+            };
+            let attention_factor = match s.get("attention_factor").and_then(Value::as_f64) {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            Ok(RopeScaling::LongRope {
+                short_factor: factors("short_factor")?,
+                long_factor: factors("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor: attention_factor as f32,
+            })
+        }
         other => Err(ConfigError::Invalid(format!(
-            "unsupported rope scaling type {other:?} (supported: default, linear, llama3)"
+            "unsupported rope scaling type {other:?} (supported: default, linear, llama3, \
+             longrope)"
         ))),
     }
 }
@@ -866,5 +975,53 @@ mod tests {
         j["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
         let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
         assert!(e.contains("yarn"), "{e}");
+    }
+
+    /// Phi-3-mini-128k's layout in transformers 4: `rope_scaling` of type `su` (LongRoPE's
+    /// first name), `original_max_position_embeddings` at the top level, the attention
+    /// factor derived from the two contexts; Phi-4-mini's partial rotary factor.
+    #[test]
+    fn reads_phi3_longrope_and_partial_rotary() {
+        let mut j = base();
+        j["architectures"] = json!(["Phi3ForCausalLM"]);
+        j["max_position_embeddings"] = json!(131072);
+        j["original_max_position_embeddings"] = json!(4096);
+        j["sliding_window"] = json!(262144);
+        j["partial_rotary_factor"] = json!(0.75);
+        let factors = |x: f64| json!(vec![x; 24]);
+        j["rope_scaling"] = json!({"type": "su", "short_factor": factors(1.0),
+            "long_factor": factors(2.0)});
+        let c = ModelConfig::from_hf_json(&j).unwrap();
+        assert_eq!(c.family, ModelFamily::Phi3);
+        assert_eq!((c.head_dim, c.rotary_dim), (64, 48));
+        assert_eq!(c.sliding_layers, vec![true; 30]);
+        let RopeScaling::LongRope {
+            original_max_position_embeddings,
+            attention_factor,
+            long_factor,
+            ..
+        } = &c.rope_scaling
+        else {
+            panic!("{:?}", c.rope_scaling);
+        };
+        assert_eq!(
+            (*original_max_position_embeddings, long_factor[0]),
+            (4096, 2.0)
+        );
+        // sqrt(1 + ln(32) / ln(4096)), as transformers and llama.cpp's converter compute it.
+        assert!(
+            (attention_factor - 1.190_239).abs() < 1e-6,
+            "{attention_factor}"
+        );
+        // Factors that do not match the rotary dims, or no original context, are refused.
+        j["rope_scaling"]["long_factor"] = json!(vec![2.0; 32]);
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("long_factor has 32 values for 24"), "{e}");
+        j["rope_scaling"]["long_factor"] = factors(2.0);
+        j.as_object_mut()
+            .unwrap()
+            .remove("original_max_position_embeddings");
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("original_max_position_embeddings"), "{e}");
     }
 }

@@ -289,6 +289,7 @@ mod tests {
             num_attention_heads: 2,
             num_key_value_heads: 1,
             head_dim: 4,
+            rotary_dim: 4,
             max_position_embeddings: 64,
             rms_norm_eps: 1e-5,
             rope_theta: 10000.0,

@@ -54,6 +54,11 @@ impl TinyWeights {
         }
     }
 
+    /// Every tensor's name, as transformers names it.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.rules.iter().map(|r| r.0.as_str())
+    }
+
     fn rule(&self, name: &str) -> Option<&(String, Vec<usize>, f32, f32)> {
         self.rules.iter().find(|r| r.0 == name)
     }

@@ -4,10 +4,14 @@ use crate::config::{ModelConfig, RopeScaling};
 
 /// Rotary position embedding with its cos/sin table precomputed for every position in use.
 pub struct RotaryEmbedding {
-    /// `[max_positions, head_dim]`: per position, `head_dim/2` cosines then as many sines.
+    /// `[max_positions, rotary_dim]`: per position, `rotary_dim/2` cosines then as many sines.
     cos_sin_cache: Vec<f32>,
     inv_freq: Vec<f32>,
+    theta: f32,
+    scaling: RopeScaling,
     head_dim: usize,
+    /// The leading dims of each head that are rotated (all of them but for Phi-4-mini).
+    rotary_dim: usize,
     max_positions: usize,
 }
 
@@ -36,11 +40,13 @@ impl RotaryEmbedding {
         theta: f32,
         scaling: &RopeScaling,
     ) -> Result<Self, RopeTableError> {
-        let head_dim = config.head_dim;
         let mut rope = Self {
             cos_sin_cache: Vec::new(),
-            inv_freq: inverse_frequencies(theta, head_dim, scaling),
-            head_dim,
+            inv_freq: Vec::new(),
+            theta,
+            scaling: scaling.clone(),
+            head_dim: config.head_dim,
+            rotary_dim: config.rotary_dim,
             max_positions: 0,
         };
         rope.resize(config.max_position_embeddings.min(INITIAL_POSITIONS))?;
@@ -48,17 +54,29 @@ impl RotaryEmbedding {
     }
 
     /// Tables positions `0..positions` (allocation failure is an error, not an abort).
+    /// LongRoPE's factors follow the context: the long ones when `positions` (the longest
+    /// sequence the engine will run, `--max-model-len`) exceeds the original context, as
+    /// llama.cpp decides by its context size (transformers decides per forward pass, by the
+    /// batch's longest position; vLLM by the batch's too, which would make a sequence's
+    /// result depend on what it is batched with).
     pub fn resize(&mut self, positions: usize) -> Result<(), RopeTableError> {
-        let head_dim = self.head_dim;
+        let rot = self.rotary_dim;
         let too_big = || RopeTableError {
             positions,
-            bytes: positions as u128 * head_dim as u128 * 4,
+            bytes: positions as u128 * rot as u128 * 4,
         };
-        let len = positions.checked_mul(head_dim).ok_or_else(too_big)?;
+        let len = positions.checked_mul(rot).ok_or_else(too_big)?;
         let mut table = Vec::new();
         table.try_reserve_exact(len).map_err(|_| too_big())?;
         table.resize(len, 0.0f32);
-        fill_cos_sin_cache(&mut table, head_dim, &self.inv_freq);
+        self.inv_freq = inverse_frequencies(self.theta, rot, &self.scaling, positions);
+        fill_cos_sin_cache(&mut table, rot, &self.inv_freq);
+        if let RopeScaling::LongRope {
+            attention_factor, ..
+        } = self.scaling
+        {
+            table.iter_mut().for_each(|x| *x *= attention_factor);
+        }
         self.cos_sin_cache = table;
         self.max_positions = positions;
         Ok(())
@@ -75,21 +93,38 @@ impl RotaryEmbedding {
             x,
             num_heads,
             self.head_dim,
-            self.head_dim,
+            self.rotary_dim,
             &self.cos_sin_cache,
         );
     }
 }
 
-/// `1 / theta^(2i/d)`, adjusted by the model's scaling rule.
-pub fn inverse_frequencies(theta: f32, head_dim: usize, scaling: &RopeScaling) -> Vec<f32> {
-    let base: Vec<f32> = (0..head_dim / 2)
-        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+/// `1 / theta^(2i/d)` over the `rotary_dim` rotated dims, adjusted by the model's scaling
+/// rule for a context of `positions`.
+pub fn inverse_frequencies(
+    theta: f32,
+    rotary_dim: usize,
+    scaling: &RopeScaling,
+    positions: usize,
+) -> Vec<f32> {
+    let base: Vec<f32> = (0..rotary_dim / 2)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary_dim as f32))
         .collect();
+    let divided = |factors: &[f32]| base.iter().zip(factors).map(|(f, d)| f / d).collect();
     match scaling {
         RopeScaling::None => base,
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
-        RopeScaling::FreqFactors(factors) => base.iter().zip(factors).map(|(f, d)| f / d).collect(),
+        RopeScaling::FreqFactors(factors) => divided(factors),
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            ..
+        } => divided(if positions > *original_max_position_embeddings {
+            long_factor
+        } else {
+            short_factor
+        }),
         &RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -129,8 +164,8 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,
         };
-        let plain = inverse_frequencies(500000.0, 128, &RopeScaling::None);
-        let scaled = inverse_frequencies(500000.0, 128, &scaling);
+        let plain = inverse_frequencies(500000.0, 128, &RopeScaling::None, 1);
+        let scaled = inverse_frequencies(500000.0, 128, &scaling, 1);
         assert_eq!(scaled[0], plain[0]);
         assert!((scaled[63] - plain[63] / 8.0).abs() < 1e-12);
         // In between, the factor moves smoothly from 1 to 1/8.
@@ -171,8 +206,8 @@ mod tests {
 
     #[test]
     fn linear_scaling_divides_every_frequency() {
-        let plain = inverse_frequencies(10000.0, 64, &RopeScaling::None);
-        let scaled = inverse_frequencies(10000.0, 64, &RopeScaling::Linear { factor: 4.0 });
+        let plain = inverse_frequencies(10000.0, 64, &RopeScaling::None, 1);
+        let scaled = inverse_frequencies(10000.0, 64, &RopeScaling::Linear { factor: 4.0 }, 1);
         for (s, p) in scaled.iter().zip(&plain) {
             assert_eq!(*s, p / 4.0);
         }

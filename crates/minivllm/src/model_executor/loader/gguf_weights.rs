@@ -50,11 +50,14 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
             .map(|a| a.len())
             .ok_or_else(|| LoadError::Config("GGUF gives no vocabulary size".into()))?,
     };
-    let rope_scaling = rope_scaling_from_gguf(file, &key, head_dim)?;
+    // Phi-4-mini rotates only the first dims of each head.
+    let rotary_dim = uint("rope.dimension_count")?.unwrap_or(head_dim);
+    let rope_scaling = rope_scaling_from_gguf(file, &key, rotary_dim)?;
     let num_hidden_layers = req("block_count")?;
     let gemma = family == ModelFamily::Gemma3;
     // Gemma 3's sliding layers: llama.cpp reads the window from the file and fixes the rest
-    // (five sliding layers to one global, a local RoPE base of 10,000).
+    // (five sliding layers to one global, a local RoPE base of 10,000). Phi-3's files name a
+    // window too, which llama.cpp ignores ("Phi SWA is currently disabled"), as we do.
     let sliding_window = if gemma {
         uint("attention.sliding_window")?
     } else {
@@ -98,6 +101,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         num_attention_heads,
         num_key_value_heads: uint("attention.head_count_kv")?.unwrap_or(num_attention_heads),
         head_dim,
+        rotary_dim,
         max_position_embeddings: uint("context_length")?.unwrap_or(2048),
         rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
         rope_theta: float("rope.freq_base").unwrap_or(10000.0),
@@ -136,19 +140,36 @@ fn check_layer_count(file: &GgufFile, block_count: usize) -> Result<(), LoadErro
 fn rope_scaling_from_gguf(
     file: &GgufFile,
     key: &dyn Fn(&str) -> String,
-    head_dim: usize,
+    rotary_dim: usize,
 ) -> Result<RopeScaling, LoadError> {
-    // Llama 3.1-style scaling is baked by llama.cpp's converter into per-frequency divisors.
-    if file.tensor("rope_freqs.weight").is_some() {
-        let factors = file.dequantize("rope_freqs.weight")?;
-        if factors.len() != head_dim / 2 {
+    let factors = |name: &str| -> Result<Vec<f32>, LoadError> {
+        let factors = file.dequantize(name)?;
+        if factors.len() != rotary_dim / 2 {
             return Err(LoadError::Config(format!(
-                "rope_freqs.weight has {} values, expected {}",
+                "{name} has {} values, expected {}",
                 factors.len(),
-                head_dim / 2
+                rotary_dim / 2
             )));
         }
-        return Ok(RopeScaling::FreqFactors(factors));
+        Ok(factors)
+    };
+    // Llama 3.1-style scaling is baked by llama.cpp's converter into per-frequency divisors.
+    if file.tensor("rope_freqs.weight").is_some() {
+        return Ok(RopeScaling::FreqFactors(factors("rope_freqs.weight")?));
+    }
+    // Phi-3's LongRoPE: both sets of divisors as tensors, the scale of cosines and sines and
+    // the original context in the metadata.
+    if file.tensor("rope_factors_long.weight").is_some() {
+        let num = |k: &str| file.get(&key(k)).and_then(GgufValue::as_f64);
+        let original = num("rope.scaling.original_context_length")
+            .or_else(|| num("context_length"))
+            .unwrap_or(0.0) as usize;
+        return Ok(RopeScaling::LongRope {
+            short_factor: factors("rope_factors_short.weight")?,
+            long_factor: factors("rope_factors_long.weight")?,
+            original_max_position_embeddings: original,
+            attention_factor: num("rope.scaling.attn_factor").unwrap_or(1.0) as f32,
+        });
     }
     let kind = file
         .get(&key("rope.scaling.type"))
@@ -208,8 +229,9 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
     let (layer, part) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     // Gemma's norm after attention takes LLaMA's name for the norm before the MLP, which
-    // Gemma calls `pre_feedforward_layernorm`.
+    // Gemma calls `pre_feedforward_layernorm`. Phi-3's `ffn_up` holds gate and up fused.
     let gemma = family == ModelFamily::Gemma3;
+    let phi3 = family == ModelFamily::Phi3;
     let hf = match part {
         "attn_norm.weight" => "input_layernorm.weight",
         "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
@@ -224,7 +246,9 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
         "attn_q.bias" => "self_attn.q_proj.bias",
         "attn_k.bias" => "self_attn.k_proj.bias",
         "attn_v.bias" => "self_attn.v_proj.bias",
+        "attn_qkv.weight" => "self_attn.qkv_proj.weight",
         "attn_output.weight" => "self_attn.o_proj.weight",
+        "ffn_up.weight" if phi3 => "mlp.gate_up_proj.weight",
         "ffn_gate.weight" => "mlp.gate_proj.weight",
         "ffn_up.weight" => "mlp.up_proj.weight",
         "ffn_down.weight" => "mlp.down_proj.weight",

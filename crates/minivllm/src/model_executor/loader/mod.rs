@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+pub mod fused;
 pub mod gguf;
 pub mod gguf_quantize;
 pub mod gguf_weights;

@@ -6,7 +6,9 @@
 //! - Qwen3: an RMSNorm over each head's q and k before RoPE;
 //! - Gemma 3: q/k norms, norms after attention and after the MLP too, (1 + w) norm weights,
 //!   GeGLU, embeddings scaled by √hidden, scores scaled by `query_pre_attn_scalar`, and
-//!   sliding-window layers with their own RoPE base.
+//!   sliding-window layers with their own RoPE base;
+//! - Phi-3 / Phi-4: q/k/v and gate/up stored fused (split at load, `loader/fused.rs`),
+//!   LongRoPE and a partial rotary dimension (`layers/rotary.rs`).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, 
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::rotary::{RopeTableError, RotaryEmbedding};
+use crate::model_executor::loader::fused::UnfusedSource;
 use crate::model_executor::loader::sharded::{Rank, ShardedSource, SplitDim};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
@@ -159,6 +162,8 @@ impl LlamaForCausalLM {
         comm: Arc<dyn Communicator>,
     ) -> Result<Self, LoadError> {
         config.validate()?;
+        let unfused = UnfusedSource::new(src, config);
+        let src: &dyn WeightSource = &unfused;
         check_config_against_weights(config, src, "model config")?;
         let rank = Rank {
             rank: comm.rank(),
@@ -615,6 +620,7 @@ pub fn check_config_against_weights(
     origin: &str,
 ) -> Result<(), LoadError> {
     let c = config;
+    let src = &UnfusedSource::new(src, config);
     let h = ("hidden_size", c.hidden_size);
     let layer = |i: usize, s: &str| format!("model.layers.{i}.{s}");
     let expected = [
