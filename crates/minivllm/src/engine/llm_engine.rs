@@ -51,9 +51,13 @@ impl LLMEngine {
     /// ranks run workers ([`start_rank`](crate::engine::worker_process::start_rank)).
     pub fn from_engine_args(args: &EngineArgs) -> Result<Self, EngineError> {
         let group = driver_group(args)?;
-        let loaded = load_model_shard(&args.model, &args.load, group)?;
-        let tokenizer = Tokenizer::for_model(&loaded)?;
-        Self::new(loaded.model, tokenizer, args)
+        let mut loaded = load_model_shard(&args.model, &args.load, group)?;
+        log_rss("weights loaded");
+        let tokenizer = Tokenizer::for_model(&mut loaded)?;
+        log_rss("tokenizer built");
+        let engine = Self::new(loaded.model, tokenizer, args);
+        log_rss("KV cache allocated");
+        engine
     }
 
     /// Builds an engine around an already loaded model.
@@ -343,4 +347,13 @@ fn gather_samples(
         }
     }
     order
+}
+
+/// The process's resident memory at a stage of start-up, in the debug log (where a model's
+/// memory goes: `MINIVLLM_LOG=minivllm=debug`).
+fn log_rss(stage: &str) {
+    let bytes = |field| crate::utils::proc_kib_field("/proc/self/status", field);
+    if let (Some(rss), Some(peak)) = (bytes("VmRSS"), bytes("VmHWM")) {
+        tracing::debug!(rss_mib = rss >> 20, peak_mib = peak >> 20, "{stage}");
+    }
 }

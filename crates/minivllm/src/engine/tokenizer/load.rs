@@ -27,13 +27,45 @@ impl Tokenizer {
         }
     }
 
-    /// The tokenizer of a model just loaded, from the GGUF metadata its loader kept.
-    pub fn for_model(model: &LoadedModel) -> Result<Tokenizer, LoadError> {
-        match &model.gguf_metadata {
-            Some(metadata) => Tokenizer::from_gguf_spec(&gguf_tokenizer_spec(metadata)?),
+    /// The tokenizer of a model just loaded, from the GGUF metadata its loader kept, which
+    /// this takes: its strings move into the tokenizer's spec, and the rest is freed before
+    /// the tokenizer is built (a 262k-token vocabulary's metadata is tens of MiB).
+    pub fn for_model(model: &mut LoadedModel) -> Result<Tokenizer, LoadError> {
+        match model.gguf_metadata.take() {
+            Some(metadata) => Tokenizer::from_gguf_spec(&take_tokenizer_spec(metadata)?),
             None => Tokenizer::load(&model.location),
         }
     }
+}
+
+/// [`gguf_tokenizer_spec`] from metadata it consumes: the long arrays are moved, not copied.
+fn take_tokenizer_spec(
+    mut metadata: BTreeMap<String, GgufValue>,
+) -> Result<GgufTokenizerSpec, LoadError> {
+    let mut take = |k: &str| match metadata.remove(&format!("tokenizer.ggml.{k}")) {
+        Some(GgufValue::Array(values)) => values,
+        Some(other) => {
+            // Not an array: left for the checks of `gguf_tokenizer_spec` to name.
+            metadata.insert(format!("tokenizer.ggml.{k}"), other);
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
+    let strings = |values: Vec<GgufValue>| -> Vec<String> {
+        values
+            .into_iter()
+            .filter_map(|v| match v {
+                GgufValue::String(s) => Some(s),
+                _ => None,
+            })
+            .collect()
+    };
+    let tokens = strings(take("tokens"));
+    let merges = strings(take("merges"));
+    let mut spec = gguf_tokenizer_spec(&metadata)?;
+    spec.tokens = tokens;
+    spec.merges = merges;
+    Ok(spec)
 }
 
 /// Collects the `tokenizer.ggml.*` metadata the tokenizer is rebuilt from.

@@ -214,7 +214,13 @@ fn stack_quantized(
 ) -> Result<WeightMatrix, LoadError> {
     let ty = loaded[0].ty;
     if loaded.iter().all(|t| t.ty == ty) {
-        let data = loaded.into_iter().flat_map(|t| t.data).collect();
+        // One part is moved as it is: a copy would hold a large tensor (a 262k-token
+        // vocabulary's embeddings) twice while it loads.
+        let mut parts_data = loaded.into_iter().map(|t| t.data);
+        let mut data = parts_data.next().unwrap_or_default();
+        for more in parts_data {
+            data.extend_from_slice(&more);
+        }
         return quant_matrix(parts[0].0, ty, rows, cols, data);
     }
     let parts = parts
