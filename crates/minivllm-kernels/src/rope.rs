@@ -143,6 +143,25 @@ pub fn rotary_embedding_neox_scalar(
 /// frequencies). The angle is formed in f32, as transformers forms it, so that late
 /// positions round as the reference does; the cosine and sine in f64.
 pub fn fill_cos_sin_cache(table: &mut [f32], rot_dim: usize, inv_freq: &[f32]) {
+    fill_rows(table, rot_dim, inv_freq, 0..);
+}
+
+/// [`fill_cos_sin_cache`] for the given positions: row `i` is `positions[i]`'s.
+pub fn fill_cos_sin_rows(table: &mut [f32], rot_dim: usize, inv_freq: &[f32], positions: &[usize]) {
+    assert_eq!(
+        table.len(),
+        positions.len() * rot_dim,
+        "rope: one row per position"
+    );
+    fill_rows(table, rot_dim, inv_freq, positions.iter().copied());
+}
+
+fn fill_rows(
+    table: &mut [f32],
+    rot_dim: usize,
+    inv_freq: &[f32],
+    positions: impl Iterator<Item = usize>,
+) {
     let half = rot_dim / 2;
     assert_eq!(
         inv_freq.len(),
@@ -152,7 +171,7 @@ pub fn fill_cos_sin_cache(table: &mut [f32], rot_dim: usize, inv_freq: &[f32]) {
     if half == 0 {
         return;
     }
-    for (pos, row) in table.chunks_exact_mut(rot_dim).enumerate() {
+    for (row, pos) in table.chunks_exact_mut(rot_dim).zip(positions) {
         for (i, &f) in inv_freq.iter().enumerate() {
             let angle = pos as f32 * f;
             row[i] = (angle as f64).cos() as f32;

@@ -110,10 +110,7 @@ pub(crate) fn model_runner(
 ) -> Result<(ModelRunner, usize), EngineError> {
     let max_model_len = resolve_max_model_len(args.max_model_len, model.config())?;
     let cache = kv_cache(args, model.local_config(), max_model_len)?;
-    // After the cache check, which refuses an absurd max_model_len with a clear message.
-    model
-        .set_max_model_len(max_model_len)
-        .map_err(|e| EngineError::Config(e.to_string()))?;
+    model.set_max_model_len(max_model_len);
     let shape = [
         cache.num_blocks(),
         cache.num_cpu_blocks(),

@@ -67,7 +67,7 @@ fn runner_for(family: &str, max_model_len: Option<usize>) -> ModelRunner {
         LlamaForCausalLM::load(&config, &TinyWeights::of(family), &LoadOptions::FLOAT32)
             .unwrap_or_else(|e| panic!("{family}: {e}"));
     if let Some(len) = max_model_len {
-        model.set_max_model_len(len).unwrap();
+        model.set_max_model_len(len);
     }
     let cache = CacheEngine::with_dtype(
         &config,

@@ -1,47 +1,45 @@
-use minivllm_kernels::rope::{fill_cos_sin_cache, rotary_embedding_neox};
+use minivllm_kernels::rope::{fill_cos_sin_rows, rotary_embedding_neox};
 
 use crate::config::{ModelConfig, RopeScaling};
 
-/// Rotary position embedding with its cos/sin table precomputed for every position in use.
+/// Rotary position embedding. The cosines and sines are computed for each step's positions
+/// ([`StepRope`]), not tabled for every position the model may reach: a table for Gemma 3's
+/// 32,768 positions of 256 dims is 32 MiB per RoPE base (64 MiB for its two), Llama 3.1's
+/// 128K positions 64 MiB, while a step's rows cost a few microseconds to compute.
 pub struct RotaryEmbedding {
-    /// `[max_positions, rotary_dim]`: per position, `rotary_dim/2` cosines then as many sines.
-    cos_sin_cache: Vec<f32>,
     inv_freq: Vec<f32>,
     theta: f32,
     scaling: RopeScaling,
     head_dim: usize,
     /// The leading dims of each head that are rotated (all of them but for Phi-4-mini).
     rotary_dim: usize,
+    /// Positions must be below this (`--max-model-len`).
     max_positions: usize,
 }
 
-/// Positions tabled at load. The engine then sizes the table to `--max-model-len`
-/// ([`RotaryEmbedding::resize`]): the model's own context (128K for Llama 3.1, or whatever a
-/// file claims) would cost memory that the run never uses, or abort on a crafted value.
-const INITIAL_POSITIONS: usize = 8192;
+/// The cosines and sines of one step's positions, `[tokens, rotary_dim]`: each token's
+/// `rotary_dim/2` cosines then as many sines (the kernel's layout). Kept between steps.
+#[derive(Default)]
+pub struct StepRope {
+    rows: Vec<f32>,
+    /// `0..tokens`: token t reads row t.
+    index: Vec<usize>,
+}
 
-/// Why a RoPE table could not be sized.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot allocate the RoPE table for {positions} positions ({bytes} bytes)")]
-pub struct RopeTableError {
-    pub positions: usize,
-    pub bytes: u128,
+impl StepRope {
+    pub fn capacity(&self) -> usize {
+        self.rows.capacity() + self.index.capacity()
+    }
 }
 
 impl RotaryEmbedding {
-    /// The table for the model's first positions (an error if it cannot be allocated).
-    pub fn new(config: &ModelConfig) -> Result<Self, RopeTableError> {
+    pub fn new(config: &ModelConfig) -> Self {
         Self::with_base(config, config.rope_theta, &config.rope_scaling)
     }
 
-    /// The table of another base and scaling than the config's (Gemma 3's sliding layers).
-    pub fn with_base(
-        config: &ModelConfig,
-        theta: f32,
-        scaling: &RopeScaling,
-    ) -> Result<Self, RopeTableError> {
+    /// With another base and scaling than the config's (Gemma 3's sliding layers).
+    pub fn with_base(config: &ModelConfig, theta: f32, scaling: &RopeScaling) -> Self {
         let mut rope = Self {
-            cos_sin_cache: Vec::new(),
             inv_freq: Vec::new(),
             theta,
             scaling: scaling.clone(),
@@ -49,52 +47,51 @@ impl RotaryEmbedding {
             rotary_dim: config.rotary_dim,
             max_positions: 0,
         };
-        rope.resize(config.max_position_embeddings.min(INITIAL_POSITIONS))?;
-        Ok(rope)
+        rope.set_max_positions(config.max_position_embeddings);
+        rope
     }
 
-    /// Tables positions `0..positions` (allocation failure is an error, not an abort).
-    /// LongRoPE's factors follow the context: the long ones when `positions` (the longest
-    /// sequence the engine will run, `--max-model-len`) exceeds the original context, as
-    /// llama.cpp decides by its context size (transformers decides per forward pass, by the
-    /// batch's longest position; vLLM by the batch's too, which would make a sequence's
-    /// result depend on what it is batched with).
-    pub fn resize(&mut self, positions: usize) -> Result<(), RopeTableError> {
-        let rot = self.rotary_dim;
-        let too_big = || RopeTableError {
-            positions,
-            bytes: positions as u128 * rot as u128 * 4,
-        };
-        let len = positions.checked_mul(rot).ok_or_else(too_big)?;
-        let mut table = Vec::new();
-        table.try_reserve_exact(len).map_err(|_| too_big())?;
-        table.resize(len, 0.0f32);
-        self.inv_freq = inverse_frequencies(self.theta, rot, &self.scaling, positions);
-        fill_cos_sin_cache(&mut table, rot, &self.inv_freq);
-        if let RopeScaling::LongRope {
-            attention_factor, ..
-        } = self.scaling
-        {
-            table.iter_mut().for_each(|x| *x *= attention_factor);
-        }
-        self.cos_sin_cache = table;
+    /// Positions `0..positions` may be rotated. LongRoPE's factors follow this context: the
+    /// long ones when `positions` (the longest sequence the engine will run,
+    /// `--max-model-len`) exceeds the original context, as llama.cpp decides by its context
+    /// size (transformers decides per forward pass, by the batch's longest position; vLLM by
+    /// the batch's too, which would make a sequence's result depend on what it is batched
+    /// with).
+    pub fn set_max_positions(&mut self, positions: usize) {
+        self.inv_freq = inverse_frequencies(self.theta, self.rotary_dim, &self.scaling, positions);
         self.max_positions = positions;
-        Ok(())
     }
 
     pub fn max_positions(&self) -> usize {
         self.max_positions
     }
 
-    /// Rotates `x` (`[num_tokens, num_heads, head_dim]`) in place.
-    pub fn forward(&self, positions: &[usize], x: &mut [f32], num_heads: usize) {
+    /// The cosines and sines of `positions` (each below [`Self::max_positions`]).
+    pub fn prepare(&self, positions: &[usize], step: &mut StepRope) {
+        let rot = self.rotary_dim;
+        step.rows.resize(positions.len() * rot, 0.0);
+        fill_cos_sin_rows(&mut step.rows, rot, &self.inv_freq, positions);
+        if let RopeScaling::LongRope {
+            attention_factor, ..
+        } = self.scaling
+        {
+            step.rows.iter_mut().for_each(|x| *x *= attention_factor);
+        }
+        let have = step.index.len();
+        step.index.extend(have..positions.len());
+        step.index.truncate(positions.len());
+    }
+
+    /// Rotates `x` (`[num_tokens, num_heads, head_dim]`) in place by the positions `step`
+    /// was prepared for.
+    pub fn forward(&self, step: &StepRope, x: &mut [f32], num_heads: usize) {
         rotary_embedding_neox(
-            positions,
+            &step.index,
             x,
             num_heads,
             self.head_dim,
             self.rotary_dim,
-            &self.cos_sin_cache,
+            &step.rows,
         );
     }
 }
@@ -175,33 +172,32 @@ mod tests {
         }
     }
 
+    /// A step's rows are the cosines and sines of its positions, in the order given, at
+    /// any position below the bound, however large the model's claimed context.
     #[test]
-    fn table_is_sized_on_demand_and_refuses_absurd_sizes() {
+    fn a_step_holds_its_positions_rows() {
         let json = serde_json::json!({
             "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
             "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
-            "max_position_embeddings": 1u64 << 60, // a crafted file's claim
+            "max_position_embeddings": 1u64 << 60, // a crafted file's claim costs nothing
         });
         let cfg = ModelConfig::from_hf_json(&json).unwrap();
-        let mut rope = RotaryEmbedding::new(&cfg).unwrap();
-        assert_eq!(rope.max_positions(), INITIAL_POSITIONS);
-        let small = RotaryEmbedding::new(&ModelConfig {
-            max_position_embeddings: 100,
-            ..cfg.clone()
-        })
-        .unwrap();
-        assert_eq!(small.max_positions(), 100);
-        assert!(rope.resize(1 << 60).is_err());
-        assert!(rope.resize(usize::MAX).is_err());
-        rope.resize(10_000).unwrap();
+        let mut rope = RotaryEmbedding::new(&cfg);
+        rope.set_max_positions(10_000);
         assert_eq!(rope.max_positions(), 10_000);
-        // Row p holds cos/sin of p · inv_freq, whatever size the table was built at.
-        let (hd, p) = (cfg.head_dim, 9_999);
-        let f = rope.inv_freq[1];
-        assert_eq!(
-            rope.cos_sin_cache[p * hd + 1],
-            ((p as f32 * f) as f64).cos() as f32
-        );
+        let mut step = StepRope::default();
+        rope.prepare(&[9_999, 3, 0], &mut step);
+        let hd = cfg.head_dim;
+        assert_eq!(step.rows.len(), 3 * hd);
+        assert_eq!(step.index, [0, 1, 2]);
+        for (row, p) in [(0, 9_999), (1, 3), (2, 0)] {
+            let f = rope.inv_freq[1];
+            let angle = (p as f32 * f) as f64;
+            assert_eq!(step.rows[row * hd + 1], angle.cos() as f32);
+            assert_eq!(step.rows[row * hd + hd / 2 + 1], angle.sin() as f32);
+        }
+        rope.prepare(&[7], &mut step);
+        assert_eq!(step.index, [0]);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::norm::RmsNorm;
-use crate::model_executor::layers::rotary::{RopeTableError, RotaryEmbedding};
+use crate::model_executor::layers::rotary::{RotaryEmbedding, StepRope};
 use crate::model_executor::loader::fused::UnfusedSource;
 use crate::model_executor::loader::sharded::{Rank, ShardedSource, SplitDim};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
@@ -97,6 +97,9 @@ pub struct ForwardBuffers {
     local_out: Vec<f32>,
     whole: Vec<f32>,
     gather: GatherBuffers,
+    /// The step's cosines and sines: of the model's RoPE base, and of the sliding layers'.
+    rope: StepRope,
+    rope_local: StepRope,
 }
 
 impl ForwardBuffers {
@@ -126,7 +129,9 @@ impl ForwardBuffers {
         .iter()
         .map(|v| v.capacity())
         .sum::<usize>()
-            + self.gather.capacity();
+            + self.gather.capacity()
+            + self.rope.capacity()
+            + self.rope_local.capacity();
         if floats * std::mem::size_of::<f32>() > Self::KEEP_BYTES {
             *self = Self::default();
         }
@@ -195,9 +200,9 @@ impl LlamaForCausalLM {
             h,
             &out_opts,
         )?;
-        let layers = (0..c.num_hidden_layers)
-            .map(|i| load_layer(config, c, rank, src, i, opts))
-            .collect::<Result<Vec<_>, _>>()?;
+        // The vocabulary-wide matrices load first: a matrix is briefly held twice (as read,
+        // and in the kernels' layout), and twice the LM head on top of every layer's weights
+        // would set the process's peak (Qwen2.5-0.5B's: 2 × 138 MiB).
         // Some checkpoints that tie embeddings still ship lm_head; when the config says
         // tied we follow it, as transformers does.
         let lm_head = if c.tie_word_embeddings || !src.contains("lm_head.weight") {
@@ -214,11 +219,13 @@ impl LlamaForCausalLM {
                 &out_opts,
             )?)
         };
-        let rope_err = |e: RopeTableError| LoadError::Config(e.to_string());
-        let rotary = RotaryEmbedding::new(c).map_err(rope_err)?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| load_layer(config, c, rank, src, i, opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rotary = RotaryEmbedding::new(c);
         let local_rotary = match c.rope_local_theta {
             Some(theta) if !c.sliding_layers.is_empty() => {
-                Some(RotaryEmbedding::with_base(c, theta, &RopeScaling::None).map_err(rope_err)?)
+                Some(RotaryEmbedding::with_base(c, theta, &RopeScaling::None))
             }
             _ => None,
         };
@@ -251,13 +258,13 @@ impl LlamaForCausalLM {
         &self.local
     }
 
-    /// Sizes what depends on the longest sequence (the RoPE table) to `max_model_len`
-    /// positions, which must not exceed the model's context.
-    pub fn set_max_model_len(&mut self, max_model_len: usize) -> Result<(), RopeTableError> {
+    /// Bounds positions to `max_model_len` (which must not exceed the model's context); with
+    /// LongRoPE, it picks the factors.
+    pub fn set_max_model_len(&mut self, max_model_len: usize) {
         if let Some(local) = &mut self.local_rotary {
-            local.resize(max_model_len)?;
+            local.set_max_positions(max_model_len);
         }
-        self.rotary.resize(max_model_len)
+        self.rotary.set_max_positions(max_model_len);
     }
 
     fn layer_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
@@ -369,6 +376,10 @@ impl LlamaForCausalLM {
         )
         .with_scale(c.attention_scale());
         let meta = AttentionMetadata::new(input);
+        self.rotary.prepare(&input.positions, &mut buf.rope);
+        if let Some(local) = &self.local_rotary {
+            local.prepare(&input.positions, &mut buf.rope_local);
+        }
 
         self.embed(&input.token_ids, buf)?;
         sized(&mut buf.residual, t * h);
@@ -458,12 +469,12 @@ impl LlamaForCausalLM {
             }
             v[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs + kvs..]);
         }
-        let rotary = match &self.local_rotary {
-            Some(local) if layer.window.is_some() => local,
-            _ => &self.rotary,
+        let (rotary, step) = match &self.local_rotary {
+            Some(local) if layer.window.is_some() => (local, &buf.rope_local),
+            _ => (&self.rotary, &buf.rope),
         };
-        rotary.forward(&input.positions, q, c.num_attention_heads);
-        rotary.forward(&input.positions, k, c.num_key_value_heads);
+        rotary.forward(step, q, c.num_attention_heads);
+        rotary.forward(step, k, c.num_key_value_heads);
         let out = sized(&mut buf.attn_out, t * qs);
         attn.forward(q, k, v, kv, meta, out);
         let comm = &*self.comm;
