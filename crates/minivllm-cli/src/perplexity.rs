@@ -73,8 +73,8 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     minivllm::kernels::threading::init_threads(threads);
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
-    let mut loaded = load_model(&m.model, &m.load_options()).context("loading the model")?;
-    let tokenizer = Tokenizer::for_model(&mut loaded).context("loading the tokenizer")?;
+    let loaded = load_model(&m.model, &m.load_options()).context("loading the model")?;
+    let tokenizer = Tokenizer::for_model(&loaded).context("loading the tokenizer")?;
     let mut tokens = tokenizer.encode(&text, true)?;
     let bos = tokenizer.bos_token_id().filter(|_| tokenizer.add_bos());
     if bos.is_some() && tokens.first() == bos.as_ref() {

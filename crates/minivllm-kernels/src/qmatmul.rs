@@ -105,6 +105,9 @@ fn hbits_bytes(ty: GgmlType) -> usize {
     }
 }
 
+/// Sources larger than this are consumed in runs of rows this large, each freed once read.
+const RELEASE_CHUNK: usize = 16 << 20;
+
 /// Blocks of 32 per K-quant super-block.
 const KSUB: usize = QK_K / QK;
 
@@ -181,20 +184,40 @@ impl QuantMatrix {
             sub: vec![0; if kq { group_blocks * SUB_BYTES } else { 0 }],
             hbits: vec![0; group_blocks * hbits_bytes(ty)],
         };
-        if kq {
-            m.fill_k(&data);
+        // Filled from the last rows back, the source's tail freed as it goes (with glibc a
+        // large block shrinks in place): a large matrix, such as a 262k-token vocabulary's
+        // embeddings, is then never held twice in full. (The new layout's pages, zeroed by
+        // the system, become resident only as they are written.)
+        let mut data = data;
+        let chunk_rows = if data.len() > RELEASE_CHUNK {
+            (RELEASE_CHUNK / row_bytes.max(1)).max(1)
         } else {
-            m.fill(&data);
+            rows.max(1)
+        };
+        let mut end = rows;
+        while end > 0 {
+            let start = end.saturating_sub(chunk_rows);
+            let chunk = &data[start * row_bytes..end * row_bytes];
+            if kq {
+                m.fill_k(chunk, start);
+            } else {
+                m.fill(chunk, start);
+            }
+            if chunk_rows < rows {
+                data.truncate(start * row_bytes);
+                data.shrink_to_fit();
+            }
+            end = start;
         }
         Ok(m)
     }
 
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: each block's scale (and offset) and quants into their
     /// places.
-    fn fill(&mut self, data: &[u8]) {
+    fn fill(&mut self, data: &[u8], first_row: usize) {
         let (ty, nb) = (self.ty, self.nb.max(1));
         for (blk, b) in data.chunks_exact(ty.type_size()).enumerate() {
-            let (r, bi) = (blk / nb, blk % nb);
+            let (r, bi) = (first_row + blk / nb, blk % nb);
             let at = self.scale_index(r, bi);
             self.d[at] = f16::from_le_bytes([b[0], b[1]]);
             if let Some(m) = self.mins.get_mut(at) {
@@ -237,10 +260,10 @@ impl QuantMatrix {
     /// K-quants: each super-block's `d` and `dmin`, then each block of 32 as a 4-bit block
     /// of the groups layout (low nibbles), its sub-block scales in `sub` and its high bits
     /// in `hbits`.
-    fn fill_k(&mut self, data: &[u8]) {
+    fn fill_k(&mut self, data: &[u8], first_row: usize) {
         let nsb = (self.nb / KSUB).max(1);
         for (blk, b) in data.chunks_exact(self.ty.type_size()).enumerate() {
-            let (r, sb) = (blk / nsb, blk % nsb);
+            let (r, sb) = (first_row + blk / nsb, blk % nsb);
             let k = kquants::decode(self.ty, b);
             let at = self.super_index(r, sb);
             self.d[at] = k.d;

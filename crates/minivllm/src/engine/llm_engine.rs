@@ -17,7 +17,7 @@ use crate::engine::input_processor::{process_prompt, PromptLimits};
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::OutputProcessor;
-use crate::engine::tokenizer::Tokenizer;
+use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::engine::worker_process::{driver_group, model_runner};
 use crate::model_executor::layers::sampler::Sampler;
 use crate::model_executor::model_loader::load_model_shard;
@@ -51,10 +51,12 @@ impl LLMEngine {
     /// ranks run workers ([`start_rank`](crate::engine::worker_process::start_rank)).
     pub fn from_engine_args(args: &EngineArgs) -> Result<Self, EngineError> {
         let group = driver_group(args)?;
-        let mut loaded = load_model_shard(&args.model, &args.load, group)?;
-        log_rss("weights loaded");
-        let tokenizer = Tokenizer::for_model(&mut loaded)?;
+        // The tokenizer first: what building it holds for a moment (a 262k-token
+        // vocabulary's maps) then does not come on top of the weights.
+        let tokenizer = load_tokenizer(&args.model)?;
         log_rss("tokenizer built");
+        let loaded = load_model_shard(&args.model, &args.load, group)?;
+        log_rss("weights loaded");
         let engine = Self::new(loaded.model, tokenizer, args);
         log_rss("KV cache allocated");
         engine

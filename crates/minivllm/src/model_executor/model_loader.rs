@@ -1,14 +1,13 @@
 //! Loading a model (config and weights) from what `--model` names. Its tokenizer is the
 //! engine's to load (`engine::tokenizer::load_tokenizer`): the model runs on token ids.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::{ConfigError, ModelConfig};
 use crate::distributed::{Communicator, SingleProcess};
-use crate::model_executor::loader::gguf::{GgufFile, GgufValue};
+use crate::model_executor::loader::gguf::GgufFile;
 use crate::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
 use crate::model_executor::loader::hf::{resolve_model, ModelLocation};
 use crate::model_executor::loader::safetensors::SafetensorsWeights;
@@ -21,9 +20,6 @@ pub struct LoadedModel {
     pub location: ModelLocation,
     pub config: ModelConfig,
     pub model: LlamaForCausalLM,
-    /// A GGUF file's metadata, kept so that its tokenizer is built without parsing the
-    /// file again (the file itself, and its mapping, are closed).
-    pub gguf_metadata: Option<BTreeMap<String, GgufValue>>,
 }
 
 /// Loads a GGUF file, a Hugging Face folder, or a cached `org/name` repo id, keeping the
@@ -41,15 +37,9 @@ pub fn load_model_shard(
 ) -> Result<LoadedModel, LoadError> {
     let location = resolve_model(spec)?;
     let start = Instant::now();
-    let (config, model, gguf_metadata) = match &location {
-        ModelLocation::Gguf(path) => {
-            let (config, model, metadata) = load_gguf(path, opts, comm)?;
-            (config, model, Some(metadata))
-        }
-        ModelLocation::HfDir(dir) => {
-            let (config, model) = load_hf_dir(dir, opts, comm)?;
-            (config, model, None)
-        }
+    let (config, model) = match &location {
+        ModelLocation::Gguf(path) => load_gguf(path, opts, comm)?,
+        ModelLocation::HfDir(dir) => load_hf_dir(dir, opts, comm)?,
     };
     let formats: Vec<String> = model
         .weight_formats()
@@ -69,23 +59,23 @@ pub fn load_model_shard(
         location,
         config,
         model,
-        gguf_metadata,
     })
 }
-
-type GgufMetadata = BTreeMap<String, GgufValue>;
 
 fn load_gguf(
     path: &Path,
     opts: &LoadOptions,
     comm: Arc<dyn Communicator>,
-) -> Result<(ModelConfig, LlamaForCausalLM, GgufMetadata), LoadError> {
+) -> Result<(ModelConfig, LlamaForCausalLM), LoadError> {
     let mut file = GgufFile::open(path)?;
     let config = config_from_gguf(&file)?;
+    // The metadata has given the config; the vocabulary it holds (tens of MiB for a
+    // 262k-token one) is not kept while the weights load.
+    drop(std::mem::take(&mut file.metadata));
     let weights = GgufWeights::new(&file, &config);
     check_config_against_weights(&config, &weights, &path.display().to_string())?;
     let model = LlamaForCausalLM::load_parallel(&config, &weights, opts, comm)?;
-    Ok((config, model, std::mem::take(&mut file.metadata)))
+    Ok((config, model))
 }
 
 fn load_hf_dir(

@@ -21,24 +21,21 @@ impl Tokenizer {
     pub fn load(location: &ModelLocation) -> Result<Tokenizer, LoadError> {
         match location {
             ModelLocation::Gguf(path) => {
-                Tokenizer::from_gguf_spec(&gguf_tokenizer_spec(&GgufFile::open(path)?.metadata)?)
+                Tokenizer::from_gguf_spec(&take_tokenizer_spec(GgufFile::open(path)?.metadata)?)
             }
             ModelLocation::HfDir(dir) => Tokenizer::from_hf_dir(dir),
         }
     }
 
-    /// The tokenizer of a model just loaded, from the GGUF metadata its loader kept, which
-    /// this takes: its strings move into the tokenizer's spec, and the rest is freed before
-    /// the tokenizer is built (a 262k-token vocabulary's metadata is tens of MiB).
-    pub fn for_model(model: &mut LoadedModel) -> Result<Tokenizer, LoadError> {
-        match model.gguf_metadata.take() {
-            Some(metadata) => Tokenizer::from_gguf_spec(&take_tokenizer_spec(metadata)?),
-            None => Tokenizer::load(&model.location),
-        }
+    /// The tokenizer of a model already loaded.
+    pub fn for_model(model: &LoadedModel) -> Result<Tokenizer, LoadError> {
+        Tokenizer::load(&model.location)
     }
 }
 
-/// [`gguf_tokenizer_spec`] from metadata it consumes: the long arrays are moved, not copied.
+/// [`gguf_tokenizer_spec`] from metadata it consumes: the long arrays are moved, not copied,
+/// and the rest is freed before the tokenizer is built (a 262k-token vocabulary's metadata
+/// is tens of MiB).
 fn take_tokenizer_spec(
     mut metadata: BTreeMap<String, GgufValue>,
 ) -> Result<GgufTokenizerSpec, LoadError> {

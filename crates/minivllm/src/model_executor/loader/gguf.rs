@@ -244,8 +244,20 @@ impl GgufFile {
     /// 656 MiB). Pages read again later come back from the file. Best effort: a failure only
     /// leaves the pages resident.
     pub fn release_tensor(&self, info: &GgufTensorInfo) {
-        let start = self.data_offset.saturating_add(info.offset);
-        let (Ok(start), Ok(len)) = (usize::try_from(start), usize::try_from(info.n_bytes())) else {
+        self.release_bytes(
+            info,
+            0,
+            usize::try_from(info.n_bytes()).unwrap_or(usize::MAX),
+        );
+    }
+
+    /// [`Self::release_tensor`] for bytes `from..from + len` of the tensor's data.
+    pub fn release_bytes(&self, info: &GgufTensorInfo, from: usize, len: usize) {
+        let start = self
+            .data_offset
+            .saturating_add(info.offset)
+            .saturating_add(from as u64);
+        let Ok(start) = usize::try_from(start) else {
             return;
         };
         if start

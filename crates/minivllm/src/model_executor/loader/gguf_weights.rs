@@ -321,7 +321,15 @@ impl WeightSource for GgufWeights<'_> {
                 info.name
             )));
         }
-        let data = self.unpermuted(info, bytes.to_vec());
+        // Copied a run at a time, each run's mapped pages dropped once copied, so that a
+        // large tensor is not resident twice (mapped and copied).
+        let mut copy = Vec::with_capacity(bytes.len());
+        for run in bytes.chunks(16 << 20) {
+            copy.extend_from_slice(run);
+            self.file
+                .release_bytes(info, copy.len() - run.len(), run.len());
+        }
+        let data = self.unpermuted(info, copy);
         self.file.release_tensor(info);
         Ok(Some(QuantTensor {
             shape: info.shape(),
