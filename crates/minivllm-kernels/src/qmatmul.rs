@@ -147,6 +147,18 @@ impl QuantMatrix {
         cols: usize,
         data: Vec<u8>,
     ) -> Result<Self, QuantMatrixError> {
+        Self::consuming(ty, rows, cols, data, RELEASE_CHUNK)
+    }
+
+    /// [`Self::new`], a source above `release_chunk` bytes consumed and freed in runs of
+    /// that many.
+    fn consuming(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        release_chunk: usize,
+    ) -> Result<Self, QuantMatrixError> {
         if !qdot::has_dot(ty) {
             return Err(QuantMatrixError::Unsupported(ty));
         }
@@ -189,8 +201,8 @@ impl QuantMatrix {
         // embeddings, is then never held twice in full. (The new layout's pages, zeroed by
         // the system, become resident only as they are written.)
         let mut data = data;
-        let chunk_rows = if data.len() > RELEASE_CHUNK {
-            (RELEASE_CHUNK / row_bytes.max(1)).max(1)
+        let chunk_rows = if data.len() > release_chunk {
+            (release_chunk / row_bytes.max(1)).max(1)
         } else {
             rows.max(1)
         };

@@ -475,3 +475,38 @@ fn bad_matrices_are_refused() {
         Err(QuantMatrixError::Size { .. })
     ));
 }
+
+/// A source consumed in runs from its last rows back (as large matrices are, to free it as
+/// it is read) gives the matrix a single pass gives, for every block family.
+#[test]
+fn a_source_consumed_in_runs_gives_the_same_matrix() {
+    let (rows, cols, m) = (37, 512, 3);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+        .collect();
+    let x: Vec<f32> = (0..m * cols)
+        .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let blocks = crate::qdot::quantize_to(ty, &w).unwrap();
+        let row_bytes = blocks.len() / rows;
+        let whole = QuantMatrix::new(ty, rows, cols, blocks.clone()).unwrap();
+        // Runs of 5 rows: the first run (rows 0..2) is a short one.
+        let runs = QuantMatrix::consuming(ty, rows, cols, blocks, 5 * row_bytes).unwrap();
+        let (mut a, mut b) = (vec![0.0; m * rows], vec![0.0; m * rows]);
+        matmul_quant(&x, &whole, &mut a, m);
+        matmul_quant(&x, &runs, &mut b, m);
+        assert_eq!(a, b, "{ty:?}");
+        let (mut ra, mut rb) = (vec![0.0; cols], vec![0.0; cols]);
+        for r in 0..rows {
+            whole.dequantize_row(r, &mut ra);
+            runs.dequantize_row(r, &mut rb);
+            assert_eq!(ra, rb, "{ty:?} row {r}");
+        }
+    }
+}

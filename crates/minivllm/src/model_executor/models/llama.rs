@@ -25,9 +25,14 @@ use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::rotary::{RotaryEmbedding, StepRope};
 use crate::model_executor::loader::fused::UnfusedSource;
-use crate::model_executor::loader::sharded::{Rank, ShardedSource, SplitDim};
+use crate::model_executor::loader::sharded::{Rank, ShardedSource};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
+
+mod load;
+
+pub use load::check_config_against_weights;
+use load::{llama_split, load_layer, load_norm};
 
 struct DecoderLayer {
     input_layernorm: RmsNorm,
@@ -618,180 +623,6 @@ fn project_whole(
     let local = sized(local_out, t * proj.out_features());
     proj.forward(input, local, t);
     gather_columns(comm, None, local, t, width, gather, out)
-}
-
-/// Checks the sizes `config` gives against the shapes of the weights `src` holds (the whole
-/// model's, before any split), naming the field that disagrees. A configuration is text that
-/// anyone can edit and its sizes go on to size every buffer: a width, vocabulary or layer
-/// count the weights do not back is refused before anything is allocated from it. `origin`
-/// names the configuration in the error (its file).
-pub fn check_config_against_weights(
-    config: &ModelConfig,
-    src: &dyn WeightSource,
-    origin: &str,
-) -> Result<(), LoadError> {
-    let c = config;
-    let src = &UnfusedSource::new(src, config);
-    let h = ("hidden_size", c.hidden_size);
-    let layer = |i: usize, s: &str| format!("model.layers.{i}.{s}");
-    let expected = [
-        (
-            "model.embed_tokens.weight".to_string(),
-            [("vocab_size", c.vocab_size), h],
-        ),
-        (
-            layer(0, "self_attn.q_proj.weight"),
-            [("num_attention_heads × head_dim", c.q_size()), h],
-        ),
-        (
-            layer(0, "self_attn.k_proj.weight"),
-            [("num_key_value_heads × head_dim", c.kv_size()), h],
-        ),
-        (
-            layer(0, "mlp.gate_proj.weight"),
-            [("intermediate_size", c.intermediate_size), h],
-        ),
-    ];
-    for (tensor, dims) in expected {
-        let shape = src.tensor_shape(&tensor)?;
-        let wrong = dims
-            .iter()
-            .enumerate()
-            .find(|&(i, &(_, value))| shape.len() != 2 || shape[i] != value);
-        if let Some((_, &(field, value))) = wrong {
-            return Err(LoadError::ConfigMismatch {
-                origin: origin.to_string(),
-                field,
-                value,
-                tensor,
-                shape,
-            });
-        }
-    }
-    let last = layer(c.num_hidden_layers - 1, "self_attn.q_proj.weight");
-    if !src.contains(&last) {
-        return Err(LoadError::Config(format!(
-            "{origin}: num_hidden_layers {} but the weights hold no {last}",
-            c.num_hidden_layers
-        )));
-    }
-    Ok(())
-}
-
-/// How tensor parallelism splits each LLaMA weight, all by output rows (norms stay whole on
-/// every rank). With `kv_copies` the heads are split, each KV head held by that many ranks;
-/// with `None` every rank holds every head's q/k/v.
-fn llama_split(name: &str, kv_copies: Option<usize>) -> Option<SplitDim> {
-    const KV: [&str; 4] = [
-        "k_proj.weight",
-        "v_proj.weight",
-        "k_proj.bias",
-        "v_proj.bias",
-    ];
-    const Q: [&str; 2] = ["q_proj.weight", "q_proj.bias"];
-    const ROWS: [&str; 6] = [
-        "gate_proj.weight",
-        "up_proj.weight",
-        "o_proj.weight",
-        "down_proj.weight",
-        "embed_tokens.weight",
-        "lm_head.weight",
-    ];
-    let ends = |names: &[&str]| names.iter().any(|s| name.ends_with(s));
-    if ends(&KV) {
-        kv_copies.map(|copies| SplitDim::SharedRows { copies })
-    } else if ends(&Q) {
-        kv_copies.map(|_| SplitDim::Rows)
-    } else if ends(&ROWS) {
-        Some(SplitDim::Rows)
-    } else {
-        None
-    }
-}
-
-/// Layer `i` of rank `rank`: `whole` is the model's configuration, `c` the rank's part.
-fn load_layer(
-    whole: &ModelConfig,
-    c: &ModelConfig,
-    rank: Rank,
-    src: &dyn WeightSource,
-    i: usize,
-    opts: &LoadOptions,
-) -> Result<DecoderLayer, LoadError> {
-    let own_hidden = share(whole.hidden_size, rank.rank, rank.world_size).len();
-    let p = format!("model.layers.{i}");
-    let h = c.hidden_size;
-    let name = |s: &str| format!("{p}.{s}");
-    let (q, k, v) = (
-        name("self_attn.q_proj.weight"),
-        name("self_attn.k_proj.weight"),
-        name("self_attn.v_proj.weight"),
-    );
-    let (gate, up) = (name("mlp.gate_proj.weight"), name("mlp.up_proj.weight"));
-    let optional_norm = |on: bool, s: &str, dim: usize| -> Result<Option<RmsNorm>, LoadError> {
-        on.then(|| load_norm(c, src, &name(s), dim)).transpose()
-    };
-    let pre_mlp = if c.sandwich_norms {
-        "pre_feedforward_layernorm.weight"
-    } else {
-        "post_attention_layernorm.weight"
-    };
-    let qkv_bias = if c.qkv_bias {
-        let mut stacked = Vec::with_capacity(c.q_size() + 2 * c.kv_size());
-        for (bias, len) in [("q", c.q_size()), ("k", c.kv_size()), ("v", c.kv_size())] {
-            let bias = name(&format!("self_attn.{bias}_proj.bias"));
-            stacked.extend(src.load(&bias)?.expect_shape(&bias, &[len])?);
-        }
-        Some(stacked)
-    } else {
-        None
-    };
-    Ok(DecoderLayer {
-        input_layernorm: load_norm(c, src, &name("input_layernorm.weight"), h)?,
-        qkv_proj: Linear::load_merged(
-            src,
-            &[(&q, c.q_size()), (&k, c.kv_size()), (&v, c.kv_size())],
-            h,
-            opts,
-        )?,
-        qkv_bias,
-        q_norm: optional_norm(c.qk_norm, "self_attn.q_norm.weight", c.head_dim)?,
-        k_norm: optional_norm(c.qk_norm, "self_attn.k_norm.weight", c.head_dim)?,
-        o_proj: Linear::load(
-            src,
-            &name("self_attn.o_proj.weight"),
-            whole.q_size(),
-            own_hidden,
-            opts,
-        )?,
-        post_attention_norm: optional_norm(c.sandwich_norms, "post_attention_layernorm.weight", h)?,
-        pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
-        post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
-        window: c.layer_window(i),
-        gate_up_proj: Linear::load_merged(
-            src,
-            &[(&gate, c.intermediate_size), (&up, c.intermediate_size)],
-            h,
-            opts,
-        )?,
-        down_proj: Linear::load(
-            src,
-            &name("mlp.down_proj.weight"),
-            whole.intermediate_size,
-            own_hidden,
-            opts,
-        )?,
-    })
-}
-
-/// An RMSNorm of the model's kind (Gemma's weights are offsets from 1).
-fn load_norm(
-    c: &ModelConfig,
-    src: &dyn WeightSource,
-    name: &str,
-    dim: usize,
-) -> Result<RmsNorm, LoadError> {
-    Ok(RmsNorm::load(src, name, dim, c.rms_norm_eps)?.with_weight_offset(c.norm_weight_offset))
 }
 
 /// `hidden = norm(hidden)`, through `normed` (as long as `hidden`), without allocating.

@@ -1,0 +1,190 @@
+//! How rotary frequencies are stretched for long contexts, as configs name it.
+
+use serde_json::Value;
+
+use super::{opt_usize, ConfigError};
+
+/// How rotary frequencies are stretched for long contexts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor` (Hugging Face `rope_type: "linear"`).
+    Linear {
+        factor: f32,
+    },
+    /// Phi-3's LongRoPE: one divisor per rotary frequency, `long_factor` when the context
+    /// runs past `original_max_position_embeddings` and `short_factor` within it, and cosines
+    /// and sines scaled by `attention_factor`.
+    LongRope {
+        short_factor: Vec<f32>,
+        long_factor: Vec<f32>,
+        original_max_position_embeddings: usize,
+        attention_factor: f32,
+    },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: usize,
+    },
+    /// One divisor per rotary frequency, as GGUF files store Llama 3 scaling (`rope_freqs.weight`).
+    FreqFactors(Vec<f32>),
+}
+
+impl RopeScaling {
+    /// Checks the factors are usable for `rotary_dim` rotated dims (NaN fails too: such
+    /// values load fine and then yield NaN logits).
+    pub fn validate(&self, rotary_dim: usize) -> Result<(), ConfigError> {
+        let positive_finite = |x: f32| x.is_finite() && x > 0.0;
+        let bad = |what: &str, v: f32| {
+            Err(ConfigError::Invalid(format!(
+                "rope scaling {what} must be a positive number, got {v}"
+            )))
+        };
+        match self {
+            Self::None => Ok(()),
+            Self::Linear { factor } if !positive_finite(*factor) => bad("factor", *factor),
+            Self::Linear { .. } => Ok(()),
+            Self::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                for (what, v) in [
+                    ("factor", *factor),
+                    ("low_freq_factor", *low_freq_factor),
+                    ("high_freq_factor", *high_freq_factor),
+                ] {
+                    if !positive_finite(v) {
+                        return bad(what, v);
+                    }
+                }
+                // The smoothing between the two divides by their difference.
+                if high_freq_factor <= low_freq_factor || *original_max_position_embeddings == 0 {
+                    return Err(ConfigError::Invalid(format!(
+                        "llama3 rope scaling needs high_freq_factor > low_freq_factor and a \
+                         positive original_max_position_embeddings, got {high_freq_factor}, \
+                         {low_freq_factor}, {original_max_position_embeddings}"
+                    )));
+                }
+                Ok(())
+            }
+            Self::FreqFactors(f) => match f.iter().find(|&&v| !positive_finite(v)) {
+                Some(&v) => bad("frequency factor", v),
+                None => Ok(()),
+            },
+            Self::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                attention_factor,
+            } => {
+                let half = rotary_dim / 2;
+                for (what, f) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+                    if f.len() != half {
+                        return Err(ConfigError::Invalid(format!(
+                            "longrope {what} has {} values for {half} rotary frequencies",
+                            f.len()
+                        )));
+                    }
+                    if let Some(&v) = f.iter().find(|&&v| !positive_finite(v)) {
+                        return bad(what, v);
+                    }
+                }
+                if !positive_finite(*attention_factor) {
+                    return bad("attention_factor", *attention_factor);
+                }
+                if *original_max_position_embeddings == 0 {
+                    return bad("original_max_position_embeddings", 0.0);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The rope scaling of a config.json's `rope_scaling` (or transformers 5's
+/// `rope_parameters`); `json`, the whole config, for what LongRoPE reads at its top level.
+pub(super) fn parse_hf_rope_scaling(
+    scaling: Option<&Value>,
+    json: &Value,
+) -> Result<RopeScaling, ConfigError> {
+    let Some(s) = scaling else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = s
+        .get("rope_type")
+        .or_else(|| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let num = |k: &str| -> Result<f32, ConfigError> {
+        s.get(k)
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+            .ok_or_else(|| ConfigError::Invalid(format!("rope scaling {kind:?} lacks {k}")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: num("factor")?,
+        }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+        }),
+        // "su" is what the first Phi-3 128k checkpoints called it.
+        "longrope" | "su" => {
+            let factors = |k: &str| -> Result<Vec<f32>, ConfigError> {
+                s.get(k)
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| {
+                        ConfigError::Invalid(format!("rope scaling {kind:?} lacks {k}"))
+                    })?
+                    .iter()
+                    .map(|v| {
+                        v.as_f64().map(|x| x as f32).ok_or_else(|| {
+                            ConfigError::Invalid(format!(
+                                "rope scaling {k} holds {v}, not a number"
+                            ))
+                        })
+                    })
+                    .collect()
+            };
+            let original = opt_usize(s, "original_max_position_embeddings")?
+                .or(opt_usize(json, "original_max_position_embeddings")?)
+                .ok_or_else(|| {
+                    ConfigError::Invalid(
+                        "longrope scaling needs original_max_position_embeddings".into(),
+                    )
+                })?;
+            // As transformers: the stretch is the context over the original one unless the
+            // config gives it, and cosines and sines grow with its log.
+            let factor = match s.get("factor").and_then(Value::as_f64) {
+                Some(f) => f,
+                None => {
+                    opt_usize(json, "max_position_embeddings")?.unwrap_or(original) as f64
+                        / original.max(1) as f64
+                }
+            };
+            let attention_factor = match s.get("attention_factor").and_then(Value::as_f64) {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            Ok(RopeScaling::LongRope {
+                short_factor: factors("short_factor")?,
+                long_factor: factors("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor: attention_factor as f32,
+            })
+        }
+        other => Err(ConfigError::Invalid(format!(
+            "unsupported rope scaling type {other:?} (supported: default, linear, llama3, \
+             longrope)"
+        ))),
+    }
+}
