@@ -205,9 +205,10 @@ impl ModelConfig {
                 self.head_dim
             ));
         }
-        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
+        // Zero rotated dims would run the model with no positions at all.
+        if !self.rotary_dim.is_multiple_of(2) || !(2..=self.head_dim).contains(&self.rotary_dim) {
             return bad(format!(
-                "the rotary dimension ({}) must be even and at most head_dim ({})",
+                "the rotary dimension ({}) must be even, at least 2 and at most head_dim ({})",
                 self.rotary_dim, self.head_dim
             ));
         }
@@ -259,11 +260,12 @@ impl ModelConfig {
         }
         self.rope_scaling.validate(self.rotary_dim)?;
         if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
-            if f.len() != self.head_dim / 2 {
+            if f.len() != self.rotary_dim / 2 {
                 return bad(format!(
-                    "rope frequency factors: {} values, expected head_dim/2 = {}",
+                    "rope frequency factors: {} values, expected one per rotary frequency \
+                     ({})",
                     f.len(),
-                    self.head_dim / 2
+                    self.rotary_dim / 2
                 ));
             }
         }
@@ -445,6 +447,11 @@ impl ModelConfig {
             .or_else(|| json.get("partial_rotary_factor"))
             .and_then(Value::as_f64)
             .unwrap_or(1.0);
+        if !(partial > 0.0 && partial <= 1.0) {
+            return Err(ConfigError::Invalid(format!(
+                "partial_rotary_factor must be in (0, 1], got {partial}"
+            )));
+        }
         let rotary_dim = (head_dim as f64 * partial) as usize;
         let num_hidden_layers = req_usize(json, "num_hidden_layers")?;
         let (sliding_window, sliding_layers) =
@@ -847,5 +854,10 @@ mod tests {
             .remove("original_max_position_embeddings");
         let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
         assert!(e.contains("original_max_position_embeddings"), "{e}");
+        // A rotary factor that would rotate nothing is refused.
+        j["original_max_position_embeddings"] = json!(4096);
+        j["partial_rotary_factor"] = json!(0.0);
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("partial_rotary_factor"), "{e}");
     }
 }

@@ -16,8 +16,9 @@ use crate::config::ModelConfig;
 /// A weight source in which each fused tensor also answers for its parts.
 pub struct UnfusedSource<'a> {
     inner: &'a dyn WeightSource,
-    /// A part's name -> the fused tensor's name and the part's rows of it.
-    parts: HashMap<String, (String, Range<usize>)>,
+    /// A part's name -> the fused tensor's name, the part's rows of it, and the rows of
+    /// all its parts together (what the fused tensor must have).
+    parts: HashMap<String, (String, Range<usize>, usize)>,
 }
 
 impl<'a> UnfusedSource<'a> {
@@ -47,10 +48,11 @@ impl<'a> UnfusedSource<'a> {
                 if !inner.contains(&fused) {
                     continue;
                 }
+                let total: usize = split.iter().map(|&(_, rows)| rows).sum();
                 let mut start = 0;
                 for &(part, rows) in split {
                     let part = format!("model.layers.{i}.{part}.weight");
-                    parts.insert(part, (fused.clone(), start..start + rows));
+                    parts.insert(part, (fused.clone(), start..start + rows, total));
                     start += rows;
                 }
             }
@@ -58,34 +60,38 @@ impl<'a> UnfusedSource<'a> {
         Self { inner, parts }
     }
 
-    /// The fused tensor and the rows of `name`, when `name` is a part of one.
-    fn part(&self, name: &str) -> Option<&(String, Range<usize>)> {
+    /// The fused tensor, the rows of `name` and of all the parts, when `name` is a part.
+    fn part(&self, name: &str) -> Option<&(String, Range<usize>, usize)> {
         self.parts.get(name)
     }
 }
 
-/// The fused tensor's shape must hold every part's rows.
+/// The fused tensor's columns, when its rows are exactly its parts' (a config whose head
+/// count or width is off would otherwise cut the parts at the wrong rows, and the model
+/// would load and compute garbage).
 fn rows_of(
     name: &str,
     fused: &str,
     shape: &[usize],
     rows: &Range<usize>,
+    parts_end: usize,
 ) -> Result<usize, LoadError> {
     match *shape {
-        [total, cols] if rows.end <= total && total > 0 => Ok(cols),
+        [total, cols] if total == parts_end && rows.end <= total => Ok(cols),
         _ => Err(LoadError::Config(format!(
-            "{fused} has shape {shape:?}, which does not hold {name} (its rows {rows:?})"
+            "{fused} has shape {shape:?}, but the config's sizes give its parts {parts_end} \
+             rows ({name}: rows {rows:?})"
         ))),
     }
 }
 
 impl WeightSource for UnfusedSource<'_> {
     fn load(&self, name: &str) -> Result<Tensor, LoadError> {
-        let Some((fused, rows)) = self.part(name) else {
+        let Some((fused, rows, total)) = self.part(name) else {
             return self.inner.load(name);
         };
         let t = self.inner.load(fused)?;
-        let cols = rows_of(name, fused, &t.shape, rows)?;
+        let cols = rows_of(name, fused, &t.shape, rows, *total)?;
         Ok(Tensor {
             shape: vec![rows.len(), cols],
             data: t.data[rows.start * cols..rows.end * cols].to_vec(),
@@ -97,22 +103,22 @@ impl WeightSource for UnfusedSource<'_> {
     }
 
     fn tensor_shape(&self, name: &str) -> Result<Vec<usize>, LoadError> {
-        let Some((fused, rows)) = self.part(name) else {
+        let Some((fused, rows, total)) = self.part(name) else {
             return self.inner.tensor_shape(name);
         };
         let shape = self.inner.tensor_shape(fused)?;
-        let cols = rows_of(name, fused, &shape, rows)?;
+        let cols = rows_of(name, fused, &shape, rows, *total)?;
         Ok(vec![rows.len(), cols])
     }
 
     fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {
-        let Some((fused, rows)) = self.part(name) else {
+        let Some((fused, rows, total)) = self.part(name) else {
             return self.inner.load_quantized(name);
         };
         let Some(t) = self.inner.load_quantized(fused)? else {
             return Ok(None);
         };
-        let cols = rows_of(name, fused, &t.shape, rows)?;
+        let cols = rows_of(name, fused, &t.shape, rows, *total)?;
         let row_bytes = cols / t.ty.block_size() * t.ty.type_size();
         Ok(Some(QuantTensor {
             shape: vec![rows.len(), cols],
@@ -123,8 +129,72 @@ impl WeightSource for UnfusedSource<'_> {
 
     fn stored_half(&self, name: &str) -> Option<HalfKind> {
         match self.part(name) {
-            Some((fused, _)) => self.inner.stored_half(fused),
+            Some((fused, ..)) => self.inner.stored_half(fused),
             None => self.inner.stored_half(name),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// One fused tensor per layer of `rows` rows of 4 columns, each value its row index.
+    struct Fused {
+        rows: usize,
+    }
+
+    impl WeightSource for Fused {
+        fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+            assert!(name.ends_with("qkv_proj.weight"), "{name}");
+            let data = (0..self.rows * 4).map(|i| (i / 4) as f32).collect();
+            Ok(Tensor {
+                shape: vec![self.rows, 4],
+                data,
+            })
+        }
+        fn contains(&self, name: &str) -> bool {
+            name.ends_with("qkv_proj.weight")
+        }
+    }
+
+    fn config() -> ModelConfig {
+        ModelConfig::from_hf_json(&json!({
+            "architectures": ["Phi3ForCausalLM"], "hidden_size": 4, "intermediate_size": 8,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "vocab_size": 10,
+        }))
+        .unwrap()
+    }
+
+    /// q, k and v are the fused tensor's rows in that order; a fused tensor whose rows are
+    /// not exactly the config's q + k + v is refused, naming both.
+    #[test]
+    fn parts_are_runs_of_rows_and_must_fill_the_fused_tensor() {
+        let c = config();
+        let (q, kv) = (c.q_size(), c.kv_size());
+        let fused = Fused { rows: q + 2 * kv };
+        let src = UnfusedSource::new(&fused, &c);
+        let v = src.load("model.layers.0.self_attn.v_proj.weight").unwrap();
+        assert_eq!(v.shape, [kv, 4]);
+        assert_eq!(v.data[0], (q + kv) as f32);
+        assert_eq!(
+            src.tensor_shape("model.layers.0.self_attn.k_proj.weight")
+                .unwrap(),
+            [kv, 4]
+        );
+        // A config claiming fewer KV heads than the checkpoint has.
+        let wrong = Fused { rows: q + 4 * kv };
+        let src = UnfusedSource::new(&wrong, &c);
+        let e = src
+            .tensor_shape("model.layers.0.self_attn.q_proj.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("qkv_proj") && e.contains(&format!("{} rows", q + 2 * kv)),
+            "{e}"
+        );
     }
 }
