@@ -31,12 +31,12 @@ pub struct Rank {
 
 impl Rank {
     /// This rank's equal part of `0..len`; an error naming `tensor` when `len` does not
-    /// split evenly into parts of whole `unit`s (a quantised block, a head).
-    pub fn part(&self, tensor: &str, len: usize, unit: usize) -> Result<Range<usize>, LoadError> {
+    /// split evenly.
+    pub fn part(&self, tensor: &str, len: usize) -> Result<Range<usize>, LoadError> {
         let per = len / self.world_size;
-        if !len.is_multiple_of(self.world_size) || !per.is_multiple_of(unit) {
+        if !len.is_multiple_of(self.world_size) {
             return Err(LoadError::Config(format!(
-                "tensor {tensor}: {len} cannot be split over {} ranks in whole units of {unit}",
+                "tensor {tensor}: {len} cannot be split over {} ranks into equal parts",
                 self.world_size
             )));
         }
@@ -50,7 +50,7 @@ impl Rank {
                 rank: self.rank / copies.max(1),
                 world_size: self.world_size / copies.max(1),
             }
-            .part(tensor, rows, 1),
+            .part(tensor, rows),
             SplitDim::Rows => Ok(share(rows, self.rank, self.world_size)),
         }
     }

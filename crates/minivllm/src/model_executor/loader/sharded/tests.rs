@@ -111,7 +111,7 @@ fn shared_rows_that_do_not_divide_are_refused_by_name() {
         rank: 0,
         world_size: 3,
     }
-    .part("heads", 8, 1)
+    .part("heads", 8)
     .unwrap_err()
     .to_string();
     assert!(e.contains("heads: 8 cannot be split over 3 ranks"), "{e}");
