@@ -18,6 +18,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, ensure, Context};
+use minivllm::config::KvCacheLayout;
 use minivllm::engine::tokenizer::Tokenizer;
 use minivllm::ids::BlockId;
 use minivllm::kernels::softmax::log_softmax_inplace;
@@ -94,7 +95,9 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     let vocab = loaded.config.vocab_size;
     let blocks = n_ctx.div_ceil(BLOCK_SIZE);
     let kv = m.kv_cache_dtype.resolve(m.dtype);
-    let cache = CacheEngine::with_dtype(&loaded.config, BLOCK_SIZE, blocks, kv);
+    // One window's blocks for every KV cache group: a window is one prefill, nothing freed.
+    let groups = KvCacheLayout::for_model(&loaded.config).num_groups();
+    let cache = CacheEngine::with_dtype(&loaded.config, BLOCK_SIZE, blocks * groups, kv);
     let mut runner = ModelRunner::new(loaded.model, cache);
     let first = n_ctx / 2;
     let scored = n_ctx - 1 - first;
@@ -114,7 +117,13 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
         tokens.len(),
         m.dtype
     );
-    let table: Vec<BlockId> = (0..blocks as u32).map(BlockId).collect();
+    let tables: Vec<Vec<BlockId>> = (0..groups)
+        .map(|g| {
+            (0..blocks)
+                .map(|b| BlockId((g * blocks + b) as u32))
+                .collect()
+        })
+        .collect();
     let mut scores = Scores::default();
     let (mut row, mut base_row) = (vec![0.0f32; vocab], vec![0.0f32; vocab]);
     let started = std::time::Instant::now();
@@ -128,7 +137,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
             prompt_len: n_ctx,
             num_computed: 0,
             num_new: n_ctx,
-            block_table: &table,
+            block_tables: &tables,
             prompt_logprobs_from: Some(first),
         };
         let mut rows = Vec::new();

@@ -5,8 +5,10 @@ use serde_json::Value;
 
 use crate::distributed::share;
 
+mod kv_cache_layout;
 mod rope_scaling;
 
+pub use kv_cache_layout::{KvCacheLayout, LayerPlace};
 use rope_scaling::parse_hf_rope_scaling;
 pub use rope_scaling::RopeScaling;
 

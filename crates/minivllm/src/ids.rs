@@ -31,6 +31,12 @@ impl fmt::Display for RequestId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId(pub u32);
 
+impl BlockId {
+    /// No block: the entry of a sliding-window group's block table whose block has left
+    /// every window of its sequence and gone back to the pool. Attention never reads it.
+    pub const NULL: BlockId = BlockId(u32::MAX);
+}
+
 impl fmt::Display for BlockId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "block {}", self.0)

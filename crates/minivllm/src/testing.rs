@@ -37,3 +37,21 @@ pub fn reference_dir() -> PathBuf {
     );
     dir
 }
+
+/// Block tables for a sequence run without a block manager over a cache of `groups` KV cache
+/// groups: group `g` gets `table`'s blocks shifted by `g * stride`, so no two groups share a
+/// block (the cache needs `groups * stride` blocks).
+pub fn group_tables(
+    table: &[crate::ids::BlockId],
+    groups: usize,
+    stride: u32,
+) -> Vec<Vec<crate::ids::BlockId>> {
+    (0..groups as u32)
+        .map(|g| {
+            table
+                .iter()
+                .map(|b| crate::ids::BlockId(b.0 + g * stride))
+                .collect()
+        })
+        .collect()
+}

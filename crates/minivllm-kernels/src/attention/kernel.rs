@@ -146,6 +146,13 @@ impl RowSet<'_> {
     }
 }
 
+/// The rows (of those before `r_end`) that read some position of the block at `b0`: they
+/// reach it (`first_seeing`) and their window starts before its end (`seeing_before`).
+#[inline(always)]
+fn block_rows(rows: &RowSet<'_>, b0: usize, bs: usize, r_end: usize) -> (usize, usize) {
+    (rows.first_seeing(b0), rows.seeing_before(b0 + bs, r_end))
+}
+
 /// Positions per softmax update (rounded down to whole blocks, at least one).
 const SPAN_POSITIONS: usize = 64;
 
@@ -285,8 +292,10 @@ fn chunk_states_of<S: Simd, T: Load>(
         }
         let r_end = rows.seeing_before(p1, n_rows);
         for (k, b0) in (p0..p1).step_by(bs).enumerate() {
-            let rb = rows.first_seeing(b0);
-            if rb >= r_end {
+            // Rows whose window starts after this block leave it unread (their scores here
+            // are masked below); a block no row reads may have been given back to the pool.
+            let (rb, re) = block_rows(rows, b0, bs, r_end);
+            if rb >= re {
                 continue;
             }
             let (kt, vals) = sh.block(key_cache, value_cache, seq.block_table, b0, kvh);
@@ -300,7 +309,7 @@ fn chunk_states_of<S: Simd, T: Load>(
                 prefetch(s, next);
             }
             let sc = &mut scores[rb * span + k * bs..];
-            micro::qk(s, &rows.q[rb * hd..r_end * hd], kt, sc, (hd, bs, span));
+            micro::qk(s, &rows.q[rb * hd..re * hd], kt, sc, (hd, bs, span));
         }
         for r in r0..r_end {
             let n = p1.min(rows.limit(r)) - p0;
@@ -311,13 +320,16 @@ fn chunk_states_of<S: Simd, T: Load>(
             softmax_step(s, &mut st, r, sc, sh.scale);
         }
         for (k, b0) in (p0..p1).step_by(bs).enumerate() {
+            let (mut r, re) = block_rows(rows, b0, bs, r_end);
+            if r >= re {
+                continue;
+            }
             let (_, values) = sh.block(key_cache, value_cache, seq.block_table, b0, kvh);
-            let mut r = rows.first_seeing(b0);
-            while r < r_end {
+            while r < re {
                 // Rows of one token share a limit; near the diagonal, tokens see fewer keys.
                 let n = bs.min(rows.limit(r) - b0);
                 let mut end = r + 1;
-                while end < r_end && bs.min(rows.limit(end) - b0) == n {
+                while end < re && bs.min(rows.limit(end) - b0) == n {
                     end += 1;
                 }
                 let acc = &mut st.acc[r * hd..end * hd];

@@ -245,6 +245,50 @@ fn half_precision_caches_match_scalar() {
     }
 }
 
+/// A sliding-window layer's blocks behind the first query's window may be given back to the
+/// pool (the block manager marks them `u32::MAX`): no kernel reads them, and the output is
+/// bit for bit that of the whole table.
+#[test]
+fn blocks_behind_every_window_are_never_read() {
+    let mut checked = 0;
+    for (i, (shape, lens)) in shapes().into_iter().enumerate() {
+        let Some(w) = shape.sliding_window else {
+            continue;
+        };
+        let b = make_batch(70 + i as u64, shape, &lens);
+        let whole = b.seq_attn();
+        let mut cut = b.seq_attn();
+        let tables: Vec<Vec<u32>> = b
+            .seqs
+            .iter()
+            .map(|s| {
+                let first = (s.context_len - s.query_len + 1).saturating_sub(w) / shape.block_size;
+                checked += first;
+                let mut t = s.block_table.clone();
+                t[..first].fill(u32::MAX);
+                t
+            })
+            .collect();
+        for (s, t) in cut.iter_mut().zip(&tables) {
+            s.block_table = t;
+        }
+        let (q, kc, vc) = (&b.query, &b.key_cache, &b.value_cache);
+        for run in [kernel::run_task as TaskFn, kernel::run_task_portable] {
+            let mut want = vec![0.0; q.len()];
+            paged_attention_with(run, &mut want, q, kc.into(), vc.into(), &whole, &shape);
+            let mut got = vec![0.0; q.len()];
+            paged_attention_with(run, &mut got, q, kc.into(), vc.into(), &cut, &shape);
+            assert_eq!(got, want, "{shape:?}");
+        }
+        let mut want = vec![0.0; q.len()];
+        paged_attention_scalar(&mut want, q, kc, vc, &whole, &shape);
+        let mut got = vec![0.0; q.len()];
+        paged_attention_scalar(&mut got, q, kc, vc, &cut, &shape);
+        assert_eq!(got, want, "scalar {shape:?}");
+    }
+    assert!(checked > 10, "only {checked} blocks given back");
+}
+
 #[test]
 fn reshape_and_cache_rounds_to_the_cache_type() {
     let shape = AttnShape {

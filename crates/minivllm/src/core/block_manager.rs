@@ -1,6 +1,13 @@
 //! The paged KV block manager: per-sequence block tables over a shared [`BlockPool`], prefix
 //! caching (vLLM v1 `KVCacheManager` semantics) and fork with copy-on-write for `n > 1`.
 //!
+//! A sequence has one block table per KV cache group (`config/kv_cache_layout.rs`): one for
+//! a model whose layers are all alike, several for Gemma 3's mix of full and sliding-window
+//! layers. The tables of a sequence always have the same length; in a sliding-window
+//! group's table, the blocks that have left the window of every query still to come are
+//! given back to the pool and replaced by [`BlockId::NULL`] (vLLM v1's
+//! `SlidingWindowManager`), so a long conversation holds, in those layers, only the window.
+//!
 //! A block's K/V depend on every token before it, so a cached block is keyed by a chained
 //! hash of its parent block's hash and its own token ids, and found by walking a new
 //! prompt's full blocks from the start. Only full, computed blocks are cached.
@@ -29,6 +36,9 @@ pub struct BlockManagerConfig {
     pub enable_prefix_caching: bool,
     /// fraction of blocks kept free when admitting NEW sequences (vLLM watermark, default 0.01)
     pub watermark: f32,
+    /// Each KV cache group's sliding window (`None`: full attention); a sequence has one
+    /// block table per group.
+    pub group_windows: Vec<Option<usize>>,
 }
 
 impl BlockManagerConfig {
@@ -39,6 +49,7 @@ impl BlockManagerConfig {
             block_size,
             enable_prefix_caching: true,
             watermark: 0.01,
+            group_windows: vec![None],
         }
     }
 }
@@ -73,14 +84,22 @@ struct HashedBlock {
 
 #[derive(Debug, Clone, Default)]
 struct SeqBlocks {
-    table: Vec<BlockId>,
+    /// One table per KV cache group, all of the same length.
+    tables: Vec<Vec<BlockId>>,
     /// One per leading full block already hashed: cache_full_blocks resumes after them.
     hashed: Vec<HashedBlock>,
 }
 
-/// A cached block found for a prefix.
+impl SeqBlocks {
+    fn len(&self) -> usize {
+        self.tables.first().map_or(0, Vec::len)
+    }
+}
+
+/// The cached blocks found for one block of a prefix.
 struct Hit {
-    block: BlockId,
+    /// The block in each group, `None` where the group does not need it (before a window).
+    blocks: Vec<Option<BlockId>>,
     hashed: HashedBlock,
 }
 
@@ -90,6 +109,7 @@ pub struct BlockManager {
     block_size: usize,
     enable_prefix_caching: bool,
     watermark_blocks: usize,
+    group_windows: Vec<Option<usize>>,
     seqs: HashMap<SeqId, SeqBlocks>,
     stats: PrefixCacheStats,
     hasher: BlockHasher,
@@ -103,12 +123,14 @@ impl BlockManager {
     /// With a given block hash, so tests can force collisions.
     pub fn with_hasher(cfg: BlockManagerConfig, hasher: BlockHasher) -> Self {
         assert!(cfg.block_size > 0, "block_size must be positive");
+        assert!(!cfg.group_windows.is_empty(), "no KV cache group");
         Self {
-            pool: BlockPool::new(cfg.num_blocks),
+            pool: BlockPool::new(cfg.num_blocks, cfg.group_windows.len()),
             block_size: cfg.block_size,
             enable_prefix_caching: cfg.enable_prefix_caching,
             // Rounded down like vLLM's int(watermark * num_gpu_blocks).
             watermark_blocks: (cfg.watermark.max(0.0) * cfg.num_blocks as f32) as usize,
+            group_windows: cfg.group_windows,
             seqs: HashMap::new(),
             stats: PrefixCacheStats::default(),
             hasher,
@@ -117,6 +139,23 @@ impl BlockManager {
 
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// Each KV cache group's sliding window (`None`: full attention).
+    pub fn group_windows(&self) -> &[Option<usize>] {
+        &self.group_windows
+    }
+
+    /// Whether a sequence's blocks are all of one table with no block given back early, as
+    /// swapping a sequence out and in again needs.
+    pub fn can_swap(&self) -> bool {
+        self.group_windows == [None]
+    }
+
+    /// The first block of a group with `window` that a query at position `pos` (or later)
+    /// reads: every block before it has left the window.
+    fn first_needed_block(&self, window: Option<usize>, pos: usize) -> usize {
+        window.map_or(0, |w| (pos + 1).saturating_sub(w) / self.block_size)
     }
 
     /// Prefix-cache lookup for a sequence about to start (or restart after preemption): the
@@ -157,34 +196,62 @@ impl BlockManager {
             self.allocate_new(seq, token_ids, num_computed_tokens, required)?;
             return Some(Vec::new());
         }
+        self.free_skipped_blocks(seq, num_computed_tokens);
         let state = self.seqs.get_mut(&seq).expect("non-empty table");
+        let len = state.len();
         // Only blocks the new tokens land in may need a private copy; cached prefix blocks
         // are full and never written.
         let written = if num_new_tokens == 0 {
             0..0
         } else {
-            num_computed_tokens / bs..required.min(state.table.len())
+            num_computed_tokens / bs..required.min(len)
         };
-        let shared: Vec<usize> = written
-            .filter(|&i| self.pool.ref_count(state.table[i]) > 1)
+        let shared: Vec<(usize, usize)> = (0..state.tables.len())
+            .flat_map(|g| written.clone().map(move |i| (g, i)))
+            .filter(|&(g, i)| self.pool.ref_count(state.tables[g][i]) > 1)
             .collect();
-        let fresh_needed = required.saturating_sub(state.table.len()) + shared.len();
+        let fresh_needed = state.tables.len() * required.saturating_sub(len) + shared.len();
         let mut fresh = self.pool.allocate(fresh_needed)?.into_iter();
         let mut copies = Vec::new();
-        for &i in &shared {
-            let src = state.table[i];
+        for &(g, i) in &shared {
+            let src = state.tables[g][i];
             let dst = fresh.next().expect("allocated");
             // A block with no computed tokens yet has nothing to copy.
             if i * bs < num_computed_tokens {
                 copies.push((src, dst));
             }
-            state.table[i] = dst;
+            state.tables[g][i] = dst;
             // Still referenced by whoever shares it: never reaches the free queue here.
             self.pool.free([src]);
             state.hashed.truncate(i);
         }
-        state.table.extend(fresh);
+        for table in &mut state.tables {
+            table.extend(fresh.by_ref().take(required.saturating_sub(len)));
+        }
         Some(copies)
+    }
+
+    /// Gives back the blocks of `seq`'s sliding-window groups that no query from position
+    /// `num_computed_tokens` on can read. Cached ones stay findable until evicted.
+    fn free_skipped_blocks(&mut self, seq: SeqId, num_computed_tokens: usize) {
+        let Some(state) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        for (g, table) in state.tables.iter_mut().enumerate() {
+            let w = self.group_windows[g];
+            let first = w.map_or(0, |w| {
+                (num_computed_tokens + 1).saturating_sub(w) / self.block_size
+            });
+            // Freed blocks are a prefix of the table: walk back to the last one.
+            let first = first.min(table.len());
+            for b in table[..first].iter_mut().rev() {
+                if *b == BlockId::NULL {
+                    break;
+                }
+                self.pool.free([*b]);
+                *b = BlockId::NULL;
+            }
+        }
     }
 
     fn allocate_new(
@@ -209,38 +276,51 @@ impl BlockManager {
         if hits.len() < hit_blocks || !whole_blocks {
             return None;
         }
-        let revived = hits
-            .iter()
-            .filter(|h| self.pool.ref_count(h.block) == 0)
-            .count();
-        let fresh_needed = required.saturating_sub(hits.len());
+        let held = || hits.iter().flat_map(|h| h.blocks.iter().flatten());
+        let revived = held().filter(|&&b| self.pool.ref_count(b) == 0).count();
+        let groups = self.group_windows.len();
+        let fresh_needed = groups * required.saturating_sub(hits.len());
         let taken = revived + fresh_needed;
         if taken + self.watermark_blocks > self.pool.num_free() {
             return None;
         }
         // Revive the hits before allocating, or allocation could evict them.
-        for h in &hits {
-            self.pool.touch(h.block);
+        for &b in held() {
+            self.pool.touch(b);
         }
-        let fresh = self.pool.allocate(fresh_needed).expect("counted above");
+        let mut fresh = self
+            .pool
+            .allocate(fresh_needed)
+            .expect("counted above")
+            .into_iter();
+        let tables = (0..groups)
+            .map(|g| {
+                let hit = hits.iter().map(|h| h.blocks[g].unwrap_or(BlockId::NULL));
+                hit.chain(fresh.by_ref().take(required.saturating_sub(hits.len())))
+                    .collect()
+            })
+            .collect();
         let state = self.seqs.entry(seq).or_default();
-        state.table = hits.iter().map(|h| h.block).chain(fresh).collect();
+        state.tables = tables;
         state.hashed = hits.iter().map(|h| h.hashed).collect();
         Some(())
     }
 
     /// The cached blocks for the longest prefix of `token_ids`' full blocks, at most
-    /// `max_blocks`. A hash hit counts only if the stored tokens and the parent entry match,
-    /// so a hash collision can never serve another prefix's K/V.
+    /// `max_blocks`, that every group can resume from: a full-attention group needs all the
+    /// prefix's blocks, a sliding-window group those inside the window of the prefix's next
+    /// token. A hash hit counts only if the stored tokens and the parent entry match, so a
+    /// hash collision can never serve another prefix's K/V: the chain of entries is checked
+    /// from the first block, even in groups that no longer need the early blocks.
     fn find_cached(&self, token_ids: &[u32], max_blocks: usize) -> Vec<Hit> {
-        let mut hits = Vec::new();
         if !self.enable_prefix_caching {
-            return hits;
+            return Vec::new();
         }
+        let mut chain: Vec<(HashedBlock, &[Option<BlockId>])> = Vec::new();
         let mut parent: Option<HashedBlock> = None;
         for tokens in token_ids.chunks_exact(self.block_size).take(max_blocks) {
             let hash = (self.hasher)(parent.map(|p| p.hash), tokens);
-            let Some((block, c)) = self.pool.lookup(hash) else {
+            let Some(c) = self.pool.lookup(hash) else {
                 break;
             };
             if *c.tokens != *tokens || c.parent != parent.and_then(|p| p.entry) {
@@ -250,10 +330,57 @@ impl BlockManager {
                 hash,
                 entry: Some(c.id),
             };
-            hits.push(Hit { block, hashed });
+            chain.push((hashed, &c.blocks));
             parent = Some(hashed);
         }
-        hits
+        // The longest cut at which each group has every block it still reads.
+        let bs = self.block_size;
+        let mut cut = chain.len();
+        for (g, &w) in self.group_windows.iter().enumerate() {
+            if w.is_none() {
+                cut = cut.min(chain.iter().take_while(|(_, b)| b[g].is_some()).count());
+            }
+        }
+        let sliding: Vec<(usize, usize)> = (self.group_windows.iter().enumerate())
+            .filter_map(|(g, w)| w.map(|w| (g, w)))
+            .collect();
+        // For each sliding group, the run of cached blocks ending at each block.
+        let runs: Vec<Vec<usize>> = sliding
+            .iter()
+            .map(|&(g, _)| {
+                let mut run = 0;
+                chain[..cut]
+                    .iter()
+                    .map(|(_, b)| {
+                        run = if b[g].is_some() { run + 1 } else { 0 };
+                        run
+                    })
+                    .collect()
+            })
+            .collect();
+        while cut > 0 {
+            let reads_all = sliding.iter().zip(&runs).all(|(&(_, w), run)| {
+                let first = self.first_needed_block(Some(w), cut * bs);
+                run[cut - 1] >= cut - first.min(cut)
+            });
+            if reads_all {
+                break;
+            }
+            cut -= 1;
+        }
+        let firsts: Vec<usize> = (self.group_windows.iter())
+            .map(|&w| self.first_needed_block(w, cut * bs))
+            .collect();
+        chain[..cut]
+            .iter()
+            .enumerate()
+            .map(|(i, (hashed, blocks))| Hit {
+                blocks: (blocks.iter().zip(&firsts))
+                    .map(|(b, &first)| b.filter(|_| i >= first))
+                    .collect(),
+                hashed: *hashed,
+            })
+            .collect()
     }
 
     /// Registers `seq`'s full blocks among its first `num_computed_tokens` tokens in the
@@ -267,26 +394,41 @@ impl BlockManager {
             return;
         };
         let bs = self.block_size;
-        let num_full = (num_computed_tokens.min(token_ids.len()) / bs).min(state.table.len());
+        let num_full = (num_computed_tokens.min(token_ids.len()) / bs).min(state.len());
         for i in state.hashed.len()..num_full {
             let tokens = &token_ids[i * bs..(i + 1) * bs];
             let parent = i.checked_sub(1).map(|p| state.hashed[p]);
             let parent_entry = parent.and_then(|p| p.entry);
             let hash = (self.hasher)(parent.map(|p| p.hash), tokens);
-            let block = state.table[i];
-            let entry = if let Some(c) = self.pool.cached(block) {
-                // Shared with the sequence that registered it (prefix hit or fork).
-                debug_assert!(*c.tokens == *tokens, "{seq}: {block} holds other tokens");
-                Some(c.id)
+            let blocks = state.tables.iter().map(|t| t[i]);
+            // Shared with the sequence that registered it (prefix hit or fork).
+            let known = blocks
+                .filter(|&b| b != BlockId::NULL)
+                .find_map(|b| self.pool.cached(b));
+            let cacheable = if let Some(c) = known {
+                debug_assert!(*c.tokens == *tokens, "{seq}: block {i} holds other tokens");
+                true
             } else if parent.is_some() && parent_entry.is_none() {
                 // Its parent's content is unknown to the cache, so nothing could find it.
-                None
-            } else if let Some((_, c)) = self.pool.lookup(hash) {
-                let same = *c.tokens == *tokens && c.parent == parent_entry;
-                same.then_some(c.id)
+                false
+            } else if let Some(c) = self.pool.lookup(hash) {
+                *c.tokens == *tokens && c.parent == parent_entry
             } else {
-                Some(self.pool.register(block, hash, parent_entry, tokens))
+                true
             };
+            let mut entry = None;
+            if cacheable {
+                for (g, table) in state.tables.iter().enumerate() {
+                    let b = table[i];
+                    if b == BlockId::NULL {
+                        continue;
+                    }
+                    entry = Some(match self.pool.cached(b) {
+                        Some(c) => c.id,
+                        None => self.pool.register(b, g, hash, parent_entry, tokens),
+                    });
+                }
+            }
             state.hashed.push(HashedBlock { hash, entry });
         }
     }
@@ -301,8 +443,10 @@ impl BlockManager {
         let Some(state) = self.seqs.get(&parent).cloned() else {
             return;
         };
-        for &b in &state.table {
-            self.pool.touch(b);
+        for &b in state.tables.iter().flatten() {
+            if b != BlockId::NULL {
+                self.pool.touch(b);
+            }
         }
         self.seqs.insert(child, state);
     }
@@ -311,13 +455,24 @@ impl BlockManager {
     /// cached blocks, the tail is evicted before the prefix more sequences are likely to share.
     pub fn free(&mut self, seq: SeqId) {
         if let Some(state) = self.seqs.remove(&seq) {
-            self.pool.free(state.table.into_iter().rev());
+            let blocks = (0..state.len())
+                .rev()
+                .flat_map(|i| state.tables.iter().map(move |t| t[i]));
+            self.pool.free(blocks.filter(|&b| b != BlockId::NULL));
         }
     }
 
-    /// Empty for an unknown sequence.
+    /// The first group's table; empty for an unknown sequence.
     pub fn block_table(&self, seq: SeqId) -> &[BlockId] {
-        self.seqs.get(&seq).map_or(&[], |s| &s.table)
+        self.seqs
+            .get(&seq)
+            .and_then(|s| s.tables.first())
+            .map_or(&[], |t| t)
+    }
+
+    /// Every group's table (none for an unknown sequence).
+    pub fn block_tables(&self, seq: SeqId) -> &[Vec<BlockId>] {
+        self.seqs.get(&seq).map_or(&[], |s| &s.tables)
     }
 
     /// Blocks with no references, cached or not.
@@ -617,6 +772,90 @@ mod tests {
         assert_eq!(m.get_computed_tokens(&long), 12);
     }
 
+    /// A full-attention group and a sliding one of 8 positions, blocks of 4.
+    fn hybrid(num_blocks: usize) -> BlockManager {
+        BlockManager::new(BlockManagerConfig {
+            watermark: 0.0,
+            group_windows: vec![None, Some(8)],
+            ..BlockManagerConfig::new(num_blocks, 4)
+        })
+    }
+
+    fn held(m: &BlockManager, seq: u64) -> Vec<usize> {
+        let tables = m.block_tables(SeqId(seq));
+        tables
+            .iter()
+            .map(|t| t.iter().filter(|&&b| b != BlockId::NULL).count())
+            .collect()
+    }
+
+    #[test]
+    fn a_sliding_group_gives_back_the_blocks_behind_its_window() {
+        let mut m = hybrid(64);
+        let t = toks(0..200);
+        m.allocate_slots(SeqId(1), &t, 0, 20).unwrap();
+        // The whole prompt is computed in one step: every block is needed during it.
+        assert_eq!(held(&m, 1), [5, 5]);
+        assert_eq!(m.num_free_blocks(), 54);
+        // The query at position 20 sees 13..=20: blocks 0-2 are behind it.
+        m.allocate_slots(SeqId(1), &t, 20, 1).unwrap();
+        assert_eq!(held(&m, 1), [6, 3]);
+        assert_eq!(m.block_tables(SeqId(1))[1][..3], [BlockId::NULL; 3]);
+        assert_eq!(m.num_free_blocks(), 55);
+        for pos in 21..150 {
+            m.allocate_slots(SeqId(1), &t, pos, 1).unwrap();
+            let [full, sliding] = held(&m, 1)[..] else {
+                unreachable!()
+            };
+            assert_eq!(full, (pos + 1).div_ceil(4));
+            assert!(sliding <= 3, "{sliding} sliding blocks at {pos}");
+        }
+        // The long sequence holds its full group's blocks and three more.
+        assert_eq!(m.num_free_blocks(), 64 - 38 - 3);
+        m.free(SeqId(1));
+        assert_eq!(m.num_free_blocks(), 64);
+    }
+
+    #[test]
+    fn a_prefix_hit_takes_only_the_window_of_a_sliding_group() {
+        let mut m = hybrid(64);
+        let t = toks(0..41);
+        assert_eq!(prefill(&mut m, 1, &t), 0);
+        m.free(SeqId(1));
+        assert_eq!(m.get_computed_tokens(&t), 40);
+        m.allocate_slots(SeqId(2), &t, 40, 1).unwrap();
+        let tables = m.block_tables(SeqId(2));
+        // The next query (position 40) sees 33..=40: blocks 8 to 10 of the sliding group.
+        assert!(tables[0].iter().all(|&b| b != BlockId::NULL));
+        assert_eq!(tables[1][..8], [BlockId::NULL; 8]);
+        assert_eq!(tables[0][..10], m.block_tables(SeqId(2))[0][..10]);
+        assert_eq!(held(&m, 2), [11, 3]);
+        // 10 + 2 revived, one fresh block per group for the last token.
+        assert_eq!(m.num_free_blocks(), 64 - 14);
+    }
+
+    #[test]
+    fn a_prefix_hit_stops_where_a_sliding_group_lost_its_window() {
+        let mut m = hybrid(22);
+        let t = toks(0..41);
+        prefill(&mut m, 1, &t);
+        // Decode on: the sliding group gives its early blocks back, still cached.
+        let mut long = t.clone();
+        long.push(41);
+        m.allocate_slots(SeqId(1), &long, 41, 1).unwrap();
+        m.cache_full_blocks(SeqId(1), &long, 42);
+        assert_eq!(held(&m, 1), [11, 3]);
+        // A newcomer takes every free block: the early sliding blocks are evicted.
+        let free = m.num_free_blocks();
+        m.allocate_slots(SeqId(9), &toks(500..500 + 2 * free as u32), 0, 2 * free)
+            .unwrap();
+        m.free(SeqId(9));
+        // The full group still has every block, the sliding one only blocks 8-10: a prompt
+        // may resume at 40 (window 8-9) but no earlier cut has its window.
+        assert_eq!(m.get_computed_tokens(&long), 40);
+        assert_eq!(m.get_computed_tokens(&t[..37]), 0);
+    }
+
     fn constant_hash(_: Option<u64>, _: &[u32]) -> u64 {
         7
     }
@@ -769,20 +1008,22 @@ mod tests {
                 SeqId(self.next_id)
             }
 
-            /// Runs the model over positions `from..to` of sequence `s`.
+            /// Runs the model over positions `from..to` of sequence `s`, in every group.
             fn write(&mut self, m: &BlockManager, s: usize, from: usize, to: usize) {
                 let bs = m.block_size();
                 let seq = &self.seqs[s];
-                let table = m.block_table(seq.id);
-                let written = table
-                    .iter()
-                    .enumerate()
-                    .take(to.div_ceil(bs))
-                    .skip(from / bs);
-                for (j, &b) in written {
-                    assert_eq!(m.ref_count(b), 1, "{} writes a shared {b}", seq.id);
-                    let end = ((j + 1) * bs).min(to);
-                    self.kv.insert(b, seq.tokens[..end].to_vec());
+                for table in m.block_tables(seq.id) {
+                    let written = table
+                        .iter()
+                        .enumerate()
+                        .take(to.div_ceil(bs))
+                        .skip(from / bs);
+                    for (j, &b) in written {
+                        assert_ne!(b, BlockId::NULL, "{} writes a freed block", seq.id);
+                        assert_eq!(m.ref_count(b), 1, "{} writes a shared {b}", seq.id);
+                        let end = ((j + 1) * bs).min(to);
+                        self.kv.insert(b, seq.tokens[..end].to_vec());
+                    }
                 }
             }
         }
@@ -803,10 +1044,16 @@ mod tests {
                         return;
                     };
                     assert!(copies.is_empty());
-                    let table = m.block_table(id);
-                    assert_eq!(table.len(), tokens.len().div_ceil(bs));
-                    for (j, b) in table[..computed / bs].iter().enumerate() {
-                        assert_eq!(model.kv[b], tokens[..(j + 1) * bs], "false hit on {b}");
+                    for (g, table) in m.block_tables(id).iter().enumerate() {
+                        assert_eq!(table.len(), tokens.len().div_ceil(bs));
+                        let first = m.first_needed_block(m.group_windows()[g], computed);
+                        for (j, b) in table[..computed / bs].iter().enumerate() {
+                            if j < first {
+                                assert_eq!(*b, BlockId::NULL, "a hit before the window");
+                                continue;
+                            }
+                            assert_eq!(model.kv[b], tokens[..(j + 1) * bs], "false hit on {b}");
+                        }
                     }
                     model.seqs.push(Seq {
                         id,
@@ -821,23 +1068,31 @@ mod tests {
                 Op::Append(i, new) => {
                     let Some(s) = model.pick(i) else { return };
                     let seq = &model.seqs[s];
-                    let before = m.block_table(seq.id).to_vec();
-                    let free = m.num_free_blocks();
+                    let before = m.block_tables(seq.id).to_vec();
                     let tokens: Vec<u32> = seq.tokens.iter().chain(&new).copied().collect();
                     let Some(copies) = m.allocate_slots(seq.id, &tokens, seq.computed, new.len())
                     else {
-                        assert_eq!(m.block_table(seq.id), before);
-                        assert_eq!(m.num_free_blocks(), free);
+                        // Only blocks behind a window may have gone back.
+                        for (g, (now, was)) in
+                            m.block_tables(seq.id).iter().zip(&before).enumerate()
+                        {
+                            let first = m.first_needed_block(m.group_windows()[g], seq.computed);
+                            assert_eq!(now[first..], was[first..]);
+                        }
                         return;
                     };
-                    let after = m.block_table(seq.id);
-                    assert_eq!(after.len(), tokens.len().div_ceil(bs));
+                    let after = m.block_tables(seq.id);
+                    for (g, table) in after.iter().enumerate() {
+                        assert_eq!(table.len(), tokens.len().div_ceil(bs));
+                        // What no later query reads is back in the pool.
+                        let first = m.first_needed_block(m.group_windows()[g], seq.computed);
+                        assert!(table[..first].iter().all(|&b| b == BlockId::NULL));
+                    }
                     for (src, dst) in copies {
-                        let j = before
-                            .iter()
-                            .position(|&b| b == src)
+                        let (g, j) = (before.iter().enumerate())
+                            .find_map(|(g, t)| Some((g, t.iter().position(|&b| b == src)?)))
                             .expect("copied own block");
-                        assert_eq!(after[j], dst);
+                        assert_eq!(after[g][j], dst);
                         assert_ne!(src, dst);
                         let data = model.kv[&src].clone();
                         model.kv.insert(dst, data);
@@ -874,14 +1129,22 @@ mod tests {
             let bs = m.block_size();
             let mut refs: HashMap<BlockId, u32> = HashMap::new();
             for seq in &model.seqs {
-                let table = m.block_table(seq.id);
-                assert_eq!(table.len(), seq.computed.div_ceil(bs));
-                for (j, b) in table.iter().enumerate() {
-                    *refs.entry(*b).or_default() += 1;
-                    // Every computed position holds this sequence's own K/V.
-                    if j * bs < seq.computed {
-                        let end = ((j + 1) * bs).min(seq.computed);
-                        assert_eq!(model.kv[b][..end], seq.tokens[..end], "{} {b}", seq.id);
+                let tables = m.block_tables(seq.id);
+                assert_eq!(tables.len(), m.group_windows().len());
+                for (g, table) in tables.iter().enumerate() {
+                    assert_eq!(table.len(), seq.computed.div_ceil(bs));
+                    let first = m.first_needed_block(m.group_windows()[g], seq.computed);
+                    for (j, b) in table.iter().enumerate() {
+                        if *b == BlockId::NULL {
+                            assert!(j < first, "{} lost block {j} of group {g}", seq.id);
+                            continue;
+                        }
+                        *refs.entry(*b).or_default() += 1;
+                        // Every computed position holds this sequence's own K/V.
+                        if j * bs < seq.computed {
+                            let end = ((j + 1) * bs).min(seq.computed);
+                            assert_eq!(model.kv[b][..end], seq.tokens[..end], "{} {b}", seq.id);
+                        }
                     }
                 }
             }
@@ -901,11 +1164,12 @@ mod tests {
             let by_id: HashMap<u64, BlockId> = m
                 .pool
                 .cache_index()
-                .map(|(_, b)| (m.pool.cached(b).unwrap().id, b))
+                .map(|(_, _, b)| (m.pool.cached(b).unwrap().id, b))
                 .collect();
-            for (hash, b) in m.pool.cache_index() {
+            for (hash, g, b) in m.pool.cache_index() {
                 let c = m.pool.cached(b).expect("indexed blocks are cached");
                 assert_eq!(c.hash, hash);
+                assert_eq!(c.blocks[g], Some(b));
                 let kv = &model.kv[&b];
                 assert!(kv.len().is_multiple_of(bs) && !kv.is_empty());
                 assert_eq!(*c.tokens, kv[kv.len() - bs..], "{b} holds other tokens");
@@ -929,6 +1193,12 @@ mod tests {
                 block_size in prop::sample::select(vec![1usize, 2, 4]),
                 enable_prefix_caching in prop::bool::weighted(0.8),
                 watermark in prop::sample::select(vec![0.0f32, 0.1]),
+                group_windows in prop::sample::select(vec![
+                    vec![None],
+                    vec![None, Some(3)],
+                    vec![Some(5)],
+                    vec![None, Some(2), Some(2)],
+                ]),
                 weak in any::<bool>(),
                 ops in prop::collection::vec(op(), 1..60),
             ) {
@@ -937,6 +1207,7 @@ mod tests {
                     block_size,
                     enable_prefix_caching,
                     watermark,
+                    group_windows,
                 };
                 let mut m = if weak {
                     BlockManager::with_hasher(cfg, weak_hash)

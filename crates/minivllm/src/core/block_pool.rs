@@ -5,8 +5,9 @@ use std::collections::HashMap;
 
 pub use crate::ids::{BlockId, CpuBlockId};
 
-/// What a cached (full, computed) block holds, kept so a lookup can check that a hash hit
-/// really is the same content: a 64-bit hash alone could serve another prefix's K/V.
+/// A cached (full, computed) block's contents, kept so a lookup can check that a hash hit
+/// really is the same content: a 64-bit hash alone could serve another prefix's K/V. One
+/// entry stands for the contents in every KV cache group; each group may hold a block of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedBlock {
     /// Chained hash of the block: its index key in the pool.
@@ -18,6 +19,9 @@ pub struct CachedBlock {
     /// `id` of the block before this one in the sequence (None for a first block).
     pub parent: Option<u64>,
     pub tokens: Box<[u32]>,
+    /// The block holding these contents in each KV cache group, where one does. The entry
+    /// is forgotten when the last of them is evicted.
+    pub blocks: Vec<Option<BlockId>>,
 }
 
 const NIL: u32 = u32::MAX;
@@ -28,7 +32,8 @@ struct Slot {
     /// Free-queue links, meaningful only while `ref_cnt == 0`.
     prev: u32,
     next: u32,
-    cached: Option<CachedBlock>,
+    /// The cache entry (by hash) and group this block holds contents for.
+    cached: Option<(u64, u32)>,
 }
 
 /// Hands out blocks and takes them back.
@@ -44,12 +49,14 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     num_free: usize,
-    by_hash: HashMap<u64, BlockId>,
+    by_hash: HashMap<u64, CachedBlock>,
     next_entry_id: u64,
+    num_groups: usize,
 }
 
 impl BlockPool {
-    pub fn new(num_blocks: usize) -> Self {
+    /// A pool of blocks shared by `num_groups` KV cache groups.
+    pub fn new(num_blocks: usize, num_groups: usize) -> Self {
         assert!(
             num_blocks < NIL as usize,
             "{num_blocks} blocks do not fit a u32 id"
@@ -70,6 +77,7 @@ impl BlockPool {
             num_free: num_blocks,
             by_hash: HashMap::new(),
             next_entry_id: 0,
+            num_groups: num_groups.max(1),
         }
     }
 
@@ -121,38 +129,60 @@ impl BlockPool {
         self.slots[b.0 as usize].ref_cnt
     }
 
+    /// The entry whose contents `b` holds, if it is cached.
     pub fn cached(&self, b: BlockId) -> Option<&CachedBlock> {
-        self.slots[b.0 as usize].cached.as_ref()
+        let (hash, _) = self.slots[b.0 as usize].cached?;
+        self.by_hash.get(&hash)
     }
 
-    /// The block registered under `hash`, if any (its contents still need checking).
-    pub fn lookup(&self, hash: u64) -> Option<(BlockId, &CachedBlock)> {
-        let b = *self.by_hash.get(&hash)?;
-        Some((b, self.cached(b).expect("indexed blocks are cached")))
+    /// The entry registered under `hash`, if any (its contents still need checking).
+    pub fn lookup(&self, hash: u64) -> Option<&CachedBlock> {
+        self.by_hash.get(&hash)
     }
 
-    /// Makes `b`'s contents findable under `hash` and returns the new entry's id. `b` must not
-    /// be cached yet and `hash` must be free: the first registration of a hash wins.
-    pub fn register(&mut self, b: BlockId, hash: u64, parent: Option<u64>, tokens: &[u32]) -> u64 {
+    /// Makes `b`'s contents findable under `hash` as group `group`'s block and returns the
+    /// entry's id. `b` must not be cached yet. If `hash` names an entry already, the caller
+    /// has checked it holds these contents, and `b` joins it only where the group has no
+    /// block of it (the first registration wins, as in vLLM); otherwise a new entry starts.
+    pub fn register(
+        &mut self,
+        b: BlockId,
+        group: usize,
+        hash: u64,
+        parent: Option<u64>,
+        tokens: &[u32],
+    ) -> u64 {
         debug_assert!(
             self.slots[b.0 as usize].cached.is_none(),
             "{b} cached twice"
         );
-        let id = self.next_entry_id;
-        self.next_entry_id += 1;
-        let previous = self.by_hash.insert(hash, b);
-        debug_assert!(previous.is_none(), "hash {hash:#x} registered twice");
-        self.slots[b.0 as usize].cached = Some(CachedBlock {
-            hash,
-            id,
-            parent,
-            tokens: tokens.into(),
+        let num_groups = self.num_groups;
+        let next_id = &mut self.next_entry_id;
+        let entry = self.by_hash.entry(hash).or_insert_with(|| {
+            let id = *next_id;
+            *next_id += 1;
+            CachedBlock {
+                hash,
+                id,
+                parent,
+                tokens: tokens.into(),
+                blocks: vec![None; num_groups],
+            }
         });
-        id
+        debug_assert!(
+            *entry.tokens == *tokens && entry.parent == parent,
+            "hash {hash:#x} registered for other contents"
+        );
+        if entry.blocks[group].is_none() {
+            entry.blocks[group] = Some(b);
+            self.slots[b.0 as usize].cached = Some((hash, group as u32));
+        }
+        entry.id
     }
 
+    /// Blocks holding cached contents, over all groups.
     pub fn num_cached(&self) -> usize {
-        self.by_hash.len()
+        self.slots.iter().filter(|s| s.cached.is_some()).count()
     }
 
     /// Forgets every cached block; refused (false) while any block is in use, since a running
@@ -179,9 +209,11 @@ impl BlockPool {
         out
     }
 
-    /// Every (hash, block) in the cache index.
-    pub fn cache_index(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
-        self.by_hash.iter().map(|(&h, &b)| (h, b))
+    /// Every (hash, group, block) in the cache index.
+    pub fn cache_index(&self) -> impl Iterator<Item = (u64, usize, BlockId)> + '_ {
+        self.by_hash.iter().flat_map(|(&h, e)| {
+            (e.blocks.iter().enumerate()).filter_map(move |(g, b)| b.map(|b| (h, g, b)))
+        })
     }
 
     fn pop_fresh(&mut self) -> BlockId {
@@ -190,8 +222,15 @@ impl BlockPool {
         self.unlink(i);
         let slot = &mut self.slots[i as usize];
         slot.ref_cnt = 1;
-        if let Some(c) = slot.cached.take() {
-            self.by_hash.remove(&c.hash);
+        if let Some((hash, group)) = slot.cached.take() {
+            let entry = self
+                .by_hash
+                .get_mut(&hash)
+                .expect("cached blocks are indexed");
+            entry.blocks[group as usize] = None;
+            if entry.blocks.iter().all(Option::is_none) {
+                self.by_hash.remove(&hash);
+            }
         }
         BlockId(i)
     }
@@ -243,7 +282,7 @@ mod tests {
 
     #[test]
     fn allocation_is_all_or_nothing_and_free_returns_blocks() {
-        let mut pool = BlockPool::new(4);
+        let mut pool = BlockPool::new(4, 1);
         let a = pool.allocate(3).unwrap();
         assert_eq!(pool.num_free(), 1);
         assert!(pool.allocate(2).is_none());
@@ -257,10 +296,10 @@ mod tests {
 
     #[test]
     fn cached_blocks_queue_at_the_back_uncached_at_the_front() {
-        let mut pool = BlockPool::new(4);
+        let mut pool = BlockPool::new(4, 1);
         let b = pool.allocate(4).unwrap();
-        pool.register(b[0], 7, None, &[1, 2]);
-        pool.register(b[1], 8, Some(0), &[3, 4]);
+        pool.register(b[0], 0, 7, None, &[1, 2]);
+        pool.register(b[1], 0, 8, Some(0), &[3, 4]);
         pool.free([b[1], b[0], b[2], b[3]]);
         assert_eq!(pool.free_queue(), vec![b[3], b[2], b[1], b[0]]);
         // Reviving from the middle keeps the rest in order.
@@ -271,11 +310,31 @@ mod tests {
         let got = pool.allocate(2).unwrap();
         assert_eq!(got, vec![b[3], b[1]]);
         assert!(pool.lookup(8).is_none() && pool.cached(b[1]).is_none());
-        assert_eq!(pool.lookup(7).unwrap().0, b[0]);
+        assert_eq!(pool.lookup(7).unwrap().blocks, [Some(b[0])]);
         assert!(!pool.reset_cache());
         pool.free(got);
         pool.free([b[2]]);
         assert!(pool.reset_cache());
         assert_eq!(pool.num_cached(), 0);
+    }
+
+    #[test]
+    fn an_entry_lives_while_any_group_holds_a_block_of_it() {
+        let mut pool = BlockPool::new(3, 2);
+        let b = pool.allocate(3).unwrap();
+        let id = pool.register(b[0], 0, 7, None, &[1, 2]);
+        // The second group's block joins the entry; a later one of the same group does not.
+        assert_eq!(pool.register(b[1], 1, 7, None, &[1, 2]), id);
+        assert_eq!(pool.register(b[2], 1, 7, None, &[1, 2]), id);
+        assert_eq!(pool.lookup(7).unwrap().blocks, [Some(b[0]), Some(b[1])]);
+        assert!(pool.cached(b[2]).is_none());
+        assert_eq!(pool.num_cached(), 2);
+        pool.free([b[2], b[0], b[1]]);
+        // b[2] (uncached) goes first, then b[0]: the entry keeps group 1's block.
+        pool.allocate(2).unwrap();
+        assert_eq!(pool.lookup(7).unwrap().blocks, [None, Some(b[1])]);
+        assert_eq!(pool.cached(b[1]).unwrap().id, id);
+        pool.allocate(1).unwrap();
+        assert!(pool.lookup(7).is_none());
     }
 }

@@ -84,7 +84,7 @@ impl Scheduler {
             waiting: Vec::new(),
             running: Vec::new(),
             swapped: Vec::new(),
-            cpu_pool: BlockPool::new(cfg.num_cpu_blocks),
+            cpu_pool: BlockPool::new(cfg.num_cpu_blocks, 1),
             cpu_tables: HashMap::new(),
             num_preemptions: 0,
             num_swapped_out: 0,
@@ -358,6 +358,9 @@ impl Scheduler {
     /// computed tokens; false (changing nothing) if the pool lacks room. Blocks shared with a
     /// forked sibling are copied too and only lose this sequence's reference.
     fn swap_out(&mut self, id: SeqId, out: &mut SchedulerOutput) -> bool {
+        if !self.block_manager.can_swap() {
+            return false;
+        }
         let seq = &self.seqs[&id];
         let table = self.block_manager.block_table(id);
         let n = seq

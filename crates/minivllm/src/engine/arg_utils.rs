@@ -164,5 +164,6 @@ pub(crate) fn block_manager(args: &EngineArgs, cache: &CacheEngine) -> BlockMana
         block_size: args.block_size,
         enable_prefix_caching: args.enable_prefix_caching,
         watermark: WATERMARK,
+        group_windows: cache.layout().windows().to_vec(),
     })
 }

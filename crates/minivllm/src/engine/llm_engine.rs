@@ -312,7 +312,7 @@ impl LLMEngine {
                 prompt_len: seq.prompt_len,
                 num_computed: s.num_computed,
                 num_new: s.num_new_tokens,
-                block_table: scheduler.block_manager().block_table(s.id),
+                block_tables: scheduler.block_manager().block_tables(s.id),
                 prompt_logprobs_from: outputs.prompt_logprobs_from(&seq.request),
             }
         });

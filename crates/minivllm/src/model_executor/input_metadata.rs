@@ -6,6 +6,8 @@
 
 use minivllm_kernels::attention::SeqAttn;
 
+use crate::ids::BlockId;
+
 /// One sequence's slice of the flat batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqSlice {
@@ -15,21 +17,25 @@ pub struct SeqSlice {
     pub query_len: usize,
     /// Tokens in the cache once this step's are written.
     pub context_len: usize,
-    /// Range of `InputMetadata::block_tables` holding this sequence's block ids.
+    /// Where this sequence's block tables start in `InputMetadata::block_tables`: one per
+    /// KV cache group, back to back.
     pub blocks_start: usize,
+    /// Blocks in each of its tables.
     pub num_blocks: usize,
 }
 
 /// The flat batch of one forward pass. Buffers are reused between steps: [`clear`](Self::clear)
 /// keeps their capacity.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct InputMetadata {
     pub token_ids: Vec<u32>,
     pub positions: Vec<usize>,
-    /// KV-cache slot (block id * block size + offset) of every new token.
-    pub slot_mapping: Vec<usize>,
+    /// Per KV cache group (`config/kv_cache_layout.rs`), the slot (block id * block size +
+    /// offset) of every new token.
+    pub slot_mapping: Vec<Vec<usize>>,
     pub seqs: Vec<SeqSlice>,
-    /// All sequences' block tables, back to back.
+    /// All sequences' block tables, back to back: each sequence's table of every group.
+    /// A sliding-window group's table holds [`BlockId::NULL`] for blocks behind the window.
     pub block_tables: Vec<u32>,
     /// Flat-batch indices of the tokens whose logits are wanted, in output order.
     pub logits_indices: Vec<usize>,
@@ -47,11 +53,34 @@ pub enum InputError {
     Collective(#[from] crate::distributed::CommError),
 }
 
+impl Default for InputMetadata {
+    /// For a cache of one group.
+    fn default() -> Self {
+        Self::with_groups(1)
+    }
+}
+
 impl InputMetadata {
+    /// An empty batch over a cache of `num_groups` KV cache groups.
+    pub fn with_groups(num_groups: usize) -> Self {
+        Self {
+            token_ids: Vec::new(),
+            positions: Vec::new(),
+            slot_mapping: vec![Vec::new(); num_groups.max(1)],
+            seqs: Vec::new(),
+            block_tables: Vec::new(),
+            logits_indices: Vec::new(),
+        }
+    }
+
+    pub fn num_groups(&self) -> usize {
+        self.slot_mapping.len()
+    }
+
     pub fn clear(&mut self) {
         self.token_ids.clear();
         self.positions.clear();
-        self.slot_mapping.clear();
+        self.slot_mapping.iter_mut().for_each(Vec::clear);
         self.seqs.clear();
         self.block_tables.clear();
         self.logits_indices.clear();
@@ -61,64 +90,94 @@ impl InputMetadata {
         self.token_ids.len()
     }
 
-    /// Appends one sequence's new tokens. `block_table` must cover `context_len` tokens;
-    /// positions run `context_len - tokens.len() .. context_len`. When `want_logits`, the
-    /// sequence's last new token's logits are produced.
+    /// Appends one sequence's new tokens. `block_tables` holds its table of every group,
+    /// back to back, of equal lengths covering `context_len` tokens; positions run
+    /// `context_len - tokens.len() .. context_len`. When `want_logits`, the sequence's last
+    /// new token's logits are produced.
     pub fn add_sequence(
         &mut self,
         tokens: &[u32],
         context_len: usize,
-        block_table: &[u32],
+        block_tables: &[u32],
         block_size: usize,
         want_logits: bool,
     ) {
         let query_start = self.token_ids.len();
         let first_pos = context_len - tokens.len();
+        let num_blocks = block_tables.len() / self.num_groups();
         self.seqs.push(SeqSlice {
             query_start,
             query_len: tokens.len(),
             context_len,
             blocks_start: self.block_tables.len(),
-            num_blocks: block_table.len(),
+            num_blocks,
         });
-        self.block_tables.extend_from_slice(block_table);
+        self.block_tables.extend_from_slice(block_tables);
         self.token_ids.extend_from_slice(tokens);
-        for pos in first_pos..context_len {
-            self.positions.push(pos);
-            let block = block_table[pos / block_size] as usize;
-            self.slot_mapping
-                .push(block * block_size + pos % block_size);
+        self.positions.extend(first_pos..context_len);
+        for (table, slots) in block_tables
+            .chunks_exact(num_blocks.max(1))
+            .zip(&mut self.slot_mapping)
+        {
+            for pos in first_pos..context_len {
+                // A block left behind a window is never written: new tokens are in it.
+                let block = table
+                    .get(pos / block_size)
+                    .map_or(usize::MAX, |&b| b as usize);
+                slots.push(block.wrapping_mul(block_size) + pos % block_size);
+            }
         }
         if want_logits && !tokens.is_empty() {
             self.logits_indices.push(query_start + tokens.len() - 1);
         }
     }
 
-    /// The attention kernel's view of sequence `i`.
-    pub fn seq_attn(&self, i: usize) -> SeqAttn<'_> {
+    /// Sequence `i`'s block table of group `group`.
+    pub fn block_table(&self, i: usize, group: usize) -> &[u32] {
+        let s = &self.seqs[i];
+        let start = s.blocks_start + group * s.num_blocks;
+        &self.block_tables[start..start + s.num_blocks]
+    }
+
+    /// The attention kernel's view of sequence `i` in the layers of group `group`.
+    pub fn seq_attn(&self, i: usize, group: usize) -> SeqAttn<'_> {
         let s = &self.seqs[i];
         SeqAttn {
             query_start: s.query_start,
             query_len: s.query_len,
             context_len: s.context_len,
-            block_table: &self.block_tables[s.blocks_start..s.blocks_start + s.num_blocks],
+            block_table: self.block_table(i, group),
         }
     }
 
-    /// Checks internal consistency against the cache's geometry, so a bad schedule is an
-    /// error rather than an out-of-bounds write into another sequence's KV.
+    /// Checks internal consistency against the cache's geometry (`group_windows`: each KV
+    /// cache group's sliding window), so a bad schedule is an error rather than an
+    /// out-of-bounds write into another sequence's KV.
     pub fn validate(
         &self,
         block_size: usize,
         num_blocks: usize,
         vocab_size: usize,
+        group_windows: &[Option<usize>],
     ) -> Result<(), InputError> {
         let n = self.token_ids.len();
-        if self.positions.len() != n || self.slot_mapping.len() != n {
+        if group_windows.len() != self.num_groups() {
             return Err(InputError::BadBatch(format!(
-                "{n} tokens but {} positions and {} slots",
+                "block tables for {} KV cache groups, the cache has {}",
+                self.num_groups(),
+                group_windows.len()
+            )));
+        }
+        if let Some(slots) = self.slot_mapping.iter().find(|s| s.len() != n) {
+            return Err(InputError::BadBatch(format!(
+                "{n} tokens but {} slots",
+                slots.len()
+            )));
+        }
+        if self.positions.len() != n {
+            return Err(InputError::BadBatch(format!(
+                "{n} tokens but {} positions",
                 self.positions.len(),
-                self.slot_mapping.len()
             )));
         }
         if let Some(t) = self.token_ids.iter().find(|&&t| t as usize >= vocab_size) {
@@ -142,11 +201,28 @@ impl InputMetadata {
                     s.num_blocks, s.context_len
                 )));
             }
-            let table = &self.block_tables[s.blocks_start..s.blocks_start + s.num_blocks];
-            if let Some(b) = table.iter().find(|&&b| b as usize >= num_blocks) {
-                return Err(bad(format!(
-                    "block {b} outside the cache ({num_blocks} blocks)"
-                )));
+            if s.blocks_start + s.num_blocks * group_windows.len() > self.block_tables.len() {
+                return Err(bad("block tables past the batch's".into()));
+            }
+            for (g, &w) in group_windows.iter().enumerate() {
+                // Only blocks some query reads must be there: in a sliding-window group the
+                // ones behind the first query's window may be gone.
+                let first_pos = s.context_len - s.query_len;
+                let first = w.map_or(0, |w| (first_pos + 1).saturating_sub(w) / block_size);
+                let table = self.block_table(i, g);
+                if let Some(b) = table[first..].iter().find(|&&b| b as usize >= num_blocks) {
+                    return Err(bad(format!(
+                        "block {b} outside the cache ({num_blocks} blocks)"
+                    )));
+                }
+                if let Some(b) = table[..first]
+                    .iter()
+                    .find(|&&b| b as usize >= num_blocks && b != BlockId::NULL.0)
+                {
+                    return Err(bad(format!(
+                        "block {b} outside the cache ({num_blocks} blocks)"
+                    )));
+                }
             }
         }
         if next != n {

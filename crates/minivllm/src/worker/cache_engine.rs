@@ -3,7 +3,7 @@
 
 use minivllm_kernels::attention::{KvBuffer, KvCacheDtype};
 
-use crate::config::ModelConfig;
+use crate::config::{KvCacheLayout, ModelConfig};
 use crate::ids::{BlockId, CpuBlockId};
 use crate::model_executor::layers::attention::LayerKvCache;
 use crate::model_executor::loader::weights::DType;
@@ -48,13 +48,16 @@ impl std::str::FromStr for CacheDtype {
     }
 }
 
-/// Owns the paged KV cache: `num_blocks` blocks of `block_size` tokens in every layer.
+/// Owns the paged KV cache: `num_blocks` blocks of `block_size` tokens, each holding the K/V
+/// of as many layers as the layout's groups have (all the layers, unless some slide).
 pub struct CacheEngine {
     block_size: usize,
     num_blocks: usize,
+    layout: KvCacheLayout,
     dtype: KvCacheDtype,
     /// Values per block in one layer's key (or value) cache.
     block_len: usize,
+    /// One store per slot of the layout.
     layers: Vec<LayerKvCache>,
     /// The swap pool: `num_cpu_blocks` blocks per layer in the same layout. On a CPU engine
     /// both pools are host memory; the swap pool is kept apart so it never counts as KV
@@ -85,9 +88,10 @@ pub enum CacheError {
 }
 
 impl CacheEngine {
-    /// Bytes one block takes across all layers, keys and values.
+    /// Bytes one block takes across its layers' slots, keys and values.
     pub fn block_bytes(config: &ModelConfig, block_size: usize, dtype: KvCacheDtype) -> u64 {
-        (2 * config.num_hidden_layers * block_size * config.kv_size() * dtype.size()) as u64
+        let slots = KvCacheLayout::for_model(config).num_slots();
+        (2 * slots * block_size * config.kv_size() * dtype.size()) as u64
     }
 
     /// As many blocks of `dtype` as fit in `budget_bytes`.
@@ -124,11 +128,14 @@ impl CacheEngine {
         dtype: KvCacheDtype,
     ) -> Self {
         let block_len = block_size * config.kv_size();
+        let layout = KvCacheLayout::for_model(config);
         tracing::info!(
             num_blocks,
             block_size,
             tokens = num_blocks * block_size,
             %dtype,
+            groups = layout.num_groups(),
+            layers_per_block = layout.num_slots(),
             "KV cache allocated"
         );
         Self {
@@ -136,7 +143,8 @@ impl CacheEngine {
             num_blocks,
             dtype,
             block_len,
-            layers: alloc_layers(config.num_hidden_layers, num_blocks * block_len, dtype),
+            layers: alloc_layers(layout.num_slots(), num_blocks * block_len, dtype),
+            layout,
             cpu_layers: Vec::new(),
             num_cpu_blocks: 0,
         }
@@ -145,6 +153,11 @@ impl CacheEngine {
     /// Adds a swap pool of as many blocks as fit in `swap_space` bytes (none for 0).
     pub fn with_swap_space(self, swap_space: u64) -> Result<Self, CacheError> {
         if swap_space == 0 {
+            return Ok(self);
+        }
+        if self.layout.has_sliding_window() {
+            // Blocks given back mid-sequence leave nothing whole to swap.
+            tracing::warn!("--swap-space is unused with sliding-window layers: preempted sequences are recomputed");
             return Ok(self);
         }
         let block_bytes = self.bytes_per_block() as u64;
@@ -165,13 +178,18 @@ impl CacheEngine {
     /// Bytes of keys and values one cached position takes, all layers: what attention reads
     /// per position of context.
     pub fn kv_bytes_per_position(&self) -> usize {
-        self.bytes_per_block() / self.block_size
+        2 * self.layout.num_layers() * self.block_len * self.dtype.size() / self.block_size
     }
 
-    /// Bytes one block takes across all layers, keys and values ([`Self::block_bytes`] of
+    /// Bytes one block takes across its slots, keys and values ([`Self::block_bytes`] of
     /// this cache).
     fn bytes_per_block(&self) -> usize {
         2 * self.layers.len() * self.block_len * self.dtype.size()
+    }
+
+    /// Which layers share the blocks, and how.
+    pub fn layout(&self) -> &KvCacheLayout {
+        &self.layout
     }
 
     /// Replaces the swap pool with one of `num_cpu_blocks` blocks.
@@ -198,7 +216,7 @@ impl CacheEngine {
         self.num_cpu_blocks
     }
 
-    /// Copies whole blocks (`src` to `dst`, every layer, keys and values): the data side of
+    /// Copies whole blocks (`src` to `dst`, every slot, keys and values): the data side of
     /// copy-on-write when a shared block is about to be written.
     pub fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) {
         let block_len = self.block_len;
@@ -230,6 +248,7 @@ impl CacheEngine {
         copy_between(&self.cpu_layers, &mut self.layers, &pairs, self.block_len);
     }
 
+    /// The stores of the layout's slots.
     pub fn layers_mut(&mut self) -> &mut [LayerKvCache] {
         &mut self.layers
     }

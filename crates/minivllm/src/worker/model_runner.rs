@@ -21,7 +21,8 @@ pub struct SeqInput<'a> {
     /// Tokens whose K/V are already cached; this step computes the next `num_new`.
     pub num_computed: usize,
     pub num_new: usize,
-    pub block_table: &'a [BlockId],
+    /// Its block table of every KV cache group.
+    pub block_tables: &'a [Vec<BlockId>],
     /// For prompt logprobs: the first prompt position whose successor is still to be scored.
     pub prompt_logprobs_from: Option<usize>,
 }
@@ -44,7 +45,7 @@ pub struct ModelRunner {
     cache: CacheEngine,
     buffers: ForwardBuffers,
     input: InputMetadata,
-    /// Scratch for one block table as the kernels index it.
+    /// Scratch for one sequence's block tables as the kernels index them.
     table: Vec<u32>,
     /// The group, when this runner drives other ranks.
     workers: Option<Arc<dyn Communicator>>,
@@ -57,11 +58,12 @@ impl ModelRunner {
     pub fn new(model: LlamaForCausalLM, cache: CacheEngine) -> Self {
         let comm = model.communicator();
         let workers = (comm.rank() == 0 && comm.world_size() > 1).then(|| Arc::clone(comm));
+        let input = InputMetadata::with_groups(cache.layout().num_groups());
         Self {
             model,
             cache,
             buffers: ForwardBuffers::default(),
-            input: InputMetadata::default(),
+            input,
             table: Vec::new(),
             workers,
             message: Vec::new(),
@@ -128,7 +130,8 @@ impl ModelRunner {
         for s in seqs {
             let end = s.num_computed + s.num_new;
             self.table.clear();
-            self.table.extend(s.block_table.iter().map(|b| b.0));
+            self.table
+                .extend(s.block_tables.iter().flatten().map(|b| b.0));
             let start_row = self.input.num_tokens();
             let new_tokens = &s.token_ids[s.num_computed..end];
             self.input

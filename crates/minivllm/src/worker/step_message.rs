@@ -13,6 +13,8 @@ use crate::model_executor::input_metadata::InputMetadata;
 const CACHE_OPS: u8 = 1;
 const EXECUTE: u8 = 2;
 const SHUTDOWN: u8 = 3;
+/// More KV cache groups than any layout makes (one per layer at most) marks a bad message.
+const MAX_GROUPS: usize = 1 << 12;
 
 /// Block moves and copies to make before the next forward pass, in this order: swap-outs,
 /// swap-ins, copies (the order `LLMEngine::step` explains).
@@ -50,6 +52,7 @@ pub fn encode_cache_ops(
 pub fn encode_execute(buf: &mut Vec<u8>, input: &InputMetadata) {
     buf.clear();
     buf.push(EXECUTE);
+    put(buf, input.num_groups());
     put(buf, input.seqs.len());
     for s in &input.seqs {
         put(buf, s.query_len);
@@ -110,12 +113,17 @@ fn decode_execute(
     block_size: usize,
     into: &mut StepBuffers,
 ) -> Result<(), CommError> {
-    // (query_len, context_len, num_blocks) for each sequence, then the tokens and tables.
+    // The KV cache groups; (query_len, context_len, num_blocks) for each sequence, then the
+    // tokens and tables (each sequence's table of every group).
+    let groups = r.u32()? as usize;
+    if groups == 0 || groups > MAX_GROUPS {
+        return Err(malformed(format!("{groups} KV cache groups")));
+    }
     let num_seqs = r.len(12)?;
     let header = r.take(num_seqs * 12)?;
     let field = |s: usize, f: usize| read_u32(&header[s * 12 + f * 4..]) as usize;
     let num_tokens: usize = (0..num_seqs).map(|s| field(s, 0)).sum();
-    let num_blocks: usize = (0..num_seqs).map(|s| field(s, 2)).sum();
+    let num_blocks: usize = (0..num_seqs).map(|s| field(s, 2) * groups).sum();
     let (tokens, tables) = (r.take(num_tokens * 4)?, r.take(num_blocks * 4)?);
     let StepBuffers {
         input,
@@ -123,10 +131,14 @@ fn decode_execute(
         table,
         ..
     } = into;
+    if input.num_groups() != groups {
+        *input = InputMetadata::with_groups(groups);
+    }
     input.clear();
     let (mut token_at, mut block_at) = (0, 0);
     for s in 0..num_seqs {
         let (query_len, context_len, blocks) = (field(s, 0), field(s, 1), field(s, 2));
+        let words_of_tables = blocks * groups;
         if query_len > context_len || context_len > blocks * block_size {
             return Err(malformed(format!(
                 "sequence {s}: {query_len} new tokens, context {context_len}, {blocks} blocks"
@@ -135,8 +147,10 @@ fn decode_execute(
         seq_tokens.clear();
         seq_tokens.extend(words(&tokens[token_at * 4..(token_at + query_len) * 4]));
         table.clear();
-        table.extend(words(&tables[block_at * 4..(block_at + blocks) * 4]));
-        (token_at, block_at) = (token_at + query_len, block_at + blocks);
+        table.extend(words(
+            &tables[block_at * 4..(block_at + words_of_tables) * 4],
+        ));
+        (token_at, block_at) = (token_at + query_len, block_at + words_of_tables);
         input.add_sequence(seq_tokens, context_len, table, block_size, false);
     }
     for _ in 0..r.len(4)? {

@@ -40,13 +40,13 @@ fn runner(num_blocks: usize, opts: &LoadOptions) -> ModelRunner {
 
 /// `tokens[from..]` to compute over a cache holding `tokens[..from]`, through the engine's
 /// own batch preparation; each asks for its last token's logits.
-fn input<'a>(tokens: &'a [u32], from: usize, table: &'a [BlockId]) -> SeqInput<'a> {
+fn input<'a>(tokens: &'a [u32], from: usize, table: &'a Vec<BlockId>) -> SeqInput<'a> {
     SeqInput {
         token_ids: tokens,
         prompt_len: tokens.len(),
         num_computed: from,
         num_new: tokens.len() - from,
-        block_table: table,
+        block_tables: std::slice::from_ref(table),
         prompt_logprobs_from: None,
     }
 }

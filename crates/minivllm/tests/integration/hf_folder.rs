@@ -77,7 +77,7 @@ fn logits_with(spec: &str, tokens: &[u32], opts: &LoadOptions) -> Vec<f32> {
         prompt_len: tokens.len(),
         num_computed: 0,
         num_new: tokens.len(),
-        block_table: &[BlockId(0), BlockId(1), BlockId(2)],
+        block_tables: &[vec![BlockId(0), BlockId(1), BlockId(2)]],
         prompt_logprobs_from: Some(0),
     };
     runner.prepare_input([seq], &mut Vec::new());

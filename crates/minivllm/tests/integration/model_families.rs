@@ -6,10 +6,11 @@
 
 use std::sync::OnceLock;
 
-use minivllm::config::RopeScaling;
+use minivllm::config::{KvCacheLayout, RopeScaling};
 use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::models::llama::LlamaForCausalLM;
+use minivllm::testing::group_tables;
 use minivllm::worker::cache_engine::CacheEngine;
 use minivllm::worker::model_runner::{LogitsRows, ModelRunner, SeqInput};
 use minivllm_kernels::attention::KvCacheDtype;
@@ -69,10 +70,11 @@ fn runner_for(family: &str, max_model_len: Option<usize>) -> ModelRunner {
     if let Some(len) = max_model_len {
         model.set_max_model_len(len);
     }
+    let groups = KvCacheLayout::for_model(&config).num_groups();
     let cache = CacheEngine::with_dtype(
         &config,
         BLOCK_SIZE,
-        BLOCKS_PER_SEQ as usize * 4,
+        BLOCKS_PER_SEQ as usize * 4 * groups,
         KvCacheDtype::Float32,
     );
     ModelRunner::new(model, cache)
@@ -96,7 +98,14 @@ type SeqRows = (LogitsRows, Vec<f32>);
 /// One step over `seqs`: each one's rows and sampled row, all the step's logits, and the
 /// vocabulary size.
 fn step_all(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> (Vec<SeqRows>, Vec<f32>, usize) {
-    let tables: Vec<Vec<BlockId>> = seqs.iter().map(|s| blocks(s.3)).collect();
+    let (groups, num_blocks) = (
+        runner.cache().layout().num_groups(),
+        runner.cache().num_blocks(),
+    );
+    let tables: Vec<Vec<Vec<BlockId>>> = seqs
+        .iter()
+        .map(|s| group_tables(&blocks(s.3), groups, (num_blocks / groups) as u32))
+        .collect();
     let inputs =
         seqs.iter()
             .zip(&tables)
@@ -106,7 +115,7 @@ fn step_all(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> (Vec<SeqRows>, Ve
                     prompt_len: tokens.len(),
                     num_computed: computed,
                     num_new: new,
-                    block_table: table,
+                    block_tables: table,
                     prompt_logprobs_from: score_prompt.then_some(0),
                 },
             );

@@ -7,11 +7,13 @@ use crate::common;
 
 use std::sync::OnceLock;
 
+use minivllm::config::KvCacheLayout;
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine};
 use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::{DType, LoadOptions, Quantization};
 use minivllm::model_executor::model_loader::{load_model, LoadedModel};
 use minivllm::sampling_params::SamplingParams;
+use minivllm::testing::group_tables;
 use minivllm::worker::cache_engine::{CacheDtype, CacheEngine};
 use minivllm::worker::model_runner::{ModelRunner, SeqInput};
 use minivllm_kernels::attention::KvCacheDtype;
@@ -49,7 +51,8 @@ fn model_runner(path: &std::path::Path, opts: &LoadOptions, kv: KvCacheDtype) ->
     MODEL.get_or_init(|| minivllm_kernels::threading::init_threads(2));
     let LoadedModel { config, model, .. } =
         load_model(path.to_str().unwrap(), opts).expect("load test model");
-    let cache = CacheEngine::with_dtype(&config, BLOCK_SIZE, 64, kv);
+    let groups = KvCacheLayout::for_model(&config).num_groups();
+    let cache = CacheEngine::with_dtype(&config, BLOCK_SIZE, 64 * groups, kv);
     ModelRunner::new(model, cache)
 }
 
@@ -70,7 +73,7 @@ fn teacher_forced_logprobs(
         prompt_len: tokens.len(),
         num_computed: 0,
         num_new: tokens.len(),
-        block_table: &blocks,
+        block_tables: &group_tables(&blocks, runner.cache().layout().num_groups(), 64),
         prompt_logprobs_from: Some(prompt_len - 1),
     };
     let mut rows = Vec::new();

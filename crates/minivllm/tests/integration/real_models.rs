@@ -15,12 +15,14 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use minivllm::config::KvCacheLayout;
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine};
 use minivllm::engine::tokenizer::load_tokenizer;
 use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::model_loader::{load_model, LoadedModel};
 use minivllm::sampling_params::SamplingParams;
+use minivllm::testing::group_tables;
 use minivllm::worker::cache_engine::CacheEngine;
 use minivllm::worker::model_runner::{ModelRunner, SeqInput};
 use minivllm_kernels::softmax::log_softmax_inplace;
@@ -138,7 +140,7 @@ fn chosen_logprobs(runner: &mut ModelRunner, case: &Case) -> Vec<f32> {
         prompt_len: tokens.len(),
         num_computed: 0,
         num_new: tokens.len(),
-        block_table: &blocks,
+        block_tables: &group_tables(&blocks, runner.cache().layout().num_groups(), 48),
         prompt_logprobs_from: Some(case.prompt.len() - 1),
     };
     let mut rows = Vec::new();
@@ -160,7 +162,8 @@ fn runner(path: &std::path::Path, opts: &LoadOptions) -> ModelRunner {
     threads();
     let LoadedModel { config, model, .. } = load_model(path.to_str().unwrap(), opts).unwrap();
     // Enough blocks for the longest reference case (Gemma's prompt of 701 + 24).
-    let cache = CacheEngine::new(&config, BLOCK_SIZE, 48);
+    let groups = KvCacheLayout::for_model(&config).num_groups();
+    let cache = CacheEngine::new(&config, BLOCK_SIZE, 48 * groups);
     ModelRunner::new(model, cache)
 }
 
@@ -219,6 +222,80 @@ fn greedy_through_the_engine(path: &std::path::Path, cases: &[Case]) {
             .map_or(case.greedy.len(), |tie| tie);
         assert_eq!(out[..n], case.greedy[..n], "{}: greedy ids", case.what);
     }
+}
+
+/// Gemma 3's 701-token reference prompt, prefilled in chunks of 128 and decoded: its five
+/// sliding-window groups give back the blocks that leave their 512-position window, so at
+/// every decode step the cache holds the full-attention layers' blocks for the whole context
+/// and the sliding layers' only for the window; and the tokens are still transformers'.
+#[test]
+fn gemma3_frees_the_blocks_behind_its_sliding_window() {
+    let Some(path) = model_file("gemma-3-270m.Q4_K_M.gguf", "gemma3_frees_the_blocks") else {
+        return;
+    };
+    threads();
+    let case = cases("gemma-3-270m")
+        .into_iter()
+        .max_by_key(|c| c.prompt.len())
+        .unwrap();
+    let (window, bs) = (512, 16);
+    assert!(
+        case.prompt.len() > window,
+        "a prompt longer than the window"
+    );
+    let mut engine = LLMEngine::from_engine_args(&EngineArgs {
+        model: path.display().to_string(),
+        max_model_len: Some(1024),
+        max_num_batched_tokens: Some(128),
+        block_size: bs,
+        kv_cache_memory: 256 << 20,
+        threads: Some(2),
+        load: LoadOptions::FLOAT32,
+        ..EngineArgs::default()
+    })
+    .unwrap();
+    let groups = KvCacheLayout::for_model(engine.model().config());
+    assert_eq!(groups.windows().len(), 6);
+    let sliding = groups.windows().iter().filter(|w| w.is_some()).count();
+    assert_eq!(sliding, 5);
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(24),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let prompt = minivllm::engine::llm_engine::PromptInput::from(case.prompt.clone());
+    engine
+        .add_request("0".to_string(), prompt, params, 0)
+        .unwrap();
+    let (mut out, mut checked) = (Vec::new(), 0);
+    while engine.has_unfinished_requests() {
+        for o in engine.step().unwrap() {
+            out = o.outputs[0].token_ids.clone();
+            if o.finished || out.len() < 2 {
+                continue;
+            }
+            // This step computed position p, after giving back what p's window has left.
+            let p = case.prompt.len() + out.len() - 2;
+            let blocks = (p + 1).div_ceil(bs);
+            let behind = (p + 1).saturating_sub(window) / bs;
+            let used = engine.num_total_blocks() - engine.num_free_blocks();
+            assert_eq!(
+                used,
+                blocks + sliding * (blocks - behind),
+                "at position {p}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 22);
+    // Without the freeing, all six groups would hold all 46 blocks.
+    let n = case
+        .margins
+        .iter()
+        .position(|&m| m < NEAR_TIE)
+        .unwrap_or(case.greedy.len());
+    assert_eq!(out[..n], case.greedy[..n], "{}: greedy ids", case.what);
 }
 
 #[test]

@@ -19,6 +19,7 @@ fn scheduler(num_blocks: usize, budget: usize, max_seqs: usize, policy: Policy) 
             block_size: 4,
             enable_prefix_caching: true,
             watermark: 0.0,
+            group_windows: vec![None],
         }),
     )
 }

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::sync::Arc;
 
-use minivllm::config::ModelConfig;
+use minivllm::config::{KvCacheLayout, ModelConfig};
 use minivllm::distributed::{Communicator, SingleProcess, ThreadGroup};
 use minivllm::model_executor::input_metadata::InputMetadata;
 use minivllm::model_executor::loader::gguf::GgufFile;
@@ -250,20 +250,24 @@ fn greedy_on(
     comm: Arc<dyn Communicator>,
 ) -> (Vec<Vec<u32>>, Vec<f32>) {
     let model = LlamaForCausalLM::load_parallel(config, src, opts, comm).unwrap();
-    let mut cache = CacheEngine::new(model.local_config(), BLOCK_SIZE, 8);
+    let groups = KvCacheLayout::for_model(config).num_groups();
+    let mut cache = CacheEngine::new(model.local_config(), BLOCK_SIZE, 8 * groups);
     let mut buffers = ForwardBuffers::default();
     let mut seqs: Vec<Vec<u32>> = vec![vec![1, 50, 7, 200, 33], vec![9; 17], vec![128, 3]];
     let mut all_logits = Vec::new();
     let (vocab, steps) = (config.vocab_size, 12);
     for step in 0..steps {
-        let mut input = InputMetadata::default();
+        let mut input = InputMetadata::with_groups(groups);
         for (s, ids) in seqs.iter().enumerate() {
             let new = if step == 0 {
                 &ids[..]
             } else {
                 &ids[ids.len() - 1..]
             };
-            let table = [2 * s as u32, 2 * s as u32 + 1];
+            // Each group's table: two blocks of its own.
+            let table: Vec<u32> = (0..groups as u32)
+                .flat_map(|g| [g * 8 + 2 * s as u32, g * 8 + 2 * s as u32 + 1])
+                .collect();
             input.add_sequence(new, ids.len(), &table, BLOCK_SIZE, true);
         }
         let logits = model

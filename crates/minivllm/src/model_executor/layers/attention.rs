@@ -4,18 +4,24 @@ use minivllm_kernels::attention::{
 
 use crate::model_executor::input_metadata::InputMetadata;
 
-/// The attention kernels' view of a batch, built once per forward and shared by all layers.
+/// The attention kernels' view of a batch in the layers of one KV cache group, built once
+/// per forward and shared by the group's layers.
 pub struct AttentionMetadata<'a> {
     pub slot_mapping: &'a [usize],
     pub seqs: Vec<SeqAttn<'a>>,
 }
 
 impl<'a> AttentionMetadata<'a> {
-    pub fn new(input: &'a InputMetadata) -> Self {
-        Self {
-            slot_mapping: &input.slot_mapping,
-            seqs: (0..input.seqs.len()).map(|i| input.seq_attn(i)).collect(),
-        }
+    /// One per KV cache group of `input`.
+    pub fn groups(input: &'a InputMetadata) -> Vec<Self> {
+        (input.slot_mapping.iter().enumerate())
+            .map(|(g, slots)| Self {
+                slot_mapping: slots,
+                seqs: (0..input.seqs.len())
+                    .map(|i| input.seq_attn(i, g))
+                    .collect(),
+            })
+            .collect()
     }
 }
 

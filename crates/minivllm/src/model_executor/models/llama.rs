@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use minivllm_kernels::activation::{gelu_tanh_and_mul, silu_and_mul};
 
-use crate::config::{Activation, ModelConfig, RopeScaling};
+use crate::config::{Activation, KvCacheLayout, ModelConfig, RopeScaling};
 use crate::distributed::{
     gather_columns, share, CommError, Communicator, GatherBuffers, SingleProcess,
 };
@@ -78,6 +78,8 @@ pub struct LlamaForCausalLM {
     rotary: RotaryEmbedding,
     /// The sliding-window layers' RoPE table, where their base is their own.
     local_rotary: Option<RotaryEmbedding>,
+    /// Which KV cache group and slot each layer's K/V use.
+    kv_layout: KvCacheLayout,
 }
 
 /// Activations of one forward pass, kept between passes so steady-state decoding
@@ -246,6 +248,7 @@ impl LlamaForCausalLM {
             lm_head,
             rotary,
             local_rotary,
+            kv_layout: KvCacheLayout::for_model(config),
         })
     }
 
@@ -353,12 +356,18 @@ impl LlamaForCausalLM {
         let num_blocks = kv_caches
             .first()
             .map_or(0, |kv| kv.key.len() / (block_size * c.kv_size()).max(1));
-        input.validate(block_size, num_blocks, self.config.vocab_size)?;
-        if kv_caches.len() != c.num_hidden_layers {
+        let layout = &self.kv_layout;
+        input.validate(
+            block_size,
+            num_blocks,
+            self.config.vocab_size,
+            layout.windows(),
+        )?;
+        if kv_caches.len() != layout.num_slots() {
             return Err(InputError::BadBatch(format!(
-                "{} KV caches for {} layers",
+                "{} KV caches for {} layers per block",
                 kv_caches.len(),
-                c.num_hidden_layers
+                layout.num_slots()
             )));
         }
         if let Some(p) = input
@@ -380,7 +389,7 @@ impl LlamaForCausalLM {
             block_size,
         )
         .with_scale(c.attention_scale());
-        let meta = AttentionMetadata::new(input);
+        let meta = AttentionMetadata::groups(input);
         self.rotary.prepare(&input.positions, &mut buf.rope);
         if let Some(local) = &self.local_rotary {
             local.prepare(&input.positions, &mut buf.rope_local);
@@ -403,7 +412,9 @@ impl LlamaForCausalLM {
                     .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             }
             let attn = attn.with_sliding_window(layer.window);
-            self.attention_block(layer, input, &meta, &attn, &mut kv_caches[i], buf)?;
+            let at = layout.place(i);
+            let kv = &mut kv_caches[at.slot];
+            self.attention_block(layer, input, &meta[at.group], &attn, kv, buf)?;
             if let Some(norm) = &layer.post_attention_norm {
                 norm_in_place(norm, buf);
             }

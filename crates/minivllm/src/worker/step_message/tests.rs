@@ -30,6 +30,26 @@ fn a_batch_arrives_as_the_same_input_metadata() {
 }
 
 #[test]
+fn a_batch_over_several_kv_cache_groups_arrives_whole() {
+    // Two groups: a full one, and a sliding one whose first blocks have gone back.
+    let mut sent = InputMetadata::with_groups(2);
+    let null = BlockId::NULL.0;
+    sent.add_sequence(&[11], 13, &[0, 1, 3, 8, null, null, 5, 9], BLOCK_SIZE, true);
+    sent.add_sequence(&[5, 6, 7], 7, &[2, 4, 6, 7], BLOCK_SIZE, false);
+    sent.logits_indices.push(0);
+    let mut buf = Vec::new();
+    encode_execute(&mut buf, &sent);
+    let mut got = StepBuffers::default();
+    assert_eq!(decode(&buf, BLOCK_SIZE, &mut got), Ok(Received::Execute));
+    assert_eq!(got.input.num_groups(), 2);
+    assert_eq!(got.input.slot_mapping, sent.slot_mapping);
+    assert_eq!(got.input.slot_mapping[1][0], 9 * BLOCK_SIZE);
+    assert_eq!(got.input.block_table(0, 1), [null, null, 5, 9]);
+    assert_eq!(got.input.seqs, sent.seqs);
+    assert_eq!(got.input.block_tables, sent.block_tables);
+}
+
+#[test]
 fn cache_operations_and_shutdown_arrive() {
     let mut buf = Vec::new();
     let swap_out = [(BlockId(3), CpuBlockId(0)), (BlockId(4), CpuBlockId(1))];

@@ -1,0 +1,176 @@
+//! How the layers' K/V share the paged cache's blocks: vLLM v1's KV cache groups.
+//!
+//! A sliding-window layer never reads a position that has left its window, so its blocks
+//! behind the window can go back to the pool while the full-attention layers of the same
+//! sequence still need theirs. That needs a block table per kind of layer: the layers are
+//! cut into groups of equal size, each group of one kind (full, or one window), and each
+//! group has its own table per sequence. A block id then names `group_size` layers' worth
+//! of K/V (its "slots"): the group's `i`-th layer keeps its K/V in slot `i` of the blocks of
+//! its group's table. Equal groups make every block the same size, so one pool serves all
+//! the groups, and no memory is set aside per kind (vLLM's
+//! `_get_kv_cache_groups_uniform_page_size`).
+//!
+//! Gemma 3 270M (3 full layers, 15 with a 512-token window) gets 6 groups of 3: one full,
+//! five sliding. A model whose layers are all of one kind has one group of all its layers,
+//! and its block ids name every layer, as before groups existed.
+
+use super::ModelConfig;
+
+/// Where one layer's K/V live: its group's block table, and its slot in those blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerPlace {
+    pub group: usize,
+    pub slot: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvCacheLayout {
+    /// Each group's sliding window, `None` for full attention.
+    windows: Vec<Option<usize>>,
+    /// Each model layer's place.
+    places: Vec<LayerPlace>,
+    /// Layers' worth of K/V behind every block id.
+    num_slots: usize,
+}
+
+impl KvCacheLayout {
+    /// The groups for layers with these windows (`None`: full attention), in layer order.
+    pub fn new(layer_windows: &[Option<usize>]) -> Self {
+        let mut kinds: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
+        for (layer, &w) in layer_windows.iter().enumerate() {
+            match kinds.iter_mut().find(|(k, _)| *k == w) {
+                Some((_, layers)) => layers.push(layer),
+                None => kinds.push((w, vec![layer])),
+            }
+        }
+        // Full attention first: group 0 then keeps every block of a sequence, which the
+        // prefix cache's chain of blocks rests on.
+        kinds.sort_by_key(|(w, _)| w.map_or(0, |w| w.saturating_add(1)));
+        let group_size = kinds.iter().map(|(_, l)| l.len()).min().unwrap_or(0);
+        let mut windows = Vec::new();
+        let mut places = vec![LayerPlace { group: 0, slot: 0 }; layer_windows.len()];
+        for (w, layers) in &kinds {
+            let size = if kinds.len() == 1 {
+                layers.len()
+            } else {
+                group_size
+            };
+            for chunk in layers.chunks(size) {
+                for (slot, &layer) in chunk.iter().enumerate() {
+                    places[layer] = LayerPlace {
+                        group: windows.len(),
+                        slot,
+                    };
+                }
+                windows.push(*w);
+            }
+        }
+        let num_slots = if kinds.len() == 1 {
+            layer_windows.len()
+        } else {
+            group_size
+        };
+        Self {
+            windows,
+            places,
+            num_slots,
+        }
+    }
+
+    /// The groups of `config`'s layers.
+    pub fn for_model(config: &ModelConfig) -> Self {
+        let windows: Vec<_> = (0..config.num_hidden_layers)
+            .map(|i| config.layer_window(i))
+            .collect();
+        Self::new(&windows)
+    }
+
+    /// One group of `num_layers` full-attention layers.
+    pub fn full(num_layers: usize) -> Self {
+        Self::new(&vec![None; num_layers])
+    }
+
+    /// Each group's sliding window (`None`: full attention).
+    pub fn windows(&self) -> &[Option<usize>] {
+        &self.windows
+    }
+
+    pub fn num_groups(&self) -> usize {
+        self.windows.len()
+    }
+
+    /// Layers' worth of K/V behind every block id: the number of layer stores to allocate.
+    pub fn num_slots(&self) -> usize {
+        self.num_slots
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.places.len()
+    }
+
+    pub fn place(&self, layer: usize) -> LayerPlace {
+        self.places[layer]
+    }
+
+    /// Whether some group frees the blocks that leave its window.
+    pub fn has_sliding_window(&self) -> bool {
+        self.windows.iter().any(Option::is_some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn places(l: &KvCacheLayout) -> Vec<(usize, usize)> {
+        (0..l.num_layers())
+            .map(|i| (l.place(i).group, l.place(i).slot))
+            .collect()
+    }
+
+    #[test]
+    fn one_kind_of_layer_is_one_group_of_all_layers() {
+        let l = KvCacheLayout::full(4);
+        assert_eq!(l.windows(), [None]);
+        assert_eq!(l.num_slots(), 4);
+        assert_eq!(places(&l), [(0, 0), (0, 1), (0, 2), (0, 3)]);
+        assert!(!l.has_sliding_window());
+        // Mistral v0.1: a window on every layer.
+        let l = KvCacheLayout::new(&[Some(4096); 3]);
+        assert_eq!(l.windows(), [Some(4096)]);
+        assert_eq!(places(&l), [(0, 0), (0, 1), (0, 2)]);
+        assert!(l.has_sliding_window());
+    }
+
+    #[test]
+    fn gemma3_groups_its_layers_by_kind_in_equal_groups() {
+        // Five sliding layers to one global, 18 layers (Gemma 3 270M).
+        let windows: Vec<_> = (0..18).map(|i| (i % 6 != 5).then_some(512)).collect();
+        let l = KvCacheLayout::new(&windows);
+        assert_eq!(l.num_slots(), 3);
+        assert_eq!(l.num_groups(), 6);
+        assert_eq!(l.windows()[0], None);
+        assert!(l.windows()[1..].iter().all(|&w| w == Some(512)));
+        assert_eq!(
+            [l.place(5), l.place(11), l.place(17)].map(|p| (p.group, p.slot)),
+            [(0, 0), (0, 1), (0, 2)]
+        );
+        assert_eq!(places(&l)[..5], [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]);
+        // Every (group, slot) is one layer's.
+        let mut seen = places(&l);
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 18);
+    }
+
+    #[test]
+    fn an_uneven_kind_pads_its_last_group() {
+        // Gemma 3 1B: 26 layers, 4 global; 22 sliding in 6 groups of 4, the last of 2.
+        let windows: Vec<_> = (0..26).map(|i| (i % 6 != 5).then_some(512)).collect();
+        let l = KvCacheLayout::new(&windows);
+        assert_eq!(l.num_slots(), 4);
+        assert_eq!(l.num_groups(), 7);
+        assert_eq!(l.place(25), LayerPlace { group: 6, slot: 1 });
+        assert!(places(&l).iter().all(|&(_, s)| s < 4));
+    }
+}
