@@ -99,6 +99,16 @@ pub fn resolve_max_model_len(
     }
 }
 
+/// Tokens one step may compute: as asked, else vLLM's defaults.
+fn max_num_batched_tokens(args: &EngineArgs, max_model_len: usize) -> usize {
+    let default_tokens = if args.enable_chunked_prefill {
+        2048
+    } else {
+        max_model_len.max(2048)
+    };
+    args.max_num_batched_tokens.unwrap_or(default_tokens)
+}
+
 pub(crate) fn scheduler_config(
     args: &EngineArgs,
     max_model_len: usize,
@@ -107,12 +117,7 @@ pub(crate) fn scheduler_config(
     if args.max_num_seqs == 0 {
         return Err(EngineError::Config("max_num_seqs must be positive".into()));
     }
-    let default_tokens = if args.enable_chunked_prefill {
-        2048
-    } else {
-        max_model_len.max(2048)
-    };
-    let max_num_batched_tokens = args.max_num_batched_tokens.unwrap_or(default_tokens);
+    let max_num_batched_tokens = max_num_batched_tokens(args, max_model_len);
     if max_num_batched_tokens == 0 {
         return Err(EngineError::Config(
             "max_num_batched_tokens must be positive".into(),
@@ -146,12 +151,32 @@ pub(crate) fn kv_cache(
     // A new sequence is admitted only while the watermark's blocks stay free, so a prompt
     // of max_model_len must fit in the rest or it could never start.
     let watermark_blocks = (cache.num_blocks() as f32 * WATERMARK).ceil() as usize;
-    let capacity =
-        (cache.num_blocks() - watermark_blocks.min(cache.num_blocks())) * args.block_size;
-    if capacity < max_model_len {
+    let usable = cache.num_blocks() - watermark_blocks.min(cache.num_blocks());
+    let bs = args.block_size;
+    let layout = cache.layout();
+    if layout.num_groups() == 1 && !layout.has_sliding_window() {
+        let capacity = usable * bs;
+        if capacity < max_model_len {
+            return Err(EngineError::Config(format!(
+                "the KV cache holds {capacity} tokens, fewer than max_model_len \
+                 {max_model_len}: raise --kv-cache-memory or lower --max-model-len"
+            )));
+        }
+        return Ok(cache);
+    }
+    // A sliding-window group holds at most its window and one step's new tokens.
+    let step = max_num_batched_tokens(args, max_model_len);
+    let whole = max_model_len.div_ceil(bs);
+    let needed: usize = (layout.windows().iter())
+        .map(|w| w.map_or(whole, |w| whole.min((step + w - 1).div_ceil(bs) + 1)))
+        .sum();
+    if usable < needed {
         return Err(EngineError::Config(format!(
-            "the KV cache holds {capacity} tokens, fewer than max_model_len {max_model_len}: \
-             raise --kv-cache-memory or lower --max-model-len"
+            "the KV cache holds {usable} blocks of {bs} tokens ({} layers each), fewer than \
+             the {needed} one sequence of max_model_len {max_model_len} can hold over the \
+             model's {} KV cache groups: raise --kv-cache-memory or lower --max-model-len",
+            layout.num_slots(),
+            layout.num_groups()
         )));
     }
     Ok(cache)
@@ -166,4 +191,44 @@ pub(crate) fn block_manager(args: &EngineArgs, cache: &CacheEngine) -> BlockMana
         watermark: WATERMARK,
         group_windows: cache.layout().windows().to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minivllm_kernels::attention::KvCacheDtype;
+    use serde_json::json;
+
+    /// Gemma 3 270M's shape: 18 layers, five sliding (window 512) to one global.
+    fn gemma3() -> ModelConfig {
+        ModelConfig::from_hf_json(&json!({
+            "architectures": ["Gemma3ForCausalLM"], "hidden_size": 640,
+            "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,
+            "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+            "sliding_window": 512, "sliding_window_pattern": 6,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "query_pre_attn_scalar": 256
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_sliding_window_cache_is_sized_for_one_whole_sequence_over_its_groups() {
+        let config = gemma3();
+        let bytes = CacheEngine::block_bytes(&config, 16, KvCacheDtype::Float16);
+        let args = |blocks: u64| EngineArgs {
+            kv_cache_memory: blocks * bytes,
+            max_num_batched_tokens: Some(256),
+            ..EngineArgs::default()
+        };
+        // 8192 tokens: 512 blocks for the global group, and in each of the five sliding
+        // groups the window and a step, (256 + 511) / 16 + 1 = 49: 757 blocks, 8 more for
+        // the watermark.
+        let ok = kv_cache(&args(766), &config, 8192).unwrap();
+        assert_eq!(ok.layout().num_groups(), 6);
+        let e = kv_cache(&args(760), &config, 8192).err().unwrap().to_string();
+        assert!(e.contains("fewer than the 757"), "{e}");
+        assert!(e.contains("--kv-cache-memory"), "{e}");
+    }
 }

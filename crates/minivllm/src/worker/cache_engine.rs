@@ -132,7 +132,8 @@ impl CacheEngine {
         tracing::info!(
             num_blocks,
             block_size,
-            tokens = num_blocks * block_size,
+            // Of a sequence's whole context, in every group.
+            tokens = num_blocks * block_size / layout.num_groups(),
             %dtype,
             groups = layout.num_groups(),
             layers_per_block = layout.num_slots(),
