@@ -173,7 +173,7 @@ pub(crate) fn kv_cache(
     if usable < needed {
         return Err(EngineError::Config(format!(
             "the KV cache holds {usable} blocks of {bs} tokens ({} layers each), fewer than \
-             the {needed} one sequence of max_model_len {max_model_len} can hold over the \
+             the {needed} blocks one sequence of max_model_len {max_model_len} needs over the \
              model's {} KV cache groups: raise --kv-cache-memory or lower --max-model-len",
             layout.num_slots(),
             layout.num_groups()
@@ -227,8 +227,11 @@ mod tests {
         // the watermark.
         let ok = kv_cache(&args(766), &config, 8192).unwrap();
         assert_eq!(ok.layout().num_groups(), 6);
-        let e = kv_cache(&args(760), &config, 8192).err().unwrap().to_string();
-        assert!(e.contains("fewer than the 757"), "{e}");
+        let e = kv_cache(&args(760), &config, 8192)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("fewer than the 757 blocks"), "{e}");
         assert!(e.contains("--kv-cache-memory"), "{e}");
     }
 }
