@@ -8,8 +8,8 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use minivllm::config::ModelConfig;
@@ -26,26 +26,35 @@ use serde_json::{json, Value};
 /// The largest single allocation any case may make.
 const ALLOCATION_BOUND: usize = 64 << 20;
 
-/// The system allocator, noting the largest allocation asked of it.
+/// The system allocator, noting the largest allocation asked of it on each thread.
 struct Counting;
 
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    /// Per thread, since the tests of this file run side by side: a case's own largest
+    /// allocation, not another test's.
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(size: usize) {
+    // `try_with`: a thread being torn down may still allocate.
+    let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+}
 
 // SAFETY: every method forwards to the system allocator with the caller's arguments, so
-// the caller's contract is the system allocator's; the counter is only an atomic max.
+// the caller's contract is the system allocator's; the counter is a thread-local max.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        note(layout.size());
         // SAFETY: forwarded contract.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        note(layout.size());
         // SAFETY: forwarded contract.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        note(new_size);
         // SAFETY: forwarded contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -58,9 +67,14 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Fails if any allocation so far (in any test of this file) passed the bound.
+/// Starts a case: what earlier cases on this thread allocated is forgotten.
+fn reset_allocations() {
+    LARGEST.with(|l| l.set(0));
+}
+
+/// Fails if any allocation of this case (since `reset_allocations`) passed the bound.
 fn assert_allocations_bounded() {
-    let largest = LARGEST.load(Ordering::Relaxed);
+    let largest = LARGEST.with(Cell::get);
     assert!(
         largest <= ALLOCATION_BOUND,
         "an allocation of {largest} bytes (bound {ALLOCATION_BOUND})"
@@ -246,6 +260,7 @@ proptest! {
         flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         cut in prop::option::of(any::<prop::sample::Index>()),
     ) {
+        reset_allocations();
         let mut bytes = gguf_bytes(base_metadata()).clone();
         for (at, b) in flips {
             let i = at.index(bytes.len());
@@ -264,6 +279,7 @@ proptest! {
         key in prop::sample::select(base_metadata().keys().cloned().collect::<Vec<_>>()),
         value in gguf_value(),
     ) {
+        reset_allocations();
         let mut m = base_metadata().clone();
         m.insert(key, value);
         open_and_configure(&gguf_bytes(&m));
@@ -275,6 +291,7 @@ proptest! {
     fn hf_config_with_values_replaced_loads_or_fails_cleanly(
         edits in prop::collection::vec((any::<prop::sample::Index>(), json_value()), 1..4),
     ) {
+        reset_allocations();
         let path = common::reference_dir().join("smollm2-hf/config.json");
         let mut config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let keys: Vec<String> = config.as_object().unwrap().keys().cloned().collect();
@@ -292,6 +309,7 @@ proptest! {
     fn request_bodies_with_any_field_values_are_checked_cleanly(
         edits in prop::collection::vec((prop::sample::select(REQUEST_FIELDS), json_value()), 1..5),
     ) {
+        reset_allocations();
         let mut completion = json!({"prompt": "Hi", "max_tokens": 4});
         let mut chat = json!({"messages": [{"role": "user", "content": "Hi"}]});
         for (field, v) in edits {
@@ -307,6 +325,7 @@ proptest! {
     #[test]
     fn tokenizer_takes_any_text(bytes in prop::collection::vec(any::<u8>(), 0..256), text in "\\PC{0,64}") {
         let tok = tokenizer();
+        reset_allocations();
         for t in [String::from_utf8_lossy(&bytes).into_owned(), text] {
             let ids = tok.encode(&t, true).unwrap();
             let back = tok.decode(&ids, false).unwrap();
@@ -324,6 +343,7 @@ proptest! {
         include in any::<bool>(),
     ) {
         let tok = tokenizer();
+        reset_allocations();
         let cfg = DetokenizerConfig { stop, include_stop_str_in_output: include, ..DetokenizerConfig::default() };
         let mut d = IncrementalDetokenizer::new(tok, &[1, 2, 3], cfg);
         for id in ids {

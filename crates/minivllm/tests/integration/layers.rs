@@ -51,13 +51,34 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The file's text before its test module.
+/// The file's text before the test module that closes it. Test-only items elsewhere in the
+/// file (a `#[cfg(test)]` helper) count as code: the file holds them.
 fn non_test_code(path: &Path) -> String {
     let text = std::fs::read_to_string(path).expect("read source");
-    match text.find("#[cfg(test)]") {
-        Some(at) => text[..at].to_string(),
-        None => text,
-    }
+    test_module_start(&text).map_or(text.clone(), |at| text[..at].to_string())
+}
+
+/// Where the closing `#[cfg(test)] mod …` starts: the last `#[cfg(test)]` that is followed
+/// by a module.
+fn test_module_start(text: &str) -> Option<usize> {
+    text.rmatch_indices("#[cfg(test)]")
+        .find(|(at, m)| {
+            let rest = text[at + m.len()..].trim_start();
+            rest.starts_with("mod ") || rest.starts_with("pub(crate) mod ")
+        })
+        .map(|(at, _)| at)
+}
+
+#[test]
+fn only_the_closing_test_module_is_set_aside() {
+    let text = "fn a() {}\n#[cfg(test)]\nfn helper() {}\nfn b() {}\n#[cfg(test)]\nmod tests {}\n";
+    let at = test_module_start(text).unwrap();
+    assert!(text[..at].contains("fn helper") && text[..at].contains("fn b"));
+    assert!(text[at..].starts_with("#[cfg(test)]\nmod tests"));
+    assert_eq!(
+        test_module_start("fn a() {}\n#[cfg(test)]\nfn helper() {}\n"),
+        None
+    );
 }
 
 /// The top-level module a file belongs to (`engine` for `src/engine/llm_engine.rs`).
