@@ -129,6 +129,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     let output_tokens: usize = outs.iter().map(|o| o.num_generated_tokens()).sum();
     let total_tokens = output_tokens + args.num_prompts * args.input_len;
     let stats = llm.engine().stats();
+    let overhead_per_step = stats.overhead_seconds() / stats.num_steps.max(1) as f64;
     let report = serde_json::json!({
         "elapsed_time": secs,
         "num_requests": args.num_prompts,
@@ -138,6 +139,8 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         "num_preemptions": stats.num_preemptions,
         "num_swapped_out": stats.num_swapped_out,
         "num_steps": stats.num_steps,
+        "overhead_seconds_per_step": overhead_per_step,
+        "overhead_share": stats.overhead_seconds() / stats.step_seconds.max(1e-9),
     });
     let env = Environment::now();
     // Every prompt token and every generated token but the last goes through the layers once;
@@ -170,6 +173,13 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
             "compute: {gflops:.1} GFLOP/s{}",
             shares.compute_text(gflops)
         );
+        println!(
+            "per step: {:.2} ms, of which {:.3} ms ({:.1} %) outside the forward pass \
+             (scheduling, input preparation, sampling, outputs)",
+            stats.step_seconds * 1e3 / stats.num_steps.max(1) as f64,
+            overhead_per_step * 1e3,
+            100.0 * stats.overhead_seconds() / stats.step_seconds.max(1e-9)
+        );
         env.print();
         shares.print_hint();
     }
@@ -182,6 +192,8 @@ struct Timing {
     /// Of each, the time in tensor parallelism's collectives (on rank 0), where measured.
     prefill_comm: Option<Duration>,
     decode_comm: Option<Duration>,
+    /// Of the decode steps, the seconds outside the model's forward pass.
+    decode_overhead: f64,
 }
 
 fn latency(args: LatencyArgs) -> anyhow::Result<()> {
@@ -229,6 +241,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         * (model.layer_flops_per_token() + model.head_flops() + model.attention_flops(mid_context));
     let prefill_gflops = prefill_flops / t.prefill.as_secs_f64() / 1e9;
     let decode_gbs = step_bytes / step_s / 1e9;
+    let overhead_s = t.decode_overhead / decode_steps.max(1) as f64;
     let env = Environment::now();
     let formats: Vec<String> = model
         .weight_formats()
@@ -264,6 +277,8 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             report["decode_gb_per_second"] = decode_gbs.into();
             report["decode_share_of_bandwidth"] = shares.bandwidth_share(decode_gbs).into();
             report["decode_gflop_per_second"] = (step_flops / step_s / 1e9).into();
+            report["decode_overhead_seconds_per_step"] = overhead_s.into();
+            report["decode_overhead_share"] = (overhead_s / step_s).into();
         }
         env.add_to(&mut report);
         println!("{report}");
@@ -286,6 +301,12 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             step_s * 1e3,
             step_bytes / 1e6,
             shares.bandwidth_text(decode_gbs)
+        );
+        println!(
+            "         {:.3} ms per step ({:.1} %) outside the forward pass (scheduling, input \
+             preparation, sampling, outputs)",
+            overhead_s * 1e3,
+            100.0 * overhead_s / step_s
         );
     }
     println!(
@@ -487,13 +508,14 @@ fn run_once(
     engine.step()?;
     let prefill = start.elapsed();
     let comm_prefill_end = comm(engine);
-    let start = Instant::now();
+    let (start, overhead_start) = (Instant::now(), engine.stats().overhead_seconds());
     let mut steps = 0;
     while engine.has_unfinished_requests() {
         engine.step()?;
         steps += 1;
     }
     let decode = start.elapsed();
+    let decode_overhead = engine.stats().overhead_seconds() - overhead_start;
     let comm_end = comm(engine);
     if steps != output_len.saturating_sub(1) {
         bail!(
@@ -508,5 +530,6 @@ fn run_once(
         decode,
         prefill_comm: between(comm_start, comm_prefill_end),
         decode_comm: between(comm_prefill_end, comm_end),
+        decode_overhead,
     })
 }

@@ -240,6 +240,7 @@ impl LLMEngine {
     /// Runs one scheduled batch and returns the outputs of the requests it advanced, each
     /// of its request's `output_kind`.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        let started = Instant::now();
         let sched = self.scheduler.schedule();
         // Even in an empty step: the scheduler's books already say the swaps happened.
         self.runner
@@ -250,7 +251,9 @@ impl LLMEngine {
         self.stats.num_steps += 1;
         self.stats.num_computed_tokens += sched.num_batched_tokens as u64;
         let requests = self.prepare_input(&sched.scheduled);
+        let forward = Instant::now();
         let logits = self.runner.execute_model()?;
+        self.stats.forward_seconds += forward.elapsed().as_secs_f64();
         let vocab = self.limits.vocab_size;
         for (s, rows) in sched.scheduled.iter().zip(&self.rows) {
             if let (Some(prompt_rows), Some(seq)) = (&rows.prompt, self.scheduler.seq(s.id)) {
@@ -291,6 +294,7 @@ impl LLMEngine {
             }
         }
         let outputs = self.outputs.make_outputs(&requests, &self.scheduler);
+        self.stats.step_seconds += started.elapsed().as_secs_f64();
         if tracing::enabled!(tracing::Level::INFO) {
             let stats = self.stats();
             self.stats_logger.maybe_log(&stats);

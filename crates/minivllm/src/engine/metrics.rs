@@ -29,9 +29,19 @@ pub struct EngineStats {
     pub num_prompt_tokens: u64,
     pub num_generation_tokens: u64,
     pub num_steps: u64,
+    /// Seconds in `LLMEngine::step`, over the steps that ran a batch.
+    pub step_seconds: f64,
+    /// Of those, seconds in the model's forward pass; the rest is the step's overhead
+    /// (scheduling, batch preparation, sampling, detokenizing, outputs).
+    pub forward_seconds: f64,
 }
 
 impl EngineStats {
+    /// Seconds of the steps spent outside the model's forward pass.
+    pub fn overhead_seconds(&self) -> f64 {
+        (self.step_seconds - self.forward_seconds).max(0.0)
+    }
+
     /// Fraction of looked-up prompt tokens found in the prefix cache.
     pub fn prefix_cache_hit_rate(&self) -> f64 {
         if self.prefix_cache_queries == 0 {
