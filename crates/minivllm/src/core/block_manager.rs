@@ -181,7 +181,8 @@ impl BlockManager {
     /// A sequence without blocks first takes the cached blocks for its first
     /// `num_computed_tokens` tokens (as `get_computed_tokens` found them) and is admitted only
     /// if the watermark's worth of blocks stays free. All or nothing: `None` changes nothing,
-    /// whether blocks are short or the cached prefix was evicted since the lookup.
+    /// whether blocks are short or the cached prefix was evicted since the lookup, but for
+    /// the sliding-window blocks no query can read any more, which go back first either way.
     /// `token_ids` are all the sequence's known tokens, for hashing.
     pub fn allocate_slots(
         &mut self,
