@@ -8,7 +8,7 @@ use crate::distributed::share;
 mod kv_cache_layout;
 mod rope_scaling;
 
-pub use kv_cache_layout::{KvCacheLayout, LayerPlace};
+pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
 use rope_scaling::parse_hf_rope_scaling;
 pub use rope_scaling::RopeScaling;
 

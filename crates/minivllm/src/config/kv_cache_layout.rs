@@ -118,6 +118,13 @@ impl KvCacheLayout {
     }
 }
 
+/// The first block (of `block_size` positions) that a query at position `pos`, or any later
+/// one, reads in a group with `window`: every block before it has left the window. The
+/// block manager gives those back; the runner accepts them gone.
+pub fn first_needed_block(window: Option<usize>, pos: usize, block_size: usize) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w) / block_size)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,10 +150,22 @@ mod tests {
     }
 
     #[test]
+    fn the_first_needed_block_is_the_first_with_a_position_in_the_window() {
+        // A query at 20 with a window of 8 sees 13..=20: block 3 of blocks of 4 (12..16).
+        assert_eq!(first_needed_block(Some(8), 20, 4), 3);
+        assert_eq!(first_needed_block(Some(8), 6, 4), 0);
+        assert_eq!(first_needed_block(None, 1000, 4), 0);
+    }
+
+    /// Gemma 3's pattern over `n` layers: five sliding (window 512) to one global.
+    fn gemma3_windows(n: usize) -> Vec<Option<usize>> {
+        (0..n).map(|i| (i % 6 != 5).then_some(512)).collect()
+    }
+
+    #[test]
     fn gemma3_groups_its_layers_by_kind_in_equal_groups() {
-        // Five sliding layers to one global, 18 layers (Gemma 3 270M).
-        let windows: Vec<_> = (0..18).map(|i| (i % 6 != 5).then_some(512)).collect();
-        let l = KvCacheLayout::new(&windows);
+        // Gemma 3 270M: 18 layers.
+        let l = KvCacheLayout::new(&gemma3_windows(18));
         assert_eq!(l.num_slots(), 3);
         assert_eq!(l.num_groups(), 6);
         assert_eq!(l.windows()[0], None);
@@ -166,8 +185,7 @@ mod tests {
     #[test]
     fn an_uneven_kind_pads_its_last_group() {
         // Gemma 3 1B: 26 layers, 4 global; 22 sliding in 6 groups of 4, the last of 2.
-        let windows: Vec<_> = (0..26).map(|i| (i % 6 != 5).then_some(512)).collect();
-        let l = KvCacheLayout::new(&windows);
+        let l = KvCacheLayout::new(&gemma3_windows(26));
         assert_eq!(l.num_slots(), 4);
         assert_eq!(l.num_groups(), 7);
         assert_eq!(l.place(25), LayerPlace { group: 6, slot: 1 });

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::block_pool::{BlockId, BlockPool};
+use crate::config::first_needed_block;
 use crate::sequence::SeqId;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -155,7 +156,7 @@ impl BlockManager {
     /// The first block of a group with `window` that a query at position `pos` (or later)
     /// reads: every block before it has left the window.
     fn first_needed_block(&self, window: Option<usize>, pos: usize) -> usize {
-        window.map_or(0, |w| (pos + 1).saturating_sub(w) / self.block_size)
+        first_needed_block(window, pos, self.block_size)
     }
 
     /// Prefix-cache lookup for a sequence about to start (or restart after preemption): the
@@ -238,11 +239,8 @@ impl BlockManager {
         let Some(state) = self.seqs.get_mut(&seq) else {
             return;
         };
-        for (g, table) in state.tables.iter_mut().enumerate() {
-            let w = self.group_windows[g];
-            let first = w.map_or(0, |w| {
-                (num_computed_tokens + 1).saturating_sub(w) / self.block_size
-            });
+        for (table, &w) in state.tables.iter_mut().zip(&self.group_windows) {
+            let first = first_needed_block(w, num_computed_tokens, self.block_size);
             // Freed blocks are a prefix of the table: walk back to the last one.
             let first = first.min(table.len());
             for b in table[..first].iter_mut().rev() {

@@ -6,6 +6,7 @@
 
 use minivllm_kernels::attention::SeqAttn;
 
+use crate::config::first_needed_block;
 use crate::ids::BlockId;
 
 /// One sequence's slice of the flat batch.
@@ -207,18 +208,11 @@ impl InputMetadata {
             for (g, &w) in group_windows.iter().enumerate() {
                 // Only blocks some query reads must be there: in a sliding-window group the
                 // ones behind the first query's window may be gone.
-                let first_pos = s.context_len - s.query_len;
-                let first = w.map_or(0, |w| (first_pos + 1).saturating_sub(w) / block_size);
-                let table = self.block_table(i, g);
-                if let Some(b) = table[first..].iter().find(|&&b| b as usize >= num_blocks) {
-                    return Err(bad(format!(
-                        "block {b} outside the cache ({num_blocks} blocks)"
-                    )));
-                }
-                if let Some(b) = table[..first]
-                    .iter()
-                    .find(|&&b| b as usize >= num_blocks && b != BlockId::NULL.0)
-                {
+                let first = first_needed_block(w, s.context_len - s.query_len, block_size);
+                let outside = |&(j, &b): &(usize, &u32)| {
+                    b as usize >= num_blocks && (j >= first || b != BlockId::NULL.0)
+                };
+                if let Some((_, b)) = self.block_table(i, g).iter().enumerate().find(outside) {
                     return Err(bad(format!(
                         "block {b} outside the cache ({num_blocks} blocks)"
                     )));
