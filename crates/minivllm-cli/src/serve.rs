@@ -28,7 +28,7 @@ pub struct ServeArgs {
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
     /// Answer 503 to a request that would leave more than this many sequences waiting to be
-    /// scheduled, a request counting as the `n` (or `best_of`) it forks into (default: no
+    /// scheduled, a request counting as its `n` (or `best_of`) sequences (default: no
     /// limit).
     #[arg(long)]
     pub max_waiting_requests: Option<usize>,

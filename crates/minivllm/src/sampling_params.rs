@@ -182,7 +182,7 @@ impl SamplingParams {
         }
     }
 
-    /// How many sequences the request forks into.
+    /// How many sequences the request runs.
     pub fn best_of_or_n(&self) -> usize {
         self.best_of.unwrap_or(self.n)
     }

@@ -1,4 +1,4 @@
-//! Requests, the sequences they fork into, and their lifecycle.
+//! Requests, their sequences (`n` or `best_of` of them), and their lifecycle.
 
 pub use crate::ids::{RequestId, SeqId, TokenId};
 

@@ -249,11 +249,6 @@ impl KvBuffer {
         each_buffer!(self, v => v.fill(KvElem::from_f32(x)))
     }
 
-    /// Copies `len` elements from `src` to `dst` within the buffer.
-    pub fn copy_within(&mut self, src: usize, dst: usize, len: usize) {
-        each_buffer!(self, v => v.copy_within(src..src + len, dst))
-    }
-
     /// Copies `len` elements from `from[src..]` to `self[dst..]`. Panics if the element
     /// types differ (caches of one engine share theirs).
     pub fn copy_from(&mut self, dst: usize, from: &KvBuffer, src: usize, len: usize) {

@@ -1,5 +1,7 @@
-//! The paged KV block manager: per-sequence block tables over a shared [`BlockPool`], prefix
-//! caching (vLLM v1 `KVCacheManager` semantics) and fork with copy-on-write for `n > 1`.
+//! The paged KV block manager: per-sequence block tables over a shared [`BlockPool`], and
+//! prefix caching (vLLM v1 `KVCacheManager` semantics). Sequences share blocks only through the
+//! prefix cache, whose blocks are full and never written again, so `n > 1` needs no
+//! copy-on-write: its sequences are siblings that find the prompt's blocks there.
 //!
 //! A sequence has one block table per KV cache group (`config/kv_cache_layout.rs`): one for
 //! a model whose layers are all alike, several for Gemma 3's mix of full and sliding-window
@@ -114,6 +116,8 @@ pub struct BlockManager {
     seqs: HashMap<SeqId, SeqBlocks>,
     stats: PrefixCacheStats,
     hasher: BlockHasher,
+    /// Blocks registered in the prefix cache since `start_step`.
+    registered: Vec<BlockId>,
 }
 
 impl BlockManager {
@@ -135,6 +139,7 @@ impl BlockManager {
             seqs: HashMap::new(),
             stats: PrefixCacheStats::default(),
             hasher,
+            registered: Vec::new(),
         }
     }
 
@@ -175,9 +180,9 @@ impl BlockManager {
         tokens
     }
 
-    /// Ensures `seq` has blocks for `num_computed_tokens + num_new_tokens` tokens, and returns
-    /// the (src, dst) block copies the caller must make first (copy-on-write of blocks shared
-    /// after a fork that the new tokens write into).
+    /// Ensures `seq` has blocks for `num_computed_tokens + num_new_tokens` tokens. A block is
+    /// only ever written by the one sequence that holds it: blocks are shared only through
+    /// prefix-cache hits, which are full and never written again.
     ///
     /// A sequence without blocks first takes the cached blocks for its first
     /// `num_computed_tokens` tokens (as `get_computed_tokens` found them) and is admitted only
@@ -191,46 +196,19 @@ impl BlockManager {
         token_ids: &[u32],
         num_computed_tokens: usize,
         num_new_tokens: usize,
-    ) -> Option<Vec<(BlockId, BlockId)>> {
-        let bs = self.block_size;
-        let required = (num_computed_tokens + num_new_tokens).div_ceil(bs);
+    ) -> Option<()> {
+        let required = (num_computed_tokens + num_new_tokens).div_ceil(self.block_size);
         if self.block_table(seq).is_empty() {
-            self.allocate_new(seq, token_ids, num_computed_tokens, required)?;
-            return Some(Vec::new());
+            return self.allocate_new(seq, token_ids, num_computed_tokens, required);
         }
         self.free_skipped_blocks(seq, num_computed_tokens);
         let state = self.seqs.get_mut(&seq).expect("non-empty table");
-        let len = state.len();
-        // Only blocks the new tokens land in may need a private copy; cached prefix blocks
-        // are full and never written.
-        let written = if num_new_tokens == 0 {
-            0..0
-        } else {
-            num_computed_tokens / bs..required.min(len)
-        };
-        let shared: Vec<(usize, usize)> = (0..state.tables.len())
-            .flat_map(|g| written.clone().map(move |i| (g, i)))
-            .filter(|&(g, i)| self.pool.ref_count(state.tables[g][i]) > 1)
-            .collect();
-        let fresh_needed = state.tables.len() * required.saturating_sub(len) + shared.len();
-        let mut fresh = self.pool.allocate(fresh_needed)?.into_iter();
-        let mut copies = Vec::new();
-        for &(g, i) in &shared {
-            let src = state.tables[g][i];
-            let dst = fresh.next().expect("allocated");
-            // A block with no computed tokens yet has nothing to copy.
-            if i * bs < num_computed_tokens {
-                copies.push((src, dst));
-            }
-            state.tables[g][i] = dst;
-            // Still referenced by whoever shares it: never reaches the free queue here.
-            self.pool.free([src]);
-            state.hashed.truncate(i);
-        }
+        let more = required.saturating_sub(state.len());
+        let mut fresh = self.pool.allocate(state.tables.len() * more)?.into_iter();
         for table in &mut state.tables {
-            table.extend(fresh.by_ref().take(required.saturating_sub(len)));
+            table.extend(fresh.by_ref().take(more));
         }
-        Some(copies)
+        Some(())
     }
 
     /// Gives back the blocks of `seq`'s sliding-window groups that no query from position
@@ -382,10 +360,16 @@ impl BlockManager {
             .collect()
     }
 
-    /// Registers `seq`'s full blocks among its first `num_computed_tokens` tokens in the
-    /// prefix cache (their K/V are now complete). A block whose content is already cached in
-    /// another block is left uncached: the first registration wins, as in vLLM.
-    pub fn cache_full_blocks(&mut self, seq: SeqId, token_ids: &[u32], num_computed_tokens: usize) {
+    /// Registers `seq`'s full blocks among its first `num_tokens` tokens in the prefix cache.
+    /// Their K/V are complete, or will be once the step being scheduled runs: the scheduler
+    /// registers a step's blocks as it schedules them (vLLM v1 does too), so that a sequence
+    /// scheduled after this one in the same step, such as a sibling of `n > 1` or another
+    /// request with the same system prompt, already shares them; the model writes every
+    /// sequence's K/V of a layer before any of them attends. Should that step fail,
+    /// [`forget_step`](Self::forget_step) takes the registrations back. A block whose
+    /// content is already cached in another block is left uncached: the first registration
+    /// wins, as in vLLM.
+    pub fn cache_full_blocks(&mut self, seq: SeqId, token_ids: &[u32], num_tokens: usize) {
         if !self.enable_prefix_caching {
             return;
         }
@@ -393,14 +377,14 @@ impl BlockManager {
             return;
         };
         let bs = self.block_size;
-        let num_full = (num_computed_tokens.min(token_ids.len()) / bs).min(state.len());
+        let num_full = (num_tokens.min(token_ids.len()) / bs).min(state.len());
         for i in state.hashed.len()..num_full {
             let tokens = &token_ids[i * bs..(i + 1) * bs];
             let parent = i.checked_sub(1).map(|p| state.hashed[p]);
             let parent_entry = parent.and_then(|p| p.entry);
             let hash = (self.hasher)(parent.map(|p| p.hash), tokens);
             let blocks = state.tables.iter().map(|t| t[i]);
-            // Shared with the sequence that registered it (prefix hit or fork).
+            // Shared with the sequence that registered it (a prefix hit).
             let known = blocks
                 .filter(|&b| b != BlockId::NULL)
                 .find_map(|b| self.pool.cached(b));
@@ -424,7 +408,13 @@ impl BlockManager {
                     }
                     entry = Some(match self.pool.cached(b) {
                         Some(c) => c.id,
-                        None => self.pool.register(b, g, hash, parent_entry, tokens),
+                        None => {
+                            let id = self.pool.register(b, g, hash, parent_entry, tokens);
+                            if self.pool.cached(b).is_some() {
+                                self.registered.push(b);
+                            }
+                            id
+                        }
                     });
                 }
             }
@@ -432,22 +422,18 @@ impl BlockManager {
         }
     }
 
-    /// The child shares all of the parent's blocks (one more reference each).
-    pub fn fork(&mut self, parent: SeqId, child: SeqId) {
-        debug_assert!(
-            !self.seqs.contains_key(&child),
-            "{child} already has blocks"
-        );
-        self.free(child);
-        let Some(state) = self.seqs.get(&parent).cloned() else {
-            return;
-        };
-        for &b in state.tables.iter().flatten() {
-            if b != BlockId::NULL {
-                self.pool.touch(b);
-            }
+    /// Starts a step's bookkeeping: the blocks registered before it are computed.
+    pub fn start_step(&mut self) {
+        self.registered.clear();
+    }
+
+    /// Takes back the registrations made since `start_step`, for a step that failed: those
+    /// blocks may never have been written. Free the step's sequences first (only they
+    /// registered blocks in it); the blocks become plain free blocks.
+    pub fn forget_step(&mut self) {
+        for b in self.registered.drain(..) {
+            self.pool.unregister(b);
         }
-        self.seqs.insert(child, state);
     }
 
     /// Drops the sequence's references. Its blocks are freed tail first so that, among its
@@ -506,7 +492,7 @@ impl BlockManager {
         true
     }
 
-    /// References held on `block` (by sequences; forks count each).
+    /// References held on `block`: one per sequence whose table holds it.
     pub fn ref_count(&self, block: BlockId) -> u32 {
         self.pool.ref_count(block)
     }
@@ -541,14 +527,14 @@ mod tests {
     fn allocates_whole_blocks_and_frees_them() {
         let mut m = mgr(8, 4);
         let t = toks(0..10);
-        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 10), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 10), Some(()));
         assert_eq!(m.block_table(SeqId(1)).len(), 3);
         assert_eq!(m.num_free_blocks(), 5);
         assert_eq!(m.usage(), 3.0 / 8.0);
         // Decode steps fill the last block before taking another.
-        assert_eq!(m.allocate_slots(SeqId(1), &t, 10, 2), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 10, 2), Some(()));
         assert_eq!(m.block_table(SeqId(1)).len(), 3);
-        assert_eq!(m.allocate_slots(SeqId(1), &t, 12, 1), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 12, 1), Some(()));
         assert_eq!(m.block_table(SeqId(1)).len(), 4);
         m.free(SeqId(1));
         assert!(m.block_table(SeqId(1)).is_empty());
@@ -559,7 +545,7 @@ mod tests {
     fn allocation_is_all_or_nothing() {
         let mut m = mgr(4, 4);
         let t = toks(0..20);
-        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 12), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 12), Some(()));
         assert_eq!(m.allocate_slots(SeqId(1), &t, 12, 8), None);
         assert_eq!(m.block_table(SeqId(1)).len(), 3);
         assert_eq!(m.allocate_slots(SeqId(2), &t, 0, 8), None);
@@ -648,63 +634,42 @@ mod tests {
     }
 
     #[test]
-    fn fork_then_append_copies_the_shared_partial_block() {
+    fn blocks_registered_while_scheduling_serve_a_sibling_in_the_same_step() {
         let mut m = mgr(8, 4);
-        let t = toks(0..6);
-        prefill(&mut m, 1, &t);
-        m.fork(SeqId(1), SeqId(2));
-        let parent = m.block_table(SeqId(1)).to_vec();
-        assert_eq!(m.block_table(SeqId(2)), parent);
-        assert!(parent.iter().all(|&b| m.ref_count(b) == 2));
-
-        let child_tokens: Vec<u32> = t.iter().copied().chain([99]).collect();
-        let copies = m.allocate_slots(SeqId(2), &child_tokens, 6, 1).unwrap();
-        let child = m.block_table(SeqId(2)).to_vec();
-        assert_eq!(copies, vec![(parent[1], child[1])]);
-        assert_eq!(child[0], parent[0]);
-        assert_eq!(m.block_table(SeqId(1)), parent);
-        assert_eq!(m.ref_count(parent[0]), 2);
-        assert_eq!(m.ref_count(parent[1]), 1);
-        assert_eq!(m.ref_count(child[1]), 1);
-
-        // The parent now owns its block alone and writes in place.
-        let parent_tokens: Vec<u32> = t.iter().copied().chain([42]).collect();
-        assert_eq!(
-            m.allocate_slots(SeqId(1), &parent_tokens, 6, 1),
-            Some(vec![])
-        );
-        assert_eq!(m.block_table(SeqId(1)), parent);
-        m.free(SeqId(1));
-        m.free(SeqId(2));
-        assert_eq!(m.num_free_blocks(), 8);
+        let t = toks(0..10);
+        // The first sequence is scheduled for its whole prompt; its two full blocks are
+        // registered before the step runs.
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 10), Some(()));
+        m.cache_full_blocks(SeqId(1), &t, 10);
+        // Its sibling, scheduled next in that step, takes them and computes only its tail.
+        assert_eq!(m.get_computed_tokens(&t), 8);
+        assert_eq!(m.allocate_slots(SeqId(2), &t, 8, 2), Some(()));
+        let (a, b) = (m.block_table(SeqId(1)), m.block_table(SeqId(2)));
+        assert_eq!(a[..2], b[..2]);
+        assert_ne!(a[2], b[2]);
+        assert_eq!(m.ref_count(a[0]), 2);
+        assert_eq!(m.num_free_blocks(), 4);
     }
 
     #[test]
-    fn fork_with_a_full_last_block_appends_without_copying() {
+    fn a_failed_step_takes_its_registrations_back() {
         let mut m = mgr(8, 4);
         let t = toks(0..8);
         prefill(&mut m, 1, &t);
-        m.fork(SeqId(1), SeqId(2));
-        let child_tokens: Vec<u32> = t.iter().copied().chain([99]).collect();
-        assert_eq!(
-            m.allocate_slots(SeqId(2), &child_tokens, 8, 1),
-            Some(vec![])
-        );
-        let child = m.block_table(SeqId(2));
-        assert_eq!(child.len(), 3);
-        assert_eq!(child[..2], *m.block_table(SeqId(1)));
-    }
-
-    #[test]
-    fn cow_is_all_or_nothing() {
-        let mut m = mgr(2, 4);
-        let t = toks(0..6);
-        prefill(&mut m, 1, &t);
-        m.fork(SeqId(1), SeqId(2));
-        assert_eq!(m.num_free_blocks(), 0);
-        assert_eq!(m.allocate_slots(SeqId(2), &toks(0..7), 6, 1), None);
-        assert_eq!(m.block_table(SeqId(2)), m.block_table(SeqId(1)));
-        assert_eq!(m.ref_count(m.block_table(SeqId(1))[1]), 2);
+        m.start_step();
+        let longer = toks(0..13);
+        assert_eq!(m.get_computed_tokens(&longer), 8);
+        assert_eq!(m.allocate_slots(SeqId(2), &longer, 8, 5), Some(()));
+        m.cache_full_blocks(SeqId(2), &longer, 13);
+        assert_eq!(m.get_computed_tokens(&toks(0..14)), 12);
+        // The step fails: its sequence goes, and its block is no longer a hit, while the
+        // blocks computed before the step still are.
+        m.free(SeqId(2));
+        m.forget_step();
+        assert_eq!(m.get_computed_tokens(&toks(0..14)), 8);
+        assert_eq!(m.pool.num_cached(), 2);
+        m.free(SeqId(1));
+        assert_eq!(m.num_free_blocks(), 8);
     }
 
     #[test]
@@ -917,10 +882,10 @@ mod tests {
         let t = toks(0..40);
         // 8 blocks, 2 kept free: a new 7-block sequence is refused, 6 are admitted.
         assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 25), None);
-        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 24), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 24), Some(()));
         assert_eq!(m.allocate_slots(SeqId(2), &t, 0, 1), None);
         // A running sequence may use the reserve.
-        assert_eq!(m.allocate_slots(SeqId(1), &t, 24, 8), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(1), &t, 24, 8), Some(()));
         assert_eq!(m.num_free_blocks(), 0);
     }
 
@@ -935,7 +900,7 @@ mod tests {
         m.free(SeqId(1));
         // 5 cached blocks to revive and 1 fresh leaves 2 free: admitted.
         assert_eq!(m.get_computed_tokens(&t), 20);
-        assert_eq!(m.allocate_slots(SeqId(2), &t, 20, 1), Some(vec![]));
+        assert_eq!(m.allocate_slots(SeqId(2), &t, 20, 1), Some(()));
         assert_eq!(m.num_free_blocks(), 2);
     }
 
@@ -960,7 +925,6 @@ mod tests {
         enum Op {
             Add(Vec<u32>),
             Append(usize, Vec<u32>),
-            Fork(usize),
             Free(usize),
             Cache(usize),
         }
@@ -971,7 +935,6 @@ mod tests {
             prop_oneof![
                 3 => tokens(20).prop_map(Op::Add),
                 4 => (any::<usize>(), tokens(6)).prop_map(|(i, t)| Op::Append(i, t)),
-                1 => any::<usize>().prop_map(Op::Fork),
                 2 => any::<usize>().prop_map(Op::Free),
                 3 => any::<usize>().prop_map(Op::Cache),
             ]
@@ -1037,12 +1000,11 @@ mod tests {
                     assert!(computed.is_multiple_of(bs));
                     assert!(computed <= (tokens.len() - 1) / bs * bs);
                     let new = tokens.len() - computed;
-                    let Some(copies) = m.allocate_slots(id, &tokens, computed, new) else {
+                    if m.allocate_slots(id, &tokens, computed, new).is_none() {
                         assert!(m.block_table(id).is_empty());
                         assert_eq!(m.num_free_blocks(), free);
                         return;
-                    };
-                    assert!(copies.is_empty());
+                    }
                     for (g, table) in m.block_tables(id).iter().enumerate() {
                         assert_eq!(table.len(), tokens.len().div_ceil(bs));
                         let first = m.first_needed_block(m.group_windows()[g], computed);
@@ -1069,8 +1031,9 @@ mod tests {
                     let seq = &model.seqs[s];
                     let before = m.block_tables(seq.id).to_vec();
                     let tokens: Vec<u32> = seq.tokens.iter().chain(&new).copied().collect();
-                    let Some(copies) = m.allocate_slots(seq.id, &tokens, seq.computed, new.len())
-                    else {
+                    if m.allocate_slots(seq.id, &tokens, seq.computed, new.len())
+                        .is_none()
+                    {
                         // Only blocks behind a window may have gone back.
                         for (g, (now, was)) in
                             m.block_tables(seq.id).iter().zip(&before).enumerate()
@@ -1087,30 +1050,17 @@ mod tests {
                         let first = m.first_needed_block(m.group_windows()[g], seq.computed);
                         assert!(table[..first].iter().all(|&b| b == BlockId::NULL));
                     }
-                    for (src, dst) in copies {
-                        let (g, j) = (before.iter().enumerate())
-                            .find_map(|(g, t)| Some((g, t.iter().position(|&b| b == src)?)))
-                            .expect("copied own block");
-                        assert_eq!(after[g][j], dst);
-                        assert_ne!(src, dst);
-                        let data = model.kv[&src].clone();
-                        model.kv.insert(dst, data);
+                    for (now, was) in after.iter().zip(&before) {
+                        // Blocks stay put: nothing is copied, only appended.
+                        let kept = was.len().min(now.len());
+                        let moved =
+                            (0..kept).find(|&j| was[j] != now[j] && now[j] != BlockId::NULL);
+                        assert_eq!(moved, None);
                     }
                     let from = seq.computed;
                     model.seqs[s].tokens = tokens;
                     model.write(m, s, from, from + new.len());
                     model.seqs[s].computed += new.len();
-                }
-                Op::Fork(i) => {
-                    let Some(s) = model.pick(i) else { return };
-                    let child = model.new_id();
-                    m.fork(model.seqs[s].id, child);
-                    let seq = Seq {
-                        id: child,
-                        tokens: model.seqs[s].tokens.clone(),
-                        computed: model.seqs[s].computed,
-                    };
-                    model.seqs.push(seq);
                 }
                 Op::Free(i) => {
                     let Some(s) = model.pick(i) else { return };

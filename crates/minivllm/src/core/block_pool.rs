@@ -180,6 +180,26 @@ impl BlockPool {
         entry.id
     }
 
+    /// Takes `b` out of the cache (its content turned out never to have been computed); a
+    /// free `b` moves to the front of the free queue, as uncached blocks go.
+    pub fn unregister(&mut self, b: BlockId) {
+        let slot = &mut self.slots[b.0 as usize];
+        let Some((hash, group)) = slot.cached.take() else {
+            return;
+        };
+        let free = slot.ref_cnt == 0;
+        if let Some(entry) = self.by_hash.get_mut(&hash) {
+            entry.blocks[group as usize] = None;
+            if entry.blocks.iter().all(Option::is_none) {
+                self.by_hash.remove(&hash);
+            }
+        }
+        if free {
+            self.unlink(b.0);
+            self.push_front(b.0);
+        }
+    }
+
     /// Blocks holding cached contents, over all groups.
     pub fn num_cached(&self) -> usize {
         self.slots.iter().filter(|s| s.cached.is_some()).count()

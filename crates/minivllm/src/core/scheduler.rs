@@ -41,12 +41,10 @@ pub struct ScheduledSeq {
 #[derive(Debug, Default)]
 pub struct SchedulerOutput {
     pub scheduled: Vec<ScheduledSeq>,
-    /// KV blocks to copy before the model runs (copy-on-write of shared blocks).
-    pub block_copies: Vec<(BlockId, BlockId)>,
     /// KV blocks to copy into the swap pool before anything else, from sequences swapped
     /// out this step: their GPU blocks may already be handed to others in this same step.
     pub swap_out: Vec<(BlockId, CpuBlockId)>,
-    /// KV blocks to copy back from the swap pool, after `swap_out` and before `block_copies`.
+    /// KV blocks to copy back from the swap pool, after `swap_out`.
     pub swap_in: Vec<(CpuBlockId, BlockId)>,
     /// Sequences preempted this step, swapped out or to be recomputed.
     pub preempted: Vec<SeqId>,
@@ -153,18 +151,8 @@ impl Scheduler {
         self.seqs.insert(seq.id, seq);
     }
 
-    /// Starts `child` as a running copy of `parent` sharing all its KV blocks (n > 1).
-    pub fn fork_seq(&mut self, parent: SeqId, mut child: Sequence) {
-        let p = &self.seqs[&parent];
-        child.num_computed_tokens = p.num_computed_tokens;
-        child.status = SequenceStatus::Running;
-        self.block_manager.fork(parent, child.id);
-        self.running.push(child.id);
-        self.seqs.insert(child.id, child);
-    }
-
     /// Records a step's results for `id`: `num_new` more tokens have K/V, and `sampled`
-    /// (if any) is appended. Newly completed blocks become reusable through the prefix cache.
+    /// (if any) is appended.
     pub fn update_seq(&mut self, id: SeqId, num_new: usize, sampled: Option<u32>) {
         let Some(seq) = self.seqs.get_mut(&id) else {
             return;
@@ -173,8 +161,12 @@ impl Scheduler {
         if let Some(t) = sampled {
             seq.token_ids.push(t);
         }
-        self.block_manager
-            .cache_full_blocks(id, &seq.token_ids, seq.num_computed_tokens);
+    }
+
+    /// After a step that failed: its blocks' registrations in the prefix cache are taken
+    /// back (their K/V may never have been written). Finish the step's sequences first.
+    pub fn forget_failed_step(&mut self) {
+        self.block_manager.forget_step();
     }
 
     /// Removes a sequence (finished or aborted) and frees its blocks.
@@ -190,6 +182,7 @@ impl Scheduler {
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.cfg.max_num_batched_tokens;
+        self.block_manager.start_step();
         self.sort_by_policy();
         self.schedule_running(&mut out, &mut budget);
         // As vLLM: a step that had to preempt admits nobody new, or the newcomer would
@@ -230,8 +223,9 @@ impl Scheduler {
                 let alloc =
                     self.block_manager
                         .allocate_slots(id, &seq.token_ids, computed, num_new);
-                if let Some(copies) = alloc {
-                    out.block_copies.extend(copies);
+                if alloc.is_some() {
+                    self.block_manager
+                        .cache_full_blocks(id, &seq.token_ids, computed + num_new);
                     out.scheduled.push(ScheduledSeq {
                         id,
                         num_computed: computed,
@@ -264,13 +258,12 @@ impl Scheduler {
             let num_new = seq.num_uncomputed().min(*budget);
             // Fresh blocks for the computed tokens and this step's new ones at once: all or
             // nothing, so a sequence never comes back without room to run.
-            let Some(copies) =
-                self.block_manager
-                    .allocate_slots(id, &seq.token_ids, 0, computed + num_new)
-            else {
+            if (self.block_manager)
+                .allocate_slots(id, &seq.token_ids, 0, computed + num_new)
+                .is_none()
+            {
                 break;
-            };
-            debug_assert!(copies.is_empty(), "fresh blocks are never shared");
+            }
             let cpu = self
                 .cpu_tables
                 .remove(&id)
@@ -281,7 +274,7 @@ impl Scheduler {
             self.cpu_pool.free(cpu.into_iter().map(|c| BlockId(c.0)));
             // The copies land before the model runs, so the blocks may serve prefix hits now.
             self.block_manager
-                .cache_full_blocks(id, &seq.token_ids, computed);
+                .cache_full_blocks(id, &seq.token_ids, computed + num_new);
             let seq = self.seqs.get_mut(&id).expect("swapped seq exists");
             seq.status = SequenceStatus::Running;
             self.swapped.remove(0);
@@ -315,13 +308,14 @@ impl Scheduler {
                 break;
             }
             let num_new = remaining.min(*budget);
-            let Some(copies) =
-                self.block_manager
-                    .allocate_slots(id, &seq.token_ids, cached, num_new)
-            else {
+            if (self.block_manager)
+                .allocate_slots(id, &seq.token_ids, cached, num_new)
+                .is_none()
+            {
                 break;
-            };
-            out.block_copies.extend(copies);
+            }
+            self.block_manager
+                .cache_full_blocks(id, &seq.token_ids, cached + num_new);
             let seq = self.seqs.get_mut(&id).expect("waiting seq exists");
             seq.num_computed_tokens = cached;
             seq.status = SequenceStatus::Running;
@@ -355,8 +349,8 @@ impl Scheduler {
     }
 
     /// Copies `id`'s computed blocks to the swap pool and frees its GPU blocks, keeping its
-    /// computed tokens; false (changing nothing) if the pool lacks room. Blocks shared with a
-    /// forked sibling are copied too and only lose this sequence's reference.
+    /// computed tokens; false (changing nothing) if the pool lacks room. Blocks shared through
+    /// the prefix cache are copied too and only lose this sequence's reference.
     fn swap_out(&mut self, id: SeqId, out: &mut SchedulerOutput) -> bool {
         if !self.block_manager.can_swap() {
             return false;
@@ -549,33 +543,28 @@ mod tests {
     }
 
     #[test]
-    fn swapping_out_a_forked_sibling_copies_shared_blocks_and_keeps_them_for_the_other() {
-        let mut s = scheduler(4, 4);
-        add(&mut s, 1, 7);
-        step(&mut s);
-        let mut child = Sequence::new(SeqId(2), s.seqs[&SeqId(1)].token_ids.clone(), 0, 1);
-        child.arrival = 1;
-        s.fork_seq(SeqId(1), child);
-        let shared = s.block_manager.block_table(SeqId(1)).to_vec();
-        // Each writes token 8 into the shared second block: the child copies it on write.
+    fn a_prompt_computed_in_a_step_serves_the_same_prompt_scheduled_after_it() {
+        let mut s = scheduler(8, 0);
+        let prompt: Vec<u32> = (0..10).collect();
+        s.add_seq(Sequence::new(SeqId(1), prompt.clone(), 0, 1));
+        s.add_seq(Sequence::new(SeqId(2), prompt, 0, 1));
         let out = step(&mut s);
-        assert_eq!(ids(&out), [1, 2]);
-        assert_eq!(out.block_copies.len(), 1);
-        // Both need a third block at position 8, with one left: the child is swapped out.
-        let child_table = s.block_manager.block_table(SeqId(2)).to_vec();
-        assert_eq!(child_table[0], shared[0]);
-        let out = step(&mut s);
-        assert_eq!(ids(&out), [1]);
-        let gpu: Vec<BlockId> = out.swap_out.iter().map(|p| p.0).collect();
-        assert_eq!(gpu, child_table);
-        assert_eq!(s.block_manager.ref_count(shared[0]), 1);
-        assert_eq!(s.block_manager.block_table(SeqId(1))[0], shared[0]);
-        s.finish_seq(SeqId(1));
-        let out = step(&mut s);
-        assert_eq!(ids(&out), [2]);
-        assert_eq!(out.swap_in.len(), 2);
-        s.finish_seq(SeqId(2));
+        let chunks: Vec<(usize, usize)> = (out.scheduled.iter())
+            .map(|x| (x.num_computed, x.num_new_tokens))
+            .collect();
+        // The second finds the first's two full blocks, whose K/V this very step writes.
+        assert_eq!(chunks, [(0, 10), (8, 2)]);
+        let (a, b) = (
+            s.block_manager.block_table(SeqId(1)),
+            s.block_manager.block_table(SeqId(2)),
+        );
+        assert_eq!(a[..2], b[..2]);
         assert_eq!(s.block_manager.num_free_blocks(), 4);
-        assert_eq!(s.num_free_cpu_blocks(), 4);
+        // Had the step failed, the blocks would be findable no more.
+        s.finish_seq(SeqId(1));
+        s.finish_seq(SeqId(2));
+        s.forget_failed_step();
+        s.add_seq(Sequence::new(SeqId(3), (0..10).collect(), 0, 2));
+        assert_eq!(s.schedule().scheduled[0].num_computed, 0);
     }
 }

@@ -352,7 +352,7 @@ fn step(
 }
 
 /// Whether admitting a request of `params` would leave more than `max` sequences waiting,
-/// counting each waiting request as the sequences it forks into. An empty queue admits any
+/// counting each waiting request as its `n` (or `best_of`) sequences. An empty queue admits any
 /// request (its width is already bounded by `--max-num-seqs`).
 fn over_limit(engine: &LLMEngine, params: &SamplingParams, max: usize) -> bool {
     let waiting = engine.num_waiting_sequences();
@@ -562,9 +562,9 @@ mod tests {
         }
     }
 
-    /// A request that forks counts as its sequences against `max_waiting_requests`.
+    /// A request of `n` completions counts as its sequences against `max_waiting_requests`.
     #[tokio::test]
-    async fn waiting_forks_count_against_the_queue_limit() {
+    async fn waiting_siblings_count_against_the_queue_limit() {
         let args = EngineArgs {
             model: crate::testing::test_model_path().display().to_string(),
             kv_cache_memory: 64 << 20,

@@ -112,7 +112,8 @@ impl LLMEngine {
         self.limits.max_model_len
     }
 
-    /// Most sequences one step runs (`--max-num-seqs`), and so the most a request may fork.
+    /// Most sequences one step runs (`--max-num-seqs`), and so the widest a request may be
+    /// (`n`, or `best_of` when larger).
     pub fn max_num_seqs(&self) -> usize {
         self.max_num_seqs
     }
@@ -136,20 +137,10 @@ impl LLMEngine {
         self.scheduler.num_waiting()
     }
 
-    /// The sequences that waiting requests will run once admitted: a request that forks
-    /// into `n` (or `best_of`) sequences after its prompt counts that many, though it waits
-    /// as one.
+    /// The sequences waiting to be admitted: a request of `n` (or `best_of`) completions
+    /// waits as that many.
     pub fn num_waiting_sequences(&self) -> usize {
-        self.scheduler
-            .waiting()
-            .iter()
-            .filter_map(|id| self.scheduler.seq(*id))
-            .map(|seq| &seq.request)
-            .collect::<std::collections::HashSet<_>>()
-            .into_iter()
-            .filter_map(|r| self.outputs.params(r))
-            .map(width)
-            .sum()
+        self.scheduler.num_waiting()
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -219,10 +210,12 @@ impl LLMEngine {
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
-        let seq = self
+        let seqs = self
             .outputs
             .add_request(request_id, prompt, params, priority, arrival);
-        self.scheduler.add_seq(seq);
+        for seq in seqs {
+            self.scheduler.add_seq(seq);
+        }
         Ok(())
     }
 
@@ -244,7 +237,7 @@ impl LLMEngine {
         let sched = self.scheduler.schedule();
         // Even in an empty step: the scheduler's books already say the swaps happened.
         self.runner
-            .execute_cache_ops(&sched.swap_out, &sched.swap_in, &sched.block_copies)?;
+            .execute_cache_ops(&sched.swap_out, &sched.swap_in)?;
         if sched.is_empty() {
             return Ok(Vec::new());
         }
@@ -252,7 +245,11 @@ impl LLMEngine {
         self.stats.num_computed_tokens += sched.num_batched_tokens as u64;
         let requests = self.prepare_input(&sched.scheduled);
         let forward = Instant::now();
-        let logits = self.runner.execute_model()?;
+        if let Err(e) = self.runner.execute_model().map(<[f32]>::len) {
+            self.fail_step(&requests);
+            return Err(e.into());
+        }
+        let logits = self.runner.logits();
         self.stats.forward_seconds += forward.elapsed().as_secs_f64();
         let vocab = self.limits.vocab_size;
         for (s, rows) in sched.scheduled.iter().zip(&self.rows) {
@@ -262,14 +259,10 @@ impl LLMEngine {
                     .record_prompt_logprobs(&seq.request, prompt_rows, logits, vocab);
             }
         }
-        // K/V counts advance before sampling, so sequences forked while sampling start from
-        // the parent's computed prompt.
         for s in &sched.scheduled {
             self.scheduler.update_seq(s.id, s.num_new_tokens, None);
         }
         let to_sample = gather_samples(
-            &mut self.scheduler,
-            &mut self.outputs,
             (&sched.scheduled, &self.rows),
             (logits, vocab),
             &mut self.sample_logits,
@@ -302,6 +295,18 @@ impl LLMEngine {
         Ok(outputs)
     }
 
+    /// After a forward pass that failed: the state of its requests is unknown, so they end
+    /// (their callers see the step's error), and the prefix cache forgets the blocks the
+    /// step was to write.
+    fn fail_step(&mut self, requests: &[RequestId]) {
+        for r in requests {
+            for id in self.outputs.abort_request(r) {
+                self.scheduler.finish_seq(id);
+            }
+        }
+        self.scheduler.forget_failed_step();
+    }
+
     /// Hands the scheduled sequences to the model runner; returns their requests, each once.
     fn prepare_input(&mut self, scheduled: &[ScheduledSeq]) -> Vec<RequestId> {
         let (scheduler, outputs) = (&self.scheduler, &self.outputs);
@@ -317,7 +322,7 @@ impl LLMEngine {
                 num_computed: s.num_computed,
                 num_new: s.num_new_tokens,
                 block_tables: scheduler.block_manager().block_tables(s.id),
-                prompt_logprobs_from: outputs.prompt_logprobs_from(&seq.request),
+                prompt_logprobs_from: outputs.prompt_logprobs_from(seq),
             }
         });
         self.runner.prepare_input(inputs, &mut self.rows);
@@ -325,12 +330,8 @@ impl LLMEngine {
     }
 }
 
-/// The sequences to sample this step, in the order of their rows in `sample_logits`. A
-/// request's first sample forks it into `n` (or `best_of`) sequences, each drawing from the
-/// first one's row.
+/// The sequences to sample this step, in the order of their rows in `sample_logits`.
 fn gather_samples(
-    scheduler: &mut Scheduler,
-    outputs: &mut OutputProcessor,
     (scheduled, rows): (&[ScheduledSeq], &[LogitsRows]),
     (logits, vocab): (&[f32], usize),
     sample_logits: &mut Vec<f32>,
@@ -339,18 +340,8 @@ fn gather_samples(
     let mut order = Vec::with_capacity(scheduled.len());
     for (s, r) in scheduled.iter().zip(rows) {
         let Some(row) = r.sample else { continue };
-        let row = &logits[row * vocab..(row + 1) * vocab];
-        let children = match scheduler.seq(s.id) {
-            Some(parent) => outputs.fork(parent),
-            None => continue,
-        };
         order.push(s.id);
-        sample_logits.extend_from_slice(row);
-        for child in children {
-            order.push(child.id);
-            sample_logits.extend_from_slice(row);
-            scheduler.fork_seq(s.id, child);
-        }
+        sample_logits.extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
     }
     order
 }

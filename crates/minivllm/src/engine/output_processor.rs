@@ -1,6 +1,7 @@
 //! What happens to a step's samples before callers see them: each sequence's text
-//! (incremental detokenisation), logprobs and stop checks, a request's fork into its `n`
-//! (or `best_of`) completions, and `RequestOutput`s of the kind the request asked for.
+//! (incremental detokenisation), logprobs and stop checks, the gathering of a request's `n`
+//! (or `best_of`) sequences into one output, and `RequestOutput`s of the kind the request
+//! asked for.
 //!
 //! The scheduler's `Sequence` owns a sequence's token ids while it runs; this module owns
 //! everything else about a request, and takes the ids over when a sequence finishes.
@@ -37,7 +38,9 @@ struct RequestState {
     max_tokens: usize,
     /// Entry `e` scores prompt token `e` (entry 0 is `None`: nothing comes before it).
     prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
-    /// By completion index; grows when the first sequence forks (n/best_of > 1).
+    /// By completion index: `n` (or `best_of`) sibling sequences (vLLM v1's parallel
+    /// sampling: child requests of one parent), which share the prompt's K/V through the
+    /// prefix cache.
     seqs: Vec<SeqState>,
 }
 
@@ -122,7 +125,8 @@ impl OutputProcessor {
         SeqId(self.next_seq_id)
     }
 
-    /// Takes a validated request and returns its first sequence, for the scheduler.
+    /// Takes a validated request and returns its sequences, for the scheduler: `n` (or
+    /// `best_of`), each sampling with its own RNG stream.
     pub fn add_request(
         &mut self,
         id: RequestId,
@@ -130,8 +134,8 @@ impl OutputProcessor {
         params: SamplingParams,
         priority: i32,
         arrival: u64,
-    ) -> Sequence {
-        let seq_id = self.new_seq_id();
+    ) -> Vec<Sequence> {
+        let width = params.best_of_or_n().max(params.n);
         let max_tokens = params
             .max_tokens
             .unwrap_or(usize::MAX)
@@ -143,20 +147,29 @@ impl OutputProcessor {
             include_stop_str_in_output: params.include_stop_str_in_output,
         };
         let detok = IncrementalDetokenizer::new(&self.tokenizer, &prompt.token_ids, cfg);
-        let mut seq = Sequence::new(seq_id, prompt.token_ids.clone(), priority, arrival)
-            .of_request(id.clone());
-        // Cached prefix blocks have no logits to score, so such prompts are computed whole.
-        seq.skip_prefix_cache = params.prompt_logprobs.is_some();
+        let mut seqs = Vec::with_capacity(width);
+        let mut states = Vec::with_capacity(width);
+        for index in 0..width {
+            let seq_id = self.new_seq_id();
+            let mut seq = Sequence::new(seq_id, prompt.token_ids.clone(), priority, arrival)
+                .of_request(id.clone());
+            // Cached prefix blocks have no logits to score, so the sequence that scores the
+            // prompt computes it whole; its siblings then find it in the prefix cache.
+            seq.skip_prefix_cache = index == 0 && params.prompt_logprobs.is_some();
+            seqs.push(seq);
+            // Cloning shares the stop-string automaton instead of building one per sibling.
+            states.push(SeqState::new(seq_id, detok.clone(), &params, index));
+        }
         let state = RequestState {
             prompt: prompt.text,
             prompt_ids: prompt.token_ids,
             max_tokens,
             prompt_logprobs: params.prompt_logprobs.map(|_| vec![None]),
-            seqs: vec![SeqState::new(seq_id, detok, &params, 0)],
+            seqs: states,
             params,
         };
         self.requests.insert(id, state);
-        seq
+        seqs
     }
 
     /// Forgets a request; returns its sequences, for the scheduler to free.
@@ -167,11 +180,15 @@ impl OutputProcessor {
             .unwrap_or_default()
     }
 
-    /// For a request that asked for prompt logprobs: the first prompt position whose
-    /// successor is not scored yet (a recompute after preemption does not score again).
-    pub fn prompt_logprobs_from(&self, id: &RequestId) -> Option<usize> {
-        let recorded = self.requests.get(id)?.prompt_logprobs.as_ref()?.len();
-        Some(recorded - 1)
+    /// For the first sequence of a request that asked for prompt logprobs (the one that
+    /// scores them): the first prompt position whose successor is not scored yet (a
+    /// recompute after preemption does not score again).
+    pub fn prompt_logprobs_from(&self, seq: &Sequence) -> Option<usize> {
+        let req = self.requests.get(&seq.request)?;
+        if req.seqs.first()?.id != seq.id {
+            return None;
+        }
+        Some(req.prompt_logprobs.as_ref()?.len() - 1)
     }
 
     /// Scores the prompt tokens after `positions` from the logits rows starting at `first_row`.
@@ -194,40 +211,6 @@ impl OutputProcessor {
             let (lp, top, rank) = logprobs_for(&logits[row * vocab..(row + 1) * vocab], next, k);
             out.push(Some(with_chosen(next, lp, top, rank)));
         }
-    }
-
-    /// At a request's first sample, the `n` (or `best_of`) - 1 sequences its first one
-    /// forks into, for the scheduler to start beside it; none at any later sample.
-    pub fn fork(&mut self, parent: &Sequence) -> Vec<Sequence> {
-        let Some(req) = self.requests.get(&parent.request) else {
-            return Vec::new();
-        };
-        let width = req.params.best_of_or_n().max(req.params.n);
-        if req.seqs.len() != 1 || !parent.output_ids().is_empty() || width == 1 {
-            return Vec::new();
-        }
-        let ids: Vec<SeqId> = (1..width).map(|_| self.new_seq_id()).collect();
-        let req = self
-            .requests
-            .get_mut(&parent.request)
-            .expect("request exists");
-        ids.into_iter()
-            .enumerate()
-            .map(|(i, child)| {
-                // The parent has no output yet, so its detokenizer is the child's too, and
-                // cloning it shares the stop-string automaton instead of building one per fork.
-                let detok = req.seqs[0].detok.clone();
-                req.seqs
-                    .push(SeqState::new(child, detok, &req.params, i + 1));
-                let seq = Sequence::new(
-                    child,
-                    parent.token_ids.clone(),
-                    parent.priority,
-                    parent.arrival,
-                );
-                seq.of_request(parent.request.clone())
-            })
-            .collect()
     }
 
     fn state_mut(&mut self, seq: &Sequence) -> (&SamplingParams, &mut SeqState, usize) {
@@ -339,7 +322,7 @@ impl OutputProcessor {
         let req = self.requests.get_mut(id)?;
         let p = &req.params;
         let width = p.best_of_or_n().max(p.n);
-        let finished = req.seqs.len() == width && req.seqs.iter().all(|s| s.finish.is_some());
+        let finished = req.seqs.iter().all(|s| s.finish.is_some());
         let kind = p.output_kind;
         if kind == RequestOutputKind::FinalOnly && !finished {
             return None;

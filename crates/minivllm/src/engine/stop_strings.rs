@@ -2,7 +2,7 @@
 //! how many stop strings a request has or how long they are.
 //!
 //! An Aho-Corasick automaton over the stop strings' bytes is built once per stop list and
-//! shared by every prompt and fork of a request (and by requests with the same list, while
+//! shared by every sequence of a request (and by requests with the same list, while
 //! any holds it); each sequence keeps only its state, fed the bytes its output gains. The
 //! state's depth is the longest suffix of the output that begins a stop string, which is
 //! exactly what streaming must hold back; each state also knows the longest stop string

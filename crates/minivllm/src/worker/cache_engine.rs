@@ -217,20 +217,6 @@ impl CacheEngine {
         self.num_cpu_blocks
     }
 
-    /// Copies whole blocks (`src` to `dst`, every slot, keys and values): the data side of
-    /// copy-on-write when a shared block is about to be written.
-    pub fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) {
-        let block_len = self.block_len;
-        for layer in &mut self.layers {
-            for cache in [&mut layer.key, &mut layer.value] {
-                for &(src, dst) in pairs {
-                    let (s, d) = (src.0 as usize * block_len, dst.0 as usize * block_len);
-                    cache.copy_within(s, d, block_len);
-                }
-            }
-        }
-    }
-
     /// Copies whole blocks (every layer, keys and values) into the swap pool.
     pub fn swap_out(&mut self, pairs: &[(BlockId, CpuBlockId)]) {
         let pairs: Vec<(usize, usize)> = pairs

@@ -51,6 +51,8 @@ pub struct ModelRunner {
     workers: Option<Arc<dyn Communicator>>,
     /// The step message for the workers, reused.
     message: Vec<u8>,
+    /// How many logits the last forward pass gave.
+    num_logits: usize,
 }
 
 impl ModelRunner {
@@ -67,6 +69,7 @@ impl ModelRunner {
             table: Vec::new(),
             workers,
             message: Vec::new(),
+            num_logits: 0,
         }
     }
 
@@ -78,23 +81,21 @@ impl ModelRunner {
         &self.cache
     }
 
-    /// Moves and copies KV blocks as the scheduler ordered, in this order: swap-outs,
-    /// swap-ins, copies (a block swapped out may be a swap-in's or a copy's destination,
-    /// and a copy's source must hold its data before the model writes).
+    /// Moves KV blocks to and from the swap pool as the scheduler ordered: swap-outs first,
+    /// since a block swapped out may be a swap-in's destination.
     pub fn execute_cache_ops(
         &mut self,
         swap_out: &[(BlockId, CpuBlockId)],
         swap_in: &[(CpuBlockId, BlockId)],
-        copies: &[(BlockId, BlockId)],
     ) -> Result<(), InputError> {
-        if swap_out.is_empty() && swap_in.is_empty() && copies.is_empty() {
+        if swap_out.is_empty() && swap_in.is_empty() {
             return Ok(());
         }
         if let Some(workers) = &self.workers {
-            encode_cache_ops(&mut self.message, swap_out, swap_in, copies);
+            encode_cache_ops(&mut self.message, swap_out, swap_in);
             workers.broadcast_bytes(0, &mut self.message)?;
         }
-        self.apply_cache_ops(swap_out, swap_in, copies);
+        self.apply_cache_ops(swap_out, swap_in);
         Ok(())
     }
 
@@ -103,16 +104,12 @@ impl ModelRunner {
         &mut self,
         swap_out: &[(BlockId, CpuBlockId)],
         swap_in: &[(CpuBlockId, BlockId)],
-        copies: &[(BlockId, BlockId)],
     ) {
         if !swap_out.is_empty() {
             self.cache.swap_out(swap_out);
         }
         if !swap_in.is_empty() {
             self.cache.swap_in(swap_in);
-        }
-        if !copies.is_empty() {
-            self.cache.copy_blocks(copies);
         }
     }
 
@@ -154,13 +151,20 @@ impl ModelRunner {
         }
     }
 
-    /// Logits `[rows asked for by prepare_input, vocab_size]` for the prepared batch.
+    /// Logits `[rows asked for by prepare_input, vocab_size]` for the prepared batch; also
+    /// [`logits`](Self::logits) until the next batch.
     pub fn execute_model(&mut self) -> Result<&[f32], InputError> {
         if let Some(workers) = &self.workers {
             encode_execute(&mut self.message, &self.input);
             workers.broadcast_bytes(0, &mut self.message)?;
         }
-        self.forward(None)
+        self.num_logits = self.forward(None)?.len();
+        Ok(self.logits())
+    }
+
+    /// Logits `[rows asked for by prepare_input, vocab_size]` of the last batch run.
+    pub fn logits(&self) -> &[f32] {
+        self.buffers.logits(self.num_logits)
     }
 
     /// Frees step buffers that a large batch left grown (see

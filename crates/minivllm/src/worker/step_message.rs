@@ -16,13 +16,12 @@ const SHUTDOWN: u8 = 3;
 /// More KV cache groups than any layout makes (one per layer at most) marks a bad message.
 const MAX_GROUPS: usize = 1 << 12;
 
-/// Block moves and copies to make before the next forward pass, in this order: swap-outs,
-/// swap-ins, copies (the order `LLMEngine::step` explains).
+/// Block moves to make before the next forward pass: swap-outs, then swap-ins (the order
+/// `ModelRunner::execute_cache_ops` explains).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheOps {
     pub swap_out: Vec<(BlockId, CpuBlockId)>,
     pub swap_in: Vec<(CpuBlockId, BlockId)>,
-    pub copies: Vec<(BlockId, BlockId)>,
 }
 
 /// What a received message asks of a worker.
@@ -40,13 +39,11 @@ pub fn encode_cache_ops(
     buf: &mut Vec<u8>,
     swap_out: &[(BlockId, CpuBlockId)],
     swap_in: &[(CpuBlockId, BlockId)],
-    copies: &[(BlockId, BlockId)],
 ) {
     buf.clear();
     buf.push(CACHE_OPS);
     put_pairs(buf, swap_out.iter().map(|(a, b)| (a.0, b.0)));
     put_pairs(buf, swap_in.iter().map(|(a, b)| (a.0, b.0)));
-    put_pairs(buf, copies.iter().map(|(a, b)| (a.0, b.0)));
 }
 
 pub fn encode_execute(buf: &mut Vec<u8>, input: &InputMetadata) {
@@ -92,7 +89,6 @@ pub fn decode(
             let ops = &mut into.ops;
             r.pairs(&mut ops.swap_out, |a, b| (BlockId(a), CpuBlockId(b)))?;
             r.pairs(&mut ops.swap_in, |a, b| (CpuBlockId(a), BlockId(b)))?;
-            r.pairs(&mut ops.copies, |a, b| (BlockId(a), BlockId(b)))?;
             Received::CacheOps
         }
         EXECUTE => {

@@ -36,8 +36,7 @@ impl Worker {
             match decode(&self.message, block_size, &mut self.received)? {
                 Received::CacheOps => {
                     let ops = &self.received.ops;
-                    self.runner
-                        .apply_cache_ops(&ops.swap_out, &ops.swap_in, &ops.copies);
+                    self.runner.apply_cache_ops(&ops.swap_out, &ops.swap_in);
                 }
                 Received::Execute => {
                     steps += 1;

@@ -239,10 +239,12 @@ fn n_completions_share_the_prompt_blocks() {
         .add_request("r", PromptInput::TokenIds(prompt), params, 0)
         .unwrap();
     let total = engine.num_total_blocks();
-    engine.step().unwrap(); // prefill, then fork into 3
-    engine.step().unwrap(); // each writes its first token: copy-on-write of the partial block
+    // The first sequence prefills the prompt; its siblings, scheduled after it in the same
+    // step, find its 2 full blocks in the prefix cache and compute only the partial one.
+    engine.step().unwrap();
+    engine.step().unwrap(); // each writes its first token into its own partial block
     let used = total - engine.num_free_blocks();
-    // Shared: 2 full prompt blocks; own: 3 copies of the partial last block.
+    // Shared: 2 full prompt blocks; own: 3 partial last blocks.
     assert_eq!(
         used,
         2 + 3,

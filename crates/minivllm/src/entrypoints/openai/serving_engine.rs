@@ -125,7 +125,7 @@ pub fn admit(
     echo: bool,
 ) -> Result<(Vec<SamplingParams>, Held), ApiError> {
     base.validate()?;
-    // Before anything is sized by `n`: the streams' per-choice state, the engine's forks.
+    // Before anything is sized by `n`: the streams' per-choice state, the engine's sibling sequences.
     check_request_width(s, base, prompts.len())?;
     base.validate_for_model(s.engine.tokenizer().vocab_size(), MAX_LOGPROBS)?;
     let shapes = prompts

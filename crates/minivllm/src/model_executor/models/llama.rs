@@ -113,6 +113,11 @@ impl ForwardBuffers {
     /// Below this, buffers are kept while idle: what an ordinary batch needs.
     const KEEP_BYTES: usize = 32 << 20;
 
+    /// The first `len` logits of the last forward pass (`len` as it returned them).
+    pub fn logits(&self, len: usize) -> &[f32] {
+        &self.logits[..len]
+    }
+
     /// Frees the buffers if a past batch grew them large (a step scoring a long prompt's
     /// logprobs needs a vocabulary-wide row per token): called when the engine goes idle,
     /// so one such request does not leave its peak in the server for good.

@@ -54,13 +54,11 @@ fn cache_operations_and_shutdown_arrive() {
     let mut buf = Vec::new();
     let swap_out = [(BlockId(3), CpuBlockId(0)), (BlockId(4), CpuBlockId(1))];
     let swap_in = [(CpuBlockId(2), BlockId(7))];
-    let copies = [(BlockId(1), BlockId(5))];
-    encode_cache_ops(&mut buf, &swap_out, &swap_in, &copies);
+    encode_cache_ops(&mut buf, &swap_out, &swap_in);
     let mut got = StepBuffers::default();
     assert_eq!(decode(&buf, BLOCK_SIZE, &mut got), Ok(Received::CacheOps));
     assert_eq!(got.ops.swap_out, swap_out);
     assert_eq!(got.ops.swap_in, swap_in);
-    assert_eq!(got.ops.copies, copies);
     encode_shutdown(&mut buf);
     assert_eq!(decode(&buf, BLOCK_SIZE, &mut got), Ok(Received::Shutdown));
 }
