@@ -90,6 +90,8 @@ class LLM:
         max_model_len: Longest sequence, prompt included (default: the model's context).
         max_num_seqs: Most sequences running at once.
         max_num_batched_tokens: Most tokens per step.
+        max_prefill_tokens: Most prompt tokens per step, decodes not counted (default 256:
+            a burst's requests get their first tokens in turn).
         block_size: Tokens per KV-cache block.
         enable_prefix_caching: Reuse the KV cache of shared prompt prefixes.
         enable_chunked_prefill: Split long prompts across steps.
@@ -113,6 +115,7 @@ class LLM:
         max_model_len: Optional[int] = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: Optional[int] = None,
+        max_prefill_tokens: Optional[int] = None,
         block_size: int = 16,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
@@ -141,6 +144,7 @@ class LLM:
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
+            max_prefill_tokens=max_prefill_tokens,
             block_size=block_size,
             kv_cache_memory=str(kv if kv is not None else "1GiB"),
             swap_space=str(int(swap_space * (1 << 30))),

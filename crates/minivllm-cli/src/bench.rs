@@ -470,6 +470,7 @@ fn latency_engine_args(args: &LatencyArgs) -> anyhow::Result<EngineArgs> {
         max_model_len: m.max_model_len,
         max_num_seqs: args.batch_size,
         max_num_batched_tokens: Some((args.batch_size * args.input_len).max(2048)),
+        max_prefill_tokens: Some((args.batch_size * args.input_len).max(2048)),
         block_size: m.block_size,
         kv_cache_memory: m.kv_cache_memory,
         kv_cache_dtype: m.kv_cache_dtype,

@@ -79,17 +79,33 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
         DatasetName::Jsonl => jsonl_requests(&tok, &args)?,
     };
     let offsets = arrival_offsets(requests.len(), args.request_rate, &mut rng);
+    // Random tokens of the mean prompt length, two different prompts: none shares prefix
+    // blocks with a request or the other, so the prefix cache cannot flatter the rate.
+    let mean_len = requests.iter().map(|r| r.prompt_len).sum::<usize>() / requests.len();
+    let vocab = ordinary_vocab(&tok);
+    let probes = (0..2)
+        .map(|_| {
+            let (prompt, prompt_len) = exact_prompt(&tok, &vocab, mean_len.max(1), &mut rng)?;
+            Ok(BenchRequest {
+                prompt,
+                prompt_len,
+                output_len: 1,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let base = args.base_url.trim_end_matches('/').to_string();
-    let (model, outcomes, duration) = rt.block_on(async {
+    let lens: Vec<usize> = requests.iter().map(|r| r.prompt_len).collect();
+    let (model, outcomes, duration, prefill_rate) = rt.block_on(async {
         let http = client::http_client()?;
         let model = client::resolve_model(&http, &base, args.model.clone()).await?;
         let client = Client::new(http, &base, &args.endpoint, model.clone());
+        let prefill_rate = probe_prefill_rate(&client, &probes).await;
         let start = Instant::now();
         let outcomes = dispatch(client, requests, offsets, args.max_concurrency).await;
-        anyhow::Ok((model, outcomes, start.elapsed().as_secs_f64()))
+        anyhow::Ok((model, outcomes, start.elapsed().as_secs_f64(), prefill_rate))
     })?;
     let settings = metrics::Settings {
         model_id: model,
@@ -99,7 +115,14 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
         max_concurrency: args.max_concurrency,
     };
     let count = |text: &str| tok.encode(text, false).map_or(0, |ids| ids.len());
-    let report = metrics::Report::new(settings, &outcomes, duration, count);
+    let mut report = metrics::Report::new(settings, &outcomes, duration, count);
+    if args.request_rate.is_infinite() {
+        let burst = args.max_concurrency.unwrap_or(lens.len()).min(lens.len());
+        report.prefill_bound = prefill_rate.map(|rate| metrics::PrefillBound {
+            rate,
+            median_ttft_ms: prefill_bound_median_ttft(&lens[..burst], rate) * 1e3,
+        });
+    }
     print_report(&args, &report, &outcomes)
 }
 
@@ -183,6 +206,34 @@ async fn dispatch(
         eprintln!();
     }
     outcomes
+}
+
+/// The server's prefill rate in tokens per second, from requests of one output token
+/// sent alone one after another, taking the fastest (the first may pay for warm-up).
+/// `None` if one fails: the benchmark then reports no prefill bound.
+async fn probe_prefill_rate(client: &Client, probes: &[BenchRequest]) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    for probe in probes {
+        let done = client.send(probe).await.ok()?;
+        let rate = probe.prompt_len as f64 / done.latency.max(1e-9);
+        best = Some(best.map_or(rate, |b| b.max(rate)));
+    }
+    best
+}
+
+/// The median TTFT of a burst of prompts of `lens` tokens arriving together, if the server
+/// prefilled them one after another at `rate` tokens per second and sent each first token
+/// as soon as its prompt was done: the bound that ordering prefill work can approach.
+fn prefill_bound_median_ttft(lens: &[usize], rate: f64) -> f64 {
+    let mut done = 0usize;
+    let ttfts: Vec<f64> = lens
+        .iter()
+        .map(|&len| {
+            done += len;
+            done as f64 / rate
+        })
+        .collect();
+    metrics::stats(&ttfts).median
 }
 
 /// Send times in seconds from the start: Poisson arrivals (exponential gaps of mean
@@ -312,6 +363,14 @@ fn jsonl_requests(tok: &Tokenizer, args: &ServeBenchArgs) -> anyhow::Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prefill_bound_is_the_median_of_prompts_done_one_after_another() {
+        // 16 prompts of 100 tokens at 459 tok/s: done at k * 100 / 459 s, median 8.5 of them.
+        let bound = prefill_bound_median_ttft(&[100; 16], 459.0);
+        assert!((bound - 8.5 * 100.0 / 459.0).abs() < 1e-12, "{bound}");
+        assert_eq!(prefill_bound_median_ttft(&[30, 10, 20], 10.0), 4.0);
+    }
 
     #[test]
     fn infinite_rate_sends_everything_at_once() {

@@ -104,6 +104,11 @@ pub struct EngineFlags {
     /// Most tokens per step (default 2048 with chunked prefill).
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
+    /// Most prompt tokens per step, within --max-num-batched-tokens; decodes do not count
+    /// (default 256: a burst's requests get their first tokens in turn, not all after the
+    /// whole burst's prefill).
+    #[arg(long)]
+    pub max_prefill_tokens: Option<usize>,
     /// Reuse the KV of shared prompt prefixes (on by default).
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
     pub enable_prefix_caching: bool,
@@ -132,6 +137,7 @@ impl EngineFlags {
             max_model_len: m.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
+            max_prefill_tokens: self.max_prefill_tokens,
             block_size: m.block_size,
             kv_cache_memory: m.kv_cache_memory,
             kv_cache_dtype: m.kv_cache_dtype,

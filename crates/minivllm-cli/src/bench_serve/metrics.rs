@@ -47,6 +47,15 @@ pub struct Settings {
     pub max_concurrency: Option<usize>,
 }
 
+/// What a burst's TTFT could at best be: its prompts prefilled one after another at the
+/// rate the server prefills one prompt alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillBound {
+    /// Prompt tokens per second, of one request sent alone.
+    pub rate: f64,
+    pub median_ttft_ms: f64,
+}
+
 pub struct Report {
     pub settings: Settings,
     pub duration: f64,
@@ -59,6 +68,8 @@ pub struct Report {
     pub tpot: Stats,
     pub itl: Stats,
     pub e2el: Stats,
+    /// For requests sent all at once, when the probe succeeded.
+    pub prefill_bound: Option<PrefillBound>,
 }
 
 impl Report {
@@ -95,6 +106,7 @@ impl Report {
             tpot: stats(&tpot),
             itl: stats(&itl),
             e2el: stats(&e2el),
+            prefill_bound: None,
         }
     }
 
@@ -151,6 +163,10 @@ impl Report {
             put(&format!("median_{key}_ms"), json!(st.median));
             put(&format!("p99_{key}_ms"), json!(st.p99));
             put(&format!("std_{key}_ms"), json!(st.std));
+        }
+        if let Some(b) = self.prefill_bound {
+            put("probe_prefill_throughput", json!(b.rate));
+            put("prefill_bound_median_ttft_ms", json!(b.median_ttft_ms));
         }
         Value::Object(m)
     }
@@ -210,11 +226,21 @@ impl Report {
                 &format!("Median {name} (ms):"),
                 format!("{:.2}", st.median),
             );
+            if let (Some(b), "TTFT") = (self.prefill_bound, name) {
+                row(
+                    &mut t,
+                    "Prefill-bound median TTFT (ms):",
+                    format!("{:.2}", b.median_ttft_ms),
+                );
+            }
             row(
                 &mut t,
                 &format!("P99 {name} (ms):"),
                 format!("{:.2}", st.p99),
             );
+        }
+        if let Some(b) = self.prefill_bound {
+            row(&mut t, "Prefill alone (tok/s):", format!("{:.2}", b.rate));
         }
         t.push_str(&"=".repeat(50));
         t
@@ -303,5 +329,17 @@ mod tests {
         assert!(r
             .table()
             .contains("Successful requests:                     2"));
+        assert!(j.get("prefill_bound_median_ttft_ms").is_none());
+        let r = Report {
+            prefill_bound: Some(PrefillBound {
+                rate: 400.0,
+                median_ttft_ms: 1850.0,
+            }),
+            ..r
+        };
+        assert_eq!(r.to_json()["prefill_bound_median_ttft_ms"], 1850.0);
+        assert!(r
+            .table()
+            .contains("Prefill-bound median TTFT (ms):          1850.00"));
     }
 }

@@ -24,6 +24,11 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Split long prompts across steps; without it a prompt waits until it fits whole.
     pub enable_chunked_prefill: bool,
+    /// Most prompt tokens (prompt chunks and recomputes: whatever is not a decode) in one
+    /// step (`--max-prefill-tokens`). Prompts take it first come, first served, so under a
+    /// burst each request's prompt completes, and its first token goes out, as early as
+    /// its turn allows, rather than all of them together after the whole burst's prefill.
+    pub max_prefill_tokens: usize,
     pub policy: Policy,
     /// Blocks in the CPU swap pool (`--swap-space`); 0 preempts by recompute only.
     pub num_cpu_blocks: usize,
@@ -182,9 +187,10 @@ impl Scheduler {
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.cfg.max_num_batched_tokens;
+        let mut prefill = self.cfg.max_prefill_tokens;
         self.block_manager.start_step();
         self.sort_by_policy();
-        self.schedule_running(&mut out, &mut budget);
+        self.schedule_running(&mut out, &mut budget, &mut prefill);
         // As vLLM: a step that had to preempt admits nobody new, or the newcomer would
         // take the blocks just freed and the preempted sequence would starve. Swapped-out
         // sequences likewise come back before anyone new starts. That also keeps swap-outs
@@ -192,7 +198,7 @@ impl Scheduler {
         if out.preempted.is_empty() {
             self.schedule_swapped(&mut out, &mut budget);
             if self.swapped.is_empty() {
-                self.schedule_waiting(&mut out, &mut budget);
+                self.schedule_waiting(&mut out, &mut budget, &mut prefill);
             }
         }
         out.num_batched_tokens = self.cfg.max_num_batched_tokens - budget;
@@ -207,12 +213,22 @@ impl Scheduler {
         self.waiting.sort_by_key(|id| policy.key(&seqs[id]));
     }
 
-    fn schedule_running(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
+    fn schedule_running(
+        &mut self,
+        out: &mut SchedulerOutput,
+        budget: &mut usize,
+        prefill: &mut usize,
+    ) {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
             let seq = &self.seqs[&id];
-            let num_new = seq.num_uncomputed().min(*budget);
+            let uncomputed = seq.num_uncomputed();
+            // A decode always runs; a prompt's remainder waits for prefill budget.
+            let num_new = match uncomputed {
+                1 => 1,
+                n => n.min(*budget).min(*prefill),
+            };
             if num_new == 0 {
                 i += 1;
                 continue;
@@ -232,6 +248,9 @@ impl Scheduler {
                         num_new_tokens: num_new,
                     });
                     *budget -= num_new;
+                    if uncomputed > 1 {
+                        *prefill -= num_new;
+                    }
                     i += 1;
                     break;
                 }
@@ -292,7 +311,12 @@ impl Scheduler {
         }
     }
 
-    fn schedule_waiting(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
+    fn schedule_waiting(
+        &mut self,
+        out: &mut SchedulerOutput,
+        budget: &mut usize,
+        prefill: &mut usize,
+    ) {
         while let Some(&id) = self.waiting.first() {
             if *budget == 0 || self.running.len() >= self.cfg.max_num_seqs {
                 break;
@@ -304,10 +328,18 @@ impl Scheduler {
                 self.block_manager.get_computed_tokens(&seq.token_ids)
             };
             let remaining = seq.len() - cached;
-            if remaining > *budget && !self.cfg.enable_chunked_prefill {
+            // Only the prefill budget's first prompt may overrun it: one that must run
+            // whole (no chunked prefill) would otherwise never start.
+            let fresh_step = *prefill == self.cfg.max_prefill_tokens;
+            let room = match self.cfg.enable_chunked_prefill {
+                true => (*budget).min(*prefill),
+                false if fresh_step => *budget,
+                false => (*budget).min(*prefill),
+            };
+            if room == 0 || (remaining > room && !self.cfg.enable_chunked_prefill) {
                 break;
             }
-            let num_new = remaining.min(*budget);
+            let num_new = remaining.min(room);
             if (self.block_manager)
                 .allocate_slots(id, &seq.token_ids, cached, num_new)
                 .is_none()
@@ -327,6 +359,7 @@ impl Scheduler {
                 num_new_tokens: num_new,
             });
             *budget -= num_new;
+            *prefill = prefill.saturating_sub(num_new);
         }
     }
 
@@ -399,6 +432,7 @@ mod tests {
             max_num_batched_tokens: 64,
             max_num_seqs: 8,
             enable_chunked_prefill: true,
+            max_prefill_tokens: usize::MAX,
             policy: Policy::Fcfs,
             num_cpu_blocks,
         };

@@ -10,6 +10,14 @@ use crate::model_executor::loader::weights::LoadOptions;
 use crate::sampling_params::SamplingParams;
 use crate::worker::cache_engine::{CacheDtype, CacheEngine};
 
+/// Prompt tokens per step unless asked otherwise. A burst's prompts then complete a few at a
+/// time, first come first served, each sending its first token as soon as it is done,
+/// rather than all together once the whole burst is prefilled; on a CPU a step of this many
+/// prompt tokens already spends nearly all its time computing (the weights are read once per
+/// step, a small part of it), so prefill runs as fast as in larger steps
+/// (`docs/benchmarks.md`, "Time to first token under a burst").
+pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 256;
+
 /// Blocks a new sequence may not take (vLLM's watermark): a share of the cache kept free
 /// so running sequences can grow without preempting at once.
 const WATERMARK: f32 = 0.01;
@@ -24,6 +32,9 @@ pub struct EngineArgs {
     pub max_num_seqs: usize,
     /// Default: 2048, raised to `max_model_len` when chunked prefill is off.
     pub max_num_batched_tokens: Option<usize>,
+    /// Most prompt tokens one step computes (`--max-prefill-tokens`), within
+    /// `max_num_batched_tokens`; decodes do not count. Default: [`DEFAULT_MAX_PREFILL_TOKENS`].
+    pub max_prefill_tokens: Option<usize>,
     pub block_size: usize,
     /// Bytes of KV cache.
     pub kv_cache_memory: u64,
@@ -51,6 +62,7 @@ impl Default for EngineArgs {
             max_model_len: None,
             max_num_seqs: 256,
             max_num_batched_tokens: None,
+            max_prefill_tokens: None,
             block_size: 16,
             kv_cache_memory: 1 << 30,
             kv_cache_dtype: CacheDtype::Auto,
@@ -129,10 +141,19 @@ pub(crate) fn scheduler_config(
              ({max_model_len}) without chunked prefill: long prompts could never run"
         )));
     }
+    let max_prefill_tokens = args
+        .max_prefill_tokens
+        .unwrap_or(DEFAULT_MAX_PREFILL_TOKENS);
+    if max_prefill_tokens == 0 {
+        return Err(EngineError::Config(
+            "max_prefill_tokens must be positive".into(),
+        ));
+    }
     Ok(SchedulerConfig {
         max_num_batched_tokens,
         max_num_seqs: args.max_num_seqs,
         enable_chunked_prefill: args.enable_chunked_prefill,
+        max_prefill_tokens,
         policy: args.scheduling_policy,
         num_cpu_blocks,
     })

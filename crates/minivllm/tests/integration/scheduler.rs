@@ -6,14 +6,22 @@ use minivllm::core::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
 use minivllm::sequence::{SeqId, Sequence};
 
 fn scheduler(num_blocks: usize, budget: usize, max_seqs: usize, policy: Policy) -> Scheduler {
-    Scheduler::new(
+    with_config(
+        num_blocks,
         SchedulerConfig {
             max_num_batched_tokens: budget,
             max_num_seqs: max_seqs,
             enable_chunked_prefill: true,
+            max_prefill_tokens: usize::MAX,
             policy,
             num_cpu_blocks: 0,
         },
+    )
+}
+
+fn with_config(num_blocks: usize, cfg: SchedulerConfig) -> Scheduler {
+    Scheduler::new(
+        cfg,
         BlockManager::new(BlockManagerConfig {
             num_blocks,
             block_size: 4,
@@ -137,4 +145,60 @@ fn out_of_blocks_preempts_the_lowest_priority_and_resumes_it_later() {
     s.finish_seq(SeqId(2));
     assert!(!s.has_unfinished());
     assert_eq!(s.block_manager().num_free_blocks(), 4);
+}
+
+#[test]
+fn a_burst_prefills_in_turn_within_the_prefill_budget_while_decodes_go_on() {
+    let base = scheduler(64, 64, 8, Policy::Fcfs);
+    let mut s = with_config(
+        64,
+        SchedulerConfig {
+            max_prefill_tokens: 16,
+            ..base.config().clone()
+        },
+    );
+    for id in 1..=4 {
+        s.add_seq(seq(id, 10, 0));
+    }
+    let plan = |out: &SchedulerOutput| -> Vec<(u64, usize)> {
+        out.scheduled
+            .iter()
+            .map(|x| (x.id.0, x.num_new_tokens))
+            .collect()
+    };
+    // First come, first served: the first prompt whole and the start of the second.
+    let out = s.schedule();
+    assert_eq!(plan(&out), [(1, 10), (2, 6)]);
+    complete(&mut s, &out);
+    // The first decodes (not counted); the second finishes, the third starts.
+    let out = s.schedule();
+    assert_eq!(plan(&out), [(1, 1), (2, 4), (3, 10), (4, 2)]);
+    complete(&mut s, &out);
+    let out = s.schedule();
+    assert_eq!(plan(&out), [(1, 1), (2, 1), (3, 1), (4, 8)]);
+}
+
+#[test]
+fn without_chunked_prefill_a_prompt_over_the_prefill_budget_still_runs_whole() {
+    let base = scheduler(64, 64, 8, Policy::Fcfs);
+    let mut s = with_config(
+        64,
+        SchedulerConfig {
+            max_prefill_tokens: 8,
+            enable_chunked_prefill: false,
+            ..base.config().clone()
+        },
+    );
+    s.add_seq(seq(1, 20, 0));
+    s.add_seq(seq(2, 5, 0));
+    // The first prompt alone, whole; the second waits for the next step's budget.
+    let out = s.schedule();
+    assert_eq!(out.scheduled.len(), 1);
+    assert_eq!(out.scheduled[0].num_new_tokens, 20);
+    complete(&mut s, &out);
+    let out = s.schedule();
+    let plan: Vec<(u64, usize)> = (out.scheduled.iter())
+        .map(|x| (x.id.0, x.num_new_tokens))
+        .collect();
+    assert_eq!(plan, [(1, 1), (2, 5)]);
 }
