@@ -38,7 +38,7 @@ pub fn reference_dir() -> PathBuf {
     dir
 }
 
-/// Block tables for a sequence run without a block manager over a cache of `groups` KV cache
+/// Block tables for a sequence run without a KV cache manager over a cache of `groups` KV cache
 /// groups: group `g` gets `table`'s blocks shifted by `g * stride`, so no two groups share a
 /// block (the cache needs `groups * stride` blocks).
 pub fn group_tables(

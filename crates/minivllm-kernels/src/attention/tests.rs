@@ -246,7 +246,7 @@ fn half_precision_caches_match_scalar() {
 }
 
 /// A sliding-window layer's blocks behind the first query's window may be given back to the
-/// pool (the block manager marks them `u32::MAX`): no kernel reads them, and the output is
+/// pool (the KV cache manager marks them `u32::MAX`): no kernel reads them, and the output is
 /// bit for bit that of the whole table.
 #[test]
 fn blocks_behind_every_window_are_never_read() {

@@ -120,7 +120,7 @@ impl KvCacheLayout {
 
 /// The first block (of `block_size` positions) that a query at position `pos`, or any later
 /// one, reads in a group with `window`: every block before it has left the window. The
-/// block manager gives those back; the runner accepts them gone.
+/// KV cache manager gives those back; the runner accepts them gone.
 pub fn first_needed_block(window: Option<usize>, pos: usize, block_size: usize) -> usize {
     window.map_or(0, |w| (pos + 1).saturating_sub(w) / block_size)
 }

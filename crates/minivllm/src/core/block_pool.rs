@@ -5,11 +5,36 @@ use std::collections::HashMap;
 
 pub use crate::ids::{BlockId, CpuBlockId};
 
+/// A pool's block id: a device block, or a block of the CPU swap pool, each its own type so
+/// that the two id spaces cannot be mixed.
+pub trait PoolBlock: Copy + Eq + std::fmt::Display + std::fmt::Debug {
+    fn index(self) -> u32;
+    fn from_index(i: u32) -> Self;
+}
+
+impl PoolBlock for BlockId {
+    fn index(self) -> u32 {
+        self.0
+    }
+    fn from_index(i: u32) -> Self {
+        BlockId(i)
+    }
+}
+
+impl PoolBlock for CpuBlockId {
+    fn index(self) -> u32 {
+        self.0
+    }
+    fn from_index(i: u32) -> Self {
+        CpuBlockId(i)
+    }
+}
+
 /// A cached (full, computed) block's contents, kept so a lookup can check that a hash hit
 /// really is the same content: a 64-bit hash alone could serve another prefix's K/V. One
 /// entry stands for the contents in every KV cache group; each group may hold a block of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CachedBlock {
+pub struct CachedBlock<B = BlockId> {
     /// Chained hash of the block: its index key in the pool.
     pub hash: u64,
     /// Unique for every registration, never reused: children name their parent by it, so a
@@ -21,7 +46,7 @@ pub struct CachedBlock {
     pub tokens: Box<[u32]>,
     /// The block holding these contents in each KV cache group, where one does. The entry
     /// is forgotten when the last of them is evicted.
-    pub blocks: Vec<Option<BlockId>>,
+    pub blocks: Vec<Option<B>>,
 }
 
 const NIL: u32 = u32::MAX;
@@ -44,17 +69,17 @@ struct Slot {
 /// uncached blocks join the front, since reusing them loses nothing. A free cached block can
 /// leave the queue from the middle when a lookup revives it, hence the linked list.
 #[derive(Debug)]
-pub struct BlockPool {
+pub struct BlockPool<B: PoolBlock = BlockId> {
     slots: Vec<Slot>,
     head: u32,
     tail: u32,
     num_free: usize,
-    by_hash: HashMap<u64, CachedBlock>,
+    by_hash: HashMap<u64, CachedBlock<B>>,
     next_entry_id: u64,
     num_groups: usize,
 }
 
-impl BlockPool {
+impl<B: PoolBlock> BlockPool<B> {
     /// A pool of blocks shared by `num_groups` KV cache groups.
     pub fn new(num_blocks: usize, num_groups: usize) -> Self {
         assert!(
@@ -91,7 +116,7 @@ impl BlockPool {
     }
 
     /// `n` fresh blocks with one reference each, or `None` (taking nothing) if fewer are free.
-    pub fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
+    pub fn allocate(&mut self, n: usize) -> Option<Vec<B>> {
         if n > self.num_free {
             return None;
         }
@@ -99,9 +124,9 @@ impl BlockPool {
     }
 
     /// Drops one reference from each block, in order; blocks left with none become free.
-    pub fn free(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
+    pub fn free(&mut self, blocks: impl IntoIterator<Item = B>) {
         for b in blocks {
-            let slot = &mut self.slots[b.0 as usize];
+            let slot = &mut self.slots[b.index() as usize];
             debug_assert!(slot.ref_cnt > 0, "{b} freed twice");
             if slot.ref_cnt == 0 {
                 continue;
@@ -109,34 +134,34 @@ impl BlockPool {
             slot.ref_cnt -= 1;
             if slot.ref_cnt == 0 {
                 if slot.cached.is_some() {
-                    self.push_back(b.0);
+                    self.push_back(b.index());
                 } else {
-                    self.push_front(b.0);
+                    self.push_front(b.index());
                 }
             }
         }
     }
 
     /// Adds a reference to a block, reviving it from the free queue if it had none.
-    pub fn touch(&mut self, b: BlockId) {
-        if self.slots[b.0 as usize].ref_cnt == 0 {
-            self.unlink(b.0);
+    pub fn touch(&mut self, b: B) {
+        if self.slots[b.index() as usize].ref_cnt == 0 {
+            self.unlink(b.index());
         }
-        self.slots[b.0 as usize].ref_cnt += 1;
+        self.slots[b.index() as usize].ref_cnt += 1;
     }
 
-    pub fn ref_count(&self, b: BlockId) -> u32 {
-        self.slots[b.0 as usize].ref_cnt
+    pub fn ref_count(&self, b: B) -> u32 {
+        self.slots[b.index() as usize].ref_cnt
     }
 
     /// The entry whose contents `b` holds, if it is cached.
-    pub fn cached(&self, b: BlockId) -> Option<&CachedBlock> {
-        let (hash, _) = self.slots[b.0 as usize].cached?;
+    pub fn cached(&self, b: B) -> Option<&CachedBlock<B>> {
+        let (hash, _) = self.slots[b.index() as usize].cached?;
         self.by_hash.get(&hash)
     }
 
     /// The entry registered under `hash`, if any (its contents still need checking).
-    pub fn lookup(&self, hash: u64) -> Option<&CachedBlock> {
+    pub fn lookup(&self, hash: u64) -> Option<&CachedBlock<B>> {
         self.by_hash.get(&hash)
     }
 
@@ -146,14 +171,14 @@ impl BlockPool {
     /// block of it (the first registration wins, as in vLLM); otherwise a new entry starts.
     pub fn register(
         &mut self,
-        b: BlockId,
+        b: B,
         group: usize,
         hash: u64,
         parent: Option<u64>,
         tokens: &[u32],
     ) -> u64 {
         debug_assert!(
-            self.slots[b.0 as usize].cached.is_none(),
+            self.slots[b.index() as usize].cached.is_none(),
             "{b} cached twice"
         );
         let num_groups = self.num_groups;
@@ -175,15 +200,15 @@ impl BlockPool {
         );
         if entry.blocks[group].is_none() {
             entry.blocks[group] = Some(b);
-            self.slots[b.0 as usize].cached = Some((hash, group as u32));
+            self.slots[b.index() as usize].cached = Some((hash, group as u32));
         }
         entry.id
     }
 
     /// Takes `b` out of the cache (its content turned out never to have been computed); a
     /// free `b` moves to the front of the free queue, as uncached blocks go.
-    pub fn unregister(&mut self, b: BlockId) {
-        let slot = &mut self.slots[b.0 as usize];
+    pub fn unregister(&mut self, b: B) {
+        let slot = &mut self.slots[b.index() as usize];
         let Some((hash, group)) = slot.cached.take() else {
             return;
         };
@@ -195,8 +220,8 @@ impl BlockPool {
             }
         }
         if free {
-            self.unlink(b.0);
-            self.push_front(b.0);
+            self.unlink(b.index());
+            self.push_front(b.index());
         }
     }
 
@@ -219,24 +244,24 @@ impl BlockPool {
     }
 
     /// The free queue from front (next to be reused) to back.
-    pub fn free_queue(&self) -> Vec<BlockId> {
+    pub fn free_queue(&self) -> Vec<B> {
         let mut out = Vec::with_capacity(self.num_free);
         let mut i = self.head;
         while i != NIL {
-            out.push(BlockId(i));
+            out.push(B::from_index(i));
             i = self.slots[i as usize].next;
         }
         out
     }
 
     /// Every (hash, group, block) in the cache index.
-    pub fn cache_index(&self) -> impl Iterator<Item = (u64, usize, BlockId)> + '_ {
+    pub fn cache_index(&self) -> impl Iterator<Item = (u64, usize, B)> + '_ {
         self.by_hash.iter().flat_map(|(&h, e)| {
             (e.blocks.iter().enumerate()).filter_map(move |(g, b)| b.map(|b| (h, g, b)))
         })
     }
 
-    fn pop_fresh(&mut self) -> BlockId {
+    fn pop_fresh(&mut self) -> B {
         let i = self.head;
         assert_ne!(i, NIL, "free queue is empty");
         self.unlink(i);
@@ -252,7 +277,7 @@ impl BlockPool {
                 self.by_hash.remove(&hash);
             }
         }
-        BlockId(i)
+        B::from_index(i)
     }
 
     fn push_back(&mut self, i: u32) {
@@ -302,7 +327,7 @@ mod tests {
 
     #[test]
     fn allocation_is_all_or_nothing_and_free_returns_blocks() {
-        let mut pool = BlockPool::new(4, 1);
+        let mut pool = BlockPool::<BlockId>::new(4, 1);
         let a = pool.allocate(3).unwrap();
         assert_eq!(pool.num_free(), 1);
         assert!(pool.allocate(2).is_none());
@@ -316,7 +341,7 @@ mod tests {
 
     #[test]
     fn cached_blocks_queue_at_the_back_uncached_at_the_front() {
-        let mut pool = BlockPool::new(4, 1);
+        let mut pool = BlockPool::<BlockId>::new(4, 1);
         let b = pool.allocate(4).unwrap();
         pool.register(b[0], 0, 7, None, &[1, 2]);
         pool.register(b[1], 0, 8, Some(0), &[3, 4]);
@@ -340,7 +365,7 @@ mod tests {
 
     #[test]
     fn an_entry_lives_while_any_group_holds_a_block_of_it() {
-        let mut pool = BlockPool::new(3, 2);
+        let mut pool = BlockPool::<BlockId>::new(3, 2);
         let b = pool.allocate(3).unwrap();
         let id = pool.register(b[0], 0, 7, None, &[1, 2]);
         // The second group's block joins the entry; a later one of the same group does not.

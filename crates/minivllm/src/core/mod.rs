@@ -1,6 +1,7 @@
 //! Scheduling and KV-block bookkeeping.
 
-pub mod block_manager;
 pub mod block_pool;
+pub mod kv_cache_manager;
 pub mod policy;
 pub mod scheduler;
+pub mod seq_queue;

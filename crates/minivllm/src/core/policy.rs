@@ -25,9 +25,13 @@ impl std::str::FromStr for Policy {
     }
 }
 
+/// A sequence's place under a policy: smaller is served first and preempted last. Unique
+/// per sequence (it ends with the sequence id).
+pub type PolicyKey = (i64, u64, u64);
+
 impl Policy {
     /// Sort key: smaller is served first and preempted last.
-    pub fn key(self, seq: &Sequence) -> (i64, u64, u64) {
+    pub fn key(self, seq: &Sequence) -> PolicyKey {
         let priority = match self {
             Policy::Fcfs => 0,
             Policy::Priority => seq.priority as i64,

@@ -11,9 +11,10 @@
 
 use std::collections::HashMap;
 
-use crate::core::block_manager::BlockManager;
-use crate::core::block_pool::{BlockId, BlockPool, CpuBlockId};
+use crate::core::block_pool::{BlockId, CpuBlockId};
+use crate::core::kv_cache_manager::KvCacheManager;
 use crate::core::policy::Policy;
+use crate::core::seq_queue::SeqQueue;
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
 
 #[derive(Debug, Clone)]
@@ -30,8 +31,6 @@ pub struct SchedulerConfig {
     /// its turn allows, rather than all of them together after the whole burst's prefill.
     pub max_prefill_tokens: usize,
     pub policy: Policy,
-    /// Blocks in the CPU swap pool (`--swap-space`); 0 preempts by recompute only.
-    pub num_cpu_blocks: usize,
 }
 
 /// One sequence's share of a step.
@@ -64,31 +63,25 @@ impl SchedulerOutput {
 
 pub struct Scheduler {
     cfg: SchedulerConfig,
-    block_manager: BlockManager,
+    kv_cache_manager: KvCacheManager,
     seqs: HashMap<SeqId, Sequence>,
-    waiting: Vec<SeqId>,
-    running: Vec<SeqId>,
+    waiting: SeqQueue,
+    running: SeqQueue,
     /// Swapped-out sequences, served before any waiting one is admitted.
-    swapped: Vec<SeqId>,
-    /// The swap pool's books; only refcounts and the free list are used, never its cache.
-    cpu_pool: BlockPool,
-    /// Each swapped-out sequence's CPU blocks, in block-table order.
-    cpu_tables: HashMap<SeqId, Vec<CpuBlockId>>,
+    swapped: SeqQueue,
     num_preemptions: u64,
     num_swapped_out: u64,
     num_swapped_in: u64,
 }
 
 impl Scheduler {
-    pub fn new(cfg: SchedulerConfig, block_manager: BlockManager) -> Self {
+    pub fn new(cfg: SchedulerConfig, kv_cache_manager: KvCacheManager) -> Self {
         Self {
-            block_manager,
+            kv_cache_manager,
             seqs: HashMap::new(),
-            waiting: Vec::new(),
-            running: Vec::new(),
-            swapped: Vec::new(),
-            cpu_pool: BlockPool::new(cfg.num_cpu_blocks, 1),
-            cpu_tables: HashMap::new(),
+            waiting: SeqQueue::default(),
+            running: SeqQueue::default(),
+            swapped: SeqQueue::default(),
             num_preemptions: 0,
             num_swapped_out: 0,
             num_swapped_in: 0,
@@ -100,8 +93,8 @@ impl Scheduler {
         &self.cfg
     }
 
-    pub fn block_manager(&self) -> &BlockManager {
-        &self.block_manager
+    pub fn kv_cache_manager(&self) -> &KvCacheManager {
+        &self.kv_cache_manager
     }
 
     pub fn seq(&self, id: SeqId) -> Option<&Sequence> {
@@ -113,8 +106,8 @@ impl Scheduler {
     }
 
     /// The waiting sequences, first to be scheduled first.
-    pub fn waiting(&self) -> &[SeqId] {
-        &self.waiting
+    pub fn waiting(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.waiting.iter()
     }
 
     pub fn num_running(&self) -> usize {
@@ -139,11 +132,11 @@ impl Scheduler {
     }
 
     pub fn num_cpu_blocks(&self) -> usize {
-        self.cpu_pool.num_blocks()
+        self.kv_cache_manager.num_cpu_blocks()
     }
 
     pub fn num_free_cpu_blocks(&self) -> usize {
-        self.cpu_pool.num_free()
+        self.kv_cache_manager.num_free_cpu_blocks()
     }
 
     pub fn has_unfinished(&self) -> bool {
@@ -152,7 +145,7 @@ impl Scheduler {
 
     /// Queues a new sequence.
     pub fn add_seq(&mut self, seq: Sequence) {
-        self.waiting.push(seq.id);
+        self.waiting.insert(self.cfg.policy.key(&seq), seq.id);
         self.seqs.insert(seq.id, seq);
     }
 
@@ -171,16 +164,13 @@ impl Scheduler {
     /// After a step that failed: its blocks' registrations in the prefix cache are taken
     /// back (their K/V may never have been written). Finish the step's sequences first.
     pub fn forget_failed_step(&mut self) {
-        self.block_manager.forget_step();
+        self.kv_cache_manager.forget_step();
     }
 
     /// Removes a sequence (finished or aborted) and frees its blocks.
     pub fn finish_seq(&mut self, id: SeqId) -> Option<Sequence> {
-        self.waiting.retain(|s| *s != id);
-        self.running.retain(|s| *s != id);
-        self.swapped.retain(|s| *s != id);
-        self.block_manager.free(id);
-        self.free_cpu_blocks(id);
+        let _ = self.waiting.remove(id) || self.running.remove(id) || self.swapped.remove(id);
+        self.kv_cache_manager.free(id);
         self.seqs.remove(&id)
     }
 
@@ -188,8 +178,7 @@ impl Scheduler {
         let mut out = SchedulerOutput::default();
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut prefill = self.cfg.max_prefill_tokens;
-        self.block_manager.start_step();
-        self.sort_by_policy();
+        self.kv_cache_manager.start_step();
         self.schedule_running(&mut out, &mut budget, &mut prefill);
         // As vLLM: a step that had to preempt admits nobody new, or the newcomer would
         // take the blocks just freed and the preempted sequence would starve. Swapped-out
@@ -205,14 +194,6 @@ impl Scheduler {
         out
     }
 
-    fn sort_by_policy(&mut self) {
-        let policy = self.cfg.policy;
-        let seqs = &self.seqs;
-        self.running.sort_by_key(|id| policy.key(&seqs[id]));
-        self.swapped.sort_by_key(|id| policy.key(&seqs[id]));
-        self.waiting.sort_by_key(|id| policy.key(&seqs[id]));
-    }
-
     fn schedule_running(
         &mut self,
         out: &mut SchedulerOutput,
@@ -220,8 +201,7 @@ impl Scheduler {
         prefill: &mut usize,
     ) {
         let mut i = 0;
-        while i < self.running.len() && *budget > 0 {
-            let id = self.running[i];
+        while let (Some(id), true) = (self.running.get(i), *budget > 0) {
             let seq = &self.seqs[&id];
             let uncomputed = seq.num_uncomputed();
             // A decode always runs; a prompt's remainder waits for prefill budget.
@@ -237,10 +217,10 @@ impl Scheduler {
             loop {
                 let seq = &self.seqs[&id];
                 let alloc =
-                    self.block_manager
+                    self.kv_cache_manager
                         .allocate_slots(id, &seq.token_ids, computed, num_new);
                 if alloc.is_some() {
-                    self.block_manager
+                    self.kv_cache_manager
                         .cache_full_blocks(id, &seq.token_ids, computed + num_new);
                     out.scheduled.push(ScheduledSeq {
                         id,
@@ -256,7 +236,7 @@ impl Scheduler {
                 }
                 // Out of blocks: the lowest-priority running sequence gives its blocks up.
                 // Those after `i` are not scheduled yet, so taking the last is always safe.
-                let victim = *self.running.last().expect("id is running");
+                let victim = self.running.last().expect("id is running");
                 self.preempt(victim, out);
                 if victim == id {
                     break;
@@ -268,7 +248,7 @@ impl Scheduler {
     /// Swaps sequences back in, in policy order, while their blocks fit, and schedules them in
     /// this same step: they were running when swapped out, so they are owed the turn.
     fn schedule_swapped(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
-        while let Some(&id) = self.swapped.first() {
+        while let Some(id) = self.swapped.first() {
             if self.running.len() >= self.cfg.max_num_seqs {
                 break;
             }
@@ -277,27 +257,20 @@ impl Scheduler {
             let num_new = seq.num_uncomputed().min(*budget);
             // Fresh blocks for the computed tokens and this step's new ones at once: all or
             // nothing, so a sequence never comes back without room to run.
-            if (self.block_manager)
-                .allocate_slots(id, &seq.token_ids, 0, computed + num_new)
-                .is_none()
-            {
+            let Some(copies) =
+                (self.kv_cache_manager).swap_in(id, &seq.token_ids, computed + num_new)
+            else {
                 break;
-            }
-            let cpu = self
-                .cpu_tables
-                .remove(&id)
-                .expect("swapped seq has CPU blocks");
-            let table = self.block_manager.block_table(id);
-            out.swap_in
-                .extend(cpu.iter().copied().zip(table.iter().copied()));
-            self.cpu_pool.free(cpu.into_iter().map(|c| BlockId(c.0)));
+            };
+            out.swap_in.extend(copies);
             // The copies land before the model runs, so the blocks may serve prefix hits now.
-            self.block_manager
+            self.kv_cache_manager
                 .cache_full_blocks(id, &seq.token_ids, computed + num_new);
             let seq = self.seqs.get_mut(&id).expect("swapped seq exists");
             seq.status = SequenceStatus::Running;
-            self.swapped.remove(0);
-            self.running.push(id);
+            let key = self.cfg.policy.key(seq);
+            self.swapped.pop_first();
+            self.running.insert(key, id);
             self.num_swapped_in += 1;
             tracing::debug!(%id, "swapped in");
             if num_new > 0 {
@@ -317,7 +290,7 @@ impl Scheduler {
         budget: &mut usize,
         prefill: &mut usize,
     ) {
-        while let Some(&id) = self.waiting.first() {
+        while let Some(id) = self.waiting.first() {
             if *budget == 0 || self.running.len() >= self.cfg.max_num_seqs {
                 break;
             }
@@ -325,7 +298,7 @@ impl Scheduler {
             let cached = if seq.skip_prefix_cache {
                 0
             } else {
-                self.block_manager.get_computed_tokens(&seq.token_ids)
+                self.kv_cache_manager.get_computed_tokens(&seq.token_ids)
             };
             let remaining = seq.len() - cached;
             // Only the prefill budget's first prompt may overrun it: one that must run
@@ -340,19 +313,20 @@ impl Scheduler {
                 break;
             }
             let num_new = remaining.min(room);
-            if (self.block_manager)
+            if (self.kv_cache_manager)
                 .allocate_slots(id, &seq.token_ids, cached, num_new)
                 .is_none()
             {
                 break;
             }
-            self.block_manager
+            self.kv_cache_manager
                 .cache_full_blocks(id, &seq.token_ids, cached + num_new);
             let seq = self.seqs.get_mut(&id).expect("waiting seq exists");
             seq.num_computed_tokens = cached;
             seq.status = SequenceStatus::Running;
-            self.waiting.remove(0);
-            self.running.push(id);
+            let key = self.cfg.policy.key(seq);
+            self.waiting.pop_first();
+            self.running.insert(key, id);
             out.scheduled.push(ScheduledSeq {
                 id,
                 num_computed: cached,
@@ -367,63 +341,31 @@ impl Scheduler {
     /// by recompute: the blocks go back to the pool (full ones stay in the prefix cache, so
     /// the recompute is often cheap) and the sequence waits again.
     fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
-        self.running.retain(|s| *s != id);
+        self.running.remove(id);
         self.num_preemptions += 1;
         out.preempted.push(id);
-        if self.swap_out(id, out) {
+        let seq = self.seqs.get_mut(&id).expect("preempted seq exists");
+        let key = self.cfg.policy.key(seq);
+        if let Some(copies) = self.kv_cache_manager.swap_out(id, seq.num_computed_tokens) {
+            tracing::debug!(%id, blocks = copies.len(), "preempted (swapped out)");
+            out.swap_out.extend(copies);
+            seq.status = SequenceStatus::Swapped;
+            self.swapped.insert(key, id);
+            self.num_swapped_out += 1;
             return;
         }
-        self.block_manager.free(id);
-        let seq = self.seqs.get_mut(&id).expect("preempted seq exists");
+        self.kv_cache_manager.free(id);
         seq.num_computed_tokens = 0;
         seq.status = SequenceStatus::Waiting;
-        self.waiting.push(id);
+        self.waiting.insert(key, id);
         tracing::debug!(%id, "preempted (recompute)");
-    }
-
-    /// Copies `id`'s computed blocks to the swap pool and frees its GPU blocks, keeping its
-    /// computed tokens; false (changing nothing) if the pool lacks room. Blocks shared through
-    /// the prefix cache are copied too and only lose this sequence's reference.
-    fn swap_out(&mut self, id: SeqId, out: &mut SchedulerOutput) -> bool {
-        if !self.block_manager.can_swap() {
-            return false;
-        }
-        let seq = &self.seqs[&id];
-        let table = self.block_manager.block_table(id);
-        let n = seq
-            .num_computed_tokens
-            .div_ceil(self.block_manager.block_size())
-            .min(table.len());
-        if n == 0 {
-            return false;
-        }
-        let Some(cpu) = self.cpu_pool.allocate(n) else {
-            return false;
-        };
-        let cpu: Vec<CpuBlockId> = cpu.into_iter().map(|b| CpuBlockId(b.0)).collect();
-        out.swap_out
-            .extend(table.iter().copied().zip(cpu.iter().copied()));
-        self.block_manager.free(id);
-        self.cpu_tables.insert(id, cpu);
-        let seq = self.seqs.get_mut(&id).expect("preempted seq exists");
-        seq.status = SequenceStatus::Swapped;
-        self.swapped.push(id);
-        self.num_swapped_out += 1;
-        tracing::debug!(%id, blocks = n, "preempted (swapped out)");
-        true
-    }
-
-    fn free_cpu_blocks(&mut self, id: SeqId) {
-        if let Some(cpu) = self.cpu_tables.remove(&id) {
-            self.cpu_pool.free(cpu.into_iter().map(|c| BlockId(c.0)));
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::block_manager::BlockManagerConfig;
+    use crate::core::kv_cache_manager::KvCacheManagerConfig;
 
     const BS: usize = 4;
 
@@ -434,11 +376,11 @@ mod tests {
             enable_chunked_prefill: true,
             max_prefill_tokens: usize::MAX,
             policy: Policy::Fcfs,
-            num_cpu_blocks,
         };
-        let bm = BlockManager::new(BlockManagerConfig {
+        let bm = KvCacheManager::new(KvCacheManagerConfig {
             watermark: 0.0,
-            ..BlockManagerConfig::new(num_blocks, BS)
+            num_cpu_blocks,
+            ..KvCacheManagerConfig::new(num_blocks, BS)
         });
         Scheduler::new(cfg, bm)
     }
@@ -485,7 +427,7 @@ mod tests {
         add(&mut s, 2, 7);
         step(&mut s);
         step(&mut s);
-        let victim_table = s.block_manager.block_table(SeqId(2)).to_vec();
+        let victim_table = s.kv_cache_manager.block_table(SeqId(2)).to_vec();
         let out = step(&mut s);
         assert_eq!(ids(&out), [1]);
         assert_eq!(out.preempted, [SeqId(2)]);
@@ -498,7 +440,7 @@ mod tests {
         let seq = &s.seqs[&SeqId(2)];
         assert_eq!(seq.status, SequenceStatus::Swapped);
         assert_eq!(seq.num_computed_tokens, 8);
-        assert!(s.block_manager.block_table(SeqId(2)).is_empty());
+        assert!(s.kv_cache_manager.block_table(SeqId(2)).is_empty());
         assert_eq!((s.num_swapped(), s.num_swapped_out()), (1, 1));
 
         // While it is out nobody new starts, though a 3-token prompt would fit.
@@ -518,7 +460,7 @@ mod tests {
                 num_new_tokens: 1,
             }
         );
-        let back = s.block_manager.block_table(SeqId(2)).to_vec();
+        let back = s.kv_cache_manager.block_table(SeqId(2)).to_vec();
         let cpu: Vec<CpuBlockId> = out.swap_in.iter().map(|p| p.0).collect();
         let gpu: Vec<BlockId> = out.swap_in.iter().map(|p| p.1).collect();
         assert_eq!(cpu, swapped_out_cpu);
@@ -533,7 +475,7 @@ mod tests {
         s.finish_seq(SeqId(2));
         s.finish_seq(SeqId(3));
         assert!(!s.has_unfinished());
-        assert_eq!(s.block_manager.num_free_blocks(), 5);
+        assert_eq!(s.kv_cache_manager.num_free_blocks(), 5);
         assert_eq!(s.num_free_cpu_blocks(), 4);
     }
 
@@ -553,7 +495,7 @@ mod tests {
         assert!(out.swap_in.is_empty());
         assert_eq!(out.scheduled[0].id, SeqId(2));
         s.finish_seq(SeqId(2));
-        assert_eq!(s.block_manager.num_free_blocks(), 5);
+        assert_eq!(s.kv_cache_manager.num_free_blocks(), 5);
     }
 
     #[test]
@@ -589,11 +531,11 @@ mod tests {
         // The second finds the first's two full blocks, whose K/V this very step writes.
         assert_eq!(chunks, [(0, 10), (8, 2)]);
         let (a, b) = (
-            s.block_manager.block_table(SeqId(1)),
-            s.block_manager.block_table(SeqId(2)),
+            s.kv_cache_manager.block_table(SeqId(1)),
+            s.kv_cache_manager.block_table(SeqId(2)),
         );
         assert_eq!(a[..2], b[..2]);
-        assert_eq!(s.block_manager.num_free_blocks(), 4);
+        assert_eq!(s.kv_cache_manager.num_free_blocks(), 4);
         // Had the step failed, the blocks would be findable no more.
         s.finish_seq(SeqId(1));
         s.finish_seq(SeqId(2));

@@ -2,7 +2,7 @@
 //! them into the scheduler's configuration.
 
 use crate::config::ModelConfig;
-use crate::core::block_manager::{BlockManager, BlockManagerConfig};
+use crate::core::kv_cache_manager::{KvCacheManager, KvCacheManagerConfig};
 use crate::core::policy::Policy;
 use crate::core::scheduler::SchedulerConfig;
 use crate::engine::errors::EngineError;
@@ -124,7 +124,6 @@ fn max_num_batched_tokens(args: &EngineArgs, max_model_len: usize) -> usize {
 pub(crate) fn scheduler_config(
     args: &EngineArgs,
     max_model_len: usize,
-    num_cpu_blocks: usize,
 ) -> Result<SchedulerConfig, EngineError> {
     if args.max_num_seqs == 0 {
         return Err(EngineError::Config("max_num_seqs must be positive".into()));
@@ -155,7 +154,6 @@ pub(crate) fn scheduler_config(
         enable_chunked_prefill: args.enable_chunked_prefill,
         max_prefill_tokens,
         policy: args.scheduling_policy,
-        num_cpu_blocks,
     })
 }
 
@@ -203,14 +201,15 @@ pub(crate) fn kv_cache(
     Ok(cache)
 }
 
-/// The block manager over `cache`'s blocks.
-pub(crate) fn block_manager(args: &EngineArgs, cache: &CacheEngine) -> BlockManager {
-    BlockManager::new(BlockManagerConfig {
+/// The KV cache manager over `cache`'s blocks and its swap pool.
+pub(crate) fn kv_cache_manager(args: &EngineArgs, cache: &CacheEngine) -> KvCacheManager {
+    KvCacheManager::new(KvCacheManagerConfig {
         num_blocks: cache.num_blocks(),
         block_size: args.block_size,
         enable_prefix_caching: args.enable_prefix_caching,
         watermark: WATERMARK,
         group_windows: cache.layout().windows().to_vec(),
+        num_cpu_blocks: cache.num_cpu_blocks(),
     })
 }
 

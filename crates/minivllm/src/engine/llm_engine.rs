@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use crate::core::policy::Policy;
 use crate::core::scheduler::{ScheduledSeq, Scheduler};
-use crate::engine::arg_utils::{block_manager, scheduler_config};
 pub use crate::engine::arg_utils::{check_width, resolve_max_model_len, width, EngineArgs};
+use crate::engine::arg_utils::{kv_cache_manager, scheduler_config};
 pub use crate::engine::errors::EngineError;
 pub use crate::engine::input_processor::PromptInput;
 use crate::engine::input_processor::{process_prompt, PromptLimits};
@@ -71,14 +71,14 @@ impl LLMEngine {
         let vocab_size = model.config().vocab_size;
         let (runner, max_model_len) = model_runner(model, args)?;
         let cache = runner.cache();
-        let sched_cfg = scheduler_config(args, max_model_len, cache.num_cpu_blocks())?;
-        let block_manager = block_manager(args, cache);
+        let sched_cfg = scheduler_config(args, max_model_len)?;
+        let kv_cache_manager = kv_cache_manager(args, cache);
         let tokenizer = Arc::new(tokenizer);
         Ok(Self {
             runner,
             outputs: OutputProcessor::new(Arc::clone(&tokenizer), max_model_len),
             tokenizer,
-            scheduler: Scheduler::new(sched_cfg, block_manager),
+            scheduler: Scheduler::new(sched_cfg, kv_cache_manager),
             sampler: Sampler::default(),
             limits: PromptLimits {
                 max_model_len,
@@ -144,7 +144,7 @@ impl LLMEngine {
     }
 
     pub fn stats(&self) -> EngineStats {
-        let bm = self.scheduler.block_manager();
+        let bm = self.scheduler.kv_cache_manager();
         let pc = bm.prefix_cache_stats();
         EngineStats {
             num_running: self.scheduler.num_running(),
@@ -167,11 +167,11 @@ impl LLMEngine {
 
     /// KV blocks not held by any sequence (free or only in the prefix cache).
     pub fn num_free_blocks(&self) -> usize {
-        self.scheduler.block_manager().num_free_blocks()
+        self.scheduler.kv_cache_manager().num_free_blocks()
     }
 
     pub fn num_total_blocks(&self) -> usize {
-        self.scheduler.block_manager().num_blocks()
+        self.scheduler.kv_cache_manager().num_blocks()
     }
 
     /// Blocks of the CPU swap pool not held by a swapped-out sequence.
@@ -321,7 +321,7 @@ impl LLMEngine {
                 prompt_len: seq.prompt_len,
                 num_computed: s.num_computed,
                 num_new: s.num_new_tokens,
-                block_tables: scheduler.block_manager().block_tables(s.id),
+                block_tables: scheduler.kv_cache_manager().block_tables(s.id),
                 prompt_logprobs_from: outputs.prompt_logprobs_from(seq),
             }
         });

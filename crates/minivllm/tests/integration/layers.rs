@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u32)] = &[
     ("entrypoints", 70),
     ("engine", 60),
-    // The scheduler and block manager, beside the engine, which drives them.
+    // The scheduler and KV cache manager, beside the engine, which drives them.
     ("core", 50),
     // Request-level objects that the engine, the scheduler and the API share.
     ("outputs", 45),

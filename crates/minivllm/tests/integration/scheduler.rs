@@ -1,6 +1,6 @@
 //! The scheduler's decisions, without a model: budgets, chunking, policies, preemption.
 
-use minivllm::core::block_manager::{BlockManager, BlockManagerConfig};
+use minivllm::core::kv_cache_manager::{KvCacheManager, KvCacheManagerConfig};
 use minivllm::core::policy::Policy;
 use minivllm::core::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
 use minivllm::sequence::{SeqId, Sequence};
@@ -14,7 +14,6 @@ fn scheduler(num_blocks: usize, budget: usize, max_seqs: usize, policy: Policy) 
             enable_chunked_prefill: true,
             max_prefill_tokens: usize::MAX,
             policy,
-            num_cpu_blocks: 0,
         },
     )
 }
@@ -22,12 +21,13 @@ fn scheduler(num_blocks: usize, budget: usize, max_seqs: usize, policy: Policy) 
 fn with_config(num_blocks: usize, cfg: SchedulerConfig) -> Scheduler {
     Scheduler::new(
         cfg,
-        BlockManager::new(BlockManagerConfig {
+        KvCacheManager::new(KvCacheManagerConfig {
             num_blocks,
             block_size: 4,
             enable_prefix_caching: true,
             watermark: 0.0,
             group_windows: vec![None],
+            num_cpu_blocks: 0,
         }),
     )
 }
@@ -144,7 +144,7 @@ fn out_of_blocks_preempts_the_lowest_priority_and_resumes_it_later() {
     complete(&mut s, &out);
     s.finish_seq(SeqId(2));
     assert!(!s.has_unfinished());
-    assert_eq!(s.block_manager().num_free_blocks(), 4);
+    assert_eq!(s.kv_cache_manager().num_free_blocks(), 4);
 }
 
 #[test]

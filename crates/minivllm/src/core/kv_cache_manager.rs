@@ -1,5 +1,6 @@
-//! The paged KV block manager: per-sequence block tables over a shared [`BlockPool`], and
-//! prefix caching (vLLM v1 `KVCacheManager` semantics). Sequences share blocks only through the
+//! The KV cache manager: per-sequence block tables over a shared [`BlockPool`], prefix
+//! caching (vLLM v1 `KVCacheManager` semantics), and the CPU swap pool that preempted
+//! sequences' blocks move to and back from (`swap_out` / `swap_in` return the copies). Sequences share blocks only through the
 //! prefix cache, whose blocks are full and never written again, so `n > 1` needs no
 //! copy-on-write: its sequences are siblings that find the prompt's blocks there.
 //!
@@ -27,12 +28,12 @@
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use super::block_pool::{BlockId, BlockPool};
+use super::block_pool::{BlockId, BlockPool, CpuBlockId};
 use crate::config::first_needed_block;
 use crate::sequence::SeqId;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct BlockManagerConfig {
+pub struct KvCacheManagerConfig {
     pub num_blocks: usize,
     /// Tokens per block.
     pub block_size: usize,
@@ -42,9 +43,11 @@ pub struct BlockManagerConfig {
     /// Each KV cache group's sliding window (`None`: full attention); a sequence has one
     /// block table per group.
     pub group_windows: Vec<Option<usize>>,
+    /// Blocks of the CPU swap pool (`--swap-space`); 0 preempts by recompute only.
+    pub num_cpu_blocks: usize,
 }
 
-impl BlockManagerConfig {
+impl KvCacheManagerConfig {
     /// Prefix caching on and vLLM's default watermark.
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
         Self {
@@ -53,6 +56,7 @@ impl BlockManagerConfig {
             enable_prefix_caching: true,
             watermark: 0.01,
             group_windows: vec![None],
+            num_cpu_blocks: 0,
         }
     }
 }
@@ -107,7 +111,7 @@ struct Hit {
 }
 
 #[derive(Debug)]
-pub struct BlockManager {
+pub struct KvCacheManager {
     pool: BlockPool,
     block_size: usize,
     enable_prefix_caching: bool,
@@ -118,15 +122,19 @@ pub struct BlockManager {
     hasher: BlockHasher,
     /// Blocks registered in the prefix cache since `start_step`.
     registered: Vec<BlockId>,
+    /// The swap pool's books; only refcounts and the free list are used, never its cache.
+    cpu_pool: BlockPool<CpuBlockId>,
+    /// Each swapped-out sequence's CPU blocks, in block-table order.
+    cpu_tables: HashMap<SeqId, Vec<CpuBlockId>>,
 }
 
-impl BlockManager {
-    pub fn new(cfg: BlockManagerConfig) -> Self {
+impl KvCacheManager {
+    pub fn new(cfg: KvCacheManagerConfig) -> Self {
         Self::with_hasher(cfg, default_block_hash)
     }
 
     /// With a given block hash, so tests can force collisions.
-    pub fn with_hasher(cfg: BlockManagerConfig, hasher: BlockHasher) -> Self {
+    pub fn with_hasher(cfg: KvCacheManagerConfig, hasher: BlockHasher) -> Self {
         assert!(cfg.block_size > 0, "block_size must be positive");
         assert!(!cfg.group_windows.is_empty(), "no KV cache group");
         Self {
@@ -140,6 +148,8 @@ impl BlockManager {
             stats: PrefixCacheStats::default(),
             hasher,
             registered: Vec::new(),
+            cpu_pool: BlockPool::new(cfg.num_cpu_blocks, 1),
+            cpu_tables: HashMap::new(),
         }
     }
 
@@ -439,12 +449,80 @@ impl BlockManager {
     /// Drops the sequence's references. Its blocks are freed tail first so that, among its
     /// cached blocks, the tail is evicted before the prefix more sequences are likely to share.
     pub fn free(&mut self, seq: SeqId) {
+        if let Some(cpu) = self.cpu_tables.remove(&seq) {
+            self.cpu_pool.free(cpu);
+        }
         if let Some(state) = self.seqs.remove(&seq) {
             let blocks = (0..state.len())
                 .rev()
                 .flat_map(|i| state.tables.iter().map(move |t| t[i]));
             self.pool.free(blocks.filter(|&b| b != BlockId::NULL));
         }
+    }
+
+    /// Moves `seq`'s blocks holding its first `num_computed_tokens` tokens to the swap pool:
+    /// returns the (device, CPU) copies to make before the device blocks are reused, and
+    /// frees the device blocks (a block shared through the prefix cache only loses this
+    /// sequence's reference). `None`, changing nothing, when swapping cannot keep the
+    /// sequence whole: no swap pool or too little of it, nothing computed, or sliding-window
+    /// groups (their early blocks are gone).
+    pub fn swap_out(
+        &mut self,
+        seq: SeqId,
+        num_computed_tokens: usize,
+    ) -> Option<Vec<(BlockId, CpuBlockId)>> {
+        if !self.can_swap() {
+            return None;
+        }
+        let n = num_computed_tokens
+            .div_ceil(self.block_size)
+            .min(self.block_table(seq).len());
+        if n == 0 {
+            return None;
+        }
+        let cpu = self.cpu_pool.allocate(n)?;
+        let table = self.block_table(seq);
+        let copies = table.iter().copied().zip(cpu.iter().copied()).collect();
+        self.free(seq);
+        self.cpu_tables.insert(seq, cpu);
+        Some(copies)
+    }
+
+    /// Brings a swapped-out `seq` back with fresh blocks for its first `num_tokens` tokens
+    /// (those swapped out and this step's new ones): returns the (CPU, device) copies to
+    /// make before the model runs, and frees its CPU blocks. `None`, changing nothing, when
+    /// the device blocks are short.
+    pub fn swap_in(
+        &mut self,
+        seq: SeqId,
+        token_ids: &[u32],
+        num_tokens: usize,
+    ) -> Option<Vec<(CpuBlockId, BlockId)>> {
+        debug_assert!(
+            self.cpu_tables.contains_key(&seq),
+            "{seq} is not swapped out"
+        );
+        let cpu = self.cpu_tables.remove(&seq)?;
+        if self.allocate_slots(seq, token_ids, 0, num_tokens).is_none() {
+            self.cpu_tables.insert(seq, cpu);
+            return None;
+        }
+        let copies = cpu
+            .iter()
+            .copied()
+            .zip(self.block_table(seq).iter().copied())
+            .collect();
+        self.cpu_pool.free(cpu);
+        Some(copies)
+    }
+
+    pub fn num_cpu_blocks(&self) -> usize {
+        self.cpu_pool.num_blocks()
+    }
+
+    /// Blocks of the swap pool not held by a swapped-out sequence.
+    pub fn num_free_cpu_blocks(&self) -> usize {
+        self.cpu_pool.num_free()
     }
 
     /// The first group's table; empty for an unknown sequence.
@@ -502,10 +580,10 @@ impl BlockManager {
 mod tests {
     use super::*;
 
-    fn mgr(num_blocks: usize, block_size: usize) -> BlockManager {
-        BlockManager::new(BlockManagerConfig {
+    fn mgr(num_blocks: usize, block_size: usize) -> KvCacheManager {
+        KvCacheManager::new(KvCacheManagerConfig {
             watermark: 0.0,
-            ..BlockManagerConfig::new(num_blocks, block_size)
+            ..KvCacheManagerConfig::new(num_blocks, block_size)
         })
     }
 
@@ -515,7 +593,7 @@ mod tests {
 
     /// Admits `seq` with its cached prefix, computes all of `tokens`, and caches its blocks,
     /// as the scheduler would over a prefill; returns the cached-token count it started from.
-    fn prefill(m: &mut BlockManager, seq: u64, tokens: &[u32]) -> usize {
+    fn prefill(m: &mut KvCacheManager, seq: u64, tokens: &[u32]) -> usize {
         let computed = m.get_computed_tokens(tokens);
         m.allocate_slots(SeqId(seq), tokens, computed, tokens.len() - computed)
             .expect("room");
@@ -623,9 +701,9 @@ mod tests {
 
     #[test]
     fn prefix_caching_off_finds_nothing() {
-        let mut m = BlockManager::new(BlockManagerConfig {
+        let mut m = KvCacheManager::new(KvCacheManagerConfig {
             enable_prefix_caching: false,
-            ..BlockManagerConfig::new(8, 4)
+            ..KvCacheManagerConfig::new(8, 4)
         });
         let t = toks(0..9);
         prefill(&mut m, 1, &t);
@@ -680,7 +758,7 @@ mod tests {
             prefill(&mut m, s as u64, t);
             m.free(SeqId(s as u64));
         }
-        let found = |m: &mut BlockManager| -> Vec<usize> {
+        let found = |m: &mut KvCacheManager| -> Vec<usize> {
             prompts.iter().map(|t| m.get_computed_tokens(t)).collect()
         };
         assert_eq!(found(&mut m), [2, 2, 2, 2]);
@@ -737,15 +815,15 @@ mod tests {
     }
 
     /// A full-attention group and a sliding one of 8 positions, blocks of 4.
-    fn hybrid(num_blocks: usize) -> BlockManager {
-        BlockManager::new(BlockManagerConfig {
+    fn hybrid(num_blocks: usize) -> KvCacheManager {
+        KvCacheManager::new(KvCacheManagerConfig {
             watermark: 0.0,
             group_windows: vec![None, Some(8)],
-            ..BlockManagerConfig::new(num_blocks, 4)
+            ..KvCacheManagerConfig::new(num_blocks, 4)
         })
     }
 
-    fn held(m: &BlockManager, seq: u64) -> Vec<usize> {
+    fn held(m: &KvCacheManager, seq: u64) -> Vec<usize> {
         let tables = m.block_tables(SeqId(seq));
         tables
             .iter()
@@ -826,7 +904,7 @@ mod tests {
 
     #[test]
     fn a_hash_collision_is_never_a_hit() {
-        let mut m = BlockManager::with_hasher(BlockManagerConfig::new(8, 4), constant_hash);
+        let mut m = KvCacheManager::with_hasher(KvCacheManagerConfig::new(8, 4), constant_hash);
         prefill(&mut m, 1, &toks(0..5));
         assert_eq!(m.get_computed_tokens(&toks(0..5)), 4);
         assert_eq!(m.get_computed_tokens(&toks(10..15)), 0);
@@ -843,7 +921,7 @@ mod tests {
 
     #[test]
     fn a_child_of_a_colliding_block_is_not_cached() {
-        let mut m = BlockManager::with_hasher(BlockManagerConfig::new(8, 4), position_hash);
+        let mut m = KvCacheManager::with_hasher(KvCacheManagerConfig::new(8, 4), position_hash);
         let a: Vec<u32> = [1, 1, 1, 1, 5, 5, 5, 5, 0].into();
         let b: Vec<u32> = [2, 2, 2, 2, 5, 5, 5, 5, 0].into();
         prefill(&mut m, 1, &a[..5]);
@@ -875,9 +953,9 @@ mod tests {
 
     #[test]
     fn the_watermark_holds_back_new_sequences_only() {
-        let mut m = BlockManager::new(BlockManagerConfig {
+        let mut m = KvCacheManager::new(KvCacheManagerConfig {
             watermark: 0.25,
-            ..BlockManagerConfig::new(8, 4)
+            ..KvCacheManagerConfig::new(8, 4)
         });
         let t = toks(0..40);
         // 8 blocks, 2 kept free: a new 7-block sequence is refused, 6 are admitted.
@@ -891,9 +969,9 @@ mod tests {
 
     #[test]
     fn the_watermark_counts_revived_cached_blocks() {
-        let mut m = BlockManager::new(BlockManagerConfig {
+        let mut m = KvCacheManager::new(KvCacheManagerConfig {
             watermark: 0.25,
-            ..BlockManagerConfig::new(8, 4)
+            ..KvCacheManagerConfig::new(8, 4)
         });
         let t = toks(0..21);
         prefill(&mut m, 1, &t);
@@ -971,7 +1049,7 @@ mod tests {
             }
 
             /// Runs the model over positions `from..to` of sequence `s`, in every group.
-            fn write(&mut self, m: &BlockManager, s: usize, from: usize, to: usize) {
+            fn write(&mut self, m: &KvCacheManager, s: usize, from: usize, to: usize) {
                 let bs = m.block_size();
                 let seq = &self.seqs[s];
                 for table in m.block_tables(seq.id) {
@@ -990,7 +1068,7 @@ mod tests {
             }
         }
 
-        fn apply(m: &mut BlockManager, model: &mut Model, op: Op) {
+        fn apply(m: &mut KvCacheManager, model: &mut Model, op: Op) {
             let bs = m.block_size();
             match op {
                 Op::Add(tokens) => {
@@ -1074,7 +1152,7 @@ mod tests {
             }
         }
 
-        fn check(m: &BlockManager, model: &Model) {
+        fn check(m: &KvCacheManager, model: &Model) {
             let bs = m.block_size();
             let mut refs: HashMap<BlockId, u32> = HashMap::new();
             for seq in &model.seqs {
@@ -1151,17 +1229,18 @@ mod tests {
                 weak in any::<bool>(),
                 ops in prop::collection::vec(op(), 1..60),
             ) {
-                let cfg = BlockManagerConfig {
+                let cfg = KvCacheManagerConfig {
                     num_blocks,
                     block_size,
                     enable_prefix_caching,
                     watermark,
                     group_windows,
+                    num_cpu_blocks: 0,
                 };
                 let mut m = if weak {
-                    BlockManager::with_hasher(cfg, weak_hash)
+                    KvCacheManager::with_hasher(cfg, weak_hash)
                 } else {
-                    BlockManager::new(cfg)
+                    KvCacheManager::new(cfg)
                 };
                 let mut model = Model::default();
                 for op in ops {
