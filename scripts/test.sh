@@ -16,14 +16,28 @@ if [ $# -gt 0 ]; then
   cargo_test "$@"
   exit
 fi
+# Each phase's wall time, printed as it ends and summed up at the end (where CI's minutes go).
+phase_start=$SECONDS
+phases=""
+phase() { # the phase that just ended
+  local took=$((SECONDS - phase_start))
+  phases="$phases$(printf '%6d s  %s' "$took" "$1")"$'\n'
+  echo "test.sh: $1 took $took s"
+  phase_start=$SECONDS
+}
+trap 'echo "test.sh: time by phase:"; printf "%s" "$phases"' EXIT
+
 cargo_test --no-run
+phase "build the tests"
 target/debug/minivllm download-default-model >/dev/null
 # The real files of other families (`tests/integration/real_models.rs`; skipped when
 # absent): MINIVLLM_TEST_MODELS="qwen2.5-coder-0.5b gemma-3-270m" fetches them (.ci/run does).
 for name in ${MINIVLLM_TEST_MODELS:-}; do
   target/debug/minivllm download-model "$name" >/dev/null
 done
+phase "fetch the models"
 cargo_test
+phase "cargo test (unit, integration, end-to-end, fuzz)"
 
 # The scalar kernels end to end: the reference checks again, SIMD switched off, run from the
 # test binary just built (as cargo would: from the package's folder).
@@ -44,6 +58,7 @@ reference_test=$(test_binary integration)
 (cd crates/minivllm && MINIVLLM_ISA=scalar "$reference_test" model_reference:: \
   --skip greedy_generation_reproduces_reference_ids --skip requantised_q8_0_stays_close_to_transformers \
   --skip q5_k_m_file_matches_its_f32_path --skip bfloat16_kv_cache_stays_close_to_transformers)
+phase "the reference tests on the scalar kernels"
 
 # Which instruction sets the kernel tests ran on this machine, and which they skipped.
 kernel_tests=$(test_binary minivllm_kernels)
@@ -51,12 +66,14 @@ kernel_tests=$(test_binary minivllm_kernels)
 echo "kernel tests by instruction set (tests that ran or skipped each):"
 (cd crates/minivllm-kernels && "$kernel_tests" --nocapture 2>&1 | grep -E '^(RAN|SKIPPED) ' \
   | sed -E 's/ kernels in .*//' | sort | uniq -c)
+phase "the kernel tests' ISA tally"
 
 # The MPI communicator's collectives across 2 and 3 processes (built above with the feature).
 if [ -n "$(scripts/mpi_features.sh)" ]; then
   for n in 2 3; do
     timeout 120 mpirun --allow-run-as-root --oversubscribe -n "$n" target/debug/examples/mpi_collectives
   done
+  phase "MPI collectives on 2 and 3 processes"
 else
   echo "SKIPPED the MPI tests: Open MPI or libclang is not installed (apt-get install openmpi-bin libopenmpi-dev libclang-dev)"
 fi
@@ -65,11 +82,14 @@ fi
 # MINIVLLM_BIN picks the server binary (default target/debug/minivllm, built above),
 # MINIVLLM_TEST_MODEL the model (default models/SmolLM2-135M-Instruct.Q4_1.gguf).
 ./scripts/python_env.sh
+phase "the Python venv"
 .venv/bin/python -m pytest -q tests/python
+phase "the OpenAI client suite"
 # The same tests against a server split over 3 ranks (SmolLM2's 9 heads and 3 KV heads),
 # each held to one process's answers: greedy text, streams, n=2, and batch invariance.
 if [ -n "$(scripts/mpi_features.sh)" ]; then
   MINIVLLM_TENSOR_PARALLEL=3 .venv/bin/python -m pytest -q tests/python
+  phase "the OpenAI client suite on 3 ranks"
 fi
 
 # The Python package (pyproject.toml: python/ and crates/minivllm-py) built from source into
@@ -80,4 +100,6 @@ py_features=""
 PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev $py_features" \
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
   --no-deps --force-reinstall .
+phase "build the Python package"
 .venv/bin/python -m pytest -q tests/python_api
+phase "the Python API suite"
