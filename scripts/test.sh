@@ -5,6 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Clippy lints the workspace's crates, warnings denied, while they are built for the tests:
+# clippy-driver as the workspace's rustc wrapper, as `cargo clippy` runs it, but compiling
+# in full, so the dependencies are built once for both (a separate `cargo clippy` builds
+# them a second time, minutes on 2 cores). Every cargo call below sees the same setting, so
+# none rebuilds. `scripts/clippy.sh` also checks the rust-version floor.
+if [ "${MINIVLLM_NO_CLIPPY:-}" != 1 ] && command -v clippy-driver >/dev/null 2>&1; then
+  export RUSTC_WORKSPACE_WRAPPER
+  RUSTC_WORKSPACE_WRAPPER=$(command -v clippy-driver)
+  export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+else
+  echo "test.sh: SKIPPED clippy: clippy-driver is not installed (rustup component add clippy)"
+fi
+
 # Everything is built by this one cargo invocation: narrower ones (`-p`, `--test`, `build`)
 # resolve features differently and would compile the crates again.
 # With the MPI communicator where Open MPI is installed (scripts/mpi_features.sh).
@@ -28,7 +41,7 @@ phase() { # the phase that just ended
 trap 'echo "test.sh: time by phase:"; printf "%s" "$phases"' EXIT
 
 cargo_test --no-run
-phase "build the tests"
+phase "build the tests (and clippy on the workspace)"
 target/debug/minivllm download-default-model >/dev/null
 # The real files of other families (`tests/integration/real_models.rs`; skipped when
 # absent): MINIVLLM_TEST_MODELS="qwen2.5-coder-0.5b gemma-3-270m" fetches them (.ci/run does).
