@@ -91,6 +91,31 @@ pub(crate) fn sum_in_rank_order<'a>(mut parts: impl Iterator<Item = &'a [f32]>, 
     }
 }
 
+/// Every rank's `local` integers, in rank order, exactly: each rank broadcasts its own in
+/// turn (one small message per rank; for checks at start-up, not for a step's data).
+pub fn all_gather_u64(comm: &dyn Communicator, local: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
+    let mut all = Vec::with_capacity(comm.world_size());
+    for root in 0..comm.world_size() {
+        let mut bytes = if root == comm.rank() {
+            local.iter().flat_map(|v| v.to_le_bytes()).collect()
+        } else {
+            Vec::new()
+        };
+        comm.broadcast_bytes(root, &mut bytes)?;
+        if bytes.len() % 8 != 0 {
+            return Err(CommError::Broken(format!(
+                "rank {root} sent {} bytes, not whole 64-bit integers",
+                bytes.len()
+            )));
+        }
+        let values = bytes
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+        all.push(values.collect());
+    }
+    Ok(all)
+}
+
 /// An all-gather's output must hold exactly `world_size` copies of the local length.
 pub(crate) fn check_gather(
     rank: usize,

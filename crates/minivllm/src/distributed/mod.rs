@@ -11,7 +11,7 @@ pub mod mpi;
 mod shards;
 mod thread_group;
 
-pub use communicator::{CommError, Communicator, SingleProcess};
+pub use communicator::{all_gather_u64, CommError, Communicator, SingleProcess};
 pub use group::init_group;
 pub use shards::{gather_columns, share, GatherBuffers};
 pub use thread_group::ThreadGroup;

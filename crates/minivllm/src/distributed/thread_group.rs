@@ -219,4 +219,17 @@ mod tests {
         });
         assert!(results.iter().all(Result::is_err), "{results:?}");
     }
+
+    #[test]
+    fn integers_gather_exactly_whatever_their_size() {
+        // 2^40 + 1 has no f32: integers must not go through the float collectives.
+        let big = (1u64 << 40) + 1;
+        let results = on_ranks(3, |c| {
+            crate::distributed::all_gather_u64(c, &[c.rank() as u64, big + c.rank() as u64])
+        });
+        let want: Vec<Vec<u64>> = (0..3).map(|r| vec![r, big + r]).collect();
+        for got in results {
+            assert_eq!(got.unwrap(), want);
+        }
+    }
 }

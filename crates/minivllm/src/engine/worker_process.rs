@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::distributed::{init_group, CommError, Communicator};
+use crate::distributed::{all_gather_u64, init_group, CommError, Communicator};
 use crate::engine::arg_utils::{kv_cache, resolve_max_model_len, EngineArgs};
 use crate::engine::errors::EngineError;
 use crate::model_executor::model_loader::load_model_shard;
@@ -127,23 +127,16 @@ fn check_same_on_every_rank(comm: &dyn Communicator, shape: &[usize; 4]) -> Resu
     if comm.world_size() == 1 {
         return Ok(());
     }
-    // Each value as two 16-bit halves: exact in f32.
-    let local: Vec<f32> = shape
-        .iter()
-        .flat_map(|&v| [(v >> 16) as f32, (v & 0xffff) as f32])
-        .collect();
-    let mut all = vec![0.0; local.len() * comm.world_size()];
-    comm.all_gather(&local, &mut all)?;
-    match all
-        .chunks_exact(local.len())
-        .position(|other| other != local)
-    {
+    let local: Vec<u64> = shape.iter().map(|&v| v as u64).collect();
+    let all = all_gather_u64(comm, &local)?;
+    match all.iter().position(|other| *other != local) {
         None => Ok(()),
         Some(rank) => Err(CommError::Mismatch {
             rank: comm.rank(),
             what: format!(
-                "rank {rank}'s KV cache (blocks, CPU blocks, block size, max_model_len) differs \
-                 from this rank's {shape:?}"
+                "rank {rank}'s KV cache (blocks, CPU blocks, block size, max_model_len) {:?} \
+                 differs from this rank's {shape:?}",
+                all[rank]
             ),
         }),
     }
