@@ -36,10 +36,8 @@ pub struct LLMEngine {
     limits: PromptLimits,
     max_num_seqs: usize,
     next_arrival: u64,
-    /// Where each scheduled sequence's logits are, and the rows handed to the sampler;
-    /// reused between steps.
+    /// Where each scheduled sequence's logits are; reused between steps.
     rows: Vec<LogitsRows>,
-    sample_logits: Vec<f32>,
     stats: EngineStats,
     stats_logger: StatsLogger,
     started: Instant,
@@ -87,7 +85,6 @@ impl LLMEngine {
             max_num_seqs: args.max_num_seqs,
             next_arrival: 0,
             rows: Vec::new(),
-            sample_logits: Vec::new(),
             stats: EngineStats::default(),
             stats_logger: StatsLogger::new(),
             started: Instant::now(),
@@ -262,18 +259,17 @@ impl LLMEngine {
         for s in &sched.scheduled {
             self.scheduler.update_seq(s.id, s.num_new_tokens, None);
         }
-        let to_sample = gather_samples(
-            (&sched.scheduled, &self.rows),
-            (logits, vocab),
-            &mut self.sample_logits,
-        );
+        // The runner lays the sampled rows out last, in this order.
+        let to_sample: Vec<SeqId> = (sched.scheduled.iter().zip(&self.rows))
+            .filter(|(_, r)| r.sample.is_some())
+            .map(|(s, _)| s.id)
+            .collect();
         let seqs: Vec<&Sequence> = to_sample
             .iter()
-            .filter_map(|id| self.scheduler.seq(*id))
+            .map(|id| self.scheduler.seq(*id).expect("a sampled sequence exists"))
             .collect();
-        let samples = self
-            .outputs
-            .sample(&mut self.sampler, &mut self.sample_logits, &seqs);
+        let samples =
+            (self.outputs).sample(&mut self.sampler, self.runner.sample_logits_mut(), &seqs);
         for (id, s) in to_sample.into_iter().zip(samples) {
             self.scheduler.update_seq(id, 0, Some(s.token_id));
             self.stats.num_generation_tokens += 1;
@@ -328,22 +324,6 @@ impl LLMEngine {
         self.runner.prepare_input(inputs, &mut self.rows);
         requests
     }
-}
-
-/// The sequences to sample this step, in the order of their rows in `sample_logits`.
-fn gather_samples(
-    (scheduled, rows): (&[ScheduledSeq], &[LogitsRows]),
-    (logits, vocab): (&[f32], usize),
-    sample_logits: &mut Vec<f32>,
-) -> Vec<SeqId> {
-    sample_logits.clear();
-    let mut order = Vec::with_capacity(scheduled.len());
-    for (s, r) in scheduled.iter().zip(rows) {
-        let Some(row) = r.sample else { continue };
-        order.push(s.id);
-        sample_logits.extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
-    }
-    order
 }
 
 /// The process's resident memory at a stage of start-up, in the debug log (where a model's

@@ -53,6 +53,9 @@ pub struct ModelRunner {
     message: Vec<u8>,
     /// How many logits the last forward pass gave.
     num_logits: usize,
+    /// Scratch for the rows to sample from while a batch is laid out, and their count.
+    sample_rows: Vec<usize>,
+    num_samples: usize,
 }
 
 impl ModelRunner {
@@ -70,6 +73,8 @@ impl ModelRunner {
             workers,
             message: Vec::new(),
             num_logits: 0,
+            sample_rows: Vec::new(),
+            num_samples: 0,
         }
     }
 
@@ -124,6 +129,7 @@ impl ModelRunner {
         let block_size = self.cache.block_size();
         self.input.clear();
         rows.clear();
+        self.sample_rows.clear();
         for s in seqs {
             let end = s.num_computed + s.num_new;
             self.table.clear();
@@ -144,11 +150,21 @@ impl ModelRunner {
                 }
             }
             if end == s.token_ids.len() {
-                r.sample = Some(self.input.logits_indices.len());
-                self.input.logits_indices.push(start_row + s.num_new - 1);
+                r.sample = Some(self.sample_rows.len());
+                self.sample_rows.push(start_row + s.num_new - 1);
             }
             rows.push(r);
         }
+        // The rows to sample from go last, together, in sequence order: the sampler then
+        // works on them where the model wrote them (`sample_logits_mut`), with no copy.
+        let first_sample = self.input.logits_indices.len();
+        for r in rows.iter_mut() {
+            if let Some(k) = &mut r.sample {
+                *k += first_sample;
+            }
+        }
+        self.num_samples = self.sample_rows.len();
+        self.input.logits_indices.append(&mut self.sample_rows);
     }
 
     /// Logits `[rows asked for by prepare_input, vocab_size]` for the prepared batch; also
@@ -165,6 +181,15 @@ impl ModelRunner {
     /// Logits `[rows asked for by prepare_input, vocab_size]` of the last batch run.
     pub fn logits(&self) -> &[f32] {
         self.buffers.logits(self.num_logits)
+    }
+
+    /// The last batch's rows to sample from (the `LogitsRows::sample` rows, in sequence
+    /// order, at the end of [`logits`](Self::logits)), for the sampler to change in place.
+    pub fn sample_logits_mut(&mut self) -> &mut [f32] {
+        let all = self.buffers.logits_mut(self.num_logits);
+        let vocab = all.len() / self.input.logits_indices.len().max(1);
+        let from = all.len() - self.num_samples * vocab;
+        &mut all[from..]
     }
 
     /// Frees step buffers that a large batch left grown (see

@@ -118,6 +118,11 @@ impl ForwardBuffers {
         &self.logits[..len]
     }
 
+    /// The same, to change in place (sampling's bias, bans and penalties).
+    pub fn logits_mut(&mut self, len: usize) -> &mut [f32] {
+        &mut self.logits[..len]
+    }
+
     /// Frees the buffers if a past batch grew them large (a step scoring a long prompt's
     /// logprobs needs a vocabulary-wide row per token): called when the engine goes idle,
     /// so one such request does not leave its peak in the server for good.
