@@ -1,8 +1,9 @@
 //! The KV cache manager: per-sequence block tables over a shared [`BlockPool`], prefix
 //! caching (vLLM v1 `KVCacheManager` semantics), and the CPU swap pool that preempted
-//! sequences' blocks move to and back from (`swap_out` / `swap_in` return the copies). Sequences share blocks only through the
-//! prefix cache, whose blocks are full and never written again, so `n > 1` needs no
-//! copy-on-write: its sequences are siblings that find the prompt's blocks there.
+//! sequences' blocks move to and back from (`swap_out` / `swap_in` return the copies).
+//! Sequences share blocks only through the prefix cache, whose blocks are full and never
+//! written again, so `n > 1` needs no copy-on-write: its sequences are siblings that find
+//! the prompt's blocks there.
 //!
 //! A sequence has one block table per KV cache group (`config/kv_cache_layout.rs`): one for
 //! a model whose layers are all alike, several for Gemma 3's mix of full and sliding-window
@@ -190,9 +191,13 @@ impl KvCacheManager {
         tokens
     }
 
-    /// Ensures `seq` has blocks for `num_computed_tokens + num_new_tokens` tokens. A block is
-    /// only ever written by the one sequence that holds it: blocks are shared only through
-    /// prefix-cache hits, which are full and never written again.
+    /// Ensures `seq` has blocks for `num_computed_tokens + num_new_tokens` tokens, and
+    /// registers the full ones among them in the prefix cache ([`cache_full_blocks`]: the
+    /// step being scheduled computes them). A block is only ever written by the one sequence
+    /// that holds it: blocks are shared only through prefix-cache hits, which are full and
+    /// never written again.
+    ///
+    /// [`cache_full_blocks`]: Self::cache_full_blocks
     ///
     /// A sequence without blocks first takes the cached blocks for its first
     /// `num_computed_tokens` tokens (as `get_computed_tokens` found them) and is admitted only
@@ -207,17 +212,20 @@ impl KvCacheManager {
         num_computed_tokens: usize,
         num_new_tokens: usize,
     ) -> Option<()> {
-        let required = (num_computed_tokens + num_new_tokens).div_ceil(self.block_size);
+        let num_tokens = num_computed_tokens + num_new_tokens;
+        let required = num_tokens.div_ceil(self.block_size);
         if self.block_table(seq).is_empty() {
-            return self.allocate_new(seq, token_ids, num_computed_tokens, required);
+            self.allocate_new(seq, token_ids, num_computed_tokens, required)?;
+        } else {
+            self.free_skipped_blocks(seq, num_computed_tokens);
+            let state = self.seqs.get_mut(&seq).expect("non-empty table");
+            let more = required.saturating_sub(state.len());
+            let mut fresh = self.pool.allocate(state.tables.len() * more)?.into_iter();
+            for table in &mut state.tables {
+                table.extend(fresh.by_ref().take(more));
+            }
         }
-        self.free_skipped_blocks(seq, num_computed_tokens);
-        let state = self.seqs.get_mut(&seq).expect("non-empty table");
-        let more = required.saturating_sub(state.len());
-        let mut fresh = self.pool.allocate(state.tables.len() * more)?.into_iter();
-        for table in &mut state.tables {
-            table.extend(fresh.by_ref().take(more));
-        }
+        self.cache_full_blocks(seq, token_ids, num_tokens);
         Some(())
     }
 
@@ -371,8 +379,8 @@ impl KvCacheManager {
     }
 
     /// Registers `seq`'s full blocks among its first `num_tokens` tokens in the prefix cache.
-    /// Their K/V are complete, or will be once the step being scheduled runs: the scheduler
-    /// registers a step's blocks as it schedules them (vLLM v1 does too), so that a sequence
+    /// Their K/V are complete, or will be once the step being scheduled runs: `allocate_slots`
+    /// registers a step's blocks as it hands them out (vLLM v1's does too), so that a sequence
     /// scheduled after this one in the same step, such as a sibling of `n > 1` or another
     /// request with the same system prompt, already shares them; the model writes every
     /// sequence's K/V of a layer before any of them attends. Should that step fail,
@@ -490,7 +498,8 @@ impl KvCacheManager {
 
     /// Brings a swapped-out `seq` back with fresh blocks for its first `num_tokens` tokens
     /// (those swapped out and this step's new ones): returns the (CPU, device) copies to
-    /// make before the model runs, and frees its CPU blocks. `None`, changing nothing, when
+    /// make before the model runs (so the blocks may serve prefix hits at once), and frees
+    /// its CPU blocks. `None`, changing nothing, when
     /// the device blocks are short.
     pub fn swap_in(
         &mut self,
@@ -715,10 +724,9 @@ mod tests {
     fn blocks_registered_while_scheduling_serve_a_sibling_in_the_same_step() {
         let mut m = mgr(8, 4);
         let t = toks(0..10);
-        // The first sequence is scheduled for its whole prompt; its two full blocks are
-        // registered before the step runs.
+        // The first sequence is scheduled for its whole prompt; allocating registers its two
+        // full blocks before the step runs.
         assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 10), Some(()));
-        m.cache_full_blocks(SeqId(1), &t, 10);
         // Its sibling, scheduled next in that step, takes them and computes only its tail.
         assert_eq!(m.get_computed_tokens(&t), 8);
         assert_eq!(m.allocate_slots(SeqId(2), &t, 8, 2), Some(()));
@@ -738,7 +746,6 @@ mod tests {
         let longer = toks(0..13);
         assert_eq!(m.get_computed_tokens(&longer), 8);
         assert_eq!(m.allocate_slots(SeqId(2), &longer, 8, 5), Some(()));
-        m.cache_full_blocks(SeqId(2), &longer, 13);
         assert_eq!(m.get_computed_tokens(&toks(0..14)), 12);
         // The step fails: its sequence goes, and its block is no longer a hit, while the
         // blocks computed before the step still are.
@@ -940,11 +947,13 @@ mod tests {
         // its child. Seq 1's block is then evicted while seq 2 keeps running.
         m.allocate_slots(SeqId(1), &b[..5], 0, 5).unwrap();
         m.allocate_slots(SeqId(2), &b, 0, 9).unwrap();
-        m.cache_full_blocks(SeqId(1), &b[..5], 5);
-        m.cache_full_blocks(SeqId(2), &b, 9);
         m.free(SeqId(1));
+        // The evicting sequence's blocks hash apart from a's and b's (allocating registers
+        // them).
+        m.hasher = default_block_hash;
         m.allocate_slots(SeqId(99), &toks(0..20), 0, 20).unwrap();
         m.free(SeqId(99));
+        m.hasher = position_hash;
         // a's first block takes the freed hash; b's second block has a's second block's
         // tokens and hash, but was computed after other tokens.
         assert_eq!(prefill(&mut m, 3, &a), 0);

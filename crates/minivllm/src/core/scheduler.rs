@@ -105,11 +105,6 @@ impl Scheduler {
         self.waiting.len()
     }
 
-    /// The waiting sequences, first to be scheduled first.
-    pub fn waiting(&self) -> impl Iterator<Item = SeqId> + '_ {
-        self.waiting.iter()
-    }
-
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
@@ -220,8 +215,6 @@ impl Scheduler {
                     self.kv_cache_manager
                         .allocate_slots(id, &seq.token_ids, computed, num_new);
                 if alloc.is_some() {
-                    self.kv_cache_manager
-                        .cache_full_blocks(id, &seq.token_ids, computed + num_new);
                     out.scheduled.push(ScheduledSeq {
                         id,
                         num_computed: computed,
@@ -263,9 +256,6 @@ impl Scheduler {
                 break;
             };
             out.swap_in.extend(copies);
-            // The copies land before the model runs, so the blocks may serve prefix hits now.
-            self.kv_cache_manager
-                .cache_full_blocks(id, &seq.token_ids, computed + num_new);
             let seq = self.seqs.get_mut(&id).expect("swapped seq exists");
             seq.status = SequenceStatus::Running;
             let key = self.cfg.policy.key(seq);
@@ -304,10 +294,10 @@ impl Scheduler {
             // Only the prefill budget's first prompt may overrun it: one that must run
             // whole (no chunked prefill) would otherwise never start.
             let fresh_step = *prefill == self.cfg.max_prefill_tokens;
-            let room = match self.cfg.enable_chunked_prefill {
-                true => (*budget).min(*prefill),
-                false if fresh_step => *budget,
-                false => (*budget).min(*prefill),
+            let room = if !self.cfg.enable_chunked_prefill && fresh_step {
+                *budget
+            } else {
+                (*budget).min(*prefill)
             };
             if room == 0 || (remaining > room && !self.cfg.enable_chunked_prefill) {
                 break;
@@ -319,8 +309,6 @@ impl Scheduler {
             {
                 break;
             }
-            self.kv_cache_manager
-                .cache_full_blocks(id, &seq.token_ids, cached + num_new);
             let seq = self.seqs.get_mut(&id).expect("waiting seq exists");
             seq.num_computed_tokens = cached;
             seq.status = SequenceStatus::Running;

@@ -129,11 +129,6 @@ impl LLMEngine {
         self.outputs.len()
     }
 
-    /// Requests queued and not yet scheduled (preempted ones included).
-    pub fn num_waiting_requests(&self) -> usize {
-        self.scheduler.num_waiting()
-    }
-
     /// The sequences waiting to be admitted: a request of `n` (or `best_of`) completions
     /// waits as that many.
     pub fn num_waiting_sequences(&self) -> usize {

@@ -186,8 +186,8 @@ impl ModelRunner {
     /// The last batch's rows to sample from (the `LogitsRows::sample` rows, in sequence
     /// order, at the end of [`logits`](Self::logits)), for the sampler to change in place.
     pub fn sample_logits_mut(&mut self) -> &mut [f32] {
+        let vocab = self.model.config().vocab_size;
         let all = self.buffers.logits_mut(self.num_logits);
-        let vocab = all.len() / self.input.logits_indices.len().max(1);
         let from = all.len() - self.num_samples * vocab;
         &mut all[from..]
     }
