@@ -1,9 +1,38 @@
-//! What callers get back: vLLM's `RequestOutput` and `CompletionOutput`.
+//! What callers get back (vLLM's `RequestOutput` and `CompletionOutput`), and what a step
+//! passes up on its way there: the worker's sampled tokens (`ModelRunnerOutput`), then the
+//! scheduler's verdict on each sequence (`EngineCoreOutput`).
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::sequence::{FinishReason, StopReason, TokenId};
+pub use crate::model_executor::layers::sampler::SampledToken;
+use crate::sequence::{FinishReason, SeqId, StopReason, TokenId};
+
+/// What the worker gives back for a step (vLLM v1's `ModelRunnerOutput`).
+#[derive(Debug, Default)]
+pub struct ModelRunnerOutput {
+    /// The token sampled for each sequence the step brought to the end of its tokens, in
+    /// the step's order.
+    pub sampled: Vec<(SeqId, SampledToken)>,
+    /// Prompt tokens scored this step, for the sequences that score their prompt: each
+    /// entry the next prompt positions' logprobs.
+    pub prompt_logprobs: Vec<(SeqId, Vec<TokenLogprobs>)>,
+    /// Seconds the model's forward pass took (the rest of the step is overhead).
+    pub forward_seconds: f64,
+}
+
+/// One scheduled sequence after the scheduler took in a step's results (vLLM v1's
+/// `EngineCoreOutput`), for the output processor.
+#[derive(Debug)]
+pub struct EngineCoreOutput {
+    pub seq: SeqId,
+    /// The token sampled this step, if the step reached the end of its tokens.
+    pub new_token: Option<SampledToken>,
+    pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
+    /// Set when the new token ends the sequence (on ids or length: stop strings are the
+    /// output processor's to find); the scheduler has freed it.
+    pub finish: Option<(FinishReason, Option<StopReason>)>,
+}
 
 /// Log-probabilities at one position: the chosen (or actual) token first, then the top-k
 /// without it, serialised as a JSON object keyed by token id, like vLLM's `{token_id:
@@ -19,6 +48,19 @@ pub struct TokenLogprobs {
 impl TokenLogprobs {
     pub fn new(entries: Vec<(TokenId, f32)>, rank: usize) -> Self {
         Self { entries, rank }
+    }
+
+    /// `token`'s entry first, then the top-k without repeating it.
+    pub fn with_chosen(
+        token: TokenId,
+        logprob: f32,
+        top: Vec<(TokenId, f32)>,
+        rank: usize,
+    ) -> Self {
+        let mut v = Vec::with_capacity(top.len() + 1);
+        v.push((token, logprob));
+        v.extend(top.into_iter().filter(|(t, _)| *t != token));
+        Self::new(v, rank)
     }
 
     pub fn get(&self, token: TokenId) -> Option<f32> {

@@ -1,6 +1,9 @@
 //! Requests, their sequences (`n` or `best_of` of them), and their lifecycle.
 
+use std::sync::Arc;
+
 pub use crate::ids::{RequestId, SeqId, TokenId};
+use crate::sampling_params::SamplingParams;
 
 /// Why a sequence stopped, with vLLM's names (`finish_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,12 +46,15 @@ pub enum SequenceStatus {
     Finished(FinishReason),
 }
 
-/// The scheduler's view of one sequence: its tokens and how many have K/V in the cache.
+/// One sequence, owned by the scheduler while it runs (vLLM v1's `Request`): its tokens,
+/// how many have K/V in the cache, and what decides when it stops.
 #[derive(Debug, Clone)]
 pub struct Sequence {
     pub id: SeqId,
-    /// The request it is a completion of: its sequence group.
+    /// The request it is a completion of: its parent, of `n` (or `best_of`) children.
     pub request: RequestId,
+    /// Its place among its request's completions; it picks the sequence's RNG stream.
+    pub index: usize,
     /// Prompt then generated tokens.
     pub token_ids: Vec<TokenId>,
     pub prompt_len: usize,
@@ -62,6 +68,15 @@ pub struct Sequence {
     /// Compute the whole prompt even when the prefix cache holds part of it (its logits are
     /// needed, e.g. for prompt logprobs).
     pub skip_prefix_cache: bool,
+    pub params: Arc<SamplingParams>,
+    /// Output tokens at which it stops for length: `max_tokens`, or what the model's
+    /// context leaves after the prompt when that is less.
+    pub max_tokens: usize,
+    /// The model's end-of-sequence tokens (ignored with `ignore_eos`).
+    pub eos_token_ids: Arc<[TokenId]>,
+    /// Whether the worker has been sent its prompt and settings: it keeps them from the
+    /// first step that schedules the sequence until the sequence finishes.
+    pub known_to_worker: bool,
 }
 
 impl Sequence {
@@ -76,12 +91,36 @@ impl Sequence {
             priority,
             arrival,
             skip_prefix_cache: false,
+            index: 0,
+            params: Arc::default(),
+            max_tokens: usize::MAX,
+            eos_token_ids: Arc::from([]),
+            known_to_worker: false,
         }
     }
 
-    /// The same sequence, as a completion of `request`.
-    pub fn of_request(self, request: RequestId) -> Self {
-        Self { request, ..self }
+    /// The same sequence, as completion `index` of `request`.
+    pub fn of_request(self, request: RequestId, index: usize) -> Self {
+        Self {
+            request,
+            index,
+            ..self
+        }
+    }
+
+    /// The same sequence, sampled with `params` and stopping as they and `max_tokens` say.
+    pub fn with_sampling(
+        self,
+        params: Arc<SamplingParams>,
+        max_tokens: usize,
+        eos_token_ids: Arc<[TokenId]>,
+    ) -> Self {
+        Self {
+            params,
+            max_tokens,
+            eos_token_ids,
+            ..self
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -102,5 +141,24 @@ impl Sequence {
 
     pub fn is_finished(&self) -> bool {
         matches!(self.status, SequenceStatus::Finished(_))
+    }
+
+    /// Whether the token just appended ends the sequence, on ids and length alone (vLLM
+    /// v1's `check_stop`): a stop token or EOS once `min_tokens` are out, or `max_tokens`.
+    /// Stop strings need the text, which the output processor checks.
+    pub fn check_stop(&self) -> Option<(FinishReason, Option<StopReason>)> {
+        let &last = self.output_ids().last()?;
+        let n_out = self.output_ids().len();
+        let p = &self.params;
+        let after_min = n_out >= p.min_tokens;
+        if after_min && p.stop_token_ids.contains(&last) {
+            Some((FinishReason::Stop, Some(StopReason::Token(last))))
+        } else if after_min && !p.ignore_eos && self.eos_token_ids.contains(&last) {
+            Some((FinishReason::Stop, None))
+        } else if n_out >= self.max_tokens {
+            Some((FinishReason::Length, None))
+        } else {
+            None
+        }
     }
 }

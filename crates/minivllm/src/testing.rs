@@ -55,3 +55,14 @@ pub fn group_tables(
         })
         .collect()
 }
+
+/// A sampled `token` with no logprobs asked for: what a step without a model "samples" in
+/// the scheduler's tests.
+pub fn sampled(token: crate::ids::TokenId) -> crate::outputs::SampledToken {
+    crate::outputs::SampledToken {
+        token_id: token,
+        logprob: 0.0,
+        top_logprobs: Vec::new(),
+        rank: None,
+    }
+}

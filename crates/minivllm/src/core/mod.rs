@@ -3,5 +3,6 @@
 pub mod block_pool;
 pub mod kv_cache_manager;
 pub mod policy;
+pub mod sched_output;
 pub mod scheduler;
 pub mod seq_queue;

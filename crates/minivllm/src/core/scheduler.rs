@@ -11,10 +11,11 @@
 
 use std::collections::HashMap;
 
-use crate::core::block_pool::{BlockId, CpuBlockId};
 use crate::core::kv_cache_manager::KvCacheManager;
 use crate::core::policy::Policy;
+pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
+use crate::outputs::{EngineCoreOutput, ModelRunnerOutput};
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
 
 #[derive(Debug, Clone)]
@@ -33,34 +34,6 @@ pub struct SchedulerConfig {
     pub policy: Policy,
 }
 
-/// One sequence's share of a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScheduledSeq {
-    pub id: SeqId,
-    /// Tokens already in the cache; this step feeds `token_ids[num_computed..num_computed + num_new_tokens]`.
-    pub num_computed: usize,
-    pub num_new_tokens: usize,
-}
-
-#[derive(Debug, Default)]
-pub struct SchedulerOutput {
-    pub scheduled: Vec<ScheduledSeq>,
-    /// KV blocks to copy into the swap pool before anything else, from sequences swapped
-    /// out this step: their GPU blocks may already be handed to others in this same step.
-    pub swap_out: Vec<(BlockId, CpuBlockId)>,
-    /// KV blocks to copy back from the swap pool, after `swap_out`.
-    pub swap_in: Vec<(CpuBlockId, BlockId)>,
-    /// Sequences preempted this step, swapped out or to be recomputed.
-    pub preempted: Vec<SeqId>,
-    pub num_batched_tokens: usize,
-}
-
-impl SchedulerOutput {
-    pub fn is_empty(&self) -> bool {
-        self.scheduled.is_empty()
-    }
-}
-
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv_cache_manager: KvCacheManager,
@@ -69,6 +42,8 @@ pub struct Scheduler {
     running: SeqQueue,
     /// Swapped-out sequences, served before any waiting one is admitted.
     swapped: SeqQueue,
+    /// Sequences the worker knows that finished since the last step, for it to forget.
+    finished: Vec<SeqId>,
     num_preemptions: u64,
     num_swapped_out: u64,
     num_swapped_in: u64,
@@ -82,6 +57,7 @@ impl Scheduler {
             waiting: SeqQueue::default(),
             running: SeqQueue::default(),
             swapped: SeqQueue::default(),
+            finished: Vec::new(),
             num_preemptions: 0,
             num_swapped_out: 0,
             num_swapped_in: 0,
@@ -144,16 +120,46 @@ impl Scheduler {
         self.seqs.insert(seq.id, seq);
     }
 
-    /// Records a step's results for `id`: `num_new` more tokens have K/V, and `sampled`
-    /// (if any) is appended.
-    pub fn update_seq(&mut self, id: SeqId, num_new: usize, sampled: Option<u32>) {
-        let Some(seq) = self.seqs.get_mut(&id) else {
-            return;
-        };
-        seq.num_computed_tokens += num_new;
-        if let Some(t) = sampled {
-            seq.token_ids.push(t);
+    /// Takes in a step's results (vLLM v1's `update_from_output`): every scheduled sequence
+    /// has its new tokens' K/V, each sampled token is appended, and a sequence whose token
+    /// ends it (on ids or length) is finished and freed. Returns one output per scheduled
+    /// sequence, in the step's order.
+    pub fn update_from_output(
+        &mut self,
+        sched: &SchedulerOutput,
+        out: ModelRunnerOutput,
+    ) -> Vec<EngineCoreOutput> {
+        let mut sampled = out.sampled.into_iter().peekable();
+        let mut prompt_logprobs = out.prompt_logprobs.into_iter().peekable();
+        let mut outputs = Vec::with_capacity(sched.scheduled.len());
+        for s in &sched.scheduled {
+            let mut o = EngineCoreOutput {
+                seq: s.id,
+                new_token: None,
+                prompt_logprobs: None,
+                finish: None,
+            };
+            // Both lists are in the step's order, a subset of it.
+            if prompt_logprobs.peek().is_some_and(|(id, _)| *id == s.id) {
+                o.prompt_logprobs = prompt_logprobs.next().map(|(_, lps)| lps);
+            }
+            let Some(seq) = self.seqs.get_mut(&s.id) else {
+                continue;
+            };
+            seq.num_computed_tokens += s.num_new_tokens;
+            if sampled.peek().is_some_and(|(id, _)| *id == s.id) {
+                let (_, token) = sampled.next().expect("peeked");
+                seq.token_ids.push(token.token_id);
+                o.finish = seq.check_stop();
+                o.new_token = Some(token);
+                if let Some((reason, _)) = o.finish {
+                    seq.status = SequenceStatus::Finished(reason);
+                    self.finish_seq(s.id);
+                }
+            }
+            outputs.push(o);
         }
+        outputs
     }
 
     /// After a step that failed: its blocks' registrations in the prefix cache are taken
@@ -162,15 +168,28 @@ impl Scheduler {
         self.kv_cache_manager.forget_step();
     }
 
+    /// The sequences finished since the last step, which the worker has yet to forget: for
+    /// an engine gone idle, which runs no step to tell it.
+    pub fn take_finished(&mut self) -> Vec<SeqId> {
+        std::mem::take(&mut self.finished)
+    }
+
     /// Removes a sequence (finished or aborted) and frees its blocks.
     pub fn finish_seq(&mut self, id: SeqId) -> Option<Sequence> {
         let _ = self.waiting.remove(id) || self.running.remove(id) || self.swapped.remove(id);
         self.kv_cache_manager.free(id);
-        self.seqs.remove(&id)
+        let seq = self.seqs.remove(&id)?;
+        if seq.known_to_worker {
+            self.finished.push(id);
+        }
+        Some(seq)
     }
 
     pub fn schedule(&mut self) -> SchedulerOutput {
-        let mut out = SchedulerOutput::default();
+        let mut out = SchedulerOutput {
+            finished: std::mem::take(&mut self.finished),
+            ..SchedulerOutput::default()
+        };
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut prefill = self.cfg.max_prefill_tokens;
         self.kv_cache_manager.start_step();
@@ -186,7 +205,33 @@ impl Scheduler {
             }
         }
         out.num_batched_tokens = self.cfg.max_num_batched_tokens - budget;
+        self.describe_for_worker(&mut out);
         out
+    }
+
+    /// Adds what the worker needs beyond the token counts: the block tables (final only
+    /// once the whole step is scheduled: a sliding window frees blocks as it allocates),
+    /// and the prompt and settings of the sequences it has not seen.
+    fn describe_for_worker(&mut self, out: &mut SchedulerOutput) {
+        for s in &mut out.scheduled {
+            let start = out.block_ids.len();
+            let tables = self.kv_cache_manager.block_tables(s.id);
+            out.block_ids.extend(tables.iter().flatten().map(|b| b.0));
+            s.block_ids = start..out.block_ids.len();
+            let seq = self.seqs.get_mut(&s.id).expect("scheduled seq exists");
+            if !seq.known_to_worker {
+                seq.known_to_worker = true;
+                out.new_seqs.push(NewSeqData {
+                    id: s.id,
+                    token_ids: seq.token_ids.clone(),
+                    prompt_len: seq.prompt_len,
+                    index: seq.index,
+                    params: std::sync::Arc::clone(&seq.params),
+                    eos_token_ids: std::sync::Arc::clone(&seq.eos_token_ids),
+                    scores_prompt: seq.index == 0 && seq.params.prompt_logprobs.is_some(),
+                });
+            }
+        }
     }
 
     fn schedule_running(
@@ -219,6 +264,7 @@ impl Scheduler {
                         id,
                         num_computed: computed,
                         num_new_tokens: num_new,
+                        block_ids: 0..0,
                     });
                     *budget -= num_new;
                     if uncomputed > 1 {
@@ -268,6 +314,7 @@ impl Scheduler {
                     id,
                     num_computed: computed,
                     num_new_tokens: num_new,
+                    block_ids: 0..0,
                 });
                 *budget -= num_new;
             }
@@ -319,6 +366,7 @@ impl Scheduler {
                 id,
                 num_computed: cached,
                 num_new_tokens: num_new,
+                block_ids: 0..0,
             });
             *budget -= num_new;
             *prefill = prefill.saturating_sub(num_new);
@@ -354,6 +402,7 @@ impl Scheduler {
 mod tests {
     use super::*;
     use crate::core::kv_cache_manager::KvCacheManagerConfig;
+    use crate::ids::{BlockId, CpuBlockId};
 
     const BS: usize = 4;
 
@@ -382,11 +431,15 @@ mod tests {
     /// tokens samples token 7.
     fn step(s: &mut Scheduler) -> SchedulerOutput {
         let out = s.schedule();
-        for sched in &out.scheduled {
-            let seq = &s.seqs[&sched.id];
-            let done = sched.num_computed + sched.num_new_tokens == seq.len();
-            s.update_seq(sched.id, sched.num_new_tokens, done.then_some(7));
-        }
+        let sampled = (out.scheduled.iter())
+            .filter(|x| x.num_computed + x.num_new_tokens == s.seqs[&x.id].len())
+            .map(|x| (x.id, crate::testing::sampled(7)))
+            .collect();
+        let results = ModelRunnerOutput {
+            sampled,
+            ..ModelRunnerOutput::default()
+        };
+        s.update_from_output(&out, results);
         out
     }
 
@@ -440,13 +493,10 @@ mod tests {
         // Once seq 1 leaves, seq 2 comes back first and runs in the same step.
         s.finish_seq(SeqId(1));
         let out = step(&mut s);
+        let first = &out.scheduled[0];
         assert_eq!(
-            out.scheduled[0],
-            ScheduledSeq {
-                id: SeqId(2),
-                num_computed: 8,
-                num_new_tokens: 1,
-            }
+            (first.id, first.num_computed, first.num_new_tokens),
+            (SeqId(2), 8, 1)
         );
         let back = s.kv_cache_manager.block_table(SeqId(2)).to_vec();
         let cpu: Vec<CpuBlockId> = out.swap_in.iter().map(|p| p.0).collect();

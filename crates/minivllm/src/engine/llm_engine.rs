@@ -1,14 +1,15 @@
 //! `LLMEngine`: requests in, one batched step at a time, `RequestOutput`s out.
 //!
-//! A step is a short pipeline of owned parts: the scheduler decides what runs, the model
-//! runner lays it out and runs the model, the sampler picks tokens, and the output
-//! processor turns them into text and outputs.
+//! A step is vLLM v1's engine-core step: the scheduler decides what runs (`schedule`), the
+//! model runner runs it and samples (`execute`), the scheduler takes the tokens in and
+//! decides which sequences stopped (`update_from_output`), and the output processor turns
+//! them into text and outputs, sending back the sequences a stop string ended.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::core::policy::Policy;
-use crate::core::scheduler::{ScheduledSeq, Scheduler};
+use crate::core::scheduler::{Scheduler, SchedulerOutput};
 pub use crate::engine::arg_utils::{check_width, resolve_max_model_len, width, EngineArgs};
 use crate::engine::arg_utils::{kv_cache_manager, scheduler_config};
 pub use crate::engine::errors::EngineError;
@@ -16,28 +17,26 @@ pub use crate::engine::input_processor::PromptInput;
 use crate::engine::input_processor::{process_prompt, PromptLimits};
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
-use crate::engine::output_processor::OutputProcessor;
+use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
 use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::engine::worker_process::{driver_group, model_runner};
-use crate::model_executor::layers::sampler::Sampler;
 use crate::model_executor::model_loader::load_model_shard;
 use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
-use crate::sequence::{RequestId, SeqId, Sequence};
-use crate::worker::model_runner::{LogitsRows, ModelRunner, SeqInput};
+use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
+use crate::worker::model_runner::ModelRunner;
 
 pub struct LLMEngine {
     runner: ModelRunner,
     tokenizer: Arc<Tokenizer>,
     scheduler: Scheduler,
-    sampler: Sampler,
     outputs: OutputProcessor,
     limits: PromptLimits,
     max_num_seqs: usize,
     next_arrival: u64,
-    /// Where each scheduled sequence's logits are; reused between steps.
-    rows: Vec<LogitsRows>,
+    next_seq_id: u64,
+    eos_token_ids: Arc<[TokenId]>,
     stats: EngineStats,
     stats_logger: StatsLogger,
     started: Instant,
@@ -74,17 +73,17 @@ impl LLMEngine {
         let tokenizer = Arc::new(tokenizer);
         Ok(Self {
             runner,
-            outputs: OutputProcessor::new(Arc::clone(&tokenizer), max_model_len),
+            outputs: OutputProcessor::new(Arc::clone(&tokenizer)),
+            eos_token_ids: Arc::from(tokenizer.eos_token_ids()),
             tokenizer,
             scheduler: Scheduler::new(sched_cfg, kv_cache_manager),
-            sampler: Sampler::default(),
             limits: PromptLimits {
                 max_model_len,
                 vocab_size,
             },
             max_num_seqs: args.max_num_seqs,
             next_arrival: 0,
-            rows: Vec::new(),
+            next_seq_id: 0,
             stats: EngineStats::default(),
             stats_logger: StatsLogger::new(),
             started: Instant::now(),
@@ -122,7 +121,14 @@ impl LLMEngine {
     /// Gives back the memory a past large batch left in the step buffers; the async engine
     /// calls it whenever it goes idle.
     pub fn release_idle_memory(&mut self) {
-        self.runner.release_idle_memory();
+        let finished = self.scheduler.take_finished();
+        self.runner.release_idle_memory(&finished);
+    }
+
+    /// Sequences the worker's persistent batch holds (finished ones until the next step or
+    /// `release_idle_memory`).
+    pub fn num_worker_seqs(&self) -> usize {
+        self.runner.num_cached_seqs()
     }
 
     pub fn num_unfinished_requests(&self) -> usize {
@@ -202,12 +208,31 @@ impl LLMEngine {
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
-        let seqs = self
-            .outputs
-            .add_request(request_id, prompt, params, priority, arrival);
-        for seq in seqs {
+        let width = params.best_of_or_n().max(params.n);
+        let max_tokens = (params.max_tokens.unwrap_or(usize::MAX))
+            .min(self.limits.max_model_len - prompt.token_ids.len());
+        let params = Arc::new(params);
+        let seq_ids: Vec<SeqId> = (0..width)
+            .map(|_| {
+                self.next_seq_id += 1;
+                SeqId(self.next_seq_id)
+            })
+            .collect();
+        for (index, &id) in seq_ids.iter().enumerate() {
+            let mut seq = Sequence::new(id, prompt.token_ids.clone(), priority, arrival)
+                .of_request(request_id.clone(), index)
+                .with_sampling(
+                    Arc::clone(&params),
+                    max_tokens,
+                    Arc::clone(&self.eos_token_ids),
+                );
+            // Cached prefix blocks have no logits to score, so the sequence that scores the
+            // prompt computes it whole; its siblings then find it in the prefix cache.
+            seq.skip_prefix_cache = index == 0 && params.prompt_logprobs.is_some();
             self.scheduler.add_seq(seq);
         }
+        self.outputs
+            .add_request(request_id, prompt, params, &seq_ids);
         Ok(())
     }
 
@@ -222,102 +247,61 @@ impl LLMEngine {
         tracing::debug!(request_id, "aborted");
     }
 
-    /// Runs one scheduled batch and returns the outputs of the requests it advanced, each
-    /// of its request's `output_kind`.
+    /// Runs one step and returns the outputs of the requests it advanced, each of its
+    /// request's `output_kind`: schedule, execute, update, outputs.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let started = Instant::now();
         let sched = self.scheduler.schedule();
-        // Even in an empty step: the scheduler's books already say the swaps happened.
-        self.runner
-            .execute_cache_ops(&sched.swap_out, &sched.swap_in)?;
+        // Even in an empty step: the scheduler's books already say the swaps happened, and
+        // the worker forgets the sequences that finished.
+        let results = match self.runner.execute(&sched) {
+            Ok(results) => results,
+            Err(e) => {
+                self.fail_step(&sched);
+                return Err(e.into());
+            }
+        };
         if sched.is_empty() {
             return Ok(Vec::new());
         }
         self.stats.num_steps += 1;
         self.stats.num_computed_tokens += sched.num_batched_tokens as u64;
-        let requests = self.prepare_input(&sched.scheduled);
-        let forward = Instant::now();
-        if let Err(e) = self.runner.execute_model().map(<[f32]>::len) {
-            self.fail_step(&requests);
-            return Err(e.into());
+        self.stats.forward_seconds += results.forward_seconds;
+        self.stats.num_generation_tokens += results.sampled.len() as u64;
+        let core_outputs = self.scheduler.update_from_output(&sched, results);
+        let ProcessedOutputs {
+            request_outputs,
+            stopped,
+        } = self.outputs.process_outputs(core_outputs)?;
+        for id in stopped {
+            self.scheduler.finish_seq(id);
         }
-        let logits = self.runner.logits();
-        self.stats.forward_seconds += forward.elapsed().as_secs_f64();
-        let vocab = self.limits.vocab_size;
-        for (s, rows) in sched.scheduled.iter().zip(&self.rows) {
-            if let (Some(prompt_rows), Some(seq)) = (&rows.prompt, self.scheduler.seq(s.id)) {
-                let prompt_rows = prompt_rows.clone();
-                self.outputs
-                    .record_prompt_logprobs(&seq.request, prompt_rows, logits, vocab);
-            }
-        }
-        for s in &sched.scheduled {
-            self.scheduler.update_seq(s.id, s.num_new_tokens, None);
-        }
-        // The runner lays the sampled rows out last, in this order.
-        let to_sample: Vec<SeqId> = (sched.scheduled.iter().zip(&self.rows))
-            .filter(|(_, r)| r.sample.is_some())
-            .map(|(s, _)| s.id)
-            .collect();
-        let seqs: Vec<&Sequence> = to_sample
-            .iter()
-            .map(|id| self.scheduler.seq(*id).expect("a sampled sequence exists"))
-            .collect();
-        let samples =
-            (self.outputs).sample(&mut self.sampler, self.runner.sample_logits_mut(), &seqs);
-        for (id, s) in to_sample.into_iter().zip(samples) {
-            self.scheduler.update_seq(id, 0, Some(s.token_id));
-            self.stats.num_generation_tokens += 1;
-            let seq = self.scheduler.seq(id).expect("sampled sequence exists");
-            if self.outputs.process_sample(seq, s)? {
-                let seq = self
-                    .scheduler
-                    .finish_seq(id)
-                    .expect("sampled sequence exists");
-                self.outputs.on_finished(seq);
-            }
-        }
-        let outputs = self.outputs.make_outputs(&requests, &self.scheduler);
         self.stats.step_seconds += started.elapsed().as_secs_f64();
         if tracing::enabled!(tracing::Level::INFO) {
             let stats = self.stats();
             self.stats_logger.maybe_log(&stats);
         }
-        Ok(outputs)
+        Ok(request_outputs)
     }
 
-    /// After a forward pass that failed: the state of its requests is unknown, so they end
-    /// (their callers see the step's error), and the prefix cache forgets the blocks the
-    /// step was to write.
-    fn fail_step(&mut self, requests: &[RequestId]) {
-        for r in requests {
+    /// After a step that failed: the state of its requests is unknown, so they end (their
+    /// callers see the step's error), and the prefix cache forgets the blocks the step was
+    /// to write.
+    fn fail_step(&mut self, sched: &SchedulerOutput) {
+        let mut requests: Vec<RequestId> = Vec::new();
+        for s in &sched.scheduled {
+            if let Some(r) = self.outputs.request_of(s.id) {
+                if !requests.contains(r) {
+                    requests.push(r.clone());
+                }
+            }
+        }
+        for r in &requests {
             for id in self.outputs.abort_request(r) {
                 self.scheduler.finish_seq(id);
             }
         }
         self.scheduler.forget_failed_step();
-    }
-
-    /// Hands the scheduled sequences to the model runner; returns their requests, each once.
-    fn prepare_input(&mut self, scheduled: &[ScheduledSeq]) -> Vec<RequestId> {
-        let (scheduler, outputs) = (&self.scheduler, &self.outputs);
-        let mut requests: Vec<RequestId> = Vec::new();
-        let inputs = scheduled.iter().map(|s| {
-            let seq = scheduler.seq(s.id).expect("scheduled sequence exists");
-            if !requests.contains(&seq.request) {
-                requests.push(seq.request.clone());
-            }
-            SeqInput {
-                token_ids: &seq.token_ids,
-                prompt_len: seq.prompt_len,
-                num_computed: s.num_computed,
-                num_new: s.num_new_tokens,
-                block_tables: scheduler.kv_cache_manager().block_tables(s.id),
-                prompt_logprobs_from: outputs.prompt_logprobs_from(seq),
-            }
-        });
-        self.runner.prepare_input(inputs, &mut self.rows);
-        requests
     }
 }
 

@@ -1,41 +1,42 @@
-//! What happens to a step's samples before callers see them: each sequence's text
-//! (incremental detokenisation), logprobs and stop checks, the gathering of a request's `n`
-//! (or `best_of`) sequences into one output, and `RequestOutput`s of the kind the request
-//! asked for.
+//! What happens to a step's results before callers see them (vLLM v1's
+//! `OutputProcessor`): each sequence's text (incremental detokenisation) and stop strings,
+//! its logprobs, the gathering of a request's `n` (or `best_of`) sequences into one output,
+//! and `RequestOutput`s of the kind the request asked for.
 //!
-//! The scheduler's `Sequence` owns a sequence's token ids while it runs; this module owns
-//! everything else about a request, and takes the ids over when a sequence finishes.
+//! It takes the scheduler's `EngineCoreOutput`s and never sees the scheduler: a stop string
+//! it finds goes back as a sequence for the engine to finish there.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
 
-use crate::core::scheduler::Scheduler;
 use crate::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
 use crate::engine::errors::EngineError;
 use crate::engine::input_processor::ProcessedPrompt;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::{RequestId, SeqId, TokenId};
-use crate::model_executor::layers::sampler::{
-    logprobs_for, SampledToken, Sampler, SamplingContext, SeqSamplingState,
-};
-use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
+use crate::outputs::{CompletionOutput, EngineCoreOutput, RequestOutput, TokenLogprobs};
 use crate::sampling_params::{RequestOutputKind, SamplingParams};
-use crate::sequence::{FinishReason, Sequence, StopReason};
+use crate::sequence::{FinishReason, StopReason};
 
-/// Every unfinished request's state beyond its sequences' tokens.
+/// Every unfinished request's state beyond what the scheduler keeps.
 pub struct OutputProcessor {
     tokenizer: Arc<Tokenizer>,
-    max_model_len: usize,
     requests: HashMap<RequestId, RequestState>,
-    next_seq_id: u64,
+    /// Each running sequence's request and index in it.
+    seqs: HashMap<SeqId, (RequestId, usize)>,
+}
+
+/// What one step did to the requests it ran.
+pub struct ProcessedOutputs {
+    pub request_outputs: Vec<RequestOutput>,
+    /// Sequences a stop string ended, for the scheduler to finish.
+    pub stopped: Vec<SeqId>,
 }
 
 struct RequestState {
     prompt: Option<String>,
     prompt_ids: Vec<TokenId>,
-    params: SamplingParams,
-    max_tokens: usize,
+    params: Arc<SamplingParams>,
     /// Entry `e` scores prompt token `e` (entry 0 is `None`: nothing comes before it).
     prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     /// By completion index: `n` (or `best_of`) sibling sequences (vLLM v1's parallel
@@ -47,13 +48,10 @@ struct RequestState {
 struct SeqState {
     id: SeqId,
     detok: IncrementalDetokenizer,
-    sampling: SeqSamplingState,
     cumulative_logprob: f64,
     logprobs: Vec<TokenLogprobs>,
     finish: Option<(FinishReason, Option<StopReason>)>,
-    /// The output token ids, taken from the scheduler's sequence when it finishes (the
-    /// scheduler then forgets it).
-    finished_ids: Vec<TokenId>,
+    output_ids: Vec<TokenId>,
     /// How much of the sequence earlier `DELTA` outputs carried.
     sent: Sent,
 }
@@ -66,40 +64,25 @@ struct Sent {
 }
 
 impl SeqState {
-    fn new(
-        id: SeqId,
-        detok: IncrementalDetokenizer,
-        params: &SamplingParams,
-        index: usize,
-    ) -> Self {
+    fn new(id: SeqId, detok: IncrementalDetokenizer) -> Self {
         Self {
             id,
             detok,
-            sampling: SeqSamplingState::new(params.seed, index),
             cumulative_logprob: 0.0,
             logprobs: Vec::new(),
             finish: None,
-            finished_ids: Vec::new(),
+            output_ids: Vec::new(),
             sent: Sent::default(),
-        }
-    }
-
-    /// Its output ids: the scheduler's while it runs, its own once finished.
-    fn output_ids<'a>(&'a self, scheduler: &'a Scheduler) -> &'a [TokenId] {
-        match self.finish {
-            Some(_) => &self.finished_ids,
-            None => scheduler.seq(self.id).map_or(&[], Sequence::output_ids),
         }
     }
 }
 
 impl OutputProcessor {
-    pub fn new(tokenizer: Arc<Tokenizer>, max_model_len: usize) -> Self {
+    pub fn new(tokenizer: Arc<Tokenizer>) -> Self {
         Self {
             tokenizer,
-            max_model_len,
             requests: HashMap::new(),
-            next_seq_id: 0,
+            seqs: HashMap::new(),
         }
     }
 
@@ -117,29 +100,23 @@ impl OutputProcessor {
     }
 
     pub fn params(&self, id: &RequestId) -> Option<&SamplingParams> {
-        self.requests.get(id).map(|r| &r.params)
+        self.requests.get(id).map(|r| &*r.params)
     }
 
-    fn new_seq_id(&mut self) -> SeqId {
-        self.next_seq_id += 1;
-        SeqId(self.next_seq_id)
+    /// The request `seq` is a completion of.
+    pub fn request_of(&self, seq: SeqId) -> Option<&RequestId> {
+        self.seqs.get(&seq).map(|(r, _)| r)
     }
 
-    /// Takes a validated request and returns its sequences, for the scheduler: `n` (or
-    /// `best_of`), each sampling with its own RNG stream.
+    /// Takes a validated request whose sequences (`n`, or `best_of`) the scheduler runs as
+    /// `seq_ids`, in completion order.
     pub fn add_request(
         &mut self,
         id: RequestId,
         prompt: ProcessedPrompt,
-        params: SamplingParams,
-        priority: i32,
-        arrival: u64,
-    ) -> Vec<Sequence> {
-        let width = params.best_of_or_n().max(params.n);
-        let max_tokens = params
-            .max_tokens
-            .unwrap_or(usize::MAX)
-            .min(self.max_model_len - prompt.token_ids.len());
+        params: Arc<SamplingParams>,
+        seq_ids: &[SeqId],
+    ) {
         let cfg = DetokenizerConfig {
             skip_special_tokens: params.skip_special_tokens,
             spaces_between_special_tokens: params.spaces_between_special_tokens,
@@ -147,178 +124,106 @@ impl OutputProcessor {
             include_stop_str_in_output: params.include_stop_str_in_output,
         };
         let detok = IncrementalDetokenizer::new(&self.tokenizer, &prompt.token_ids, cfg);
-        let mut seqs = Vec::with_capacity(width);
-        let mut states = Vec::with_capacity(width);
-        for index in 0..width {
-            let seq_id = self.new_seq_id();
-            let mut seq = Sequence::new(seq_id, prompt.token_ids.clone(), priority, arrival)
-                .of_request(id.clone());
-            // Cached prefix blocks have no logits to score, so the sequence that scores the
-            // prompt computes it whole; its siblings then find it in the prefix cache.
-            seq.skip_prefix_cache = index == 0 && params.prompt_logprobs.is_some();
-            seqs.push(seq);
-            // Cloning shares the stop-string automaton instead of building one per sibling.
-            states.push(SeqState::new(seq_id, detok.clone(), &params, index));
+        // Cloning shares the stop-string automaton instead of building one per sibling.
+        let states = seq_ids
+            .iter()
+            .map(|&seq| SeqState::new(seq, detok.clone()))
+            .collect();
+        for (index, &seq) in seq_ids.iter().enumerate() {
+            self.seqs.insert(seq, (id.clone(), index));
         }
         let state = RequestState {
             prompt: prompt.text,
             prompt_ids: prompt.token_ids,
-            max_tokens,
             prompt_logprobs: params.prompt_logprobs.map(|_| vec![None]),
             seqs: states,
             params,
         };
         self.requests.insert(id, state);
-        seqs
     }
 
     /// Forgets a request; returns its sequences, for the scheduler to free.
     pub fn abort_request(&mut self, id: &RequestId) -> Vec<SeqId> {
-        self.requests
+        let seqs: Vec<SeqId> = self
+            .requests
             .remove(id)
             .map(|r| r.seqs.iter().map(|s| s.id).collect())
-            .unwrap_or_default()
-    }
-
-    /// For the first sequence of a request that asked for prompt logprobs (the one that
-    /// scores them): the first prompt position whose successor is not scored yet (a
-    /// recompute after preemption does not score again).
-    pub fn prompt_logprobs_from(&self, seq: &Sequence) -> Option<usize> {
-        let req = self.requests.get(&seq.request)?;
-        if req.seqs.first()?.id != seq.id {
-            return None;
+            .unwrap_or_default();
+        for s in &seqs {
+            self.seqs.remove(s);
         }
-        Some(req.prompt_logprobs.as_ref()?.len() - 1)
+        seqs
     }
 
-    /// Scores the prompt tokens after `positions` from the logits rows starting at `first_row`.
-    pub fn record_prompt_logprobs(
+    /// Takes in a step's results, one per scheduled sequence in the step's order: the
+    /// prompt logprobs scored, each new token's logprobs and text, stop strings; returns the
+    /// outputs of the requests the step ran (each once, in order of their first sequence)
+    /// and the sequences a stop string ended.
+    pub fn process_outputs(
         &mut self,
-        id: &RequestId,
-        (first_row, positions): (usize, Range<usize>),
-        logits: &[f32],
-        vocab: usize,
-    ) {
-        let Some(req) = self.requests.get_mut(id) else {
-            return;
-        };
-        let k = req.params.prompt_logprobs.unwrap_or(0);
-        let Some(out) = req.prompt_logprobs.as_mut() else {
-            return;
-        };
-        for (row, pos) in (first_row..).zip(positions) {
-            let next = req.prompt_ids[pos + 1];
-            let (lp, top, rank) = logprobs_for(&logits[row * vocab..(row + 1) * vocab], next, k);
-            out.push(Some(with_chosen(next, lp, top, rank)));
+        outputs: Vec<EngineCoreOutput>,
+    ) -> Result<ProcessedOutputs, EngineError> {
+        let mut requests: Vec<RequestId> = Vec::new();
+        let mut stopped = Vec::new();
+        for o in outputs {
+            let Some((request, index)) = self.seqs.get(&o.seq) else {
+                continue;
+            };
+            let index = *index;
+            if !requests.contains(request) {
+                requests.push(request.clone());
+            }
+            let req = self
+                .requests
+                .get_mut(request)
+                .expect("a running sequence's request exists");
+            if let (Some(scored), Some(all)) = (o.prompt_logprobs, req.prompt_logprobs.as_mut()) {
+                all.extend(scored.into_iter().map(Some));
+            }
+            let Some(token) = o.new_token else {
+                continue;
+            };
+            let st = &mut req.seqs[index];
+            st.cumulative_logprob += token.logprob as f64;
+            if req.params.logprobs.is_some() {
+                // The sampler ranks the token whenever logprobs are asked for.
+                let rank = token.rank.unwrap_or(0);
+                st.logprobs.push(TokenLogprobs::with_chosen(
+                    token.token_id,
+                    token.logprob,
+                    token.top_logprobs,
+                    rank,
+                ));
+            }
+            st.output_ids.push(token.token_id);
+            let stop_str = st.detok.push(&self.tokenizer, token.token_id)?;
+            // A stop string wins over what the scheduler saw in the same token.
+            let finish = match stop_str {
+                Some(stop) => {
+                    if o.finish.is_none() {
+                        stopped.push(o.seq);
+                    }
+                    Some((FinishReason::Stop, Some(stop)))
+                }
+                None => o.finish,
+            };
+            if finish.is_some() {
+                st.detok.finish();
+                st.finish = finish;
+                self.seqs.remove(&o.seq);
+            }
         }
-    }
-
-    fn state_mut(&mut self, seq: &Sequence) -> (&SamplingParams, &mut SeqState, usize) {
-        let req = self
-            .requests
-            .get_mut(&seq.request)
-            .expect("a running sequence's request exists");
-        let st = req
-            .seqs
-            .iter_mut()
-            .find(|s| s.id == seq.id)
-            .expect("a running sequence's state exists");
-        (&req.params, st, req.max_tokens)
-    }
-
-    /// Samples one token for each of `seqs` from its row of `logits`.
-    pub fn sample(
-        &mut self,
-        sampler: &mut Sampler,
-        logits: &mut [f32],
-        seqs: &[&Sequence],
-    ) -> Vec<SampledToken> {
-        // Each RNG is copied out while the contexts borrow the requests, and written back.
-        let mut states: Vec<SeqSamplingState> = seqs
+        let request_outputs = requests
             .iter()
-            .map(|s| self.state_mut(s).1.sampling.clone())
+            .filter_map(|id| self.make_output(id))
             .collect();
-        let eos = self.tokenizer.eos_token_ids();
-        let mut ctxs: Vec<SamplingContext<'_>> = seqs
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(s, state)| SamplingContext {
-                options: self.requests[&s.request].params.sampling_options(),
-                prompt_ids: &s.token_ids[..s.prompt_len],
-                output_ids: s.output_ids(),
-                eos_token_ids: eos,
-                state,
-            })
-            .collect();
-        let results = sampler.sample(logits, &mut ctxs);
-        drop(ctxs);
-        for (s, st) in seqs.iter().zip(states) {
-            self.state_mut(s).1.sampling = st;
-        }
-        results
+        Ok(ProcessedOutputs {
+            request_outputs,
+            stopped,
+        })
     }
 
-    /// Records the token just sampled for `seq` (and already appended to it): logprobs,
-    /// text, stop checks. Returns whether the sequence is now finished.
-    pub fn process_sample(&mut self, seq: &Sequence, s: SampledToken) -> Result<bool, EngineError> {
-        let tokenizer = Arc::clone(&self.tokenizer);
-        let max_model_len = self.max_model_len;
-        let (p, st, max_tokens) = self.state_mut(seq);
-        st.cumulative_logprob += s.logprob as f64;
-        if p.logprobs.is_some() {
-            // The sampler ranks the token whenever logprobs are asked for.
-            let rank = s.rank.unwrap_or(0);
-            st.logprobs
-                .push(with_chosen(s.token_id, s.logprob, s.top_logprobs, rank));
-        }
-        let stop_str = st.detok.push(&tokenizer, s.token_id)?;
-        let n_out = seq.output_ids().len();
-        let after_min = n_out >= p.min_tokens;
-        let finish = if let Some(stop) = stop_str {
-            Some((FinishReason::Stop, Some(stop)))
-        } else if p.stop_token_ids.contains(&s.token_id) && after_min {
-            Some((FinishReason::Stop, Some(StopReason::Token(s.token_id))))
-        } else if !p.ignore_eos && after_min && tokenizer.eos_token_ids().contains(&s.token_id) {
-            Some((FinishReason::Stop, None))
-        } else if n_out >= max_tokens || seq.len() >= max_model_len {
-            Some((FinishReason::Length, None))
-        } else {
-            None
-        };
-        if finish.is_some() {
-            st.detok.finish();
-            st.finish = finish;
-        }
-        Ok(st.finish.is_some())
-    }
-
-    /// Takes over a finished sequence's output ids from the scheduler.
-    pub fn on_finished(&mut self, seq: Sequence) {
-        let prompt_len = seq.prompt_len;
-        let mut ids = seq.token_ids;
-        ids.drain(..prompt_len);
-        let Some(req) = self.requests.get_mut(&seq.request) else {
-            return;
-        };
-        if let Some(st) = req.seqs.iter_mut().find(|s| s.id == seq.id) {
-            st.finished_ids = ids;
-        }
-    }
-
-    /// The outputs of `requests` (those this step advanced), each of its request's kind;
-    /// finished requests are forgotten afterwards.
-    pub fn make_outputs(
-        &mut self,
-        requests: &[RequestId],
-        scheduler: &Scheduler,
-    ) -> Vec<RequestOutput> {
-        requests
-            .iter()
-            .filter_map(|id| self.make_output(id, scheduler))
-            .collect()
-    }
-
-    fn make_output(&mut self, id: &RequestId, scheduler: &Scheduler) -> Option<RequestOutput> {
+    fn make_output(&mut self, id: &RequestId) -> Option<RequestOutput> {
         let req = self.requests.get_mut(id)?;
         let p = &req.params;
         let width = p.best_of_or_n().max(p.n);
@@ -329,7 +234,7 @@ impl OutputProcessor {
         }
         let mut outputs: Vec<(f64, CompletionOutput)> = Vec::with_capacity(req.seqs.len());
         for (index, st) in req.seqs.iter_mut().enumerate() {
-            if let Some(out) = completion(st, index, p, kind, scheduler) {
+            if let Some(out) = completion(st, index, p, kind) {
                 outputs.push((st.cumulative_logprob, out));
             }
         }
@@ -371,9 +276,8 @@ fn completion(
     index: usize,
     p: &SamplingParams,
     kind: RequestOutputKind,
-    scheduler: &Scheduler,
 ) -> Option<CompletionOutput> {
-    let ids = st.output_ids(scheduler);
+    let ids = &st.output_ids;
     let finished = st.finish.is_some();
     let text = if finished {
         st.detok.output_text()
@@ -407,17 +311,4 @@ fn completion(
         };
     }
     Some(out)
-}
-
-/// The chosen token's entry first, then the top-k without repeating it.
-fn with_chosen(
-    token: TokenId,
-    logprob: f32,
-    top: Vec<(TokenId, f32)>,
-    rank: usize,
-) -> TokenLogprobs {
-    let mut v = Vec::with_capacity(top.len() + 1);
-    v.push((token, logprob));
-    v.extend(top.into_iter().filter(|(t, _)| *t != token));
-    TokenLogprobs::new(v, rank)
 }

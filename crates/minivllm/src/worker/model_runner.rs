@@ -1,14 +1,23 @@
-//! Prepares one batch's inputs from the scheduled sequences and runs the model on them over
-//! the KV cache.
+//! Runs a step the scheduler laid out (vLLM v1's `GPUModelRunner`): updates the persistent
+//! batch, lays the step's tokens out as one flat batch, runs the model over the KV cache,
+//! scores prompt tokens and samples the next ones.
+//!
+//! Below that, `prepare_input` and `execute_model` lay out and run any batch and give its
+//! logits (for the reference tests, perplexity, and the other ranks' workers).
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
+use crate::core::sched_output::SchedulerOutput;
 use crate::distributed::Communicator;
-use crate::ids::{BlockId, CpuBlockId, TokenId};
+use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
+use crate::model_executor::layers::sampler::{logprobs_for, Sampler, SamplingContext};
 use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
+use crate::outputs::{ModelRunnerOutput, TokenLogprobs};
 use crate::worker::cache_engine::CacheEngine;
+use crate::worker::input_batch::InputBatch;
 use crate::worker::step_message::{encode_cache_ops, encode_execute, encode_shutdown};
 
 /// One scheduled sequence as the runner sees it: tokens, where its K/V live, and which of
@@ -56,6 +65,11 @@ pub struct ModelRunner {
     /// Scratch for the rows to sample from while a batch is laid out, and their count.
     sample_rows: Vec<usize>,
     num_samples: usize,
+    /// The running sequences' tokens and sampling state.
+    batch: InputBatch,
+    sampler: Sampler,
+    /// Where each scheduled sequence's logits are; reused between steps.
+    rows: Vec<LogitsRows>,
 }
 
 impl ModelRunner {
@@ -75,6 +89,9 @@ impl ModelRunner {
             num_logits: 0,
             sample_rows: Vec::new(),
             num_samples: 0,
+            batch: InputBatch::default(),
+            sampler: Sampler::default(),
+            rows: Vec::new(),
         }
     }
 
@@ -118,6 +135,121 @@ impl ModelRunner {
         }
     }
 
+    /// Runs the step `sched` describes and samples: the persistent batch takes in the
+    /// step's changes, the blocks move to and from the swap pool, the scheduled sequences
+    /// run as one batch, and each one the step brings to the end of its tokens gets its next
+    /// token (appended here too). An empty step only does the first two.
+    pub fn execute(&mut self, sched: &SchedulerOutput) -> Result<ModelRunnerOutput, InputError> {
+        self.batch.update(sched);
+        self.execute_cache_ops(&sched.swap_out, &sched.swap_in)?;
+        let mut out = ModelRunnerOutput::default();
+        if sched.is_empty() {
+            return Ok(out);
+        }
+        self.begin_batch();
+        for s in &sched.scheduled {
+            let seq = self.batch.get(s.id);
+            let input = SeqInput {
+                token_ids: &seq.token_ids,
+                prompt_len: seq.prompt_len,
+                num_computed: s.num_computed,
+                num_new: s.num_new_tokens,
+                block_tables: &[],
+                prompt_logprobs_from: seq.prompt_logprobs_from,
+            };
+            let block_size = self.cache.block_size();
+            let table = sched.block_ids(s);
+            let rows = lay_out(
+                &mut self.input,
+                &mut self.sample_rows,
+                block_size,
+                &input,
+                table,
+            );
+            self.rows.push(rows);
+        }
+        self.end_batch();
+        let forward = Instant::now();
+        self.execute_model()?;
+        out.forward_seconds = forward.elapsed().as_secs_f64();
+        self.score_prompts(sched, &mut out.prompt_logprobs);
+        self.sample(sched, &mut out.sampled);
+        Ok(out)
+    }
+
+    /// The prompt logprobs of the step's scoring sequences, from their rows.
+    fn score_prompts(
+        &mut self,
+        sched: &SchedulerOutput,
+        out: &mut Vec<(SeqId, Vec<TokenLogprobs>)>,
+    ) {
+        let vocab = self.model.config().vocab_size;
+        let logits = self.buffers.logits(self.num_logits);
+        for (s, rows) in sched.scheduled.iter().zip(&self.rows) {
+            let Some((first_row, positions)) = rows.prompt.clone() else {
+                continue;
+            };
+            let seq = self.batch.get_mut(s.id);
+            let k = seq.params.prompt_logprobs.unwrap_or(0);
+            seq.prompt_logprobs_from = Some(positions.end);
+            let scored = (first_row..)
+                .zip(positions)
+                .map(|(row, pos)| {
+                    let next = seq.token_ids[pos + 1];
+                    let (lp, top, rank) =
+                        logprobs_for(&logits[row * vocab..(row + 1) * vocab], next, k);
+                    TokenLogprobs::with_chosen(next, lp, top, rank)
+                })
+                .collect();
+            out.push((s.id, scored));
+        }
+    }
+
+    /// Samples the next token of each sequence with a sample row, in the step's order, from
+    /// the logits in place (the runner laid those rows out last, in that order).
+    fn sample(
+        &mut self,
+        sched: &SchedulerOutput,
+        out: &mut Vec<(SeqId, crate::outputs::SampledToken)>,
+    ) {
+        let ids: Vec<SeqId> = (sched.scheduled.iter().zip(&self.rows))
+            .filter(|(_, r)| r.sample.is_some())
+            .map(|(s, _)| s.id)
+            .collect();
+        // Each RNG is copied out while the contexts borrow the batch, and written back.
+        let mut states: Vec<_> = ids
+            .iter()
+            .map(|&id| self.batch.get(id).sampling.clone())
+            .collect();
+        let batch = &self.batch;
+        let mut ctxs: Vec<SamplingContext<'_>> = ids
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(&id, state)| {
+                let seq = batch.get(id);
+                SamplingContext {
+                    options: seq.params.sampling_options(),
+                    prompt_ids: seq.prompt_ids(),
+                    output_ids: seq.output_ids(),
+                    eos_token_ids: &seq.eos_token_ids,
+                    state,
+                }
+            })
+            .collect();
+        let vocab = self.model.config().vocab_size;
+        let all = self.buffers.logits_mut(self.num_logits);
+        let from = all.len() - self.num_samples * vocab;
+        let samples = self.sampler.sample(&mut all[from..], &mut ctxs);
+        drop(ctxs);
+        out.reserve(ids.len());
+        for ((id, state), token) in ids.into_iter().zip(states).zip(samples) {
+            let seq = self.batch.get_mut(id);
+            seq.sampling = state;
+            seq.token_ids.push(token.token_id);
+            out.push((id, token));
+        }
+    }
+
     /// Lays the sequences out as one flat batch (prompt chunks and decodes alike: vLLM's
     /// `prepare_prefill` and `prepare_decode` in one pass) and says where each one's logits
     /// will be, in `rows` (cleared first, one entry per sequence).
@@ -126,39 +258,36 @@ impl ModelRunner {
         seqs: impl IntoIterator<Item = SeqInput<'a>>,
         rows: &mut Vec<LogitsRows>,
     ) {
+        self.begin_batch();
         let block_size = self.cache.block_size();
-        self.input.clear();
-        rows.clear();
-        self.sample_rows.clear();
         for s in seqs {
-            let end = s.num_computed + s.num_new;
             self.table.clear();
             self.table
                 .extend(s.block_tables.iter().flatten().map(|b| b.0));
-            let start_row = self.input.num_tokens();
-            let new_tokens = &s.token_ids[s.num_computed..end];
-            self.input
-                .add_sequence(new_tokens, end, &self.table, block_size, false);
-            let mut r = LogitsRows::default();
-            if let Some(from) = s.prompt_logprobs_from {
-                // The last prompt position scores the first output token, not a prompt one.
-                let positions = s.num_computed.max(from)..end.min(s.prompt_len - 1);
-                if !positions.is_empty() {
-                    r.prompt = Some((self.input.logits_indices.len(), positions.clone()));
-                    let rows = positions.map(|pos| start_row + pos - s.num_computed);
-                    self.input.logits_indices.extend(rows);
-                }
-            }
-            if end == s.token_ids.len() {
-                r.sample = Some(self.sample_rows.len());
-                self.sample_rows.push(start_row + s.num_new - 1);
-            }
-            rows.push(r);
+            let r = lay_out(
+                &mut self.input,
+                &mut self.sample_rows,
+                block_size,
+                &s,
+                &self.table,
+            );
+            self.rows.push(r);
         }
-        // The rows to sample from go last, together, in sequence order: the sampler then
-        // works on them where the model wrote them (`sample_logits_mut`), with no copy.
+        self.end_batch();
+        rows.clone_from(&self.rows);
+    }
+
+    fn begin_batch(&mut self) {
+        self.input.clear();
+        self.rows.clear();
+        self.sample_rows.clear();
+    }
+
+    /// The rows to sample from go last, together, in sequence order: the sampler then
+    /// works on them where the model wrote them, with no copy.
+    fn end_batch(&mut self) {
         let first_sample = self.input.logits_indices.len();
-        for r in rows.iter_mut() {
+        for r in self.rows.iter_mut() {
             if let Some(k) = &mut r.sample {
                 *k += first_sample;
             }
@@ -183,19 +312,17 @@ impl ModelRunner {
         self.buffers.logits(self.num_logits)
     }
 
-    /// The last batch's rows to sample from (the `LogitsRows::sample` rows, in sequence
-    /// order, at the end of [`logits`](Self::logits)), for the sampler to change in place.
-    pub fn sample_logits_mut(&mut self) -> &mut [f32] {
-        let vocab = self.model.config().vocab_size;
-        let all = self.buffers.logits_mut(self.num_logits);
-        let from = all.len() - self.num_samples * vocab;
-        &mut all[from..]
+    /// Frees step buffers that a large batch left grown (see
+    /// `ForwardBuffers::release_if_large`) and forgets the `finished` sequences; for when no
+    /// request is running.
+    pub fn release_idle_memory(&mut self, finished: &[SeqId]) {
+        self.batch.remove(finished);
+        self.buffers.release_if_large();
     }
 
-    /// Frees step buffers that a large batch left grown (see
-    /// `ForwardBuffers::release_if_large`); for when no request is running.
-    pub fn release_idle_memory(&mut self) {
-        self.buffers.release_if_large();
+    /// Sequences in the persistent batch.
+    pub fn num_cached_seqs(&self) -> usize {
+        self.batch.len()
     }
 
     /// Runs the model on `input`, or on the batch `prepare_input` laid out.
@@ -207,6 +334,37 @@ impl ModelRunner {
             model.forward(input, cache.layers_mut(), block_size, buffers)
         })
     }
+}
+
+/// Adds sequence `s` (its block tables flattened in `table`) to the batch in `input`, its
+/// sample row (an index into the batch's tokens) to `sample_rows`; returns where its logits
+/// will be, the sample row counted among `sample_rows` until `end_batch` places it.
+fn lay_out(
+    input: &mut InputMetadata,
+    sample_rows: &mut Vec<usize>,
+    block_size: usize,
+    s: &SeqInput<'_>,
+    table: &[u32],
+) -> LogitsRows {
+    let end = s.num_computed + s.num_new;
+    let start_row = input.num_tokens();
+    let new_tokens = &s.token_ids[s.num_computed..end];
+    input.add_sequence(new_tokens, end, table, block_size, false);
+    let mut r = LogitsRows::default();
+    if let Some(from) = s.prompt_logprobs_from {
+        // The last prompt position scores the first output token, not a prompt one.
+        let positions = s.num_computed.max(from)..end.min(s.prompt_len - 1);
+        if !positions.is_empty() {
+            r.prompt = Some((input.logits_indices.len(), positions.clone()));
+            let rows = positions.map(|pos| start_row + pos - s.num_computed);
+            input.logits_indices.extend(rows);
+        }
+    }
+    if end == s.token_ids.len() {
+        r.sample = Some(sample_rows.len());
+        sample_rows.push(start_row + s.num_new - 1);
+    }
+    r
 }
 
 /// The driver's last word to its workers: they leave their loops (and MPI is finalised once

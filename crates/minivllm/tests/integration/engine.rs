@@ -63,8 +63,16 @@ fn token_ids(outs: &[RequestOutput]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn assert_all_blocks_free(engine: &LLMEngine) {
+fn assert_all_blocks_free(engine: &mut LLMEngine) {
     assert!(!engine.has_unfinished_requests());
+    // The worker's persistent batch forgets finished sequences with the next step, or when
+    // the engine goes idle.
+    engine.release_idle_memory();
+    assert_eq!(
+        engine.num_worker_seqs(),
+        0,
+        "the worker kept finished sequences"
+    );
     assert_eq!(
         engine.num_free_blocks(),
         engine.num_total_blocks(),
@@ -87,7 +95,7 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
         .iter()
         .map(|p| token_ids(&solo.generate([p.clone()], &params, false).unwrap()).remove(0))
         .collect();
-    assert_all_blocks_free(solo.engine());
+    assert_all_blocks_free(solo.engine_mut());
 
     // 40 blocks of 16 tokens: room for two or three of the prompts at a time.
     let tiny_kv_cache = 40 * 16 * 30 * 2 * 3 * 64 * 4;
@@ -156,7 +164,7 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
                 "{name}: swapped without swap space"
             );
         }
-        assert_all_blocks_free(batched.engine());
+        assert_all_blocks_free(batched.engine_mut());
     }
 }
 
@@ -192,7 +200,7 @@ fn shared_prefixes_hit_the_prefix_cache_with_identical_outputs() {
     let mut cached = token_ids(&first);
     cached.extend(token_ids(&rest));
     assert_eq!(cached, token_ids(&uncached));
-    assert_all_blocks_free(llm.engine());
+    assert_all_blocks_free(llm.engine_mut());
 }
 
 #[test]

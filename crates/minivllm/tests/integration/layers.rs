@@ -11,13 +11,15 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u32)] = &[
     ("entrypoints", 70),
     ("engine", 60),
+    // The model runner and its persistent batch, which run what the scheduler hands them
+    // (as vLLM v1's worker reads the scheduler's output) and sample.
+    ("worker", 55),
     // The scheduler and KV cache manager, beside the engine, which drives them.
     ("core", 50),
     // Request-level objects that the engine, the scheduler and the API share.
     ("outputs", 45),
     ("sequence", 42),
     ("sampling_params", 40),
-    ("worker", 30),
     ("model_executor", 20),
     // Shared by every layer: plain data and ids, importing nothing above.
     ("config", 10),

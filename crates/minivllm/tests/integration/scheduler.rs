@@ -3,6 +3,7 @@
 use minivllm::core::kv_cache_manager::{KvCacheManager, KvCacheManagerConfig};
 use minivllm::core::policy::Policy;
 use minivllm::core::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
+use minivllm::outputs::ModelRunnerOutput;
 use minivllm::sequence::{SeqId, Sequence};
 
 fn scheduler(num_blocks: usize, budget: usize, max_seqs: usize, policy: Policy) -> Scheduler {
@@ -41,13 +42,15 @@ fn seq(id: u64, len: usize, priority: i32) -> Sequence {
 /// What a model step would do: advance the computed counts, and append a token to every
 /// sequence that reached the end of its known tokens.
 fn complete(s: &mut Scheduler, out: &SchedulerOutput) {
-    for sc in &out.scheduled {
-        s.update_seq(sc.id, sc.num_new_tokens, None);
-        let q = s.seq(sc.id).unwrap();
-        if q.num_computed_tokens == q.len() {
-            s.update_seq(sc.id, 0, Some(7));
-        }
-    }
+    let sampled = (out.scheduled.iter())
+        .filter(|sc| sc.num_computed + sc.num_new_tokens == s.seq(sc.id).unwrap().len())
+        .map(|sc| (sc.id, minivllm::testing::sampled(7)))
+        .collect();
+    let results = ModelRunnerOutput {
+        sampled,
+        ..ModelRunnerOutput::default()
+    };
+    s.update_from_output(out, results);
 }
 
 fn ids(out: &SchedulerOutput) -> Vec<(u64, usize)> {
@@ -139,7 +142,7 @@ fn out_of_blocks_preempts_the_lowest_priority_and_resumes_it_later() {
     // was evicted first, to give the first sequence room).
     s.finish_seq(SeqId(1));
     let out = s.schedule();
-    let r = out.scheduled[0];
+    let r = &out.scheduled[0];
     assert_eq!((r.id, r.num_computed, r.num_new_tokens), (SeqId(2), 4, 5));
     complete(&mut s, &out);
     s.finish_seq(SeqId(2));

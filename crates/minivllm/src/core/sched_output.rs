@@ -1,0 +1,76 @@
+//! What one step runs, as the scheduler hands it to the executor (vLLM v1's
+//! `SchedulerOutput`): plain data, so the worker needs nothing else of the scheduler's.
+//!
+//! The worker keeps each running sequence's tokens and sampling state from step to step (its
+//! persistent batch, `worker/input_batch.rs`), so a step carries only what changed: the
+//! sequences scheduled for the first time, with their prompts and settings; the sequences
+//! that finished since the last step; and, for every scheduled sequence, its token counts
+//! and block tables.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
+use crate::sampling_params::SamplingParams;
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub id: SeqId,
+    /// Tokens already in the cache; this step feeds `token_ids[num_computed..num_computed + num_new_tokens]`.
+    pub num_computed: usize,
+    pub num_new_tokens: usize,
+    /// Its block tables, one per KV cache group, one after another, in
+    /// [`SchedulerOutput::block_ids`].
+    pub block_ids: Range<usize>,
+}
+
+/// A sequence the worker has not seen: everything it needs to run and sample it until it
+/// finishes (vLLM v1's `NewRequestData`).
+#[derive(Debug, Clone)]
+pub struct NewSeqData {
+    pub id: SeqId,
+    /// Its tokens so far: the prompt.
+    pub token_ids: Vec<TokenId>,
+    pub prompt_len: usize,
+    /// Its place among its request's completions: its RNG stream.
+    pub index: usize,
+    pub params: Arc<SamplingParams>,
+    /// Banned, with the stop tokens, until `min_tokens` are out.
+    pub eos_token_ids: Arc<[TokenId]>,
+    /// It scores the prompt's tokens (the request asked for prompt logprobs, and it is the
+    /// completion that computes the whole prompt).
+    pub scores_prompt: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct SchedulerOutput {
+    pub scheduled: Vec<ScheduledSeq>,
+    /// The scheduled sequences new to the worker, in `scheduled`'s order.
+    pub new_seqs: Vec<NewSeqData>,
+    /// Sequences that finished or were aborted since the last step: the worker forgets them.
+    pub finished: Vec<SeqId>,
+    /// The block tables of `scheduled` (each one's `block_ids` range), as the kernels index
+    /// them.
+    pub block_ids: Vec<u32>,
+    /// KV blocks to copy into the swap pool before anything else, from sequences swapped
+    /// out this step: their GPU blocks may already be handed to others in this same step.
+    pub swap_out: Vec<(BlockId, CpuBlockId)>,
+    /// KV blocks to copy back from the swap pool, after `swap_out`.
+    pub swap_in: Vec<(CpuBlockId, BlockId)>,
+    /// Sequences preempted this step, swapped out or to be recomputed.
+    pub preempted: Vec<SeqId>,
+    pub num_batched_tokens: usize,
+}
+
+impl SchedulerOutput {
+    /// Runs no sequence (it may still move blocks or forget sequences).
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+
+    /// `seq`'s block tables, flattened over its KV cache groups.
+    pub fn block_ids(&self, seq: &ScheduledSeq) -> &[u32] {
+        &self.block_ids[seq.block_ids.clone()]
+    }
+}
