@@ -4,7 +4,8 @@
 //! to compare instruction sets. `bench THREADS matmul M K N ITERS` runs one product a fixed
 //! number of times, to be timed by CPU time (`/usr/bin/time`): on a machine shared with
 //! other work, CPU seconds say more than wall-clock ones. `bench THREADS prefill` repeats the
-//! 512-token prefill attention, for profilers.
+//! 512-token prefill attention, for profilers. `bench THREADS quant [head|all]` times the
+//! quantised products (`all`: every format the tiles hold).
 
 use minivllm_kernels::attention::{paged_attention, reshape_and_cache, AttnShape, SeqAttn};
 use minivllm_kernels::matmul::matmul;
@@ -51,17 +52,22 @@ fn bench_matmul(m: usize, k: usize, n: usize) {
 fn bench_qmatmul(ty: minivllm_kernels::quant::GgmlType, m: usize, k: usize, n: usize) {
     use minivllm_kernels::qmatmul::{matmul_quant, QuantMatrix};
     let x = filled(m * k, 1);
-    // Q8_0 blocks of the pattern; Q4 formats reuse its bytes as random nibbles.
+    use minivllm_kernels::quant::GgmlType::{Q4_0, Q4_1, Q8_0};
+    // Q8_0 blocks of the pattern; Q4 formats reuse its bytes as random nibbles. Other
+    // formats are quantised from it (slower to make, same work to multiply).
     let q8 = minivllm_kernels::qdot::quantize_q8_0(&filled(n * k, 2));
     let size = ty.type_size();
-    let data: Vec<u8> = q8
-        .chunks_exact(34)
-        .flat_map(|b| {
-            let mut blk = b[..size.min(34)].to_vec();
-            blk[2..4].copy_from_slice(&b[..2]);
-            blk
-        })
-        .collect();
+    let data: Vec<u8> = if matches!(ty, Q4_0 | Q4_1 | Q8_0) {
+        q8.chunks_exact(34)
+            .flat_map(|b| {
+                let mut blk = b[..size.min(34)].to_vec();
+                blk[2..4].copy_from_slice(&b[..2]);
+                blk
+            })
+            .collect()
+    } else {
+        minivllm_kernels::qdot::quantize_to(ty, &filled(n * k, 2)).expect("a quantiser")
+    };
     let q = QuantMatrix::new(ty, n, k, data).unwrap();
     let mut out = vec![0.0; m * n];
     let t = best_time(Duration::from_millis(600), || {
@@ -156,6 +162,20 @@ fn main() {
         return;
     }
     println!("isa {:?}, {} threads", cpu::isa(), threading::num_threads());
+    if args.get(2).map(String::as_str) == Some("quant")
+        && args.get(3).map(String::as_str) == Some("all")
+    {
+        // Every format the tiles hold, at shapes whose rows are whole K-quant super-blocks.
+        use minivllm_kernels::quant::GgmlType::*;
+        for &(k, n) in &[(1536, 576), (1024, 1536)] {
+            for &m in &[1, 16, 512] {
+                for ty in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K] {
+                    bench_qmatmul(ty, m, k, n);
+                }
+            }
+        }
+        return;
+    }
     if args.get(2).map(String::as_str) == Some("quant") {
         use minivllm_kernels::quant::GgmlType::*;
         let shapes: &[(usize, usize)] = if args.get(3).map(String::as_str) == Some("head") {
