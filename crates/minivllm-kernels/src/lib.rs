@@ -18,12 +18,9 @@ pub mod activation;
 pub mod attention;
 pub mod cpu;
 pub mod hmatmul;
-pub mod kquants;
 pub mod matmul;
 pub mod norm;
 pub mod probe;
-pub mod qdot;
-pub mod qmatmul;
 pub mod quant;
 pub mod rope;
 mod simd;
@@ -32,3 +29,8 @@ pub mod threading;
 
 #[cfg(test)]
 pub(crate) mod testutil;
+
+// The quantised modules' earlier paths, which the engine and the examples use.
+pub use quant::kquants;
+pub use quant::matmul as qmatmul;
+pub use quant::reference as qdot;

@@ -13,6 +13,8 @@
 //! reused from L1 by all the rows of an `x` block.
 
 use crate::simd::{simd_dispatch, Simd};
+
+pub use crate::simd::dot_scalar;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -37,8 +39,10 @@ const PMC: usize = 120;
 const PACK_NC: usize = 256;
 /// From this many rows of `x` on, copying the weights into panels pays for itself.
 const PACK_MIN_M: usize = 32;
-/// Task widths are a multiple of this, the widest panel (AVX-512), so panels are full.
-const TASK_ALIGN: usize = 32;
+/// Task widths are a multiple of this, the widest panel (AVX-512), so panels are full; the
+/// quantised kernels' tiles rest on it too (their rows must not straddle two tasks, which
+/// `crate::quant::matmul` asserts at compile time).
+pub(crate) const TASK_ALIGN: usize = 32;
 /// Below this many multiply-adds, waking other threads costs more than it saves.
 const PAR_MIN_WORK: usize = 1 << 17;
 /// Fewest weight rows per task, so that each task streams a worthwhile amount of memory.
@@ -520,11 +524,6 @@ pub fn matmul_scalar(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, 
             *o = dot_scalar(xr, wr);
         }
     }
-}
-
-/// `Σ a[i]·b[i]` over the shorter of the two.
-pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 #[cfg(test)]

@@ -279,7 +279,7 @@ pub(crate) fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
         }
     });
     let acc = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
-    s.hsum(acc) + crate::matmul::dot_scalar(&a[tail..], &b[tail..])
+    s.hsum(acc) + dot_scalar(&a[tail..], &b[tail..])
 }
 
 /// `y[i] += a · x[i]`.
@@ -386,6 +386,11 @@ pub(crate) fn mul_scaled<S: Simd>(s: S, out: &mut [f32], a: &[f32], b: &[f32], c
     for ((o, &a), &b) in out[tail..n].iter_mut().zip(&a[tail..n]).zip(&b[tail..n]) {
         *o = a * c * b;
     }
+}
+
+/// `Σ a[i]·b[i]` over the shorter of the two.
+pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@ use rand::Rng;
 
 use super::*;
 use crate::quant;
+use crate::quant::activations::{self, RowSums};
+use crate::quant::reference as qdot;
 use crate::testutil::*;
 
 const TYPES: [GgmlType; 8] = [
@@ -337,9 +339,9 @@ fn check_group_tiles(
         // rows 0..4 of xq exist.
         let (one, three, four) = unsafe {
             (
-                x86::tile_group::<1>(kernel, w, t, &xq, 2),
-                x86::tile_group::<3>(kernel, w, t, &xq, 1),
-                x86::tile_group::<4>(kernel, w, t, &xq, 0),
+                avx2::tile_group::<1>(kernel, w, t, &xq, 2),
+                avx2::tile_group::<3>(kernel, w, t, &xq, 1),
+                avx2::tile_group::<4>(kernel, w, t, &xq, 0),
             )
         };
         for (i, row) in four.iter().enumerate() {

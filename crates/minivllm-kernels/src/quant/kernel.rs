@@ -1,7 +1,8 @@
-//! Which integer kernel [`super::matmul_quant`] runs on this CPU.
+//! Which integer kernel [`super::matmul_quant`] runs on this CPU: the one runtime choice
+//! the quantised modules share (the activation quantiser follows it).
 
-/// The tile kernels of [`matmul_quant`], by how they sum byte products (all exact, so all
-/// give the same bits; `x86::tile_group` says how).
+/// The tile kernels of [`super::matmul_quant`], by how they sum byte products (all exact,
+/// so all give the same bits; the `tiles` module says how).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QKernel {
     /// Safe Rust, a weight row at a time: any CPU.
@@ -74,4 +75,10 @@ impl QKernel {
             QKernel::Avx512Vnni => "avx512-vnni",
         }
     }
+}
+
+/// Whether the AVX2 kernels may run (`isa()` honours `MINIVLLM_ISA`; its AVX2 includes the
+/// F16C that converts the scales).
+pub(super) fn use_avx2() -> bool {
+    crate::cpu::isa() >= crate::cpu::Isa::Avx2
 }

@@ -1,17 +1,15 @@
 //! ggml's reference arithmetic for dot products of quantised weight rows with 8-bit
 //! activation rows: activations are quantised to blocks of 32 (`quantize_row_q8_*_ref`),
 //! and a block's dot product is an integer sum scaled by both blocks' factors
-//! (`ggml_vec_dot_*_generic`, `ggml-quants.c`). The fast kernels ([`crate::qmatmul`]) compute
+//! (`ggml_vec_dot_*_generic`, `ggml-quants.c`). The fast kernels ([`super::matmul`]) compute
 //! the same integer sums exactly, so they differ from these twins only in the order of the
 //! float additions.
 
 use half::f16;
 
-use crate::kquants;
-use crate::quant::{f16_at, GgmlType};
-
-/// Elements per block of every format here.
-pub const QK: usize = 32;
+pub use super::formats::QK;
+use super::formats::{f16_at, GgmlType};
+use super::kquants;
 
 /// One activation block, quantised as ggml's Q8_1 (which is Q8_0 plus `s`): `x ≈ d · qs`.
 /// `d` is rounded to f16 as ggml stores it, but kept as f32 so that kernels need no

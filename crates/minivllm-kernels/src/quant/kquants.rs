@@ -8,7 +8,7 @@
 
 use half::f16;
 
-use crate::quant::{GgmlType, QK_K};
+use super::formats::{GgmlType, QK_K};
 
 /// One K-quant block's numbers. A value is `d·sc[j]·q - dmin·m[j]` over sub-block `j` of 32
 /// (Q4_K, Q5_K), or `d·sc[j]·(q - 32)` over sub-block `j` of 16 (Q6_K, `sc` as i8).

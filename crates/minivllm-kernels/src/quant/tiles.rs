@@ -1,0 +1,322 @@
+//! The x86 tiles of [`super::matmul_quant`]: `R` activation rows against one unit of weight
+//! rows, a half group in 256-bit registers ([`avx2`]) or a whole group in 512-bit ones
+//! ([`avx512`]), lane `c` of each register holding weight row `c` of the unit.
+//!
+//! The per-format arithmetic (unpacking nibbles and the bits above them, applying the
+//! scales, widening the integer sums in time) is written once here, generic over the
+//! format ([`QuantFormat`]) and over the register width ([`Width`]): the two widths once
+//! held two copies of it that had to be kept in step by hand. The ISA files supply the
+//! vector operations, the Q8_0 tile (whose signed quants each width handles its own way) and
+//! the entry points that enable their CPU features. Every lane's sum runs in block order
+//! whatever `R` and whatever the width, so a row's result depends neither on its batch nor
+//! on the instruction set.
+
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+
+use half::f16;
+
+use super::activations::Q8Rows;
+use super::formats::{self, GgmlType, QuantFormat, Scales, QK};
+use super::layout::{hbits_bytes, QuantMatrix, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
+
+pub(super) mod avx2;
+pub(super) mod avx512;
+
+/// One register width's vector operations, as the tiles use them: 32-bit lanes, one weight
+/// row each.
+///
+/// # Safety
+/// Every method needs the CPU features its implementation names; those that read through
+/// a pointer say what must be readable.
+pub(super) trait Width {
+    /// Weight rows per tile: lanes per register.
+    const ROWS: usize;
+    /// Integer (byte or 32-bit lane) vector.
+    type I: Copy;
+    /// f32 vector.
+    type F: Copy;
+    /// A tile row's results, `[f32; ROWS]`.
+    type Out: Copy;
+
+    unsafe fn zero_i() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    unsafe fn splat_i8(v: i8) -> Self::I;
+    unsafe fn splat_i32(v: i32) -> Self::I;
+    unsafe fn splat(v: f32) -> Self::F;
+    /// `4 · ROWS` bytes from `p`.
+    unsafe fn load(p: *const u8) -> Self::I;
+    unsafe fn and(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
+    /// 16-bit lanes shifted left by `N` (1-4).
+    unsafe fn shl16<const N: i32>(v: Self::I) -> Self::I;
+    /// 16-bit lanes shifted right by `N` (1-4).
+    unsafe fn shr16<const N: i32>(v: Self::I) -> Self::I;
+    unsafe fn sub_i32(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn cvt(v: Self::I) -> Self::F;
+    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    /// `-a`, by its sign bit (exact).
+    unsafe fn neg(a: Self::F) -> Self::F;
+    /// `a · b + c`.
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// `ROWS` f16 scales from `p`.
+    unsafe fn scales(p: *const f16) -> Self::F;
+    /// `ROWS` bytes from `p` as i8, converted.
+    unsafe fn bytes_i8(p: *const u8) -> Self::F;
+    /// `ROWS` bytes from `p` as u8, converted.
+    unsafe fn bytes_u8(p: *const u8) -> Self::F;
+    /// `Σ_n v[n] · quad n of y`, exact, per lane: `v` unsigned bytes, the `N` quads from `y`
+    /// (`4 N` readable bytes) signed and each broadcast to every lane. `CHUNK` is how many
+    /// products the operands' range lets a 16-bit sum take before widening, where a width
+    /// sums in 16 bits.
+    unsafe fn quad_dot<const N: usize, const CHUNK: usize>(
+        v: &[Self::I; N],
+        y: *const i8,
+    ) -> Self::I;
+    unsafe fn store(v: Self::F) -> Self::Out;
+    /// The Q8_0 tile: [`tile`]'s contract.
+    unsafe fn tile_q8_0<const R: usize>(
+        w: &QuantMatrix,
+        u: usize,
+        x: &Q8Rows,
+        i: usize,
+    ) -> [Self::Out; R];
+}
+
+/// `out[r][c] = w[u·W::ROWS + c] · x[i + r]`: the tile of `w`'s format.
+///
+/// # Safety
+/// The CPU must have what `W` needs; `w` must have rows `u·W::ROWS..(u + 1)·W::ROWS`
+/// (padding included), and rows `i..i + R` of `x` must exist, with the same number of
+/// blocks.
+#[inline(always)]
+pub(super) unsafe fn tile<const R: usize, W: Width>(
+    w: &QuantMatrix,
+    u: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [W::Out; R] {
+    // SAFETY: (each arm) the caller's contract, forwarded.
+    unsafe {
+        match w.ty {
+            GgmlType::Q4_0 => tile_nibbles::<R, W, formats::Q4_0>(w, u, x, i),
+            GgmlType::Q4_1 => tile_nibbles::<R, W, formats::Q4_1>(w, u, x, i),
+            GgmlType::Q5_0 => tile_nibbles::<R, W, formats::Q5_0>(w, u, x, i),
+            GgmlType::Q5_1 => tile_nibbles::<R, W, formats::Q5_1>(w, u, x, i),
+            GgmlType::Q4_K => tile_nibbles::<R, W, formats::Q4_K>(w, u, x, i),
+            GgmlType::Q5_K => tile_nibbles::<R, W, formats::Q5_K>(w, u, x, i),
+            GgmlType::Q6_K => tile_nibbles::<R, W, formats::Q6_K>(w, u, x, i),
+            _ => W::tile_q8_0::<R>(w, u, x, i),
+        }
+    }
+}
+
+/// [`tile`] for the formats stored as nibbles: 4-, 5- and 6-bit, plain and K-quants. A
+/// block's four quant vectors give eight nibble vectors (low nibbles: values `4j..4j + 4` of
+/// each row, high nibbles: `16 + 4j..`), with the bits above the nibbles or-ed in from
+/// `hbits` ([`merge_high_bits`]); the scales apply as [`block_scales`] says. Q6_K's halves
+/// of 16 have their own scales, so their sums stay apart, and its `-32` offset is taken off
+/// each half's integer sum as 32 times the activations' sum over the half: exact, where an
+/// offset in floats would cancel most of the sum's bits. Where a width sums products in 16
+/// bits, 4-bit products fit all eight together (8 · 2 · 15 · 127 = 30,480); wider quants
+/// overflow sooner, so their sums are widened every 4 (5 bits: 4 · 2 · 31 · 127 = 31,496)
+/// or 2 (6 bits: 2 · 2 · 63 · 127 = 32,004) products.
+// Index loops: the nibble index selects a register and a shift; `r` an accumulator and a row.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
+    w: &QuantMatrix,
+    u: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [W::Out; R] {
+    const { assert!(4 <= F::BITS && F::BITS <= 6 && GROUP.is_multiple_of(W::ROWS)) };
+    debug_assert_eq!(w.ty, F::TYPE);
+    let nb = w.nb;
+    let block_bytes = GROUP * QK / 2;
+    let hb = hbits_bytes(w.ty);
+    // Group g, and the unit's first row within it (0 for a whole group).
+    let (g, h) = (u * W::ROWS / GROUP, u * W::ROWS % GROUP);
+    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes + h * 4);
+    let wsub = w.sub.as_ptr().wrapping_add(g * nb * SUB_BYTES + h);
+    let wh = w.hbits.as_ptr().wrapping_add(g * nb * hb + h * 4);
+    let scales_per_group = if F::KQUANT { nb / KSUB } else { nb };
+    let at = g * scales_per_group * GROUP + h;
+    let wd = w.d.as_ptr().wrapping_add(at);
+    let wm = w.mins.as_ptr().wrapping_add(at);
+    let x = XRows::<R>::new(x, i, nb);
+    // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and `hb`
+    // high-bit bytes, `scales_per_group` scales (and minima, for Q4_1, Q5_1, Q4_K and Q5_K)
+    // of GROUP rows each, and SUB_BYTES scale bytes per block for K-quants; the unit's rows
+    // h..h + W::ROWS lie within the group; activation rows i..i + R hold nb blocks of QK
+    // quants, scales, sums and half sums. The rest is register arithmetic under `W`'s
+    // features, which the caller's contract provides.
+    unsafe {
+        let low = W::splat_i8(0x0F);
+        let mut acc = [W::zero_f(); R];
+        let (mut dsup, mut msup) = (W::zero_f(), W::zero_f());
+        for b in 0..nb {
+            if !F::KQUANT || b % KSUB == 0 {
+                let at = if F::KQUANT { b / KSUB } else { b } * GROUP;
+                dsup = W::scales(wd.add(at));
+                if F::MINS {
+                    msup = W::scales(wm.add(at));
+                }
+            }
+            let q = wq.add(b * block_bytes);
+            prefetch_block(q.wrapping_add(GROUP_PREFETCH), block_bytes);
+            // The bits above the nibbles are a second stream, as far ahead in blocks.
+            prefetch_block(wh.wrapping_add((b + GROUP_PREFETCH / block_bytes) * hb), hb);
+            let mut v = [W::zero_i(); 8];
+            for j in 0..4 {
+                let raw = W::load(q.add(j * VEC_BYTES));
+                v[j] = W::and(raw, low);
+                v[4 + j] = W::and(W::shr16::<4>(raw), low);
+            }
+            merge_high_bits::<W, F>(&mut v, wh.wrapping_add(b * hb));
+            let (dlo, dhi, mlo) =
+                block_scales::<W, F>(dsup, msup, wsub.wrapping_add(b * SUB_BYTES));
+            for r in 0..R {
+                let y = x.qs[r].add(b * QK);
+                let dx = W::splat(*x.d[r].add(b));
+                if F::SCALES == Scales::SubSigned {
+                    let [v0, v1, v2, v3, v4, v5, v6, v7] = v;
+                    let lo = W::quad_dot::<4, 2>(&[v0, v1, v2, v3], y);
+                    let hi = W::quad_dot::<4, 2>(&[v4, v5, v6, v7], y.add(QK / 2));
+                    let [ylo, yhi] = *x.halves[r].add(b);
+                    let lo = W::sub_i32(lo, W::splat_i32(32 * ylo));
+                    let hi = W::sub_i32(hi, W::splat_i32(32 * yhi));
+                    acc[r] = W::fmadd(W::cvt(lo), W::mul(dlo, dx), acc[r]);
+                    acc[r] = W::fmadd(W::cvt(hi), W::mul(dhi, dx), acc[r]);
+                    continue;
+                }
+                let isum = if F::BITS == 5 {
+                    W::quad_dot::<8, 4>(&v, y)
+                } else {
+                    W::quad_dot::<8, 8>(&v, y)
+                };
+                acc[r] = W::fmadd(W::cvt(isum), W::mul(dlo, dx), acc[r]);
+                acc[r] = W::fmadd(mlo, W::splat(*x.s[r].add(b)), acc[r]);
+            }
+        }
+        acc.map(|a| W::store(a))
+    }
+}
+
+/// Ors the bits above the nibbles into a block's eight nibble vectors, from its high-bit
+/// planes at `h` (see [`hbits_bytes`]): for 5-bit formats, bit `n` of each plane byte
+/// becomes bit 4 of nibble vector `n`; for Q6_K, plane `p`'s bits `2n..2n + 2` become bits
+/// 4-5 of vector `4p + n`. A 16-bit shift moves no bit across a byte boundary into those
+/// bits for these distances.
+///
+/// # Safety
+/// `h` must point to the block's planes (none for 4-bit formats); the CPU has `W`'s
+/// features.
+#[inline(always)]
+unsafe fn merge_high_bits<W: Width, F: QuantFormat>(v: &mut [W::I; 8], h: *const u8) {
+    // SAFETY: (whole body) the planes are readable by the contract; the rest is register
+    // arithmetic.
+    unsafe {
+        if F::BITS == 5 {
+            let h = W::load(h);
+            let bit = W::splat_i8(0x10);
+            let or = |v: W::I, h: W::I| W::or(v, W::and(h, bit));
+            v[0] = or(v[0], W::shl16::<4>(h));
+            v[1] = or(v[1], W::shl16::<3>(h));
+            v[2] = or(v[2], W::shl16::<2>(h));
+            v[3] = or(v[3], W::shl16::<1>(h));
+            v[4] = or(v[4], h);
+            v[5] = or(v[5], W::shr16::<1>(h));
+            v[6] = or(v[6], W::shr16::<2>(h));
+            v[7] = or(v[7], W::shr16::<3>(h));
+        }
+        if F::BITS == 6 {
+            let top = W::splat_i8(0x30);
+            let or = |v: W::I, h: W::I| W::or(v, W::and(h, top));
+            for p in 0..2 {
+                let h = W::load(h.add(VEC_BYTES * p));
+                v[4 * p] = or(v[4 * p], W::shl16::<4>(h));
+                v[4 * p + 1] = or(v[4 * p + 1], W::shl16::<2>(h));
+                v[4 * p + 2] = or(v[4 * p + 2], h);
+                v[4 * p + 3] = or(v[4 * p + 3], W::shr16::<2>(h));
+            }
+        }
+    }
+}
+
+/// A block's `(dlo, dhi, mlo)`: the scales of its integer sums over values 0..16 and
+/// 16..32 (equal but for Q6_K), and the factor of the activations' block sum that applies
+/// the format's offset (Q4_0 and Q5_0's -8 and -16, Q4_1 and Q5_1's stored minima, the
+/// K-quants' `-dmin·m`). K-quants' scales `d·sc` are made per block from the super-block's
+/// `d` (`dsup`, and `dmin` in `msup`) and the 6- or 8-bit `sc` of the unit's rows at `sub`.
+///
+/// # Safety
+/// For K-quants, `sub` must point to the block's [`SUB_BYTES`] (less the unit's offset);
+/// the CPU has `W`'s features.
+#[inline(always)]
+unsafe fn block_scales<W: Width, F: QuantFormat>(
+    dsup: W::F,
+    msup: W::F,
+    sub: *const u8,
+) -> (W::F, W::F, W::F) {
+    // SAFETY: (whole body) the sub-block scales are readable by the contract; the rest is
+    // register arithmetic.
+    unsafe {
+        match F::SCALES {
+            Scales::Offset(offset) => (dsup, dsup, W::mul(dsup, W::splat(offset))),
+            Scales::Min => (dsup, dsup, msup),
+            Scales::SubSigned => {
+                let dlo = W::mul(dsup, W::bytes_i8(sub));
+                let dhi = W::mul(dsup, W::bytes_i8(sub.add(GROUP)));
+                (dlo, dhi, W::zero_f())
+            }
+            Scales::SubMin => {
+                let d = W::mul(dsup, W::bytes_u8(sub));
+                let m = W::mul(msup, W::bytes_u8(sub.add(GROUP)));
+                (d, d, W::neg(m))
+            }
+        }
+    }
+}
+
+/// Where activation rows `i..i + R` of a [`Q8Rows`] (`nb` blocks each) start: their quants,
+/// scales, sums and half sums. Made with `wrapping_add`, so making them is safe; the
+/// kernels that read through them state why the rows exist.
+pub(super) struct XRows<const R: usize> {
+    pub(super) qs: [*const i8; R],
+    pub(super) d: [*const f32; R],
+    pub(super) s: [*const f32; R],
+    pub(super) halves: [*const [i32; 2]; R],
+}
+
+impl<const R: usize> XRows<R> {
+    #[inline(always)]
+    pub(super) fn new(x: &Q8Rows, i: usize, nb: usize) -> Self {
+        XRows {
+            qs: std::array::from_fn(|r| x.qs.as_ptr().wrapping_add((i + r) * nb * QK)),
+            d: std::array::from_fn(|r| x.d.as_ptr().wrapping_add((i + r) * nb)),
+            s: std::array::from_fn(|r| x.s.as_ptr().wrapping_add((i + r) * nb)),
+            halves: std::array::from_fn(|r| x.halves.as_ptr().wrapping_add((i + r) * nb)),
+        }
+    }
+}
+
+/// Asks for the `bytes` (a multiple of 64) from `p` on, one cache line at a time.
+#[inline(always)]
+pub(super) fn prefetch_block(p: *const u8, bytes: usize) {
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is
+        // part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8) };
+    }
+}
+
+/// How far ahead of the current block a Q8_0 group's quants are prefetched, in bytes (4
+/// blocks).
+pub(super) const Q8_0_PREFETCH: usize = 4 * GROUP * QK;
+
+/// How far ahead of the current block a group's quants are prefetched, in bytes (8 blocks).
+/// Every cache line of a block is asked for: one prefetch per block of two lines measured
+/// 25-40 % slower one-sequence decode on an AVX2 EPYC (the hardware prefetcher alone does
+/// not keep enough loads in flight, most of all on one thread); twice as far ahead was no
+/// better.
+pub(super) const GROUP_PREFETCH: usize = 8 * GROUP * QK / 2;

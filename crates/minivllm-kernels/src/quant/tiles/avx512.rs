@@ -1,0 +1,258 @@
+//! 512-bit AVX512-VNNI tiles, for every format the groups layout holds.
+//!
+//! A group's quant vector is 64 bytes, four of each of its sixteen rows: one register. Each
+//! activation quad is broadcast from memory into the `vpdpbusd` that meets it (EVEX's
+//! embedded broadcast), and each block's exact integer sums come out one row per lane, so
+//! one instruction does the work of two in the 256-bit kernels and the scales of sixteen
+//! rows convert and multiply as one vector. Every lane runs the 256-bit kernels' arithmetic
+//! (the same exact integer sum, then the same rounded operations in the same order), so the
+//! results are theirs, bit for bit.
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use super::{prefetch_block, tile, Width, XRows, Q8_0_PREFETCH};
+use crate::quant::activations::Q8Rows;
+use crate::quant::formats::QK;
+use crate::quant::layout::{QuantMatrix, GROUP, VEC_BYTES};
+
+/// `out[r][c] = w[g·GROUP + c] · x[i + r]` (see [`super::tile`]).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C, AVX512-F, -BW and -VNNI; `w` must have group `g`, and
+/// rows `i..i + R` of `x` must exist, with the same number of blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub(in crate::quant) unsafe fn tile_group<const R: usize>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; GROUP]; R] {
+    // SAFETY: the caller's contract, forwarded; this function enables Zmm's features.
+    unsafe { tile::<R, Zmm>(w, g, x, i) }
+}
+
+/// 512-bit registers: AVX512-F, -BW and -VNNI, with AVX2, FMA and F16C.
+pub(in crate::quant) struct Zmm;
+
+// SAFETY (every method): register-only intrinsics, or loads from what the trait's contract
+// makes readable, under the features the implementation names.
+impl Width for Zmm {
+    const ROWS: usize = GROUP;
+    type I = __m512i;
+    type F = __m512;
+    type Out = [f32; GROUP];
+
+    #[inline(always)]
+    unsafe fn zero_i() -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_setzero_si512() }
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat_i8(v: i8) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_set1_epi8(v) }
+    }
+    #[inline(always)]
+    unsafe fn splat_i32(v: i32) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_set1_epi32(v) }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_loadu_si512(p as *const __m512i) }
+    }
+    #[inline(always)]
+    unsafe fn and(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_and_si512(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_or_si512(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn shl16<const N: i32>(v: __m512i) -> __m512i {
+        // The 512-bit shifts take their immediate as u32: one arm per distance the tiles
+        // use, folded away at compile time.
+        // SAFETY: see the impl.
+        unsafe {
+            match N {
+                1 => _mm512_slli_epi16::<1>(v),
+                2 => _mm512_slli_epi16::<2>(v),
+                3 => _mm512_slli_epi16::<3>(v),
+                4 => _mm512_slli_epi16::<4>(v),
+                _ => unreachable!("shift by {N}"),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn shr16<const N: i32>(v: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe {
+            match N {
+                1 => _mm512_srli_epi16::<1>(v),
+                2 => _mm512_srli_epi16::<2>(v),
+                3 => _mm512_srli_epi16::<3>(v),
+                4 => _mm512_srli_epi16::<4>(v),
+                _ => unreachable!("shift by {N}"),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn sub_i32(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_sub_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn cvt(v: __m512i) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtepi32_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn neg(a: __m512) -> __m512 {
+        // By the integer xor: `_mm512_xor_ps` needs AVX512-DQ.
+        // SAFETY: see the impl.
+        unsafe {
+            _mm512_castsi512_ps(_mm512_xor_si512(
+                _mm512_castps_si512(a),
+                _mm512_set1_epi32(i32::MIN),
+            ))
+        }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const f16) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { scales(p) }
+    }
+    #[inline(always)]
+    unsafe fn bytes_i8(p: *const u8) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+    }
+    #[inline(always)]
+    unsafe fn bytes_u8(p: *const u8) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+    }
+    /// `vpdpbusd` sums in 32 bits: `CHUNK` does not apply.
+    #[inline(always)]
+    unsafe fn quad_dot<const N: usize, const CHUNK: usize>(
+        v: &[__m512i; N],
+        y: *const i8,
+    ) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { quad_sum(v, y) }
+    }
+    #[inline(always)]
+    unsafe fn store(v: __m512) -> [f32; GROUP] {
+        let mut out = [0.0; GROUP];
+        // SAFETY: see the impl; `out` holds GROUP = 16 floats.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+        out
+    }
+    #[inline(always)]
+    unsafe fn tile_q8_0<const R: usize>(
+        w: &QuantMatrix,
+        g: usize,
+        x: &Q8Rows,
+        i: usize,
+    ) -> [[f32; GROUP]; R] {
+        // SAFETY: the trait's contract, forwarded.
+        unsafe { tile_q8_0::<R>(w, g, x, i) }
+    }
+}
+
+/// `Σ_n w[n] · quad n of y` over `N` quads, exact, one weight row per lane.
+///
+/// # Safety
+/// `y` must point to `4 N` readable bytes; the caller has AVX512-VNNI.
+#[inline(always)]
+unsafe fn quad_sum<const N: usize>(w: &[__m512i; N], y: *const i8) -> __m512i {
+    let y = y as *const i32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut acc = _mm512_setzero_si512();
+        for (n, w) in w.iter().enumerate() {
+            let quad = _mm512_set1_epi32(y.add(n).read_unaligned());
+            acc = _mm512_dpbusd_epi32(acc, *w, quad);
+        }
+        acc
+    }
+}
+
+/// A group's sixteen f16 scales of one block, from `p`.
+///
+/// # Safety
+/// `p` must point to 16 readable f16 values; the caller has AVX512-F.
+#[inline(always)]
+unsafe fn scales(p: *const f16) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
+
+// Index loops: the row index `r` selects an accumulator and an activation row.
+#[allow(clippy::needless_range_loop)]
+/// Q8_0: a block's 512 bytes are eight registers. `vpdpbusd` wants unsigned weights, so
+/// each quant is offset by 128 (its top bit flipped) and `128 · Σ y` taken off the block's
+/// integer sum: exact, as the 256-bit kernels' sign trick, which has no 512-bit form.
+#[inline(always)]
+unsafe fn tile_q8_0<const R: usize>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; GROUP]; R] {
+    let nb = w.nb;
+    let block_bytes = GROUP * QK;
+    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
+    let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP);
+    let x = XRows::<R>::new(x, i, nb);
+    // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and GROUP scales
+    // each; activation rows i..i + R hold nb blocks of QK quants, scales and half sums.
+    // The rest is register arithmetic under the contract's features.
+    unsafe {
+        let flip = _mm512_set1_epi8(-128);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for b in 0..nb {
+            let q = wq.add(b * block_bytes);
+            prefetch_block(q.wrapping_add(Q8_0_PREFETCH), block_bytes);
+            let v: [__m512i; 8] = std::array::from_fn(|n| {
+                let raw = _mm512_loadu_si512(q.add(n * VEC_BYTES) as *const __m512i);
+                _mm512_xor_si512(raw, flip)
+            });
+            let dw = scales(wd.add(b * GROUP));
+            for r in 0..R {
+                let [lo, hi] = *x.halves[r].add(b);
+                let offset = _mm512_set1_epi32(128 * (lo + hi));
+                let isum = _mm512_sub_epi32(quad_sum(&v, x.qs[r].add(b * QK)), offset);
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*x.d[r].add(b)));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
+            }
+        }
+        acc.map(|a| Zmm::store(a))
+    }
+}
