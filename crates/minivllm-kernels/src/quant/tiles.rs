@@ -36,7 +36,7 @@ pub(super) trait Width {
     /// f32 vector.
     type F: Copy;
     /// A tile row's results, `[f32; ROWS]`.
-    type Out: Copy;
+    type Out: Copy + Default;
 
     unsafe fn zero_i() -> Self::I;
     unsafe fn zero_f() -> Self::F;
@@ -198,8 +198,20 @@ unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
                 acc[r] = W::fmadd(mlo, W::splat(*x.s[r].add(b)), acc[r]);
             }
         }
-        acc.map(|a| W::store(a))
+        store_rows::<R, W>(acc)
     }
+}
+
+/// A tile's rows of results. A loop, not `array::map`: a closure gets none of the entry
+/// point's target features, and the 512-bit tiles of 5 to 8 rows called `map` out of line.
+#[inline(always)]
+pub(super) unsafe fn store_rows<const R: usize, W: Width>(acc: [W::F; R]) -> [W::Out; R] {
+    let mut out = [W::Out::default(); R];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: the caller has W's target features.
+        *o = unsafe { W::store(a) };
+    }
+    out
 }
 
 /// Ors the bits above the nibbles into a block's eight nibble vectors, from its high-bit

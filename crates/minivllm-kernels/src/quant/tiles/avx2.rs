@@ -243,7 +243,7 @@ unsafe fn tile_q8_0<const R: usize, D: IntDot>(
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
             }
         }
-        acc.map(|a| <Ymm<D>>::store(a))
+        super::store_rows::<R, Ymm<D>>(acc)
     }
 }
 

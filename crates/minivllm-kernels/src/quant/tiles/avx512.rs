@@ -253,6 +253,6 @@ unsafe fn tile_q8_0<const R: usize>(
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
             }
         }
-        acc.map(|a| Zmm::store(a))
+        super::store_rows::<R, Zmm>(acc)
     }
 }
