@@ -17,6 +17,7 @@ pub mod model_executor;
 pub mod outputs;
 pub mod sampling_params;
 pub mod sequence;
+pub mod structured_output;
 #[doc(hidden)]
 pub mod testing;
 pub mod utils;

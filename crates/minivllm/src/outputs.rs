@@ -12,8 +12,12 @@ use crate::sequence::{FinishReason, SeqId, StopReason, TokenId};
 #[derive(Debug, Default)]
 pub struct ModelRunnerOutput {
     /// The token sampled for each sequence the step brought to the end of its tokens, in
-    /// the step's order.
+    /// the step's order. A sequence with draft tokens has one entry per draft accepted (those
+    /// matching what was sampled at their positions), then the token sampled after the last
+    /// of them: its accepted count is its number of entries less one.
     pub sampled: Vec<(SeqId, SampledToken)>,
+    /// Draft tokens proposed for the sequences just sampled, to verify in the next step.
+    pub draft_token_ids: Vec<(SeqId, Vec<TokenId>)>,
     /// Prompt tokens scored this step, for the sequences that score their prompt: each
     /// entry the next prompt positions' logprobs.
     pub prompt_logprobs: Vec<(SeqId, Vec<TokenLogprobs>)>,
@@ -22,7 +26,8 @@ pub struct ModelRunnerOutput {
 }
 
 /// One scheduled sequence after the scheduler took in a step's results (vLLM v1's
-/// `EngineCoreOutput`), for the output processor.
+/// `EngineCoreOutput`), for the output processor: one per token it appended (several for a
+/// sequence whose draft tokens were accepted), or one with no token.
 #[derive(Debug)]
 pub struct EngineCoreOutput {
     pub seq: SeqId,

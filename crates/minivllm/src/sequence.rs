@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 pub use crate::ids::{RequestId, SeqId, TokenId};
 use crate::sampling_params::SamplingParams;
+use crate::structured_output::StructuredOutputGrammar;
 
 /// Why a sequence stopped, with vLLM's names (`finish_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,6 +78,11 @@ pub struct Sequence {
     /// Whether the worker has been sent its prompt and settings: it keeps them from the
     /// first step that schedules the sequence until the sequence finishes.
     pub known_to_worker: bool,
+    /// Constrains which tokens it may sample (structured output).
+    pub grammar: Option<Box<dyn StructuredOutputGrammar>>,
+    /// Tokens a draft proposer guessed come next, for the next step to verify
+    /// (speculative decoding).
+    pub spec_token_ids: Vec<TokenId>,
 }
 
 impl Sequence {
@@ -96,6 +102,8 @@ impl Sequence {
             max_tokens: usize::MAX,
             eos_token_ids: Arc::from([]),
             known_to_worker: false,
+            grammar: None,
+            spec_token_ids: Vec::new(),
         }
     }
 
@@ -141,6 +149,16 @@ impl Sequence {
 
     pub fn is_finished(&self) -> bool {
         matches!(self.status, SequenceStatus::Finished(_))
+    }
+
+    /// How many of its draft tokens a step may verify: none under a grammar (its mask is
+    /// for the next token only), and none past `max_tokens`.
+    pub fn num_spec_tokens(&self) -> usize {
+        if self.grammar.is_some() {
+            return 0;
+        }
+        let room = self.max_tokens.saturating_sub(self.output_ids().len() + 1);
+        self.spec_token_ids.len().min(room)
     }
 
     /// Whether the token just appended ends the sequence, on ids and length alone (vLLM

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
 use crate::sampling_params::SamplingParams;
+use crate::structured_output::TokenBitmask;
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +24,10 @@ pub struct ScheduledSeq {
     /// Its block tables, one per KV cache group, one after another, in
     /// [`SchedulerOutput::block_ids`].
     pub block_ids: Range<usize>,
+    /// Draft tokens to verify (speculative decoding): fed after the sequence's last token
+    /// and counted in `num_new_tokens`; the worker samples at each of their positions and
+    /// keeps them while they match what it samples.
+    pub spec_token_ids: Vec<TokenId>,
 }
 
 /// A sequence the worker has not seen: everything it needs to run and sample it until it
@@ -50,6 +55,8 @@ pub struct SchedulerOutput {
     pub new_seqs: Vec<NewSeqData>,
     /// Sequences that finished or were aborted since the last step: the worker forgets them.
     pub finished: Vec<SeqId>,
+    /// The tokens each grammar-constrained sequence that samples this step may sample.
+    pub token_masks: Vec<(SeqId, TokenBitmask)>,
     /// The block tables of `scheduled` (each one's `block_ids` range), as the kernels index
     /// them.
     pub block_ids: Vec<u32>,
@@ -67,6 +74,14 @@ impl SchedulerOutput {
     /// Runs no sequence (it may still move blocks or forget sequences).
     pub fn is_empty(&self) -> bool {
         self.scheduled.is_empty()
+    }
+
+    /// The mask of `seq`'s next token, if a grammar constrains it.
+    pub fn token_mask(&self, seq: SeqId) -> Option<&TokenBitmask> {
+        self.token_masks
+            .iter()
+            .find(|(id, _)| *id == seq)
+            .map(|(_, m)| m)
     }
 
     /// `seq`'s block tables, flattened over its KV cache groups.

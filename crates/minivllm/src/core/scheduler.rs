@@ -121,9 +121,10 @@ impl Scheduler {
     }
 
     /// Takes in a step's results (vLLM v1's `update_from_output`): every scheduled sequence
-    /// has its new tokens' K/V, each sampled token is appended, and a sequence whose token
-    /// ends it (on ids or length) is finished and freed. Returns one output per scheduled
-    /// sequence, in the step's order.
+    /// has its new tokens' K/V (less its rejected draft tokens'), each sampled token is
+    /// appended (and followed by the sequence's grammar), and a sequence whose token ends it
+    /// (on ids or length) is finished and freed. Returns one output per appended token, or
+    /// one per scheduled sequence that sampled nothing, in the step's order.
     pub fn update_from_output(
         &mut self,
         sched: &SchedulerOutput,
@@ -133,31 +134,56 @@ impl Scheduler {
         let mut prompt_logprobs = out.prompt_logprobs.into_iter().peekable();
         let mut outputs = Vec::with_capacity(sched.scheduled.len());
         for s in &sched.scheduled {
-            let mut o = EngineCoreOutput {
-                seq: s.id,
-                new_token: None,
-                prompt_logprobs: None,
-                finish: None,
-            };
-            // Both lists are in the step's order, a subset of it.
+            // The lists are in the step's order, each a subset of it.
+            let mut prompt_lps = None;
             if prompt_logprobs.peek().is_some_and(|(id, _)| *id == s.id) {
-                o.prompt_logprobs = prompt_logprobs.next().map(|(_, lps)| lps);
+                prompt_lps = prompt_logprobs.next().map(|(_, lps)| lps);
             }
             let Some(seq) = self.seqs.get_mut(&s.id) else {
                 continue;
             };
-            seq.num_computed_tokens += s.num_new_tokens;
-            if sampled.peek().is_some_and(|(id, _)| *id == s.id) {
-                let (_, token) = sampled.next().expect("peeked");
-                seq.token_ids.push(token.token_id);
-                o.finish = seq.check_stop();
-                o.new_token = Some(token);
-                if let Some((reason, _)) = o.finish {
-                    seq.status = SequenceStatus::Finished(reason);
-                    self.finish_seq(s.id);
+            let mut num_appended: usize = 0;
+            let mut finish = None;
+            while let Some((_, token)) = sampled.next_if(|(id, _)| *id == s.id) {
+                // Tokens after one that ends the sequence are dropped.
+                if finish.is_some() {
+                    continue;
                 }
+                seq.token_ids.push(token.token_id);
+                num_appended += 1;
+                if let Some(grammar) = &mut seq.grammar {
+                    grammar.accept_token(token.token_id);
+                }
+                finish = seq.check_stop();
+                outputs.push(EngineCoreOutput {
+                    seq: s.id,
+                    new_token: Some(token),
+                    prompt_logprobs: prompt_lps.take(),
+                    finish: finish.clone(),
+                });
             }
-            outputs.push(o);
+            // Drafts past the accepted ones were computed on a wrong guess: their K/V are
+            // written over when the tokens really there are fed.
+            let num_drafts = s.spec_token_ids.len();
+            let rejected = num_drafts - num_appended.saturating_sub(1).min(num_drafts);
+            seq.num_computed_tokens += s.num_new_tokens - rejected;
+            if num_appended == 0 {
+                outputs.push(EngineCoreOutput {
+                    seq: s.id,
+                    new_token: None,
+                    prompt_logprobs: prompt_lps,
+                    finish: None,
+                });
+            }
+            if let Some((reason, _)) = finish {
+                seq.status = SequenceStatus::Finished(reason);
+                self.finish_seq(s.id);
+            }
+        }
+        for (id, drafts) in out.draft_token_ids {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.spec_token_ids = drafts;
+            }
         }
         outputs
     }
@@ -219,6 +245,11 @@ impl Scheduler {
             out.block_ids.extend(tables.iter().flatten().map(|b| b.0));
             s.block_ids = start..out.block_ids.len();
             let seq = self.seqs.get_mut(&s.id).expect("scheduled seq exists");
+            if let Some(grammar) = &seq.grammar {
+                if s.num_computed + s.num_new_tokens >= seq.len() {
+                    out.token_masks.push((s.id, grammar.token_mask()));
+                }
+            }
             if !seq.known_to_worker {
                 seq.known_to_worker = true;
                 out.new_seqs.push(NewSeqData {
@@ -244,9 +275,14 @@ impl Scheduler {
         while let (Some(id), true) = (self.running.get(i), *budget > 0) {
             let seq = &self.seqs[&id];
             let uncomputed = seq.num_uncomputed();
-            // A decode always runs; a prompt's remainder waits for prefill budget.
+            // A decode always runs, with its draft tokens when the budget has room for all
+            // of them; a prompt's remainder waits for prefill budget.
+            let num_drafts = match seq.num_spec_tokens() {
+                k if uncomputed == 1 && k < *budget => k,
+                _ => 0,
+            };
             let num_new = match uncomputed {
-                1 => 1,
+                1 => 1 + num_drafts,
                 n => n.min(*budget).min(*prefill),
             };
             if num_new == 0 {
@@ -260,11 +296,15 @@ impl Scheduler {
                     self.kv_cache_manager
                         .allocate_slots(id, &seq.token_ids, computed, num_new);
                 if alloc.is_some() {
+                    let seq = self.seqs.get_mut(&id).expect("running seq exists");
+                    let mut spec_token_ids = std::mem::take(&mut seq.spec_token_ids);
+                    spec_token_ids.truncate(num_drafts);
                     out.scheduled.push(ScheduledSeq {
                         id,
                         num_computed: computed,
                         num_new_tokens: num_new,
                         block_ids: 0..0,
+                        spec_token_ids,
                     });
                     *budget -= num_new;
                     if uncomputed > 1 {
@@ -315,6 +355,7 @@ impl Scheduler {
                     num_computed: computed,
                     num_new_tokens: num_new,
                     block_ids: 0..0,
+                    spec_token_ids: Vec::new(),
                 });
                 *budget -= num_new;
             }
@@ -367,6 +408,7 @@ impl Scheduler {
                 num_computed: cached,
                 num_new_tokens: num_new,
                 block_ids: 0..0,
+                spec_token_ids: Vec::new(),
             });
             *budget -= num_new;
             *prefill = prefill.saturating_sub(num_new);

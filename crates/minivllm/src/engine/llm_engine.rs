@@ -25,6 +25,8 @@ use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
+use crate::structured_output::StructuredOutputGrammar;
+use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::model_runner::ModelRunner;
 
 pub struct LLMEngine {
@@ -125,6 +127,12 @@ impl LLMEngine {
         self.runner.release_idle_memory(&finished);
     }
 
+    /// Has `proposer` guess draft tokens for every running sequence, verified in the step
+    /// after (speculative decoding's seam: `worker/draft_proposer.rs`).
+    pub fn set_draft_proposer(&mut self, proposer: Box<dyn DraftProposer>) {
+        self.runner.set_draft_proposer(proposer);
+    }
+
     /// Sequences the worker's persistent batch holds (finished ones until the next step or
     /// `release_idle_memory`).
     pub fn num_worker_seqs(&self) -> usize {
@@ -189,6 +197,19 @@ impl LLMEngine {
         params: SamplingParams,
         priority: i32,
     ) -> Result<(), EngineError> {
+        self.add_constrained_request(request_id, prompt, params, priority, None)
+    }
+
+    /// [`add_request`](Self::add_request) with each completion's tokens constrained by a
+    /// copy of `grammar` (structured output's seam: `structured_output.rs`).
+    pub fn add_constrained_request(
+        &mut self,
+        request_id: impl Into<String>,
+        prompt: PromptInput,
+        params: SamplingParams,
+        priority: i32,
+        grammar: Option<Box<dyn StructuredOutputGrammar>>,
+    ) -> Result<(), EngineError> {
         let request_id = RequestId(request_id.into());
         if self.outputs.contains(&request_id) {
             return Err(EngineError::DuplicateRequest(request_id.0));
@@ -229,6 +250,7 @@ impl LLMEngine {
             // Cached prefix blocks have no logits to score, so the sequence that scores the
             // prompt computes it whole; its siblings then find it in the prefix cache.
             seq.skip_prefix_cache = index == 0 && params.prompt_logprobs.is_some();
+            seq.grammar = grammar.clone();
             self.scheduler.add_seq(seq);
         }
         self.outputs

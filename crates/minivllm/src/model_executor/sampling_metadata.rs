@@ -26,3 +26,49 @@ pub struct SamplingOptions<'a> {
     /// How many top logprobs to report per sampled token.
     pub logprobs: Option<usize>,
 }
+
+/// The tokens a sequence may sample next, one bit per vocabulary entry (vLLM v1's grammar
+/// bitmask, filled by a structured-output grammar); every other token's logit is set to
+/// `-inf` before anything else, so the logprobs reported are those of the masked logits,
+/// as vLLM reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBitmask {
+    words: Vec<u32>,
+}
+
+impl TokenBitmask {
+    /// Nothing allowed yet, over `vocab_size` tokens.
+    pub fn new(vocab_size: usize) -> Self {
+        Self {
+            words: vec![0; vocab_size.div_ceil(32)],
+        }
+    }
+
+    /// Allows `token`; ids past the vocabulary are ignored.
+    pub fn allow(&mut self, token: TokenId) {
+        if let Some(w) = self.words.get_mut(token as usize / 32) {
+            *w |= 1 << (token % 32);
+        }
+    }
+
+    pub fn is_allowed(&self, token: TokenId) -> bool {
+        self.words
+            .get(token as usize / 32)
+            .is_some_and(|w| w & (1 << (token % 32)) != 0)
+    }
+
+    /// Sets every disallowed entry of `row` to `-inf` (a row longer than the mask loses
+    /// its tail).
+    pub fn apply(&self, row: &mut [f32]) {
+        for (chunk, &w) in row
+            .chunks_mut(32)
+            .zip(self.words.iter().chain(std::iter::repeat(&0)))
+        {
+            for (bit, l) in chunk.iter_mut().enumerate() {
+                if w & (1 << bit) == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}

@@ -17,6 +17,7 @@ use crate::model_executor::layers::sampler::{logprobs_for, Sampler, SamplingCont
 use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
 use crate::outputs::{ModelRunnerOutput, TokenLogprobs};
 use crate::worker::cache_engine::CacheEngine;
+use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::input_batch::InputBatch;
 use crate::worker::step_message::{encode_cache_ops, encode_execute, encode_shutdown};
 
@@ -70,6 +71,8 @@ pub struct ModelRunner {
     sampler: Sampler,
     /// Where each scheduled sequence's logits are; reused between steps.
     rows: Vec<LogitsRows>,
+    /// Guesses the tokens after each one sampled (speculative decoding).
+    proposer: Option<Box<dyn DraftProposer>>,
 }
 
 impl ModelRunner {
@@ -92,7 +95,14 @@ impl ModelRunner {
             batch: InputBatch::default(),
             sampler: Sampler::default(),
             rows: Vec::new(),
+            proposer: None,
         }
+    }
+
+    /// Has `proposer` guess draft tokens after each token sampled, for the next step to
+    /// verify.
+    pub fn set_draft_proposer(&mut self, proposer: Box<dyn DraftProposer>) {
+        self.proposer = Some(proposer);
     }
 
     pub fn model(&self) -> &LlamaForCausalLM {
@@ -148,7 +158,12 @@ impl ModelRunner {
         }
         self.begin_batch();
         for s in &sched.scheduled {
-            let seq = self.batch.get(s.id);
+            let block_size = self.cache.block_size();
+            let seq = self.batch.get_mut(s.id);
+            // Draft tokens are fed after the last one, for this layout only: the batch's
+            // copy takes the ones that sampling accepts.
+            let len = seq.token_ids.len();
+            seq.token_ids.extend_from_slice(&s.spec_token_ids);
             let input = SeqInput {
                 token_ids: &seq.token_ids,
                 prompt_len: seq.prompt_len,
@@ -157,15 +172,17 @@ impl ModelRunner {
                 block_tables: &[],
                 prompt_logprobs_from: seq.prompt_logprobs_from,
             };
-            let block_size = self.cache.block_size();
-            let table = sched.block_ids(s);
+            let (batch, samples) = (&mut self.input, &mut self.sample_rows);
+            let num_drafts = s.spec_token_ids.len();
             let rows = lay_out(
-                &mut self.input,
-                &mut self.sample_rows,
+                batch,
+                samples,
                 block_size,
                 &input,
-                table,
+                sched.block_ids(s),
+                num_drafts,
             );
+            seq.token_ids.truncate(len);
             self.rows.push(rows);
         }
         self.end_batch();
@@ -173,7 +190,7 @@ impl ModelRunner {
         self.execute_model()?;
         out.forward_seconds = forward.elapsed().as_secs_f64();
         self.score_prompts(sched, &mut out.prompt_logprobs);
-        self.sample(sched, &mut out.sampled);
+        self.sample(sched, &mut out);
         Ok(out)
     }
 
@@ -206,47 +223,49 @@ impl ModelRunner {
     }
 
     /// Samples the next token of each sequence with a sample row, in the step's order, from
-    /// the logits in place (the runner laid those rows out last, in that order).
-    fn sample(
-        &mut self,
-        sched: &SchedulerOutput,
-        out: &mut Vec<(SeqId, crate::outputs::SampledToken)>,
-    ) {
-        let ids: Vec<SeqId> = (sched.scheduled.iter().zip(&self.rows))
-            .filter(|(_, r)| r.sample.is_some())
-            .map(|(s, _)| s.id)
-            .collect();
-        // Each RNG is copied out while the contexts borrow the batch, and written back.
-        let mut states: Vec<_> = ids
-            .iter()
-            .map(|&id| self.batch.get(id).sampling.clone())
-            .collect();
-        let batch = &self.batch;
-        let mut ctxs: Vec<SamplingContext<'_>> = ids
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(&id, state)| {
-                let seq = batch.get(id);
-                SamplingContext {
-                    options: seq.params.sampling_options(),
-                    prompt_ids: seq.prompt_ids(),
-                    output_ids: seq.output_ids(),
-                    eos_token_ids: &seq.eos_token_ids,
-                    state,
-                }
-            })
-            .collect();
+    /// the logits in place (the runner laid those rows out last, in that order), and asks
+    /// the draft proposer, if any, for the tokens after it. A sequence with draft tokens
+    /// has a row per draft position too: it samples at each in turn, with the tokens
+    /// accepted before it as its history, and goes on while the token sampled is the
+    /// draft's. Every position draws from the sequence's RNG as a plain decode step would,
+    /// so the tokens are those plain decoding gives.
+    fn sample(&mut self, sched: &SchedulerOutput, out: &mut ModelRunnerOutput) {
         let vocab = self.model.config().vocab_size;
         let all = self.buffers.logits_mut(self.num_logits);
         let from = all.len() - self.num_samples * vocab;
-        let samples = self.sampler.sample(&mut all[from..], &mut ctxs);
-        drop(ctxs);
-        out.reserve(ids.len());
-        for ((id, state), token) in ids.into_iter().zip(states).zip(samples) {
-            let seq = self.batch.get_mut(id);
-            seq.sampling = state;
-            seq.token_ids.push(token.token_id);
-            out.push((id, token));
+        let mut rows = all[from..].chunks_exact_mut(vocab);
+        for (s, r) in sched.scheduled.iter().zip(&self.rows) {
+            if r.sample.is_none() {
+                continue;
+            }
+            let mask = sched.token_mask(s.id);
+            let seq = self.batch.get_mut(s.id);
+            let drafts = &s.spec_token_ids;
+            let mut accepting = true;
+            for (i, row) in rows.by_ref().take(1 + drafts.len()).enumerate() {
+                if !accepting {
+                    // A draft was rejected: the rows after it are not needed.
+                    continue;
+                }
+                let mut ctx = SamplingContext {
+                    options: seq.params.sampling_options(),
+                    prompt_ids: &seq.token_ids[..seq.prompt_len],
+                    output_ids: &seq.token_ids[seq.prompt_len..],
+                    eos_token_ids: &seq.eos_token_ids,
+                    allowed: mask,
+                    state: &mut seq.sampling,
+                };
+                let token = self.sampler.sample_row(row, &mut ctx);
+                accepting = drafts.get(i) == Some(&token.token_id);
+                seq.token_ids.push(token.token_id);
+                out.sampled.push((s.id, token));
+            }
+            if let Some(proposer) = &mut self.proposer {
+                let drafts = proposer.propose(s.id, &seq.token_ids);
+                if !drafts.is_empty() {
+                    out.draft_token_ids.push((s.id, drafts));
+                }
+            }
         }
     }
 
@@ -270,6 +289,7 @@ impl ModelRunner {
                 block_size,
                 &s,
                 &self.table,
+                0,
             );
             self.rows.push(r);
         }
@@ -337,14 +357,16 @@ impl ModelRunner {
 }
 
 /// Adds sequence `s` (its block tables flattened in `table`) to the batch in `input`, its
-/// sample row (an index into the batch's tokens) to `sample_rows`; returns where its logits
-/// will be, the sample row counted among `sample_rows` until `end_batch` places it.
+/// sample rows (indices into the batch's tokens: its last token's, after `num_drafts` more
+/// for the draft tokens its last new ones are) to `sample_rows`; returns where its logits
+/// will be, the first sample row counted among `sample_rows` until `end_batch` places it.
 fn lay_out(
     input: &mut InputMetadata,
     sample_rows: &mut Vec<usize>,
     block_size: usize,
     s: &SeqInput<'_>,
     table: &[u32],
+    num_drafts: usize,
 ) -> LogitsRows {
     let end = s.num_computed + s.num_new;
     let start_row = input.num_tokens();
@@ -362,7 +384,8 @@ fn lay_out(
     }
     if end == s.token_ids.len() {
         r.sample = Some(sample_rows.len());
-        sample_rows.push(start_row + s.num_new - 1);
+        let last = start_row + s.num_new - 1;
+        sample_rows.extend(last - num_drafts..=last);
     }
     r
 }

@@ -19,6 +19,8 @@ const LAYERS: &[(&str, u32)] = &[
     // Request-level objects that the engine, the scheduler and the API share.
     ("outputs", 45),
     ("sequence", 42),
+    // The contract a structured-output grammar meets, which a sequence may carry.
+    ("structured_output", 41),
     ("sampling_params", 40),
     ("model_executor", 20),
     // Shared by every layer: plain data and ids, importing nothing above.

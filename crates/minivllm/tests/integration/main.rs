@@ -17,5 +17,6 @@ mod model_families;
 mod model_reference;
 mod real_models;
 mod scheduler;
+mod step_seams;
 mod tensor_parallel;
 mod tiny_models;

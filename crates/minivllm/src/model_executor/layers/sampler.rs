@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::ids::TokenId;
-use crate::model_executor::sampling_metadata::SamplingOptions;
+use crate::model_executor::sampling_metadata::{SamplingOptions, TokenBitmask};
 
 /// vLLM raises temperatures in (0, 0.01) to this; doing the same keeps near-greedy requests
 /// sampling the distribution they would get there.
@@ -46,6 +46,8 @@ pub struct SamplingContext<'a> {
     pub output_ids: &'a [TokenId],
     /// Banned, with `options.stop_token_ids`, until `min_tokens` tokens have been generated.
     pub eos_token_ids: &'a [TokenId],
+    /// The only tokens it may sample, when a grammar constrains it.
+    pub allowed: Option<&'a TokenBitmask>,
     pub state: &'a mut SeqSamplingState,
 }
 
@@ -112,8 +114,12 @@ impl Sampler {
             .collect()
     }
 
-    fn sample_row(&mut self, row: &mut [f32], ctx: &mut SamplingContext<'_>) -> SampledToken {
+    /// Samples one token from one row of logits (see [`sample`](Self::sample)).
+    pub fn sample_row(&mut self, row: &mut [f32], ctx: &mut SamplingContext<'_>) -> SampledToken {
         let params = ctx.options;
+        if let Some(mask) = ctx.allowed {
+            mask.apply(row);
+        }
         self.raw.clear();
         self.raw.extend_from_slice(row);
         log_softmax_inplace(&mut self.raw);

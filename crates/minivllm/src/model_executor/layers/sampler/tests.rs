@@ -22,6 +22,7 @@ fn run(
             prompt_ids: h.prompt,
             output_ids: h.output,
             eos_token_ids: h.eos,
+            allowed: None,
             state,
         })
         .collect();

@@ -1,0 +1,229 @@
+//! The step's seams for structured output and speculative decoding, on the test model: a
+//! grammar's mask decides what a sequence samples, and draft tokens, whether guessed right
+//! or wrong, leave plain decoding's tokens unchanged (and right guesses take fewer steps).
+
+use std::collections::HashMap;
+
+use crate::common;
+
+use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
+use minivllm::entrypoints::llm::LLM;
+use minivllm::ids::{SeqId, TokenId};
+use minivllm::outputs::RequestOutput;
+use minivllm::sampling_params::SamplingParams;
+use minivllm::sequence::FinishReason;
+use minivllm::structured_output::{StructuredOutputGrammar, TokenBitmask};
+use minivllm::worker::draft_proposer::DraftProposer;
+
+const PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "List three fruits:",
+];
+
+fn llm() -> LLM {
+    LLM::new(&EngineArgs {
+        model: common::test_model_path().to_str().unwrap().to_string(),
+        max_model_len: Some(256),
+        kv_cache_memory: 64 << 20,
+        threads: Some(2),
+        ..EngineArgs::default()
+    })
+    .expect("engine starts")
+}
+
+/// Runs every request to the end; the final outputs by request id, and the steps it took.
+fn run(engine: &mut LLMEngine) -> (HashMap<String, RequestOutput>, u64) {
+    let steps = engine.stats().num_steps;
+    let mut done = HashMap::new();
+    while engine.has_unfinished_requests() {
+        for o in engine.step().expect("step") {
+            if o.finished {
+                done.insert(o.request_id.clone(), o);
+            }
+        }
+    }
+    (done, engine.stats().num_steps - steps)
+}
+
+fn add_all(engine: &mut LLMEngine, params: &SamplingParams) {
+    for (i, p) in PROMPTS.iter().enumerate() {
+        let prompt = PromptInput::Text(p.to_string());
+        engine
+            .add_request(format!("r{i}"), prompt, params.clone(), 0)
+            .unwrap();
+    }
+}
+
+fn completions(outs: &HashMap<String, RequestOutput>) -> Vec<Vec<Vec<TokenId>>> {
+    (0..PROMPTS.len())
+        .map(|i| {
+            let o = &outs[&format!("r{i}")];
+            o.outputs.iter().map(|c| c.token_ids.clone()).collect()
+        })
+        .collect()
+}
+
+/// Accepts exactly `tokens`, then only EOS.
+#[derive(Debug, Clone)]
+struct Forced {
+    tokens: Vec<TokenId>,
+    next: usize,
+    eos: TokenId,
+    vocab: usize,
+}
+
+impl StructuredOutputGrammar for Forced {
+    fn token_mask(&self) -> TokenBitmask {
+        let mut mask = TokenBitmask::new(self.vocab);
+        mask.allow(*self.tokens.get(self.next).unwrap_or(&self.eos));
+        mask
+    }
+
+    fn accept_token(&mut self, token: TokenId) {
+        let allowed = *self.tokens.get(self.next).unwrap_or(&self.eos);
+        assert_eq!(token, allowed, "a token the mask banned");
+        self.next += 1;
+    }
+
+    fn box_clone(&self) -> Box<dyn StructuredOutputGrammar> {
+        Box::new(self.clone())
+    }
+}
+
+#[test]
+fn a_grammar_mask_decides_what_its_sequences_sample_and_no_other() {
+    let mut llm = llm();
+    let engine = llm.engine_mut();
+    let tok = engine.tokenizer().clone();
+    let forced = tok.encode(" Lyon, of course.", false).unwrap();
+    let grammar = Forced {
+        tokens: forced.clone(),
+        next: 0,
+        eos: tok.eos_token_ids()[0],
+        vocab: engine.model().config().vocab_size,
+    };
+    let free = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(12),
+        ..SamplingParams::default()
+    };
+    engine
+        .add_request(
+            "alone",
+            PromptInput::Text(PROMPTS[0].into()),
+            free.clone(),
+            0,
+        )
+        .unwrap();
+    let (alone, _) = run(engine);
+
+    // Two sampled completions under the grammar, beside an unconstrained request.
+    let constrained = SamplingParams {
+        temperature: 1.0,
+        seed: Some(3),
+        n: 2,
+        max_tokens: Some(30),
+        logprobs: Some(1),
+        ..SamplingParams::default()
+    };
+    let prompt = PromptInput::Text(PROMPTS[0].into());
+    engine
+        .add_constrained_request("forced", prompt, constrained, 0, Some(Box::new(grammar)))
+        .unwrap();
+    engine
+        .add_request("free", PromptInput::Text(PROMPTS[0].into()), free, 0)
+        .unwrap();
+    let (outs, _) = run(engine);
+    for c in &outs["forced"].outputs {
+        let n = forced.len();
+        assert_eq!(c.token_ids[..n], forced[..], "completion {}", c.index);
+        // The grammar ends with EOS, which stops the sequence.
+        assert!(c.token_ids.len() <= n + 1);
+        assert_eq!(c.finish_reason, Some(FinishReason::Stop));
+        assert_eq!(c.text, " Lyon, of course.");
+        // The only allowed token takes all the probability of the masked logits.
+        for lp in c.logprobs.as_ref().unwrap() {
+            assert!(lp.entries[0].1.abs() < 1e-6, "{lp:?}");
+        }
+    }
+    assert_eq!(
+        outs["free"].outputs[0].token_ids,
+        alone["alone"].outputs[0].token_ids
+    );
+}
+
+/// Proposes the next `k` tokens of the sequence's known continuation: the token ids plain
+/// decoding gave, keyed by their prompt and sibling.
+struct Oracle {
+    runs: Vec<Vec<TokenId>>,
+    k: usize,
+}
+
+impl DraftProposer for Oracle {
+    fn propose(&mut self, _: SeqId, token_ids: &[TokenId]) -> Vec<TokenId> {
+        (self.runs.iter())
+            .find(|r| r.len() > token_ids.len() && r.starts_with(token_ids))
+            .map(|r| r[token_ids.len()..].iter().take(self.k).copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Proposes tokens that are (nearly always) wrong.
+struct Wrong;
+
+impl DraftProposer for Wrong {
+    fn propose(&mut self, _: SeqId, token_ids: &[TokenId]) -> Vec<TokenId> {
+        vec![token_ids[0]; 3]
+    }
+}
+
+#[test]
+fn draft_tokens_right_or_wrong_leave_plain_decoding_tokens_unchanged() {
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(40),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: Some(11),
+        n: 2,
+        max_tokens: Some(40),
+        repetition_penalty: 1.2,
+        ..SamplingParams::default()
+    };
+    for params in [greedy, seeded] {
+        let mut plain = llm();
+        add_all(plain.engine_mut(), &params);
+        let (expected, plain_steps) = run(plain.engine_mut());
+        let expected = completions(&expected);
+        let tok = plain.engine().tokenizer().clone();
+        let runs: Vec<Vec<TokenId>> = (PROMPTS.iter().zip(&expected))
+            .flat_map(|(p, cs)| {
+                let prompt = tok.encode(p, true).unwrap();
+                cs.iter().map(move |c| [prompt.clone(), c.clone()].concat())
+            })
+            .collect();
+
+        let mut spec = llm();
+        let oracle = Oracle { runs, k: 4 };
+        spec.engine_mut().set_draft_proposer(Box::new(oracle));
+        add_all(spec.engine_mut(), &params);
+        let (outs, spec_steps) = run(spec.engine_mut());
+        assert_eq!(completions(&outs), expected);
+        assert!(
+            spec_steps * 2 < plain_steps,
+            "right guesses of 4 tokens: {spec_steps} steps against {plain_steps}"
+        );
+
+        let mut wrong = llm();
+        wrong.engine_mut().set_draft_proposer(Box::new(Wrong));
+        add_all(wrong.engine_mut(), &params);
+        let (outs, _) = run(wrong.engine_mut());
+        assert_eq!(completions(&outs), expected);
+    }
+}
