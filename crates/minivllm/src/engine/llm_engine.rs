@@ -1,7 +1,8 @@
 //! `LLMEngine`: requests in, one batched step at a time, `RequestOutput`s out.
 //!
 //! A step is vLLM v1's engine-core step: the scheduler decides what runs (`schedule`), the
-//! model runner runs it and samples (`execute`), the scheduler takes the tokens in and
+//! executor runs it on every rank and the driver's model runner samples (`execute`), the
+//! scheduler takes the tokens in and
 //! decides which sequences stopped (`update_from_output`), and the output processor turns
 //! them into text and outputs, sending back the sequences a stop string ended.
 
@@ -27,10 +28,10 @@ use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
-use crate::worker::model_runner::ModelRunner;
+use crate::worker::executor::Executor;
 
 pub struct LLMEngine {
-    runner: ModelRunner,
+    executor: Executor,
     tokenizer: Arc<Tokenizer>,
     scheduler: Scheduler,
     outputs: OutputProcessor,
@@ -69,12 +70,13 @@ impl LLMEngine {
     ) -> Result<Self, EngineError> {
         let vocab_size = model.config().vocab_size;
         let (runner, max_model_len) = model_runner(model, args)?;
-        let cache = runner.cache();
+        let executor = Executor::new(runner);
+        let cache = executor.cache();
         let sched_cfg = scheduler_config(args, max_model_len)?;
         let kv_cache_manager = kv_cache_manager(args, cache);
         let tokenizer = Arc::new(tokenizer);
         Ok(Self {
-            runner,
+            executor,
             outputs: OutputProcessor::new(Arc::clone(&tokenizer)),
             eos_token_ids: Arc::from(tokenizer.eos_token_ids()),
             tokenizer,
@@ -94,12 +96,12 @@ impl LLMEngine {
 
     /// The model the engine runs (for benchmarks' accounting of FLOPs and bytes).
     pub fn model(&self) -> &crate::model_executor::models::llama::LlamaForCausalLM {
-        self.runner.model()
+        self.executor.model()
     }
 
     /// Bytes of KV cache one token position takes, over all layers.
     pub fn kv_bytes_per_position(&self) -> usize {
-        self.runner.cache().kv_bytes_per_position()
+        self.executor.cache().kv_bytes_per_position()
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -124,19 +126,19 @@ impl LLMEngine {
     /// calls it whenever it goes idle.
     pub fn release_idle_memory(&mut self) {
         let finished = self.scheduler.take_finished();
-        self.runner.release_idle_memory(&finished);
+        self.executor.release_idle_memory(&finished);
     }
 
     /// Has `proposer` guess draft tokens for every running sequence, verified in the step
     /// after (speculative decoding's seam: `worker/draft_proposer.rs`).
     pub fn set_draft_proposer(&mut self, proposer: Box<dyn DraftProposer>) {
-        self.runner.set_draft_proposer(proposer);
+        self.executor.set_draft_proposer(proposer);
     }
 
     /// Sequences the worker's persistent batch holds (finished ones until the next step or
     /// `release_idle_memory`).
     pub fn num_worker_seqs(&self) -> usize {
-        self.runner.num_cached_seqs()
+        self.executor.num_cached_seqs()
     }
 
     pub fn num_unfinished_requests(&self) -> usize {
@@ -276,7 +278,7 @@ impl LLMEngine {
         let sched = self.scheduler.schedule();
         // Even in an empty step: the scheduler's books already say the swaps happened, and
         // the worker forgets the sequences that finished.
-        let results = match self.runner.execute(&sched) {
+        let results = match self.executor.execute(&sched) {
             Ok(results) => results,
             Err(e) => {
                 self.fail_step(&sched);

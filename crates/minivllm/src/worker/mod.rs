@@ -2,6 +2,7 @@
 
 pub mod cache_engine;
 pub mod draft_proposer;
+pub mod executor;
 pub mod input_batch;
 pub mod model_runner;
 pub mod step_message;

@@ -1,16 +1,14 @@
-//! Runs a step the scheduler laid out (vLLM v1's `GPUModelRunner`): updates the persistent
-//! batch, lays the step's tokens out as one flat batch, runs the model over the KV cache,
-//! scores prompt tokens and samples the next ones.
+//! Runs a step the scheduler laid out on one rank (vLLM v1's `GPUModelRunner`): updates the
+//! persistent batch, lays the step's tokens out as one flat batch, runs the model over the
+//! KV cache, scores prompt tokens and samples the next ones.
 //!
 //! Below that, `prepare_input` and `execute_model` lay out and run any batch and give its
 //! logits (for the reference tests, perplexity, and the other ranks' workers).
 
 use std::ops::Range;
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::core::sched_output::SchedulerOutput;
-use crate::distributed::Communicator;
 use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::sampler::{logprobs_for, Sampler, SamplingContext};
@@ -19,7 +17,6 @@ use crate::outputs::{ModelRunnerOutput, TokenLogprobs};
 use crate::worker::cache_engine::CacheEngine;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::input_batch::InputBatch;
-use crate::worker::step_message::{encode_cache_ops, encode_execute, encode_shutdown};
 
 /// One scheduled sequence as the runner sees it: tokens, where its K/V live, and which of
 /// its logits the step needs.
@@ -47,9 +44,9 @@ pub struct LogitsRows {
     pub sample: Option<usize>,
 }
 
-/// The model, its KV cache and the buffers reused from step to step. On rank 0 of a
-/// tensor-parallel group (the driver) it also tells the other ranks' workers what to do,
-/// before doing it itself (`worker/worker_loop.rs`).
+/// One rank's model, its KV cache, the persistent batch and the buffers reused from step to
+/// step. It runs what it is given on its own rank: telling the other ranks of a
+/// tensor-parallel group is the executor's (`worker/executor.rs`).
 pub struct ModelRunner {
     model: LlamaForCausalLM,
     cache: CacheEngine,
@@ -57,10 +54,6 @@ pub struct ModelRunner {
     input: InputMetadata,
     /// Scratch for one sequence's block tables as the kernels index them.
     table: Vec<u32>,
-    /// The group, when this runner drives other ranks.
-    workers: Option<Arc<dyn Communicator>>,
-    /// The step message for the workers, reused.
-    message: Vec<u8>,
     /// How many logits the last forward pass gave.
     num_logits: usize,
     /// Scratch for the rows to sample from while a batch is laid out, and their count.
@@ -78,8 +71,6 @@ pub struct ModelRunner {
 impl ModelRunner {
     /// The runner of `model`'s rank: the driver when that is rank 0.
     pub fn new(model: LlamaForCausalLM, cache: CacheEngine) -> Self {
-        let comm = model.communicator();
-        let workers = (comm.rank() == 0 && comm.world_size() > 1).then(|| Arc::clone(comm));
         let input = InputMetadata::with_groups(cache.layout().num_groups());
         Self {
             model,
@@ -87,8 +78,6 @@ impl ModelRunner {
             buffers: ForwardBuffers::default(),
             input,
             table: Vec::new(),
-            workers,
-            message: Vec::new(),
             num_logits: 0,
             sample_rows: Vec::new(),
             num_samples: 0,
@@ -115,24 +104,7 @@ impl ModelRunner {
 
     /// Moves KV blocks to and from the swap pool as the scheduler ordered: swap-outs first,
     /// since a block swapped out may be a swap-in's destination.
-    pub fn execute_cache_ops(
-        &mut self,
-        swap_out: &[(BlockId, CpuBlockId)],
-        swap_in: &[(CpuBlockId, BlockId)],
-    ) -> Result<(), InputError> {
-        if swap_out.is_empty() && swap_in.is_empty() {
-            return Ok(());
-        }
-        if let Some(workers) = &self.workers {
-            encode_cache_ops(&mut self.message, swap_out, swap_in);
-            workers.broadcast_bytes(0, &mut self.message)?;
-        }
-        self.apply_cache_ops(swap_out, swap_in);
-        Ok(())
-    }
-
-    /// This rank's part of `execute_cache_ops`.
-    pub(super) fn apply_cache_ops(
+    pub fn apply_cache_ops(
         &mut self,
         swap_out: &[(BlockId, CpuBlockId)],
         swap_in: &[(CpuBlockId, BlockId)],
@@ -145,17 +117,15 @@ impl ModelRunner {
         }
     }
 
-    /// Runs the step `sched` describes and samples: the persistent batch takes in the
-    /// step's changes, the blocks move to and from the swap pool, the scheduled sequences
-    /// run as one batch, and each one the step brings to the end of its tokens gets its next
-    /// token (appended here too). An empty step only does the first two.
-    pub fn execute(&mut self, sched: &SchedulerOutput) -> Result<ModelRunnerOutput, InputError> {
+    /// Takes in the step's changes to the persistent batch: sequences new to the worker, and
+    /// those finished since the last step.
+    pub fn update_batch(&mut self, sched: &SchedulerOutput) {
         self.batch.update(sched);
-        self.execute_cache_ops(&sched.swap_out, &sched.swap_in)?;
-        let mut out = ModelRunnerOutput::default();
-        if sched.is_empty() {
-            return Ok(out);
-        }
+    }
+
+    /// Lays the (non-empty) step `sched` out as one batch ([`input`](Self::input)), from the
+    /// persistent batch updated with it.
+    pub fn prepare(&mut self, sched: &SchedulerOutput) {
         self.begin_batch();
         for s in &sched.scheduled {
             let block_size = self.cache.block_size();
@@ -186,6 +156,18 @@ impl ModelRunner {
             self.rows.push(rows);
         }
         self.end_batch();
+    }
+
+    /// The batch laid out last: what the other ranks of a tensor-parallel group run too.
+    pub fn input(&self) -> &InputMetadata {
+        &self.input
+    }
+
+    /// Runs the batch [`prepare`](Self::prepare) laid out and samples: each sequence the
+    /// step brings to the end of its tokens gets its next token (appended to the persistent
+    /// batch too), prompt tokens are scored.
+    pub fn run(&mut self, sched: &SchedulerOutput) -> Result<ModelRunnerOutput, InputError> {
+        let mut out = ModelRunnerOutput::default();
         let forward = Instant::now();
         self.execute_model()?;
         out.forward_seconds = forward.elapsed().as_secs_f64();
@@ -319,10 +301,6 @@ impl ModelRunner {
     /// Logits `[rows asked for by prepare_input, vocab_size]` for the prepared batch; also
     /// [`logits`](Self::logits) until the next batch.
     pub fn execute_model(&mut self) -> Result<&[f32], InputError> {
-        if let Some(workers) = &self.workers {
-            encode_execute(&mut self.message, &self.input);
-            workers.broadcast_bytes(0, &mut self.message)?;
-        }
         self.num_logits = self.forward(None)?.len();
         Ok(self.logits())
     }
@@ -388,17 +366,4 @@ fn lay_out(
         sample_rows.extend(last - num_drafts..=last);
     }
     r
-}
-
-/// The driver's last word to its workers: they leave their loops (and MPI is finalised once
-/// every rank drops its group).
-impl Drop for ModelRunner {
-    fn drop(&mut self) {
-        if let Some(workers) = &self.workers {
-            encode_shutdown(&mut self.message);
-            if let Err(e) = workers.broadcast_bytes(0, &mut self.message) {
-                tracing::warn!("could not tell the tensor-parallel workers to stop: {e}");
-            }
-        }
-    }
 }
