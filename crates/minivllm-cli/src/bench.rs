@@ -82,13 +82,17 @@ impl BenchArgs {
     }
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+/// `driver`: rank 0's hold on a tensor-parallel group, for the benchmarks that run a model.
+pub fn run(
+    args: BenchArgs,
+    driver: Option<minivllm::engine::worker_process::Driver>,
+) -> anyhow::Result<()> {
     match args.kind {
-        BenchKind::Latency(a) => latency(a),
-        BenchKind::Throughput(a) => throughput(a),
+        BenchKind::Latency(a) => latency(a, driver),
+        BenchKind::Throughput(a) => throughput(a, driver),
         BenchKind::Serve(a) => crate::bench_serve::run(a),
         BenchKind::Machine(a) => crate::bench_machine::run(a),
-        BenchKind::Sweep(a) => crate::bench_sweep::run(a),
+        BenchKind::Sweep(a) => crate::bench_sweep::run(a, driver),
     }
 }
 
@@ -109,12 +113,15 @@ pub(crate) fn random_prompts(n: usize, len: usize, vocab: u64) -> Vec<Vec<u32>> 
         .collect()
 }
 
-fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
+fn throughput(
+    args: ThroughputArgs,
+    driver: Option<minivllm::engine::worker_process::Driver>,
+) -> anyhow::Result<()> {
     use minivllm::entrypoints::llm::LLM;
     if args.num_prompts == 0 || args.input_len == 0 || args.output_len == 0 {
         bail!("--num-prompts, --input-len and --output-len must be positive");
     }
-    let mut llm = LLM::new(&args.engine.engine_args()?)?;
+    let mut llm = LLM::with_driver(&args.engine.engine_args()?, driver)?;
     let vocab = llm.engine().tokenizer().vocab_size() as u64;
     let prompts = random_prompts(args.num_prompts, args.input_len, vocab);
     let params = SamplingParams {
@@ -196,11 +203,14 @@ struct Timing {
     decode_overhead: f64,
 }
 
-fn latency(args: LatencyArgs) -> anyhow::Result<()> {
+fn latency(
+    args: LatencyArgs,
+    driver: Option<minivllm::engine::worker_process::Driver>,
+) -> anyhow::Result<()> {
     if args.batch_size == 0 || args.input_len == 0 || args.num_iters == 0 {
         bail!("--batch-size, --input-len and --num-iters must be positive");
     }
-    let mut engine = LLMEngine::from_engine_args(&latency_engine_args(&args)?)?;
+    let mut engine = LLMEngine::from_engine_args_with_driver(&latency_engine_args(&args)?, driver)?;
     let total = args.input_len + args.output_len;
     if total > engine.max_model_len() {
         bail!(

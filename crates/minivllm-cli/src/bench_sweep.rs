@@ -44,14 +44,17 @@ impl SweepArgs {
     }
 }
 
-pub fn run(args: SweepArgs) -> anyhow::Result<()> {
+pub fn run(
+    args: SweepArgs,
+    driver: Option<minivllm::engine::worker_process::Driver>,
+) -> anyhow::Result<()> {
     if args.num_seqs.is_empty() || args.num_seqs.contains(&0) {
         bail!("--num-seqs must list positive numbers of sequences");
     }
     if args.input_len == 0 || args.output_len == 0 {
         bail!("--input-len and --output-len must be positive");
     }
-    let mut llm = LLM::new(&args.engine.engine_args()?)?;
+    let mut llm = LLM::with_driver(&args.engine.engine_args()?, driver)?;
     let vocab = llm.engine().tokenizer().vocab_size() as u64;
     // Each run (and the warm-up) gets prompts of its own: repeating earlier ones would hit
     // the prefix cache.

@@ -111,11 +111,15 @@ impl SamplingFlags {
     }
 }
 
-pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+pub fn run(
+    args: GenerateArgs,
+    driver: Option<minivllm::engine::worker_process::Driver>,
+) -> anyhow::Result<()> {
     let prompts = collect_prompts(&args)?;
     let base = args.sampling.params();
     base.validate()?;
-    let mut llm = LLM::new(&args.engine.engine_args()?).context("cannot start the engine")?;
+    let mut llm =
+        LLM::with_driver(&args.engine.engine_args()?, driver).context("cannot start the engine")?;
     let tokenizer = llm.engine().tokenizer().clone();
     let mut inputs = Vec::with_capacity(prompts.len());
     for p in prompts {

@@ -202,9 +202,9 @@ where
 
 fn run(command: Command) -> anyhow::Result<()> {
     // Every process of a tensor-parallel job runs this same command line: rank 0 goes on to
-    // run it, the others serve as its workers until it stops. The group lives until the
-    // command is done.
-    let _driver = match command.tensor_parallel_size() {
+    // run it, handing its hold on the group to the engine it starts; the others serve as its
+    // workers until it stops.
+    let driver = match command.tensor_parallel_size() {
         Some(size) => match start_rank(size).context("tensor parallelism")? {
             Role::Driver(driver) => Some(driver),
             Role::WorkerDone => return Ok(()),
@@ -212,11 +212,11 @@ fn run(command: Command) -> anyhow::Result<()> {
         None => None,
     };
     match command {
-        Command::Generate(args) => generate::run(*args),
+        Command::Generate(args) => generate::run(*args, driver),
         Command::DownloadDefaultModel(args) => download::run(args),
         Command::DownloadModel(args) => download::run_named(args),
-        Command::Bench(args) => bench::run(args),
-        Command::Serve(args) => serve::run(*args),
+        Command::Bench(args) => bench::run(args, driver),
+        Command::Serve(args) => serve::run(*args, driver),
         Command::Quantize(args) => quantize::run(args),
         Command::Perplexity(args) => perplexity::run(args),
     }

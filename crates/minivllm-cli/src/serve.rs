@@ -73,9 +73,13 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(
+    args: ServeArgs,
+    driver: Option<minivllm::engine::worker_process::Driver>,
+) -> anyhow::Result<()> {
     let engine_args = args.engine.engine_args()?;
-    let engine = LLMEngine::from_engine_args(&engine_args).context("cannot start the engine")?;
+    let engine = LLMEngine::from_engine_args_with_driver(&engine_args, driver)
+        .context("cannot start the engine")?;
     let config = ServerConfig {
         served_model_name: args
             .served_model_name

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use minivllm::engine::async_engine::{AsyncEngine, NewRequest};
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
-use minivllm::engine::worker_process::{start_rank, Driver, Role};
+use minivllm::engine::worker_process::{start_rank, Role};
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::{RequestOutputKind, SamplingParams};
@@ -25,10 +25,9 @@ use crate::value_error;
 /// A loaded model and its engine thread. The thread ends when the object is collected.
 #[pyclass(frozen, module = "minivllm._core")]
 pub struct Engine {
-    /// `None` only while being dropped.
+    /// `None` only while being dropped. With tensor parallelism it holds the group (its
+    /// driver's hold was handed to it), which it stops when it ends.
     engine: Option<AsyncEngine>,
-    /// Rank 0's hold on a tensor-parallel group, which must outlive the engine thread.
-    driver: Option<Driver>,
 }
 
 /// A prompt as text or as token ids.
@@ -107,11 +106,10 @@ impl Engine {
             None
         };
         let engine = py
-            .detach(|| LLMEngine::from_engine_args(&args))
+            .detach(|| LLMEngine::from_engine_args_with_driver(&args, driver))
             .map_err(engine_error)?;
         Ok(Self {
             engine: Some(AsyncEngine::new(engine)),
-            driver,
         })
     }
 
@@ -203,7 +201,6 @@ impl Drop for Engine {
             Python::attach(|py| py.detach(|| thread.join()))
                 .unwrap_or_else(|_| tracing::error!("the engine thread panicked"));
         }
-        drop(self.driver.take());
     }
 }
 

@@ -20,7 +20,7 @@ pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
 use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
-use crate::engine::worker_process::{driver_group, model_runner};
+use crate::engine::worker_process::{engine_group, model_runner, Driver};
 use crate::model_executor::model_loader::load_model_shard;
 use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::RequestOutput;
@@ -50,7 +50,17 @@ impl LLMEngine {
     /// and sizes the KV cache. With tensor parallelism only rank 0 has an engine: the other
     /// ranks run workers ([`start_rank`](crate::engine::worker_process::start_rank)).
     pub fn from_engine_args(args: &EngineArgs) -> Result<Self, EngineError> {
-        let group = driver_group(args)?;
+        Self::from_engine_args_with_driver(args, None)
+    }
+
+    /// [`from_engine_args`](Self::from_engine_args) on rank 0 of a tensor-parallel group,
+    /// with the [`Driver`] that [`start_rank`](crate::engine::worker_process::start_rank)
+    /// gave it (`None`: a process alone).
+    pub fn from_engine_args_with_driver(
+        args: &EngineArgs,
+        driver: Option<Driver>,
+    ) -> Result<Self, EngineError> {
+        let group = engine_group(driver, args)?;
         // The tokenizer first: what building it holds for a moment (a 262k-token
         // vocabulary's maps) then does not come on top of the weights.
         let tokenizer = load_tokenizer(&args.model)?;

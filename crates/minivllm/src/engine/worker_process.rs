@@ -2,8 +2,11 @@
 //! builds the engine and sends its arguments to the other ranks, which load their shards
 //! and KV caches from them and run workers until the driver stops. One process alone is
 //! its own driver.
+//!
+//! The driver's hold on its group is a value, [`Driver`], that starting the engine takes:
+//! so a group serves at most one engine, and a driver that never starts one releases its
+//! workers when it is dropped, with no process-wide flag to say which happened.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::distributed::{all_gather_u64, init_group, CommError, Communicator};
@@ -14,29 +17,47 @@ use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::worker::model_runner::ModelRunner;
 use crate::worker::worker_loop::Worker;
 
-/// Whether this process's driver has sent its workers their engine arguments: the workers
-/// serve one engine, so there is at most one per process.
-static ENGINE_STARTED: AtomicBool = AtomicBool::new(false);
-
 /// What this process is in its group.
 pub enum Role {
-    /// Rank 0, or a process alone: build the engine (`LLMEngine::from_engine_args`,
-    /// `LLM::new`) while holding this.
+    /// Rank 0, or a process alone: build the engine with it
+    /// (`LLMEngine::from_engine_args_with_driver`, `LLM::with_driver`).
     Driver(Driver),
     /// A worker whose driver has shut the group down: the process has nothing left to do.
     WorkerDone,
 }
 
-/// Rank 0's hold on its group. The engine finds the group through it (dropping the last
-/// handle to an MPI group ends MPI in the process). Dropped without an engine ever started
-/// (a command that ended early), it releases the workers, which wait for one.
+/// Rank 0's hold on its group, until an engine takes it over (dropping the last handle to
+/// an MPI group ends MPI in the process). Dropped without starting an engine (a command that
+/// ended early), it releases the workers, which wait for one.
 pub struct Driver {
     group: Arc<dyn Communicator>,
+    engine_started: bool,
+}
+
+impl Driver {
+    /// Sends the workers the engine's arguments, from which they load their shards and KV
+    /// caches, and hands the group over to the engine.
+    fn start_engine(mut self, args: &EngineArgs) -> Result<Arc<dyn Communicator>, EngineError> {
+        if self.group.world_size() != args.tensor_parallel_size {
+            return Err(EngineError::Config(format!(
+                "the engine asks for --tensor-parallel-size {} but its driver's group has {} \
+                 ranks",
+                args.tensor_parallel_size,
+                self.group.world_size()
+            )));
+        }
+        if self.group.world_size() > 1 {
+            let mut bytes = serde_json::to_vec(args).expect("engine arguments serialise");
+            self.group.broadcast_bytes(0, &mut bytes)?;
+        }
+        self.engine_started = true;
+        Ok(Arc::clone(&self.group))
+    }
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        if self.group.world_size() > 1 && !ENGINE_STARTED.swap(true, Ordering::SeqCst) {
+        if self.group.world_size() > 1 && !self.engine_started {
             if let Err(e) = self.group.broadcast_bytes(0, &mut Vec::new()) {
                 tracing::warn!("could not release the tensor-parallel workers: {e}");
             }
@@ -49,7 +70,10 @@ impl Drop for Driver {
 pub fn start_rank(tensor_parallel_size: usize) -> Result<Role, EngineError> {
     let group = init_group(tensor_parallel_size)?;
     if group.rank() == 0 {
-        return Ok(Role::Driver(Driver { group }));
+        return Ok(Role::Driver(Driver {
+            group,
+            engine_started: false,
+        }));
     }
     let mut bytes = Vec::new();
     group.broadcast_bytes(0, &mut bytes)?;
@@ -67,31 +91,25 @@ pub fn start_rank(tensor_parallel_size: usize) -> Result<Role, EngineError> {
     Ok(Role::WorkerDone)
 }
 
-/// The group of the engine's process, which must be its rank 0; the other ranks are sent
-/// `args`.
-pub(crate) fn driver_group(args: &EngineArgs) -> Result<Arc<dyn Communicator>, EngineError> {
+/// The group of the engine's process: the one `driver` holds (its workers are sent `args`),
+/// or, without a driver, this process alone.
+pub(crate) fn engine_group(
+    driver: Option<Driver>,
+    args: &EngineArgs,
+) -> Result<Arc<dyn Communicator>, EngineError> {
     init_threads(args);
-    let group = init_group(args.tensor_parallel_size)?;
-    if group.rank() != 0 {
+    if let Some(driver) = driver {
+        return driver.start_engine(args);
+    }
+    if args.tensor_parallel_size > 1 {
         return Err(EngineError::Config(format!(
-            "this process is rank {} of a tensor-parallel group of {}: only rank 0 runs the \
-             engine; the others run a worker (minivllm::engine::worker_process::start_rank)",
-            group.rank(),
-            group.world_size()
+            "--tensor-parallel-size {} needs its ranks started first: every process calls \
+             minivllm::engine::worker_process::start_rank, and rank 0 builds the engine with \
+             the Driver it returns (LLMEngine::from_engine_args_with_driver)",
+            args.tensor_parallel_size
         )));
     }
-    if group.world_size() > 1 {
-        if ENGINE_STARTED.swap(true, Ordering::SeqCst) {
-            return Err(EngineError::Config(
-                "a tensor-parallel group runs one engine per process: its workers stopped \
-                 with the first"
-                    .into(),
-            ));
-        }
-        let mut bytes = serde_json::to_vec(args).expect("engine arguments serialise");
-        group.broadcast_bytes(0, &mut bytes)?;
-    }
-    Ok(group)
+    Ok(init_group(1)?)
 }
 
 fn init_threads(args: &EngineArgs) {

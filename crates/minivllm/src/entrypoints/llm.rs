@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use crate::engine::llm_engine::{EngineArgs, EngineError, LLMEngine, PromptInput};
+use crate::engine::worker_process::Driver;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{RequestOutputKind, SamplingParams};
 
@@ -37,7 +38,13 @@ impl<'a> From<&'a Vec<SamplingParams>> for ParamsArg<'a> {
 
 impl LLM {
     pub fn new(args: &EngineArgs) -> Result<Self, EngineError> {
-        Ok(Self::from_engine(LLMEngine::from_engine_args(args)?))
+        Self::with_driver(args, None)
+    }
+
+    /// On rank 0 of a tensor-parallel group: see `LLMEngine::from_engine_args_with_driver`.
+    pub fn with_driver(args: &EngineArgs, driver: Option<Driver>) -> Result<Self, EngineError> {
+        let engine = LLMEngine::from_engine_args_with_driver(args, driver)?;
+        Ok(Self::from_engine(engine))
     }
 
     pub fn from_engine(engine: LLMEngine) -> Self {
