@@ -17,7 +17,7 @@ const SHUTDOWN: u8 = 3;
 const MAX_GROUPS: usize = 1 << 12;
 
 /// Block moves to make before the next forward pass: swap-outs, then swap-ins (the order
-/// `ModelRunner::execute_cache_ops` explains).
+/// `ModelRunner::apply_cache_ops` explains).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheOps {
     pub swap_out: Vec<(BlockId, CpuBlockId)>,
