@@ -151,6 +151,12 @@ impl Sequence {
         matches!(self.status, SequenceStatus::Finished(_))
     }
 
+    /// Whether it scores its prompt's tokens: the first completion of a request that asked
+    /// for prompt logprobs.
+    pub fn scores_prompt(&self) -> bool {
+        self.index == 0 && self.params.prompt_logprobs.is_some()
+    }
+
     /// How many of its draft tokens a step may verify: none under a grammar (its mask is
     /// for the next token only), and none past `max_tokens`.
     pub fn num_spec_tokens(&self) -> usize {

@@ -164,9 +164,9 @@ impl Scheduler {
             }
             // Drafts past the accepted ones were computed on a wrong guess: their K/V are
             // written over when the tokens really there are fed.
-            let num_drafts = s.spec_token_ids.len();
-            let rejected = num_drafts - num_appended.saturating_sub(1).min(num_drafts);
-            seq.num_computed_tokens += s.num_new_tokens - rejected;
+            let num_accepted = num_appended.saturating_sub(1);
+            seq.num_computed_tokens +=
+                s.num_new_tokens - s.spec_token_ids.len().saturating_sub(num_accepted);
             if num_appended == 0 {
                 outputs.push(EngineCoreOutput {
                     seq: s.id,
@@ -175,8 +175,7 @@ impl Scheduler {
                     finish: None,
                 });
             }
-            if let Some((reason, _)) = finish {
-                seq.status = SequenceStatus::Finished(reason);
+            if finish.is_some() {
                 self.finish_seq(s.id);
             }
         }
@@ -259,7 +258,7 @@ impl Scheduler {
                     index: seq.index,
                     params: std::sync::Arc::clone(&seq.params),
                     eos_token_ids: std::sync::Arc::clone(&seq.eos_token_ids),
-                    scores_prompt: seq.index == 0 && seq.params.prompt_logprobs.is_some(),
+                    scores_prompt: seq.scores_prompt(),
                 });
             }
         }

@@ -261,7 +261,7 @@ impl LLMEngine {
                 );
             // Cached prefix blocks have no logits to score, so the sequence that scores the
             // prompt computes it whole; its siblings then find it in the prefix cache.
-            seq.skip_prefix_cache = index == 0 && params.prompt_logprobs.is_some();
+            seq.skip_prefix_cache = seq.scores_prompt();
             seq.grammar = grammar.clone();
             self.scheduler.add_seq(seq);
         }

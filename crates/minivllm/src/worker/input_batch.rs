@@ -37,14 +37,6 @@ impl CachedSeq {
             eos_token_ids: s.eos_token_ids,
         }
     }
-
-    pub fn prompt_ids(&self) -> &[TokenId] {
-        &self.token_ids[..self.prompt_len]
-    }
-
-    pub fn output_ids(&self) -> &[TokenId] {
-        &self.token_ids[self.prompt_len..]
-    }
 }
 
 #[derive(Debug, Default)]
@@ -69,12 +61,6 @@ impl InputBatch {
     }
 
     /// A sequence the scheduler has scheduled: it always sent it first.
-    pub fn get(&self, id: SeqId) -> &CachedSeq {
-        self.seqs
-            .get(&id)
-            .unwrap_or_else(|| panic!("{id} was scheduled but never sent to the worker"))
-    }
-
     pub fn get_mut(&mut self, id: SeqId) -> &mut CachedSeq {
         self.seqs
             .get_mut(&id)
