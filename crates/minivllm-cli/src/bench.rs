@@ -85,7 +85,7 @@ impl BenchArgs {
 /// `driver`: rank 0's hold on a tensor-parallel group, for the benchmarks that run a model.
 pub fn run(
     args: BenchArgs,
-    driver: Option<minivllm::engine::worker_process::Driver>,
+    driver: Option<minivllm::worker::worker_process::Driver>,
 ) -> anyhow::Result<()> {
     match args.kind {
         BenchKind::Latency(a) => latency(a, driver),
@@ -115,7 +115,7 @@ pub(crate) fn random_prompts(n: usize, len: usize, vocab: u64) -> Vec<Vec<u32>> 
 
 fn throughput(
     args: ThroughputArgs,
-    driver: Option<minivllm::engine::worker_process::Driver>,
+    driver: Option<minivllm::worker::worker_process::Driver>,
 ) -> anyhow::Result<()> {
     use minivllm::entrypoints::llm::LLM;
     if args.num_prompts == 0 || args.input_len == 0 || args.output_len == 0 {
@@ -205,7 +205,7 @@ struct Timing {
 
 fn latency(
     args: LatencyArgs,
-    driver: Option<minivllm::engine::worker_process::Driver>,
+    driver: Option<minivllm::worker::worker_process::Driver>,
 ) -> anyhow::Result<()> {
     if args.batch_size == 0 || args.input_len == 0 || args.num_iters == 0 {
         bail!("--batch-size, --input-len and --num-iters must be positive");

@@ -46,7 +46,7 @@ impl SweepArgs {
 
 pub fn run(
     args: SweepArgs,
-    driver: Option<minivllm::engine::worker_process::Driver>,
+    driver: Option<minivllm::worker::worker_process::Driver>,
 ) -> anyhow::Result<()> {
     if args.num_seqs.is_empty() || args.num_seqs.contains(&0) {
         bail!("--num-seqs must list positive numbers of sequences");

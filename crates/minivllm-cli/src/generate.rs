@@ -113,7 +113,7 @@ impl SamplingFlags {
 
 pub fn run(
     args: GenerateArgs,
-    driver: Option<minivllm::engine::worker_process::Driver>,
+    driver: Option<minivllm::worker::worker_process::Driver>,
 ) -> anyhow::Result<()> {
     let prompts = collect_prompts(&args)?;
     let base = args.sampling.params();

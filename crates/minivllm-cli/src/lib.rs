@@ -15,7 +15,7 @@ mod serve;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use minivllm::engine::worker_process::{start_rank, Role};
+use minivllm::worker::worker_process::{start_rank, Role};
 
 /// The model used when `--model` is not given (fetched by `minivllm download-default-model`).
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";

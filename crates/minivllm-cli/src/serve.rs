@@ -75,7 +75,7 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
 
 pub fn run(
     args: ServeArgs,
-    driver: Option<minivllm::engine::worker_process::Driver>,
+    driver: Option<minivllm::worker::worker_process::Driver>,
 ) -> anyhow::Result<()> {
     let engine_args = args.engine.engine_args()?;
     let engine = LLMEngine::from_engine_args_with_driver(&engine_args, driver)

@@ -9,12 +9,14 @@ use minivllm::engine::async_engine::AsyncEngineError;
 use minivllm::engine::errors::EngineError;
 use minivllm::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
 use minivllm::sequence::StopReason;
+use minivllm::worker::worker_config::WorkerError;
 
 /// A refused request is the caller's fault (`ValueError`, as vLLM raises for a prompt too
 /// long or a bad parameter); a model that cannot load or an engine that broke is not.
 pub fn engine_error(e: EngineError) -> PyErr {
     match e {
         EngineError::Config(_)
+        | EngineError::Worker(WorkerError::Config(_))
         | EngineError::Validation(_)
         | EngineError::EmptyPrompt
         | EngineError::PromptTooLong { .. }
@@ -22,10 +24,9 @@ pub fn engine_error(e: EngineError) -> PyErr {
         | EngineError::DuplicateRequest(_)
         | EngineError::TooManySequences { .. }
         | EngineError::Tokenizer(_) => PyValueError::new_err(e.to_string()),
-        EngineError::Load(_)
-        | EngineError::Cache(_)
-        | EngineError::Input(_)
-        | EngineError::Distributed(_) => PyRuntimeError::new_err(e.to_string()),
+        EngineError::Load(_) | EngineError::Worker(_) | EngineError::Input(_) => {
+            PyRuntimeError::new_err(e.to_string())
+        }
     }
 }
 

@@ -12,11 +12,11 @@ use tokio::sync::mpsc;
 
 use minivllm::engine::async_engine::{AsyncEngine, NewRequest};
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
-use minivllm::engine::worker_process::{start_rank, Role};
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::{RequestOutputKind, SamplingParams};
 use minivllm::utils::parse_byte_size;
+use minivllm::worker::worker_process::{start_rank, Role};
 
 use crate::convert::{async_engine_error, engine_error, request_output};
 use crate::tokenizer::Tokenizer;
@@ -100,7 +100,7 @@ impl Engine {
             match py.detach(|| start_rank(tensor_parallel_size)) {
                 Ok(Role::Driver(driver)) => Some(driver),
                 Ok(Role::WorkerDone) => return Err(PySystemExit::new_err(0)),
-                Err(e) => return Err(engine_error(e)),
+                Err(e) => return Err(engine_error(e.into())),
             }
         } else {
             None

@@ -1,7 +1,6 @@
 //! The engine's settings (`EngineArgs`, vLLM's names and defaults) and the checks that turn
 //! them into the scheduler's configuration.
 
-use crate::config::ModelConfig;
 use crate::core::kv_cache_manager::{KvCacheManager, KvCacheManagerConfig};
 use crate::core::policy::Policy;
 use crate::core::scheduler::SchedulerConfig;
@@ -9,6 +8,7 @@ use crate::engine::errors::EngineError;
 use crate::model_executor::loader::weights::LoadOptions;
 use crate::sampling_params::SamplingParams;
 use crate::worker::cache_engine::{CacheDtype, CacheEngine};
+use crate::worker::worker_config::{CacheConfig, WorkerConfig};
 
 /// Prompt tokens per step unless asked otherwise. A burst's prompts then complete a few at a
 /// time, first come first served, each sending its first token as soon as it is done,
@@ -77,6 +77,25 @@ impl Default for EngineArgs {
     }
 }
 
+impl EngineArgs {
+    /// What the executor and every worker load and allocate.
+    pub fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig {
+            model: self.model.clone(),
+            load: self.load,
+            max_model_len: self.max_model_len,
+            cache: CacheConfig {
+                block_size: self.block_size,
+                kv_cache_memory: self.kv_cache_memory,
+                kv_cache_dtype: self.kv_cache_dtype,
+                swap_space: self.swap_space,
+            },
+            threads: self.threads,
+            tensor_parallel_size: self.tensor_parallel_size,
+        }
+    }
+}
+
 /// The sequences a request runs: `best_of` if set, else `n`.
 pub fn width(params: &SamplingParams) -> usize {
     params.best_of.unwrap_or(params.n).max(params.n)
@@ -93,22 +112,6 @@ pub fn check_width(params: &SamplingParams, max_num_seqs: usize) -> Result<(), E
         });
     }
     Ok(())
-}
-
-/// `--max-model-len` checked against the model's context length (the default).
-pub fn resolve_max_model_len(
-    asked: Option<usize>,
-    config: &ModelConfig,
-) -> Result<usize, EngineError> {
-    let context = config.max_position_embeddings;
-    match asked {
-        Some(0) => Err(EngineError::Config("max_model_len must be positive".into())),
-        Some(n) if n > context => Err(EngineError::Config(format!(
-            "max_model_len {n} exceeds the model's context length of {context}"
-        ))),
-        Some(n) => Ok(n),
-        None => Ok(context),
-    }
 }
 
 /// Tokens one step may compute: as asked, else vLLM's defaults.
@@ -157,16 +160,13 @@ pub(crate) fn scheduler_config(
     })
 }
 
-/// The KV cache `args` ask for, refused when it cannot hold one sequence of
+/// Refuses a KV cache (the executor's, as `args` sized it) that cannot hold one sequence of
 /// `max_model_len` tokens.
-pub(crate) fn kv_cache(
+pub(crate) fn check_kv_cache_fits(
     args: &EngineArgs,
-    config: &ModelConfig,
+    cache: &CacheEngine,
     max_model_len: usize,
-) -> Result<CacheEngine, EngineError> {
-    let kv_dtype = args.kv_cache_dtype.resolve(args.load.dtype);
-    let cache = CacheEngine::with_budget(config, args.block_size, args.kv_cache_memory, kv_dtype)?
-        .with_swap_space(args.swap_space)?;
+) -> Result<(), EngineError> {
     // A new sequence is admitted only while the watermark's blocks stay free, so a prompt
     // of max_model_len must fit in the rest or it could never start.
     let watermark_blocks = (cache.num_blocks() as f32 * WATERMARK).ceil() as usize;
@@ -181,7 +181,7 @@ pub(crate) fn kv_cache(
                  {max_model_len}: raise --kv-cache-memory or lower --max-model-len"
             )));
         }
-        return Ok(cache);
+        return Ok(());
     }
     // A sliding-window group holds at most its window and one step's new tokens.
     let step = max_num_batched_tokens(args, max_model_len);
@@ -198,7 +198,7 @@ pub(crate) fn kv_cache(
             layout.num_groups()
         )));
     }
-    Ok(cache)
+    Ok(())
 }
 
 /// The KV cache manager over `cache`'s blocks and its swap pool.
@@ -216,6 +216,7 @@ pub(crate) fn kv_cache_manager(args: &EngineArgs, cache: &CacheEngine) -> KvCach
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ModelConfig;
     use minivllm_kernels::attention::KvCacheDtype;
     use serde_json::json;
 
@@ -237,19 +238,21 @@ mod tests {
     fn a_sliding_window_cache_is_sized_for_one_whole_sequence_over_its_groups() {
         let config = gemma3();
         let bytes = CacheEngine::block_bytes(&config, 16, KvCacheDtype::Float16);
-        let args = |blocks: u64| EngineArgs {
-            kv_cache_memory: blocks * bytes,
+        let args = EngineArgs {
             max_num_batched_tokens: Some(256),
             ..EngineArgs::default()
+        };
+        let cache = |blocks: u64| {
+            CacheEngine::with_budget(&config, 16, blocks * bytes, KvCacheDtype::Float16).unwrap()
         };
         // 8192 tokens: 512 blocks for the global group, and in each of the five sliding
         // groups the window and a step, (256 + 511) / 16 + 1 = 49: 757 blocks, 8 more for
         // the watermark.
-        let ok = kv_cache(&args(766), &config, 8192).unwrap();
+        let ok = cache(766);
         assert_eq!(ok.layout().num_groups(), 6);
-        let e = kv_cache(&args(760), &config, 8192)
-            .err()
-            .unwrap()
+        check_kv_cache_fits(&args, &ok, 8192).unwrap();
+        let e = check_kv_cache_fits(&args, &cache(760), 8192)
+            .unwrap_err()
             .to_string();
         assert!(e.contains("fewer than the 757 blocks"), "{e}");
         assert!(e.contains("--kv-cache-memory"), "{e}");

@@ -1,19 +1,16 @@
 //! Why the engine refused a request or could not start.
 
-use crate::distributed::CommError;
 use crate::engine::tokenizer::TokenizerError;
 use crate::model_executor::input_metadata::InputError;
 use crate::model_executor::loader::LoadError;
 use crate::sampling_params::ValidationError;
 use crate::sequence::TokenId;
-use crate::worker::cache_engine::CacheError;
+use crate::worker::worker_config::WorkerError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
     Load(#[from] LoadError),
-    #[error(transparent)]
-    Cache(#[from] CacheError),
     #[error("invalid engine arguments: {0}")]
     Config(String),
     #[error(transparent)]
@@ -37,7 +34,7 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error("model input: {0}")]
     Input(#[from] InputError),
-    /// Tensor parallelism's group could not form, or broke.
+    /// The executor could not load the model, allocate its KV cache or reach its ranks.
     #[error(transparent)]
-    Distributed(#[from] CommError),
+    Worker(#[from] WorkerError),
 }

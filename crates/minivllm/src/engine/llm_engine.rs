@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use crate::core::policy::Policy;
 use crate::core::scheduler::{Scheduler, SchedulerOutput};
-pub use crate::engine::arg_utils::{check_width, resolve_max_model_len, width, EngineArgs};
-use crate::engine::arg_utils::{kv_cache_manager, scheduler_config};
+use crate::engine::arg_utils::{check_kv_cache_fits, kv_cache_manager, scheduler_config};
+pub use crate::engine::arg_utils::{check_width, width, EngineArgs};
 pub use crate::engine::errors::EngineError;
 pub use crate::engine::input_processor::PromptInput;
 use crate::engine::input_processor::{process_prompt, PromptLimits};
@@ -20,15 +20,14 @@ pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
 use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
-use crate::engine::worker_process::{engine_group, model_runner, Driver};
-use crate::model_executor::model_loader::load_model_shard;
-use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::executor::Executor;
+pub use crate::worker::worker_config::resolve_max_model_len;
+pub use crate::worker::worker_process::Driver;
 
 pub struct LLMEngine {
     executor: Executor,
@@ -48,53 +47,41 @@ pub struct LLMEngine {
 impl LLMEngine {
     /// Loads the model named by `args.model` (this rank's shard, with tensor parallelism)
     /// and sizes the KV cache. With tensor parallelism only rank 0 has an engine: the other
-    /// ranks run workers ([`start_rank`](crate::engine::worker_process::start_rank)).
+    /// ranks run workers ([`start_rank`](crate::worker::worker_process::start_rank)).
     pub fn from_engine_args(args: &EngineArgs) -> Result<Self, EngineError> {
         Self::from_engine_args_with_driver(args, None)
     }
 
     /// [`from_engine_args`](Self::from_engine_args) on rank 0 of a tensor-parallel group,
-    /// with the [`Driver`] that [`start_rank`](crate::engine::worker_process::start_rank)
+    /// with the [`Driver`] that [`start_rank`](crate::worker::worker_process::start_rank)
     /// gave it (`None`: a process alone).
     pub fn from_engine_args_with_driver(
         args: &EngineArgs,
         driver: Option<Driver>,
     ) -> Result<Self, EngineError> {
-        let group = engine_group(driver, args)?;
         // The tokenizer first: what building it holds for a moment (a 262k-token
-        // vocabulary's maps) then does not come on top of the weights.
+        // vocabulary's maps) then does not come on top of the weights. A driver dropped on
+        // its error releases the workers.
         let tokenizer = load_tokenizer(&args.model)?;
         log_rss("tokenizer built");
-        let loaded = load_model_shard(&args.model, &args.load, group)?;
-        log_rss("weights loaded");
-        let engine = Self::new(loaded.model, tokenizer, args);
-        log_rss("KV cache allocated");
-        engine
-    }
-
-    /// Builds an engine around an already loaded model.
-    pub fn new(
-        model: LlamaForCausalLM,
-        tokenizer: Tokenizer,
-        args: &EngineArgs,
-    ) -> Result<Self, EngineError> {
-        let vocab_size = model.config().vocab_size;
-        let (runner, max_model_len) = model_runner(model, args)?;
-        let executor = Executor::new(runner);
+        let executor = Executor::start(driver, &args.worker_config())?;
+        log_rss("weights loaded and KV cache allocated");
+        let max_model_len = executor.max_model_len();
         let cache = executor.cache();
+        check_kv_cache_fits(args, cache, max_model_len)?;
         let sched_cfg = scheduler_config(args, max_model_len)?;
         let kv_cache_manager = kv_cache_manager(args, cache);
         let tokenizer = Arc::new(tokenizer);
         Ok(Self {
-            executor,
             outputs: OutputProcessor::new(Arc::clone(&tokenizer)),
             eos_token_ids: Arc::from(tokenizer.eos_token_ids()),
             tokenizer,
             scheduler: Scheduler::new(sched_cfg, kv_cache_manager),
             limits: PromptLimits {
                 max_model_len,
-                vocab_size,
+                vocab_size: executor.model().config().vocab_size,
             },
+            executor,
             max_num_seqs: args.max_num_seqs,
             next_arrival: 0,
             next_seq_id: 0,

@@ -9,4 +9,3 @@ pub mod metrics;
 pub mod output_processor;
 pub mod stop_strings;
 pub mod tokenizer;
-pub mod worker_process;

@@ -3,9 +3,9 @@
 use std::time::Instant;
 
 use crate::engine::llm_engine::{EngineArgs, EngineError, LLMEngine, PromptInput};
-use crate::engine::worker_process::Driver;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{RequestOutputKind, SamplingParams};
+use crate::worker::worker_process::Driver;
 
 pub struct LLM {
     engine: LLMEngine,

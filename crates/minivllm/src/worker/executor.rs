@@ -1,8 +1,10 @@
-//! The executor (vLLM v1's `Executor`): what the engine runs a step through. It holds the
-//! driver's model runner and, with tensor parallelism, the group of the other ranks'
-//! workers (`worker/worker_loop.rs`): each step's cache operations and laid-out batch are
-//! broadcast to them before the driver runs its own part, so every rank makes the same
-//! collective calls in the same order, and dropping the executor stops them.
+//! The executor (vLLM v1's `Executor`): what the engine runs a step through. Started, it
+//! sends the other ranks of a tensor-parallel group their configuration, loads the driver's
+//! shard and sizes its KV cache as every worker does (`worker/worker_loop.rs`). It holds the
+//! driver's model runner and the group of the other ranks' workers: each step's cache
+//! operations and laid-out batch are broadcast to them before the driver runs its own part,
+//! so every rank makes the same collective calls in the same order, and dropping the
+//! executor stops them.
 
 use std::sync::Arc;
 
@@ -15,9 +17,13 @@ use crate::worker::cache_engine::CacheEngine;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::model_runner::ModelRunner;
 use crate::worker::step_message::{encode_cache_ops, encode_execute, encode_shutdown};
+use crate::worker::worker_config::{WorkerConfig, WorkerError};
+use crate::worker::worker_loop::Worker;
+use crate::worker::worker_process::{driver_group, Driver};
 
 pub struct Executor {
     runner: ModelRunner,
+    max_model_len: usize,
     /// The group, when the driver has workers on other ranks.
     workers: Option<Arc<dyn Communicator>>,
     /// The step message for the workers, reused.
@@ -25,16 +31,30 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// Runs steps on `runner`'s rank, the driver (rank 0), and on every other rank of its
-    /// model's group, whose workers are waiting for the driver's messages.
-    pub fn new(runner: ModelRunner) -> Self {
+    /// Starts the model `config` names on the group `driver` holds (its other ranks load
+    /// their shards from `config`), or on this process alone without a driver: loads the
+    /// driver's shard and allocates its KV cache.
+    pub fn start(driver: Option<Driver>, config: &WorkerConfig) -> Result<Self, WorkerError> {
+        let group = driver_group(driver, config)?;
+        // Dropping the group's last handle here on an error (a file that will not load)
+        // releases the workers, which fail to load it too.
+        let worker = Worker::load(config, group)?;
+        let max_model_len = worker.max_model_len();
+        let runner = worker.into_runner();
         let comm = runner.model().communicator();
         let workers = (comm.rank() == 0 && comm.world_size() > 1).then(|| Arc::clone(comm));
-        Self {
+        Ok(Self {
             runner,
+            max_model_len,
             workers,
             message: Vec::new(),
-        }
+        })
+    }
+
+    /// The longest sequence, prompt and output, the model runs (`--max-model-len`, or the
+    /// model's context length).
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
     }
 
     /// Runs the step `sched` describes on every rank and samples on the driver: the

@@ -6,4 +6,6 @@ pub mod executor;
 pub mod input_batch;
 pub mod model_runner;
 pub mod step_message;
+pub mod worker_config;
 pub mod worker_loop;
+pub mod worker_process;
