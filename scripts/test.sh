@@ -69,7 +69,8 @@ reference_test=$(test_binary integration)
 # greedy generation runs the teacher-forced test's kernels (its engine logic is tested
 # above), and the kernel tests compare each format's and bf16's scalar code with references.
 (cd crates/minivllm && MINIVLLM_ISA=scalar "$reference_test" model_reference:: \
-  --skip greedy_generation_reproduces_reference_ids --skip requantised_q8_0_stays_close_to_transformers \
+  --skip greedy_generation_reproduces_reference_ids --skip as_shipped_q4_1_greedy_matches \
+  --skip requantised_q8_0_stays_close_to_transformers \
   --skip q5_k_m_file_matches_its_f32_path --skip bfloat16_kv_cache_stays_close_to_transformers)
 phase "the reference tests on the scalar kernels"
 

@@ -1,4 +1,4 @@
-//! A load test over loopback: 1,000 requests at 64 at a time, streamed and not, of mixed
+//! A load test over loopback: 500 requests at 64 at a time, streamed and not, of mixed
 //! prompt lengths, one in ten invalid and one in ten streams dropped by its client midway.
 //! No 5xx; every valid request gets the text it gets alone (greedy); the engine's counts
 //! return to zero; the server's memory after the run is within 10 % of after warm-up; and
@@ -16,7 +16,7 @@ use crate::server;
 use common::model;
 use server::{metric, metrics, request, rss_kib, send, start_with, wait_for_metrics, Server};
 
-const REQUESTS: usize = 1000;
+const REQUESTS: usize = 500;
 const CONCURRENCY: usize = 64;
 
 /// The prompts, short to a few hundred tokens, and how many tokens each generates.
@@ -131,7 +131,7 @@ fn slow_body(server: &Server) -> String {
 
 #[cfg(target_os = "linux")]
 #[test]
-fn a_thousand_mixed_requests_at_64_concurrency() {
+fn five_hundred_mixed_requests_at_64_concurrency() {
     let server = start_with(&model(), &["--max-num-seqs", "64"]);
     let prompts = prompts();
     let alone: Vec<String> = prompts

@@ -35,13 +35,13 @@ fn llm(args: &EngineArgs) -> LLM {
     LLM::new(args).expect("engine starts")
 }
 
-/// 20 prompts of 5 to 300 tokens cut from varied text, so greedy decisions are not near-ties:
-/// 3,434 tokens in all, many times what the tiny KV cache below holds.
+/// 16 prompts of 5 to 146 tokens cut from varied text, so greedy decisions are not near-ties:
+/// 1,160 tokens in all, several times what the tiny KV cache below holds.
 fn varied_prompts(llm: &LLM) -> Vec<Vec<u32>> {
     let ids = llm.engine().tokenizer().encode(TEXT, false).unwrap();
-    (0..20)
+    (0..16)
         .map(|i| {
-            let len = 5 + (i * 97) % 296;
+            let len = 5 + (i * 97) % 160;
             let start = (i * 13) % 40;
             (0..len).map(|j| ids[(start + j) % ids.len()]).collect()
         })
@@ -97,8 +97,9 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
         .collect();
     assert_all_blocks_free(solo.engine_mut());
 
-    // 40 blocks of 16 tokens: room for two or three of the prompts at a time.
-    let tiny_kv_cache = 40 * 16 * 30 * 2 * 3 * 64 * 4;
+    // 24 blocks of 16 tokens (30 layers, K and V, 3 KV heads of 64 in f16): room for two
+    // or three of the prompts at a time, and for one sequence of max_model_len 256.
+    let tiny_kv_cache = 24 * 16 * 30 * 2 * 3 * 64 * 2;
     let variants: Vec<(&str, EngineArgs)> = vec![
         ("batched", args.clone()),
         (
@@ -119,6 +120,7 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
             "tiny KV cache",
             EngineArgs {
                 kv_cache_memory: tiny_kv_cache,
+                max_model_len: Some(256),
                 ..args.clone()
             },
         ),
@@ -126,6 +128,7 @@ fn batching_chunking_preemption_and_caching_do_not_change_greedy_outputs() {
             "tiny KV cache, swap space",
             EngineArgs {
                 kv_cache_memory: tiny_kv_cache,
+                max_model_len: Some(256),
                 // Twice the KV cache, so every victim fits.
                 swap_space: 2 * tiny_kv_cache,
                 ..args.clone()

@@ -260,7 +260,19 @@ fn quantised_format_stays_close(opts: &LoadOptions, what: &str) {
 
 #[test]
 fn as_shipped_q4_1_stays_close_to_transformers() {
-    quantised_format_stays_close(&AS_SHIPPED, "as shipped (Q4_1 layers, Q8_0 embeddings)");
+    let worst = worst_teacher_forced_difference(&AS_SHIPPED, QUANT_NEAR_TIE);
+    eprintln!("as shipped (Q4_1 layers, Q8_0 embeddings): worst |logprob difference| {worst:.3}");
+    assert!(
+        worst < QUANT_LOGPROB_BOUND,
+        "as shipped: worst |logprob difference| {worst}"
+    );
+}
+
+/// Apart from the teacher-forced test above, so that the scalar kernels' pass of
+/// `scripts/test.sh` can leave it out: generation runs the same kernels, one token at a time.
+#[test]
+fn as_shipped_q4_1_greedy_matches_transformers_up_to_near_ties() {
+    greedy_matches_reference_up_to_near_tie(&AS_SHIPPED, QUANT_NEAR_TIE);
 }
 
 #[test]
