@@ -10,6 +10,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::ids::TokenId;
 use crate::model_executor::sampling_metadata::SamplingOptions;
 
+mod structured_outputs;
+pub use structured_outputs::{Constraint, StructuredOutputsParams, MAX_CONSTRAINT_BYTES};
+
 /// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
 pub const SAMPLING_EPS: f32 = 1e-5;
 
@@ -116,6 +119,8 @@ pub struct SamplingParams {
     /// Added to the logits of these tokens before anything else.
     #[serde(deserialize_with = "null_as_default")]
     pub logit_bias: BTreeMap<TokenId, f32>,
+    /// The constraint every completion follows (JSON schema, regex, choice, grammar).
+    pub structured_outputs: Option<StructuredOutputsParams>,
     /// Set by the caller's front end, not by clients: the server streams deltas and
     /// `LLM::generate` wants final outputs only.
     #[serde(skip)]
@@ -146,6 +151,7 @@ impl Default for SamplingParams {
             skip_special_tokens: true,
             spaces_between_special_tokens: true,
             logit_bias: BTreeMap::new(),
+            structured_outputs: None,
             output_kind: RequestOutputKind::Cumulative,
         }
     }
@@ -195,6 +201,9 @@ impl SamplingParams {
     /// vLLM's `_verify_args` (and `_verify_greedy_sampling`): the checks that need no model.
     /// Negative counts (n, min_tokens, logprobs) are rejected by the types already.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        if let Some(so) = &self.structured_outputs {
+            so.constraint()?;
+        }
         if self.n < 1 {
             return Err(ValidationError::of(
                 "n",

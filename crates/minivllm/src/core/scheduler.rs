@@ -244,10 +244,9 @@ impl Scheduler {
             out.block_ids.extend(tables.iter().flatten().map(|b| b.0));
             s.block_ids = start..out.block_ids.len();
             let seq = self.seqs.get_mut(&s.id).expect("scheduled seq exists");
-            if let Some(grammar) = &seq.grammar {
-                if s.num_computed + s.num_new_tokens >= seq.len() {
-                    out.token_masks.push((s.id, grammar.token_mask()));
-                }
+            let samples = s.num_computed + s.num_new_tokens >= seq.len();
+            if let Some(grammar) = seq.grammar.as_mut().filter(|_| samples) {
+                out.token_masks.push((s.id, grammar.token_mask()));
             }
             if !seq.known_to_worker {
                 seq.known_to_worker = true;

@@ -5,6 +5,7 @@ use crate::model_executor::input_metadata::InputError;
 use crate::model_executor::loader::LoadError;
 use crate::sampling_params::ValidationError;
 use crate::sequence::TokenId;
+use crate::structured_output::backend_guidance::GrammarError;
 use crate::worker::worker_config::WorkerError;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,9 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error("model input: {0}")]
     Input(#[from] InputError),
+    /// The request's structured-output constraint does not compile.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
     /// The executor could not load the model, allocate its KV cache or reach its ranks.
     #[error(transparent)]
     Worker(#[from] WorkerError),

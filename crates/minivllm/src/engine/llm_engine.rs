@@ -23,6 +23,7 @@ use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
+use crate::structured_output::backend_guidance::GuidanceBackend;
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::executor::Executor;
@@ -42,6 +43,9 @@ pub struct LLMEngine {
     stats: EngineStats,
     stats_logger: StatsLogger,
     started: Instant,
+    /// Compiles requests' structured-output constraints; its token trie is built with the
+    /// first such request.
+    grammars: Option<GuidanceBackend>,
 }
 
 impl LLMEngine {
@@ -88,6 +92,7 @@ impl LLMEngine {
             stats: EngineStats::default(),
             stats_logger: StatsLogger::new(),
             started: Instant::now(),
+            grammars: None,
         })
     }
 
@@ -225,6 +230,10 @@ impl LLMEngine {
             .into());
         }
         let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
+        let grammar = match (grammar, &params.structured_outputs) {
+            (None, Some(so)) => Some(self.grammar_backend()?.compile(so)?),
+            (grammar, _) => grammar,
+        };
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
@@ -255,6 +264,20 @@ impl LLMEngine {
         self.outputs
             .add_request(request_id, prompt, params, &seq_ids);
         Ok(())
+    }
+
+    fn grammar_backend(&mut self) -> Result<&GuidanceBackend, EngineError> {
+        if self.grammars.is_none() {
+            let started = Instant::now();
+            let vocab = self.tokenizer.vocabulary()?;
+            let backend = GuidanceBackend::new(vocab, self.limits.vocab_size)?;
+            tracing::info!(
+                seconds = started.elapsed().as_secs_f64(),
+                "structured output's token trie built"
+            );
+            self.grammars = Some(backend);
+        }
+        Ok(self.grammars.as_ref().expect("just built"))
     }
 
     /// Drops a request and frees its blocks; unknown ids are ignored (it may have just finished).

@@ -26,6 +26,7 @@ use crate::engine::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError,
 use crate::model_executor::loader::LoadError;
 
 mod load;
+mod vocabulary;
 pub use load::{gguf_tokenizer_spec, load_tokenizer};
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).

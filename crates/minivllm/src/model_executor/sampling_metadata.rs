@@ -44,6 +44,11 @@ impl TokenBitmask {
         }
     }
 
+    /// The mask whose word `i` holds tokens `32 i ..= 32 i + 31`, lowest bit first.
+    pub fn from_words(words: Vec<u32>) -> Self {
+        Self { words }
+    }
+
     /// Allows `token`; ids past the vocabulary are ignored.
     pub fn allow(&mut self, token: TokenId) {
         if let Some(w) = self.words.get_mut(token as usize / 32) {

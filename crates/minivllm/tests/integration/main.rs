@@ -18,5 +18,6 @@ mod model_reference;
 mod real_models;
 mod scheduler;
 mod step_seams;
+mod structured_output;
 mod tensor_parallel;
 mod tiny_models;

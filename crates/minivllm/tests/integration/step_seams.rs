@@ -75,7 +75,7 @@ struct Forced {
 }
 
 impl StructuredOutputGrammar for Forced {
-    fn token_mask(&self) -> TokenBitmask {
+    fn token_mask(&mut self) -> TokenBitmask {
         let mut mask = TokenBitmask::new(self.vocab);
         mask.allow(*self.tokens.get(self.next).unwrap_or(&self.eos));
         mask

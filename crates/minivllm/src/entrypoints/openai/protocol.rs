@@ -390,6 +390,7 @@ impl From<EngineError> for ApiError {
             | EngineError::DuplicateRequest(_)
             | EngineError::Tokenizer(_) => Self::bad_request(e.to_string(), None),
             EngineError::TooManySequences { .. } => Self::bad_request(e.to_string(), Some("n")),
+            EngineError::Grammar(_) => Self::bad_request(e.to_string(), Some("structured_outputs")),
             other => Self::internal(other.to_string()),
         }
     }

@@ -5,17 +5,21 @@
 //! scheduler advances the grammar with the token. A grammar that has reached its end
 //! allows only EOS, so the sequence stops as any other does.
 //!
-//! The grammars themselves (JSON schema, regex, choice) are the structured-output
-//! feature's; what is here is the contract and its place in the step.
+//! The grammars come from a request's `StructuredOutputsParams` (JSON schema, regex,
+//! choice, Lark grammar), compiled by llguidance (`backend_guidance.rs`) over the model's
+//! vocabulary as bytes (`vocabulary.rs`).
 
 use std::fmt::Debug;
 
 use crate::ids::TokenId;
 pub use crate::model_executor::sampling_metadata::TokenBitmask;
 
+pub mod backend_guidance;
+pub mod vocabulary;
+
 pub trait StructuredOutputGrammar: Debug + Send {
-    /// The tokens allowed next.
-    fn token_mask(&self) -> TokenBitmask;
+    /// The tokens allowed next (only EOS once the grammar is done, or broken).
+    fn token_mask(&mut self) -> TokenBitmask;
     /// Follows a sampled token (one the mask allowed).
     fn accept_token(&mut self, token: TokenId);
     /// A fresh copy for another completion of the same request (`n > 1`).

@@ -1,0 +1,145 @@
+//! Grammars through llguidance (vLLM's `guidance` backend): a request's constraint is
+//! compiled once into a parser over the model's token trie, and each of its completions
+//! runs its own copy, which gives the step's token mask and follows each token sampled.
+
+use std::sync::Arc;
+
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
+use llguidance::toktrie::TokEnv;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+
+use crate::ids::TokenId;
+use crate::sampling_params::{Constraint, StructuredOutputsParams};
+use crate::structured_output::vocabulary::{Vocabulary, VocabularyEnv};
+use crate::structured_output::{StructuredOutputGrammar, TokenBitmask};
+
+/// Why a constraint could not become a grammar: the caller's input, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    #[error("{0}")]
+    Invalid(String),
+    /// The tokenizer cannot be described byte by byte (an unknown decoder).
+    #[error("structured output is not available for this model: {0}")]
+    Unsupported(String),
+}
+
+/// The compiler of every request's constraint, over one model's vocabulary.
+pub struct GuidanceBackend {
+    factory: ParserFactory,
+}
+
+impl GuidanceBackend {
+    /// Builds the token trie of `vocab` over `vocab_size` logits (tens of milliseconds for
+    /// a 150k vocabulary).
+    pub fn new(vocab: Vocabulary, vocab_size: usize) -> Result<Self, GrammarError> {
+        let env: TokEnv =
+            Arc::new(VocabularyEnv::new(vocab, vocab_size).map_err(GrammarError::Unsupported)?);
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| GrammarError::Unsupported(e.to_string()))?;
+        // Grammar warnings go to the caller as errors or nowhere, not to the server's stderr.
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// Compiles `params`' constraint: a schema llguidance cannot take, a regex or grammar
+    /// that does not parse, is an error naming it.
+    pub fn compile(
+        &self,
+        params: &StructuredOutputsParams,
+    ) -> Result<Box<dyn StructuredOutputGrammar>, GrammarError> {
+        let constraint = params
+            .constraint()
+            .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        let grammar = top_level_grammar(&constraint);
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| GrammarError::Invalid(format!("{}: {e}", kind(&constraint))))?;
+        let trie = self.factory.tok_env().tok_trie();
+        Ok(Box::new(GuidanceGrammar {
+            matcher: Matcher::new(Ok(parser)),
+            vocab_size: trie.vocab_size(),
+            eos: trie.eos_token(),
+        }))
+    }
+}
+
+fn kind(c: &Constraint) -> &'static str {
+    match c {
+        Constraint::JsonSchema(_) => "invalid JSON schema",
+        Constraint::JsonObject => "invalid JSON object grammar",
+        Constraint::Regex(_) => "invalid regex",
+        Constraint::Choice(_) => "invalid choice",
+        Constraint::Grammar(_) => "invalid grammar",
+    }
+}
+
+fn top_level_grammar(c: &Constraint) -> TopLevelGrammar {
+    match c {
+        Constraint::JsonSchema(schema) => TopLevelGrammar::from_json_schema(schema.clone()),
+        Constraint::JsonObject => TopLevelGrammar::from_json_schema(json!({"type": "object"})),
+        Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        // One alternative per choice, each a literal (a JSON string is a Lark literal).
+        Constraint::Choice(choices) => {
+            let alternatives: Vec<String> = choices
+                .iter()
+                .map(|c| Value::from(c.as_str()).to_string())
+                .collect();
+            TopLevelGrammar::from_grammar(GrammarWithLexer::from_lark(format!(
+                "start: {}",
+                alternatives.join(" | ")
+            )))
+        }
+        Constraint::Grammar(lark) => TopLevelGrammar::from_lark(lark.clone()),
+    }
+}
+
+/// One completion's place in its grammar.
+struct GuidanceGrammar {
+    matcher: Matcher,
+    vocab_size: usize,
+    eos: TokenId,
+}
+
+impl std::fmt::Debug for GuidanceGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuidanceGrammar")
+            .field("stopped", &self.matcher.is_stopped())
+            .field("error", &self.matcher.get_error())
+            .finish()
+    }
+}
+
+impl StructuredOutputGrammar for GuidanceGrammar {
+    fn token_mask(&mut self) -> TokenBitmask {
+        match self.matcher.compute_mask_or_eos() {
+            Ok(mask) => TokenBitmask::from_words(mask.as_slice().to_vec()),
+            Err(e) => {
+                // Over its limits (or broken): the completion ends here rather than
+                // running unconstrained.
+                tracing::warn!("structured output stopped: {e}");
+                let mut eos = TokenBitmask::new(self.vocab_size);
+                eos.allow(self.eos);
+                eos
+            }
+        }
+    }
+
+    fn accept_token(&mut self, token: TokenId) {
+        if self.matcher.is_stopped() {
+            return;
+        }
+        if let Err(e) = self.matcher.consume_token(token) {
+            tracing::warn!("structured output refused token {token}: {e}");
+        }
+    }
+
+    fn box_clone(&self) -> Box<dyn StructuredOutputGrammar> {
+        Box::new(GuidanceGrammar {
+            matcher: self.matcher.deep_clone(),
+            vocab_size: self.vocab_size,
+            eos: self.eos,
+        })
+    }
+}

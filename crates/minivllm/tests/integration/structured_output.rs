@@ -1,0 +1,173 @@
+//! Structured output end to end on the test model: every completion under a regex, a
+//! choice or a JSON schema is one the constraint accepts (checked here independently of
+//! llguidance), greedy constrained output is the same alone and batched, and constraints
+//! that do not compile are refused with their reason.
+
+use minivllm::engine::llm_engine::EngineArgs;
+use minivllm::entrypoints::llm::LLM;
+use minivllm::outputs::RequestOutput;
+use minivllm::sampling_params::{SamplingParams, StructuredOutputsParams};
+use serde_json::{json, Value};
+
+use crate::common;
+
+fn llm() -> LLM {
+    LLM::new(&EngineArgs {
+        model: common::test_model_path().to_str().unwrap().to_string(),
+        max_model_len: Some(512),
+        kv_cache_memory: 64 << 20,
+        threads: Some(2),
+        ..EngineArgs::default()
+    })
+    .expect("engine starts")
+}
+
+fn params(so: StructuredOutputsParams, temperature: f32, n: usize) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        n,
+        seed: Some(7),
+        max_tokens: Some(120),
+        structured_outputs: Some(so),
+        ..SamplingParams::default()
+    }
+}
+
+fn texts(outs: &[RequestOutput]) -> Vec<String> {
+    outs.iter()
+        .flat_map(|o| o.outputs.iter().map(|c| c.text.clone()))
+        .collect()
+}
+
+const PROMPTS: [&str; 3] = [
+    "Give me a date:",
+    "Describe a person as JSON:",
+    "Is the sky blue? Answer:",
+];
+
+#[test]
+fn regex_choice_and_schema_outputs_follow_their_constraints() {
+    let mut llm = llm();
+    let prompts: Vec<String> = PROMPTS.iter().map(|p| p.to_string()).collect();
+
+    let rx = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]";
+    let whole = regex::Regex::new(&format!("^(?:{rx})$")).unwrap();
+    let outs = llm
+        .generate(
+            prompts.clone(),
+            &params(StructuredOutputsParams::regex(rx), 1.0, 3),
+            false,
+        )
+        .unwrap();
+    for text in texts(&outs) {
+        assert!(whole.is_match(&text), "{text:?} does not match {rx}");
+    }
+
+    let choices = vec![
+        "yes".to_string(),
+        "no".to_string(),
+        "it depends".to_string(),
+    ];
+    let outs = llm
+        .generate(
+            prompts.clone(),
+            &params(StructuredOutputsParams::choice(choices.clone()), 1.0, 3),
+            false,
+        )
+        .unwrap();
+    for text in texts(&outs) {
+        assert!(choices.contains(&text), "{text:?} is not a choice");
+    }
+
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "pets": {"type": "array", "items": {"enum": ["cat", "dog"]}, "maxItems": 2}
+        },
+        "required": ["name", "age", "pets"],
+        "additionalProperties": false
+    });
+    let outs = llm
+        .generate(
+            prompts,
+            &params(StructuredOutputsParams::json_schema(schema), 0.7, 2),
+            false,
+        )
+        .unwrap();
+    for text in texts(&outs) {
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        let o = v
+            .as_object()
+            .unwrap_or_else(|| panic!("not an object: {text}"));
+        assert_eq!(o.len(), 3, "{text}");
+        assert!(
+            o["name"].as_str().is_some_and(|s| s.chars().count() <= 12),
+            "{text}"
+        );
+        assert!(o["age"].as_u64().is_some_and(|a| a <= 120), "{text}");
+        let pets = o["pets"].as_array().unwrap();
+        assert!(
+            pets.len() <= 2 && pets.iter().all(|p| p == "cat" || p == "dog"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn greedy_constrained_output_is_the_same_alone_and_batched() {
+    let mut llm = llm();
+    let so = StructuredOutputsParams::json_schema(json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 20}},
+        "required": ["answer"],
+        "additionalProperties": false
+    }));
+    let p = params(so, 0.0, 1);
+    let prompts: Vec<String> = PROMPTS.iter().map(|p| p.to_string()).collect();
+    let alone: Vec<String> = prompts
+        .iter()
+        .flat_map(|q| texts(&llm.generate([q.clone()], &p, false).unwrap()))
+        .collect();
+    let batched = texts(&llm.generate(prompts, &p, false).unwrap());
+    assert_eq!(alone, batched);
+    for text in &alone {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(v["answer"].is_string(), "{text}");
+    }
+}
+
+#[test]
+fn constraints_that_do_not_compile_are_refused_with_their_reason() {
+    let mut llm = llm();
+    let refused = |llm: &mut LLM, so: StructuredOutputsParams| {
+        let e = llm
+            .generate(["Hi".to_string()], &params(so, 0.0, 1), false)
+            .unwrap_err();
+        e.to_string()
+    };
+    let e = refused(&mut llm, StructuredOutputsParams::regex("(unclosed"));
+    assert!(e.contains("invalid regex"), "{e}");
+    let e = refused(
+        &mut llm,
+        StructuredOutputsParams::json_schema(json!({"type": "no such type"})),
+    );
+    assert!(e.contains("invalid JSON schema"), "{e}");
+    let e = refused(
+        &mut llm,
+        StructuredOutputsParams::grammar("start: undefined_rule"),
+    );
+    assert!(e.contains("invalid grammar"), "{e}");
+    let e = refused(&mut llm, StructuredOutputsParams::choice(Vec::new()));
+    assert!(e.contains("at least one"), "{e}");
+    // The engine goes on serving.
+    let ok = llm
+        .generate(
+            ["Hi".to_string()],
+            &params(StructuredOutputsParams::regex("ok"), 0.0, 1),
+            false,
+        )
+        .unwrap();
+    assert_eq!(texts(&ok), ["ok"]);
+}
