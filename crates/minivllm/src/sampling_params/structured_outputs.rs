@@ -22,6 +22,8 @@ pub struct StructuredOutputsParams {
     pub grammar: Option<String>,
     /// Any JSON object (`response_format: {"type": "json_object"}`).
     pub json_object: Option<bool>,
+    /// JSON without whitespace between its tokens (vLLM's option); by default any is allowed.
+    pub disable_any_whitespace: bool,
 }
 
 /// The constraint a [`StructuredOutputsParams`] names.

@@ -51,6 +51,19 @@ impl GuidanceBackend {
         let constraint = params
             .constraint()
             .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        let constraint = match constraint {
+            Constraint::JsonObject if params.disable_any_whitespace => {
+                Constraint::JsonSchema(json!({"type": "object"}))
+            }
+            other => other,
+        };
+        let constraint = match constraint {
+            Constraint::JsonSchema(Value::Object(mut schema)) if params.disable_any_whitespace => {
+                schema.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
+                Constraint::JsonSchema(Value::Object(schema))
+            }
+            other => other,
+        };
         let grammar = top_level_grammar(&constraint);
         let parser = self
             .factory

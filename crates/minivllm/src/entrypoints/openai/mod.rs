@@ -8,3 +8,4 @@ pub mod serving_chat;
 pub mod serving_completion;
 pub mod serving_engine;
 pub mod serving_tokenization;
+pub mod structured_outputs;

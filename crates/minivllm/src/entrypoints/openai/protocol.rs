@@ -7,6 +7,7 @@ use serde::Deserialize;
 use crate::engine::async_engine::AsyncEngineError;
 use crate::engine::chat_template::ChatMessage;
 use crate::engine::llm_engine::EngineError;
+use crate::entrypoints::openai::structured_outputs::StructuredFields;
 use crate::sampling_params::{SamplingParams, ValidationError};
 use crate::sequence::TokenId;
 
@@ -90,6 +91,9 @@ pub struct CommonParams {
     pub prompt_logprobs: Option<usize>,
     #[serde(default)]
     pub priority: i32,
+    /// `response_format`, `structured_outputs`, `guided_*`.
+    #[serde(flatten)]
+    pub structured: StructuredFields,
 }
 
 impl CommonParams {
@@ -127,6 +131,8 @@ impl CommonParams {
                 .unwrap_or(d.include_stop_str_in_output),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(d.skip_special_tokens),
             prompt_logprobs: self.prompt_logprobs,
+            // Refused by `check` when it is an error.
+            structured_outputs: self.structured.params().ok().flatten(),
             ..d
         }
     }
@@ -140,6 +146,7 @@ impl CommonParams {
             ));
         }
         self.logit_bias()?;
+        self.structured.params()?;
         // The n best are known only when all best_of sequences have finished.
         if self.stream && self.best_of.is_some_and(|b| b != self.n.unwrap_or(1)) {
             return Err(ApiError::bad_request(

@@ -1,0 +1,130 @@
+//! The request fields that ask for structured output, in every form clients send them:
+//! OpenAI's `response_format`, vLLM's `structured_outputs`, and the older `guided_*`
+//! fields; each becomes one `StructuredOutputsParams`.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::sampling_params::{StructuredOutputsParams, ValidationError};
+
+/// OpenAI's `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    /// Absent: any JSON object.
+    pub schema: Option<Value>,
+    /// Whether the schema is followed exactly: it always is here.
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StructuredFields {
+    pub response_format: Option<ResponseFormat>,
+    pub structured_outputs: Option<StructuredOutputsParams>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+}
+
+impl StructuredFields {
+    /// The one constraint the request asks for, if any; asking in two of the forms is an
+    /// error (which one would win is not obvious).
+    pub fn params(&self) -> Result<Option<StructuredOutputsParams>, ValidationError> {
+        let from_format = match &self.response_format {
+            None | Some(ResponseFormat::Text) => None,
+            Some(ResponseFormat::JsonObject) => Some(StructuredOutputsParams {
+                json_object: Some(true),
+                ..Default::default()
+            }),
+            Some(ResponseFormat::JsonSchema { json_schema }) => Some(match &json_schema.schema {
+                Some(schema) => StructuredOutputsParams::json_schema(schema.clone()),
+                None => StructuredOutputsParams {
+                    json_object: Some(true),
+                    ..Default::default()
+                },
+            }),
+        };
+        let guided = StructuredOutputsParams {
+            json: self.guided_json.clone(),
+            regex: self.guided_regex.clone(),
+            choice: self.guided_choice.clone(),
+            grammar: self.guided_grammar.clone(),
+            ..Default::default()
+        };
+        let from_guided = (guided != StructuredOutputsParams::default()).then_some(guided);
+        let given: Vec<(&'static str, StructuredOutputsParams)> = [
+            ("response_format", from_format),
+            ("structured_outputs", self.structured_outputs.clone()),
+            ("guided_*", from_guided),
+        ]
+        .into_iter()
+        .filter_map(|(name, p)| p.map(|p| (name, p)))
+        .collect();
+        match given.as_slice() {
+            [] => Ok(None),
+            [(name, p)] => {
+                p.constraint()
+                    .map_err(|e| ValidationError::new(Some(name), e.message()))?;
+                Ok(Some(p.clone()))
+            }
+            _ => Err(ValidationError::new(
+                Some("response_format"),
+                format!(
+                    "structured output is asked for in more than one field ({}): use one",
+                    given.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                ),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(v: Value) -> StructuredFields {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn every_form_becomes_one_constraint() {
+        let schema = json!({"type": "object"});
+        let p = fields(json!({"response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": schema, "strict": true}}}));
+        assert_eq!(p.params().unwrap().unwrap().json, Some(schema.clone()));
+        let p = fields(json!({"response_format": {"type": "json_object"}}));
+        assert_eq!(p.params().unwrap().unwrap().json_object, Some(true));
+        let p = fields(json!({"response_format": {"type": "text"}}));
+        assert_eq!(p.params().unwrap(), None);
+        let p = fields(json!({"guided_choice": ["a", "b"]}));
+        assert_eq!(p.params().unwrap().unwrap().choice.unwrap().len(), 2);
+        let p = fields(json!({"structured_outputs": {"regex": "a+"}}));
+        assert_eq!(p.params().unwrap().unwrap().regex.as_deref(), Some("a+"));
+    }
+
+    #[test]
+    fn two_forms_or_a_bad_one_are_refused() {
+        let p = fields(json!({"guided_regex": "a", "structured_outputs": {"regex": "b"}}));
+        let e = p.params().unwrap_err();
+        assert!(
+            e.message().contains("structured_outputs, guided_*"),
+            "{}",
+            e.message()
+        );
+        let p = fields(json!({"guided_choice": []}));
+        assert!(p.params().unwrap_err().message().contains("at least one"));
+        let p = fields(json!({"guided_regex": "a", "guided_choice": ["b"]}));
+        assert!(p.params().unwrap_err().message().contains("multiple"));
+    }
+}

@@ -1,0 +1,131 @@
+"""Structured output through OpenAI's own client: `response_format` (also through the
+client's `parse` with a pydantic model), vLLM's `structured_outputs` and the older
+`guided_*` fields, each output checked independently (the `jsonschema` package, Python's
+`re`), and constraints that do not compile refused with a 400 naming the problem.
+"""
+
+import json
+import re
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+from conftest import SERVED_MODEL_NAME
+
+QUESTION = [{"role": "user", "content": "Describe a city as JSON."}]
+
+# Varied schemas: nested objects, arrays with bounds, enums, bounded numbers, string
+# formats, anyOf, $ref. Strings are bounded so that a sampled completion ends in time.
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+     "population": {"type": "integer", "minimum": 0}}, "required": ["name", "population"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "minItems": 1, "maxItems": 3,
+     "items": {"type": "string", "maxLength": 8}}}, "required": ["tags"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+     "score": {"type": "number", "minimum": 0, "maximum": 1}},
+     "required": ["colour", "score"], "additionalProperties": False},
+    {"type": "object", "properties": {"when": {"type": "string", "format": "date"},
+     "ok": {"type": "boolean"}}, "required": ["when", "ok"], "additionalProperties": False},
+    {"type": "object", "properties": {"value": {"anyOf": [{"type": "integer"},
+     {"type": "string", "maxLength": 10}]}}, "required": ["value"],
+     "additionalProperties": False},
+    {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"},
+     "y": {"type": "integer"}}, "required": ["x", "y"], "additionalProperties": False}},
+     "type": "object", "properties": {"a": {"$ref": "#/$defs/point"},
+     "b": {"$ref": "#/$defs/point"}}, "required": ["a", "b"], "additionalProperties": False},
+    {"type": "object", "properties": {"inner": {"type": "object", "properties": {
+     "depth": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["depth"],
+     "additionalProperties": False}}, "required": ["inner"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5},
+     "minItems": 2, "maxItems": 4},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_json_schema_outputs_validate(client: openai.OpenAI, schema: dict):
+    r = client.chat.completions.create(
+        model=SERVED_MODEL_NAME, messages=QUESTION, n=4, temperature=1.0, seed=1,
+        max_tokens=200,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "x", "schema": schema, "strict": True}},
+    )
+    assert len(r.choices) == 4
+    for c in r.choices:
+        assert c.finish_reason == "stop", c.message.content
+        jsonschema.validate(json.loads(c.message.content), schema)
+
+
+def test_completions_take_response_format_and_structured_outputs(client: openai.OpenAI):
+    schema = SCHEMAS[0]
+    r = client.completions.create(
+        model=SERVED_MODEL_NAME, prompt="A city as JSON:", max_tokens=200, n=3,
+        temperature=1.0, seed=2,
+        extra_body={"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "city", "schema": schema}}},
+    )
+    for c in r.choices:
+        jsonschema.validate(json.loads(c.text), schema)
+    rx = r"[A-Z][a-z]{2,8}, [0-9]{4}"
+    r = client.completions.create(
+        model=SERVED_MODEL_NAME, prompt="A city and a year:", max_tokens=40, n=3,
+        temperature=1.0, seed=3, extra_body={"structured_outputs": {"regex": rx}},
+    )
+    for c in r.choices:
+        assert re.fullmatch(rx, c.text), c.text
+
+
+def test_guided_fields_and_json_object(client: openai.OpenAI):
+    choices = ["Paris", "Berlin", "Rome"]
+    r = client.chat.completions.create(
+        model=SERVED_MODEL_NAME, messages=QUESTION, n=4, temperature=1.0, seed=4,
+        extra_body={"guided_choice": choices},
+    )
+    assert all(c.message.content in choices for c in r.choices)
+    # Any object: nothing bounds its length but the model, so a prompt it copies from.
+    r = client.completions.create(
+        model=SERVED_MODEL_NAME, prompt='Copy: {"ok": true, "n": 1}\nCopy:', temperature=0,
+        max_tokens=100, extra_body={"response_format": {"type": "json_object"}},
+    )
+    assert r.choices[0].finish_reason == "stop", r.choices[0].text
+    assert json.loads(r.choices[0].text) == {"ok": True, "n": 1}
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=20)
+    country: str = pydantic.Field(max_length=20)
+    capital: bool
+
+
+def test_parse_with_a_pydantic_model_and_streaming(client: openai.OpenAI):
+    r = client.chat.completions.parse(
+        model=SERVED_MODEL_NAME, messages=QUESTION, temperature=0, max_tokens=200,
+        response_format=City,
+    )
+    city = r.choices[0].message.parsed
+    assert isinstance(city, City)
+    stream = client.chat.completions.create(
+        model=SERVED_MODEL_NAME, messages=QUESTION, temperature=0, max_tokens=200,
+        stream=True, response_format={"type": "json_schema", "json_schema": {
+            "name": "City", "schema": City.model_json_schema()}},
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert City.model_validate_json(text) == city
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"structured_outputs": {"regex": "(unclosed"}}, "invalid regex"),
+    ({"guided_json": {"type": "no such type"}}, "invalid JSON schema"),
+    ({"structured_outputs": {"grammar": "start: missing_rule"}}, "invalid grammar"),
+    ({"guided_choice": []}, "at least one"),
+    ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "more than one field"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "multiple are specified"),
+])
+def test_bad_constraints_get_a_400_naming_the_problem(client: openai.OpenAI, extra, needle):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=SERVED_MODEL_NAME, messages=QUESTION, max_tokens=5, extra_body=extra)
+    assert needle in str(e.value), str(e.value)
