@@ -6,7 +6,7 @@ import copy
 import enum
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
 from minivllm import _core
@@ -27,8 +27,6 @@ _UNSUPPORTED_DEFAULTS = {
     "detokenize": True,
     "logits_processors": None,
     "truncate_prompt_tokens": None,
-    "guided_decoding": None,
-    "structured_outputs": None,
     "allowed_token_ids": None,
     "bad_words": None,
     "extra_args": None,
@@ -50,6 +48,53 @@ _NOT_FINITE = {
     "top_p": "top_p must be in (0, 1], got {}.",
     "min_p": "min_p must be in [0, 1], got {}.",
 }
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's ``StructuredOutputsParams``: the one constraint every completion follows.
+
+    Args:
+        json: A JSON schema: a dict, its JSON text, or a pydantic model class (its
+            ``model_json_schema()``).
+        regex: A regular expression the whole completion matches.
+        choice: The completion is one of these strings.
+        grammar: A context-free grammar in llguidance's Lark dialect.
+        json_object: Any JSON object.
+        disable_any_whitespace: JSON without whitespace between its tokens.
+
+    vLLM's other options (``disable_fallback``, ``disable_additional_properties``,
+    ``whitespace_pattern``, ``structural_tag``) are accepted and have no effect.
+    """
+
+    json: Optional[Union[str, Dict[str, Any], Any]] = None
+    regex: Optional[str] = None
+    choice: Optional[List[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: Optional[str] = None
+    structural_tag: Optional[str] = None
+
+    def _to_dict(self) -> Dict[str, Any]:
+        schema = self.json
+        if hasattr(schema, "model_json_schema"):
+            schema = schema.model_json_schema()
+        fields = {
+            "json": schema,
+            "regex": self.regex,
+            "choice": None if self.choice is None else list(self.choice),
+            "grammar": self.grammar,
+            "json_object": self.json_object,
+            "disable_any_whitespace": self.disable_any_whitespace,
+        }
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+# vLLM's earlier name for the same parameters.
+GuidedDecodingParams = StructuredOutputsParams
 
 
 @dataclass
@@ -86,6 +131,9 @@ class SamplingParams:
         include_stop_str_in_output: Keep the stop string that ended a completion.
         output_kind: Kept for vLLM's scripts; ``LLM.generate`` returns final outputs.
         logit_bias: Added to these tokens' logits (token id to bias in [-100, 100]).
+        structured_outputs: A ``StructuredOutputsParams``: JSON schema, regex, choice or
+            grammar every completion follows (``guided_decoding``, vLLM's earlier name,
+            is taken too).
     """
 
     n: int = 1
@@ -117,7 +165,7 @@ class SamplingParams:
     logit_bias: Optional[Dict[int, float]] = None
     allowed_token_ids: Optional[List[int]] = None
     extra_args: Optional[Dict[str, Any]] = None
-    structured_outputs: Optional[Any] = field(default=None, repr=False)
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
         # vLLM's normalisations.
@@ -192,6 +240,17 @@ class SamplingParams:
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
             "logit_bias": {str(int(k)): v for k, v in (self.logit_bias or {}).items()},
         }
+        constraint = self.structured_outputs or self.guided_decoding
+        if self.structured_outputs is not None and self.guided_decoding is not None:
+            raise ValueError("structured_outputs and guided_decoding are both set: use one")
+        if constraint is not None:
+            if isinstance(constraint, dict):
+                constraint = StructuredOutputsParams(**constraint)
+            if not isinstance(constraint, StructuredOutputsParams):
+                raise ValueError(
+                    "structured_outputs must be a StructuredOutputsParams, got "
+                    f"{type(constraint).__name__}")
+            fields["structured_outputs"] = constraint._to_dict()
         try:
             return json.dumps(fields, allow_nan=True)
         except (TypeError, ValueError) as e:

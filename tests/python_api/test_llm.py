@@ -413,3 +413,35 @@ def test_python_dash_m_serves_until_ctrl_c(model):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_structured_outputs_as_in_vllm(llm):
+    """vLLM's `StructuredOutputsParams` (with a pydantic model's schema, a regex, a
+    choice), each output checked independently; a constraint that does not compile is a
+    ValueError naming it."""
+    import re
+
+    import pydantic
+    from minivllm import SamplingParams
+    from minivllm.sampling_params import GuidedDecodingParams, StructuredOutputsParams
+
+    class Car(pydantic.BaseModel):
+        brand: str = pydantic.Field(max_length=12)
+        doors: int = pydantic.Field(ge=2, le=5)
+
+    car = SamplingParams(temperature=0.8, seed=5, n=3, max_tokens=120,
+                         structured_outputs=StructuredOutputsParams(json=Car))
+    rx = SamplingParams(temperature=0.8, seed=5, n=3, max_tokens=40,
+                        structured_outputs=StructuredOutputsParams(regex=r"[a-z]{1,8}@[a-z]{1,8}\.com"))
+    pick = SamplingParams(temperature=0.8, seed=5, n=3,
+                          guided_decoding=GuidedDecodingParams(choice=["Positive", "Negative"]))
+    cars, mails, picks = (llm.generate(["Describe a car as JSON:"], p)[0] for p in (car, rx, pick))
+    for c in cars.outputs:
+        Car.model_validate(json.loads(c.text))
+    assert all(re.fullmatch(r"[a-z]{1,8}@[a-z]{1,8}\.com", c.text) for c in mails.outputs)
+    assert all(c.text in ("Positive", "Negative") for c in picks.outputs)
+    bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed"))
+    with pytest.raises(ValueError, match="invalid regex"):
+        llm.generate(["x"], bad)
+    with pytest.raises(ValueError, match="multiple are specified"):
+        SamplingParams(structured_outputs=StructuredOutputsParams(regex="a", choice=["b"]))

@@ -9,7 +9,7 @@ use minivllm::engine::chat_template::ChatMessage;
 use minivllm::engine::llm_engine::PromptInput;
 use minivllm::entrypoints::llm::LLM;
 use minivllm::outputs::RequestOutput;
-use minivllm::sampling_params::SamplingParams;
+use minivllm::sampling_params::{SamplingParams, StructuredOutputsParams};
 
 use crate::EngineFlags;
 
@@ -37,6 +37,47 @@ pub struct GenerateArgs {
     /// Show a progress bar on stderr.
     #[arg(long)]
     progress: bool,
+    #[command(flatten)]
+    structured: StructuredFlags,
+}
+
+/// The constraint every completion follows (structured output); at most one.
+#[derive(clap::Args)]
+#[group(multiple = false)]
+struct StructuredFlags {
+    /// A JSON schema file: each completion is JSON that validates against it.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
+    /// Each completion matches this regular expression.
+    #[arg(long)]
+    regex: Option<String>,
+    /// Each completion is one of these strings (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    choice: Option<Vec<String>>,
+    /// A grammar file in llguidance's Lark dialect.
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
+}
+
+impl StructuredFlags {
+    fn params(&self) -> anyhow::Result<Option<StructuredOutputsParams>> {
+        let read = |path: &PathBuf| {
+            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+        };
+        Ok(if let Some(path) = &self.json_schema {
+            let schema = serde_json::from_str(&read(path)?)
+                .with_context(|| format!("{} is not JSON", path.display()))?;
+            Some(StructuredOutputsParams::json_schema(schema))
+        } else if let Some(regex) = &self.regex {
+            Some(StructuredOutputsParams::regex(regex.clone()))
+        } else if let Some(choice) = &self.choice {
+            Some(StructuredOutputsParams::choice(choice.clone()))
+        } else if let Some(path) = &self.grammar {
+            Some(StructuredOutputsParams::grammar(read(path)?))
+        } else {
+            None
+        })
+    }
 }
 
 /// Sampling flags, named as vLLM's `SamplingParams` fields. Unlike vLLM's API default of
@@ -116,7 +157,10 @@ pub fn run(
     driver: Option<minivllm::worker::worker_process::Driver>,
 ) -> anyhow::Result<()> {
     let prompts = collect_prompts(&args)?;
-    let base = args.sampling.params();
+    let base = SamplingParams {
+        structured_outputs: args.structured.params()?,
+        ..args.sampling.params()
+    };
     base.validate()?;
     let mut llm =
         LLM::with_driver(&args.engine.engine_args()?, driver).context("cannot start the engine")?;

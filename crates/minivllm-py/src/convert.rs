@@ -17,6 +17,7 @@ pub fn engine_error(e: EngineError) -> PyErr {
     match e {
         EngineError::Config(_)
         | EngineError::Worker(WorkerError::Config(_))
+        | EngineError::Grammar(_)
         | EngineError::Validation(_)
         | EngineError::EmptyPrompt
         | EngineError::PromptTooLong { .. }

@@ -355,3 +355,64 @@ fn perplexity_and_kl_divergence_against_a_base_run() {
     let other = minivllm(&other.iter().map(String::as_str).collect::<Vec<_>>());
     assert_fails_with(&other, "--ctx-size 128");
 }
+
+#[test]
+fn structured_output_from_the_command_line() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("city.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"city": {"type": "string", "maxLength": 15}},
+            "required": ["city"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let schema = schema.to_str().unwrap();
+    let base = [
+        "generate",
+        "--model",
+        &m,
+        "--temperature",
+        "1",
+        "--seed",
+        "3",
+    ];
+    let run = |extra: &[&str]| minivllm(&[&base[..], extra].concat());
+    let out = run(&[
+        "--prompt",
+        "A city as JSON:",
+        "--n",
+        "3",
+        "--max-tokens",
+        "60",
+        "--json-schema",
+        schema,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let result: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    for c in result["outputs"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(
+            v["city"].as_str().is_some_and(|s| s.chars().count() <= 15),
+            "{text}"
+        );
+    }
+    let out = run(&[
+        "--prompt",
+        "Is water wet?",
+        "--n",
+        "4",
+        "--choice",
+        "yes,no,maybe",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for line in stdout(&out).lines().filter(|l| !l.starts_with("---")) {
+        assert!(["yes", "no", "maybe"].contains(&line), "{line:?}");
+    }
+    let out = run(&["--prompt", "x", "--regex", "("]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("invalid regex"), "{}", stderr(&out));
+}
