@@ -240,12 +240,16 @@ class SamplingParams:
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
             "logit_bias": {str(int(k)): v for k, v in (self.logit_bias or {}).items()},
         }
-        constraint = self.structured_outputs or self.guided_decoding
         if self.structured_outputs is not None and self.guided_decoding is not None:
             raise ValueError("structured_outputs and guided_decoding are both set: use one")
+        constraint = (self.structured_outputs if self.structured_outputs is not None
+                      else self.guided_decoding)
         if constraint is not None:
             if isinstance(constraint, dict):
-                constraint = StructuredOutputsParams(**constraint)
+                try:
+                    constraint = StructuredOutputsParams(**constraint)
+                except TypeError as e:
+                    raise ValueError(f"invalid structured_outputs: {e}") from None
             if not isinstance(constraint, StructuredOutputsParams):
                 raise ValueError(
                     "structured_outputs must be a StructuredOutputsParams, got "

@@ -179,6 +179,10 @@ impl Sequence {
             Some((FinishReason::Stop, Some(StopReason::Token(last))))
         } else if after_min && !p.ignore_eos && self.eos_token_ids.contains(&last) {
             Some((FinishReason::Stop, None))
+        } else if self.grammar.as_ref().is_some_and(|g| g.is_terminated()) {
+            // Nothing may follow but EOS, which `min_tokens` or `ignore_eos` could ban,
+            // leaving no token to sample.
+            Some((FinishReason::Stop, None))
         } else if n_out >= self.max_tokens {
             Some((FinishReason::Length, None))
         } else {

@@ -23,7 +23,7 @@ use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
-use crate::structured_output::backend_guidance::GuidanceBackend;
+use crate::structured_output::backend_guidance::{GrammarError, GuidanceBackend};
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::executor::Executor;
@@ -45,7 +45,8 @@ pub struct LLMEngine {
     started: Instant,
     /// Compiles requests' structured-output constraints; its token trie is built with the
     /// first such request.
-    grammars: Option<GuidanceBackend>,
+    /// (A tokenizer it cannot describe is found once, not per request.)
+    grammars: Option<Result<GuidanceBackend, GrammarError>>,
 }
 
 impl LLMEngine {
@@ -266,18 +267,19 @@ impl LLMEngine {
         Ok(())
     }
 
-    fn grammar_backend(&mut self) -> Result<&GuidanceBackend, EngineError> {
-        if self.grammars.is_none() {
+    fn grammar_backend(&mut self) -> Result<&GuidanceBackend, GrammarError> {
+        let (tokenizer, vocab_size) = (&self.tokenizer, self.limits.vocab_size);
+        let built = self.grammars.get_or_insert_with(|| {
             let started = Instant::now();
-            let vocab = self.tokenizer.vocabulary()?;
-            let backend = GuidanceBackend::new(vocab, self.limits.vocab_size)?;
+            let backend = GuidanceBackend::new(tokenizer.vocabulary()?, vocab_size);
             tracing::info!(
                 seconds = started.elapsed().as_secs_f64(),
+                ok = backend.is_ok(),
                 "structured output's token trie built"
             );
-            self.grammars = Some(backend);
-        }
-        Ok(self.grammars.as_ref().expect("just built"))
+            backend
+        });
+        built.as_ref().map_err(Clone::clone)
     }
 
     /// Drops a request and frees its blocks; unknown ids are ignored (it may have just finished).

@@ -59,7 +59,10 @@ impl GuidanceBackend {
         };
         let constraint = match constraint {
             Constraint::JsonSchema(Value::Object(mut schema)) if params.disable_any_whitespace => {
-                schema.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
+                let options = schema.entry("x-guidance").or_insert_with(|| json!({}));
+                if let Some(options) = options.as_object_mut() {
+                    options.insert("whitespace_flexible".into(), Value::Bool(false));
+                }
                 Constraint::JsonSchema(Value::Object(schema))
             }
             other => other,
@@ -146,6 +149,10 @@ impl StructuredOutputGrammar for GuidanceGrammar {
         if let Err(e) = self.matcher.consume_token(token) {
             tracing::warn!("structured output refused token {token}: {e}");
         }
+    }
+
+    fn is_terminated(&self) -> bool {
+        self.matcher.is_stopped()
     }
 
     fn box_clone(&self) -> Box<dyn StructuredOutputGrammar> {

@@ -22,6 +22,11 @@ pub trait StructuredOutputGrammar: Debug + Send {
     fn token_mask(&mut self) -> TokenBitmask;
     /// Follows a sampled token (one the mask allowed).
     fn accept_token(&mut self, token: TokenId);
+    /// Whether nothing but EOS may follow (the constraint is complete, or broken): the
+    /// sequence then stops.
+    fn is_terminated(&self) -> bool {
+        false
+    }
     /// A fresh copy for another completion of the same request (`n > 1`).
     fn box_clone(&self) -> Box<dyn StructuredOutputGrammar>;
 }

@@ -40,16 +40,19 @@ impl VocabularyEnv {
     /// The trie over `vocab`'s tokens, `vocab_size` entries long: the model's logits rows
     /// may be longer than the tokenizer's vocabulary, and the padding is never allowed.
     pub(crate) fn new(vocab: Vocabulary, vocab_size: usize) -> Result<Self, String> {
-        let eos = *vocab
-            .eos_token_ids
-            .first()
-            .ok_or("the tokenizer has no EOS token, which a finished grammar must allow")?;
         if vocab.tokens.len() > vocab_size {
             return Err(format!(
                 "the tokenizer has {} tokens, more than the model's {vocab_size} logits",
                 vocab.tokens.len()
             ));
         }
+        // EOS ids come from configuration files too: ones past the logits cannot be sampled.
+        let eos_ids: Vec<TokenId> = (vocab.eos_token_ids.iter().copied())
+            .filter(|&id| (id as usize) < vocab_size)
+            .collect();
+        let eos = *eos_ids
+            .first()
+            .ok_or("the tokenizer has no EOS token, which a finished grammar must allow")?;
         let mut words: Vec<Vec<u8>> = vocab
             .tokens
             .into_iter()
@@ -62,10 +65,16 @@ impl VocabularyEnv {
             words.push(special(&format!("<|padding {}|>", words.len())));
         }
         let info = TokRxInfo::new(vocab_size as u32, eos);
-        let mut trie = TokTrie::from(&info, &words);
-        if vocab.eos_token_ids.len() > 1 {
-            trie = trie.with_eos_tokens(&vocab.eos_token_ids);
-        }
+        // toktrie asserts what it cannot hold (a token over its length limit, say): a
+        // vocabulary it refuses is this model's lack of structured output, not a crash.
+        let trie = std::panic::catch_unwind(|| {
+            let trie = TokTrie::from(&info, &words);
+            match eos_ids.len() {
+                1 => trie,
+                _ => trie.with_eos_tokens(&eos_ids),
+            }
+        })
+        .map_err(|_| "the vocabulary cannot be put in llguidance's token trie".to_string())?;
         Ok(Self {
             trie,
             tokenize: vocab.tokenize,

@@ -171,3 +171,50 @@ fn constraints_that_do_not_compile_are_refused_with_their_reason() {
         .unwrap();
     assert_eq!(texts(&ok), ["ok"]);
 }
+
+#[test]
+fn a_complete_constraint_ends_the_completion_whatever_bans_eos() {
+    let mut llm = llm();
+    let choices = vec!["yes".to_string(), "no".to_string()];
+    for (min_tokens, ignore_eos) in [(8, false), (0, true)] {
+        let p = SamplingParams {
+            min_tokens,
+            ignore_eos,
+            ..params(StructuredOutputsParams::choice(choices.clone()), 1.0, 3)
+        };
+        let outs = llm
+            .generate(["Is it raining?".to_string()], &p, false)
+            .unwrap();
+        for c in &outs[0].outputs {
+            assert!(
+                choices.contains(&c.text),
+                "{:?} ({min_tokens}, {ignore_eos})",
+                c.text
+            );
+            assert_eq!(
+                c.finish_reason,
+                Some(minivllm::sequence::FinishReason::Stop)
+            );
+        }
+    }
+    // JSON without free whitespace (vLLM's disable_any_whitespace).
+    let so = StructuredOutputsParams {
+        disable_any_whitespace: true,
+        ..StructuredOutputsParams::json_schema(json!({
+            "type": "object", "properties": {"n": {"type": "integer"}},
+            "required": ["n"], "additionalProperties": false
+        }))
+    };
+    let outs = llm
+        .generate(
+            ["A number as JSON:".to_string()],
+            &params(so, 0.0, 1),
+            false,
+        )
+        .unwrap();
+    let text = &outs[0].outputs[0].text;
+    assert!(
+        text.starts_with("{\"n\":") && !text.contains(char::is_whitespace),
+        "{text:?}"
+    );
+}
