@@ -48,6 +48,35 @@ struct ThroughputArgs {
     /// Print the results as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Constrain every completion (structured output) to measure what it costs: `regex`
+    /// (letters and spaces, never complete), `json` (an array of objects, which the model
+    /// may close early) or `json-enum` (an array of enum strings).
+    #[arg(long, value_enum)]
+    structured_output: Option<BenchConstraint>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BenchConstraint {
+    Regex,
+    Json,
+    JsonEnum,
+}
+
+impl BenchConstraint {
+    fn params(self) -> minivllm::sampling_params::StructuredOutputsParams {
+        use minivllm::sampling_params::StructuredOutputsParams as P;
+        match self {
+            BenchConstraint::Regex => P::regex("[a-z ]*"),
+            BenchConstraint::Json => P::json_schema(serde_json::json!({
+                "type": "array",
+                "items": {"type": "object", "properties": {"id": {"type": "integer"},
+                    "name": {"type": "string"}}, "required": ["id", "name"]}
+            })),
+            BenchConstraint::JsonEnum => P::json_schema(serde_json::json!({
+                "type": "array", "items": {"enum": ["red", "green", "blue", "cyan"]}
+            })),
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -128,6 +157,7 @@ fn throughput(
         temperature: 0.0,
         ignore_eos: true,
         max_tokens: Some(args.output_len),
+        structured_outputs: args.structured_output.map(BenchConstraint::params),
         ..SamplingParams::default()
     };
     let start = Instant::now();
@@ -148,6 +178,10 @@ fn throughput(
         "num_steps": stats.num_steps,
         "overhead_seconds_per_step": overhead_per_step,
         "overhead_share": stats.overhead_seconds() / stats.step_seconds.max(1e-9),
+        "num_token_masks": stats.num_token_masks,
+        "token_mask_us": stats.token_mask_seconds * 1e6 / stats.num_token_masks.max(1) as f64,
+        "grammar_accept_us": stats.grammar_accept_seconds * 1e6
+            / stats.num_token_masks.max(1) as f64,
     });
     let env = Environment::now();
     // Every prompt token and every generated token but the last goes through the layers once;
@@ -187,6 +221,18 @@ fn throughput(
             overhead_per_step * 1e3,
             100.0 * stats.overhead_seconds() / stats.step_seconds.max(1e-9)
         );
+        if stats.num_token_masks > 0 {
+            let per = |s: f64| s * 1e6 / stats.num_token_masks as f64;
+            println!(
+                "structured output: {} tokens constrained; per token {:.1} us for the mask, \
+                 {:.1} us advancing the grammar ({:.1} % of the steps' time in all)",
+                stats.num_token_masks,
+                per(stats.token_mask_seconds),
+                per(stats.grammar_accept_seconds),
+                100.0 * (stats.token_mask_seconds + stats.grammar_accept_seconds)
+                    / stats.step_seconds.max(1e-9)
+            );
+        }
         env.print();
         shares.print_hint();
     }

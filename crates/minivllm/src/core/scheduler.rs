@@ -47,6 +47,11 @@ pub struct Scheduler {
     num_preemptions: u64,
     num_swapped_out: u64,
     num_swapped_in: u64,
+    /// Structured output's token masks computed, and the seconds they took.
+    num_token_masks: u64,
+    token_mask_seconds: f64,
+    /// Seconds spent advancing grammars with the sampled tokens.
+    grammar_accept_seconds: f64,
 }
 
 impl Scheduler {
@@ -61,6 +66,9 @@ impl Scheduler {
             num_preemptions: 0,
             num_swapped_out: 0,
             num_swapped_in: 0,
+            num_token_masks: 0,
+            token_mask_seconds: 0.0,
+            grammar_accept_seconds: 0.0,
             cfg,
         }
     }
@@ -100,6 +108,16 @@ impl Scheduler {
 
     pub fn num_swapped_in(&self) -> u64 {
         self.num_swapped_in
+    }
+
+    /// Structured output's token masks computed so far, the seconds they took, and the
+    /// seconds spent advancing the grammars with the tokens sampled.
+    pub fn grammar_stats(&self) -> (u64, f64, f64) {
+        (
+            self.num_token_masks,
+            self.token_mask_seconds,
+            self.grammar_accept_seconds,
+        )
     }
 
     pub fn num_cpu_blocks(&self) -> usize {
@@ -152,7 +170,9 @@ impl Scheduler {
                 seq.token_ids.push(token.token_id);
                 num_appended += 1;
                 if let Some(grammar) = &mut seq.grammar {
+                    let started = std::time::Instant::now();
                     grammar.accept_token(token.token_id);
+                    self.grammar_accept_seconds += started.elapsed().as_secs_f64();
                 }
                 finish = seq.check_stop();
                 outputs.push(EngineCoreOutput {
@@ -246,7 +266,10 @@ impl Scheduler {
             let seq = self.seqs.get_mut(&s.id).expect("scheduled seq exists");
             let samples = s.num_computed + s.num_new_tokens >= seq.len();
             if let Some(grammar) = seq.grammar.as_mut().filter(|_| samples) {
+                let started = std::time::Instant::now();
                 out.token_masks.push((s.id, grammar.token_mask()));
+                self.token_mask_seconds += started.elapsed().as_secs_f64();
+                self.num_token_masks += 1;
             }
             if !seq.known_to_worker {
                 seq.known_to_worker = true;

@@ -167,6 +167,9 @@ impl LLMEngine {
             num_swapped: self.scheduler.num_swapped(),
             num_swapped_out: self.scheduler.num_swapped_out(),
             num_swapped_in: self.scheduler.num_swapped_in(),
+            num_token_masks: self.scheduler.grammar_stats().0,
+            token_mask_seconds: self.scheduler.grammar_stats().1,
+            grammar_accept_seconds: self.scheduler.grammar_stats().2,
             ..self.stats.clone()
         }
     }

@@ -69,9 +69,16 @@ impl TokenBitmask {
             .chunks_mut(32)
             .zip(self.words.iter().chain(std::iter::repeat(&0)))
         {
-            for (bit, l) in chunk.iter_mut().enumerate() {
-                if w & (1 << bit) == 0 {
-                    *l = f32::NEG_INFINITY;
+            // A grammar allows few tokens: most words are empty, and whole.
+            match w {
+                0 => chunk.fill(f32::NEG_INFINITY),
+                u32::MAX => {}
+                _ => {
+                    for (bit, l) in chunk.iter_mut().enumerate() {
+                        if w & (1 << bit) == 0 {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
                 }
             }
         }
