@@ -178,10 +178,9 @@ fn throughput(
         "num_steps": stats.num_steps,
         "overhead_seconds_per_step": overhead_per_step,
         "overhead_share": stats.overhead_seconds() / stats.step_seconds.max(1e-9),
-        "num_token_masks": stats.num_token_masks,
-        "token_mask_us": stats.token_mask_seconds * 1e6 / stats.num_token_masks.max(1) as f64,
-        "grammar_accept_us": stats.grammar_accept_seconds * 1e6
-            / stats.num_token_masks.max(1) as f64,
+        "num_token_masks": stats.grammar.num_token_masks,
+        "token_mask_us": stats.grammar.per_token_us().0,
+        "grammar_accept_us": stats.grammar.per_token_us().1,
     });
     let env = Environment::now();
     // Every prompt token and every generated token but the last goes through the layers once;
@@ -221,16 +220,15 @@ fn throughput(
             overhead_per_step * 1e3,
             100.0 * stats.overhead_seconds() / stats.step_seconds.max(1e-9)
         );
-        if stats.num_token_masks > 0 {
-            let per = |s: f64| s * 1e6 / stats.num_token_masks as f64;
+        let g = stats.grammar;
+        if g.num_token_masks > 0 {
+            let (mask_us, accept_us) = g.per_token_us();
             println!(
-                "structured output: {} tokens constrained; per token {:.1} us for the mask, \
-                 {:.1} us advancing the grammar ({:.1} % of the steps' time in all)",
-                stats.num_token_masks,
-                per(stats.token_mask_seconds),
-                per(stats.grammar_accept_seconds),
-                100.0 * (stats.token_mask_seconds + stats.grammar_accept_seconds)
-                    / stats.step_seconds.max(1e-9)
+                "structured output: {} tokens constrained; per token {mask_us:.1} us for the \
+                 mask, {accept_us:.1} us advancing the grammar ({:.1} % of the steps' time in \
+                 all)",
+                g.num_token_masks,
+                100.0 * (g.mask_seconds + g.accept_seconds) / stats.step_seconds.max(1e-9)
             );
         }
         env.print();

@@ -17,6 +17,7 @@ pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
 use crate::outputs::{EngineCoreOutput, ModelRunnerOutput};
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
+use crate::structured_output::GrammarStats;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -47,11 +48,7 @@ pub struct Scheduler {
     num_preemptions: u64,
     num_swapped_out: u64,
     num_swapped_in: u64,
-    /// Structured output's token masks computed, and the seconds they took.
-    num_token_masks: u64,
-    token_mask_seconds: f64,
-    /// Seconds spent advancing grammars with the sampled tokens.
-    grammar_accept_seconds: f64,
+    grammar_stats: GrammarStats,
 }
 
 impl Scheduler {
@@ -66,9 +63,7 @@ impl Scheduler {
             num_preemptions: 0,
             num_swapped_out: 0,
             num_swapped_in: 0,
-            num_token_masks: 0,
-            token_mask_seconds: 0.0,
-            grammar_accept_seconds: 0.0,
+            grammar_stats: GrammarStats::default(),
             cfg,
         }
     }
@@ -110,14 +105,9 @@ impl Scheduler {
         self.num_swapped_in
     }
 
-    /// Structured output's token masks computed so far, the seconds they took, and the
-    /// seconds spent advancing the grammars with the tokens sampled.
-    pub fn grammar_stats(&self) -> (u64, f64, f64) {
-        (
-            self.num_token_masks,
-            self.token_mask_seconds,
-            self.grammar_accept_seconds,
-        )
+    /// What structured output has cost so far.
+    pub fn grammar_stats(&self) -> GrammarStats {
+        self.grammar_stats
     }
 
     pub fn num_cpu_blocks(&self) -> usize {
@@ -172,7 +162,7 @@ impl Scheduler {
                 if let Some(grammar) = &mut seq.grammar {
                     let started = std::time::Instant::now();
                     grammar.accept_token(token.token_id);
-                    self.grammar_accept_seconds += started.elapsed().as_secs_f64();
+                    self.grammar_stats.accept_seconds += started.elapsed().as_secs_f64();
                 }
                 finish = seq.check_stop();
                 outputs.push(EngineCoreOutput {
@@ -268,8 +258,8 @@ impl Scheduler {
             if let Some(grammar) = seq.grammar.as_mut().filter(|_| samples) {
                 let started = std::time::Instant::now();
                 out.token_masks.push((s.id, grammar.token_mask()));
-                self.token_mask_seconds += started.elapsed().as_secs_f64();
-                self.num_token_masks += 1;
+                self.grammar_stats.mask_seconds += started.elapsed().as_secs_f64();
+                self.grammar_stats.num_token_masks += 1;
             }
             if !seq.known_to_worker {
                 seq.known_to_worker = true;

@@ -44,8 +44,8 @@ pub struct LLMEngine {
     stats_logger: StatsLogger,
     started: Instant,
     /// Compiles requests' structured-output constraints; its token trie is built with the
-    /// first such request.
-    /// (A tokenizer it cannot describe is found once, not per request.)
+    /// first such request (and a tokenizer it cannot describe is found once, not per
+    /// request).
     grammars: Option<Result<GuidanceBackend, GrammarError>>,
 }
 
@@ -167,9 +167,7 @@ impl LLMEngine {
             num_swapped: self.scheduler.num_swapped(),
             num_swapped_out: self.scheduler.num_swapped_out(),
             num_swapped_in: self.scheduler.num_swapped_in(),
-            num_token_masks: self.scheduler.grammar_stats().0,
-            token_mask_seconds: self.scheduler.grammar_stats().1,
-            grammar_accept_seconds: self.scheduler.grammar_stats().2,
+            grammar: self.scheduler.grammar_stats(),
             ..self.stats.clone()
         }
     }

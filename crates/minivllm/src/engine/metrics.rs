@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::outputs::RequestOutput;
 use crate::sequence::FinishReason;
+use crate::structured_output::GrammarStats;
 
 /// Counters for logs and `/metrics`.
 #[derive(Debug, Clone, Default)]
@@ -34,12 +35,8 @@ pub struct EngineStats {
     /// Of those, seconds in the model's forward pass; the rest is the step's overhead
     /// (scheduling, batch preparation, sampling, detokenizing, outputs).
     pub forward_seconds: f64,
-    /// Structured output's token masks computed (one per constrained token sampled), and
-    /// the seconds they took (part of the overhead).
-    pub num_token_masks: u64,
-    pub token_mask_seconds: f64,
-    /// Seconds spent advancing the grammars with the tokens sampled.
-    pub grammar_accept_seconds: f64,
+    /// Structured output's cost (part of the overhead).
+    pub grammar: GrammarStats,
 }
 
 impl EngineStats {

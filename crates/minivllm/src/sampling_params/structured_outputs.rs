@@ -48,6 +48,14 @@ impl StructuredOutputsParams {
         }
     }
 
+    /// Any JSON object.
+    pub fn json_object() -> Self {
+        Self {
+            json_object: Some(true),
+            ..Self::default()
+        }
+    }
+
     pub fn regex(regex: impl Into<String>) -> Self {
         Self {
             regex: Some(regex.into()),

@@ -51,27 +51,12 @@ impl GuidanceBackend {
         let constraint = params
             .constraint()
             .map_err(|e| GrammarError::Invalid(e.to_string()))?;
-        let constraint = match constraint {
-            Constraint::JsonObject if params.disable_any_whitespace => {
-                Constraint::JsonSchema(json!({"type": "object"}))
-            }
-            other => other,
-        };
-        let constraint = match constraint {
-            Constraint::JsonSchema(Value::Object(mut schema)) if params.disable_any_whitespace => {
-                let options = schema.entry("x-guidance").or_insert_with(|| json!({}));
-                if let Some(options) = options.as_object_mut() {
-                    options.insert("whitespace_flexible".into(), Value::Bool(false));
-                }
-                Constraint::JsonSchema(Value::Object(schema))
-            }
-            other => other,
-        };
-        let grammar = top_level_grammar(&constraint);
+        let what = kind(&constraint);
+        let grammar = top_level_grammar(constraint, params.disable_any_whitespace);
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| GrammarError::Invalid(format!("{}: {e}", kind(&constraint))))?;
+            .map_err(|e| GrammarError::Invalid(format!("{what}: {e}")))?;
         let trie = self.factory.tok_env().tok_trie();
         Ok(Box::new(GuidanceGrammar {
             matcher: Matcher::new(Ok(parser)),
@@ -91,11 +76,23 @@ fn kind(c: &Constraint) -> &'static str {
     }
 }
 
-fn top_level_grammar(c: &Constraint) -> TopLevelGrammar {
+/// `compact`: JSON without free whitespace (vLLM's `disable_any_whitespace`), an option
+/// llguidance reads from the schema's `x-guidance` object.
+fn top_level_grammar(c: Constraint, compact: bool) -> TopLevelGrammar {
+    let json = |mut schema: Value| {
+        let options = match schema.as_object_mut() {
+            Some(schema) if compact => schema.entry("x-guidance").or_insert_with(|| json!({})),
+            _ => return TopLevelGrammar::from_json_schema(schema),
+        };
+        if let Some(options) = options.as_object_mut() {
+            options.insert("whitespace_flexible".into(), Value::Bool(false));
+        }
+        TopLevelGrammar::from_json_schema(schema)
+    };
     match c {
-        Constraint::JsonSchema(schema) => TopLevelGrammar::from_json_schema(schema.clone()),
-        Constraint::JsonObject => TopLevelGrammar::from_json_schema(json!({"type": "object"})),
-        Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        Constraint::JsonSchema(schema) => json(schema),
+        Constraint::JsonObject => json(json!({"type": "object"})),
+        Constraint::Regex(rx) => TopLevelGrammar::from_regex(&rx),
         // One alternative per choice, each a literal (a JSON string is a Lark literal).
         Constraint::Choice(choices) => {
             let alternatives: Vec<String> = choices
@@ -107,7 +104,7 @@ fn top_level_grammar(c: &Constraint) -> TopLevelGrammar {
                 alternatives.join(" | ")
             )))
         }
-        Constraint::Grammar(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        Constraint::Grammar(lark) => TopLevelGrammar::from_lark(lark),
     }
 }
 

@@ -17,6 +17,23 @@ pub use crate::model_executor::sampling_metadata::TokenBitmask;
 pub mod backend_guidance;
 pub mod vocabulary;
 
+/// What structured output has cost: the tokens constrained (one mask each) and the
+/// seconds spent computing their masks and advancing the grammars with them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GrammarStats {
+    pub num_token_masks: u64,
+    pub mask_seconds: f64,
+    pub accept_seconds: f64,
+}
+
+impl GrammarStats {
+    /// Microseconds per constrained token of the mask, and of the grammar's advance.
+    pub fn per_token_us(&self) -> (f64, f64) {
+        let n = self.num_token_masks.max(1) as f64;
+        (self.mask_seconds * 1e6 / n, self.accept_seconds * 1e6 / n)
+    }
+}
+
 pub trait StructuredOutputGrammar: Debug + Send {
     /// The tokens allowed next (only EOS once the grammar is done, or broken).
     fn token_mask(&mut self) -> TokenBitmask;

@@ -38,11 +38,6 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// `max_model_len` checked against the model's context length (the default).
-    pub fn resolve_max_model_len(&self, config: &ModelConfig) -> Result<usize, WorkerError> {
-        resolve_max_model_len(self.max_model_len, config)
-    }
-
     /// Starts the kernels' thread pool with the threads asked for.
     pub(crate) fn init_threads(&self) {
         let threads = self

@@ -11,7 +11,7 @@ use crate::model_executor::model_loader::load_model_shard;
 use crate::worker::cache_engine::CacheEngine;
 use crate::worker::model_runner::ModelRunner;
 use crate::worker::step_message::{decode, Received, StepBuffers};
-use crate::worker::worker_config::{WorkerConfig, WorkerError};
+use crate::worker::worker_config::{resolve_max_model_len, WorkerConfig, WorkerError};
 
 pub struct Worker {
     runner: ModelRunner,
@@ -26,7 +26,7 @@ impl Worker {
     /// and every rank must have the same blocks (checked with the others).
     pub fn load(config: &WorkerConfig, group: Arc<dyn Communicator>) -> Result<Self, WorkerError> {
         let mut model = load_model_shard(&config.model, &config.load, group)?.model;
-        let max_model_len = config.resolve_max_model_len(model.config())?;
+        let max_model_len = resolve_max_model_len(config.max_model_len, model.config())?;
         let c = &config.cache;
         let kv_dtype = c.kv_cache_dtype.resolve(config.load.dtype);
         let local = model.local_config();

@@ -88,3 +88,16 @@ pub fn run_to_completion(
     }
     outs
 }
+
+/// An engine on the test model with 2 kernel threads, `max_model_len` tokens and
+/// `kv_cache_memory` bytes of KV cache.
+pub fn test_llm(max_model_len: usize, kv_cache_memory: u64) -> minivllm::entrypoints::llm::LLM {
+    minivllm::entrypoints::llm::LLM::new(&minivllm::engine::llm_engine::EngineArgs {
+        model: test_model_path().to_str().unwrap().to_string(),
+        max_model_len: Some(max_model_len),
+        kv_cache_memory,
+        threads: Some(2),
+        ..Default::default()
+    })
+    .expect("engine starts")
+}

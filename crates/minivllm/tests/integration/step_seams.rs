@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::common;
 
-use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
+use minivllm::engine::llm_engine::{LLMEngine, PromptInput};
 use minivllm::entrypoints::llm::LLM;
 use minivllm::ids::{SeqId, TokenId};
 use minivllm::outputs::RequestOutput;
@@ -23,14 +23,7 @@ const PROMPTS: [&str; 4] = [
 ];
 
 fn llm() -> LLM {
-    LLM::new(&EngineArgs {
-        model: common::test_model_path().to_str().unwrap().to_string(),
-        max_model_len: Some(256),
-        kv_cache_memory: 64 << 20,
-        threads: Some(2),
-        ..EngineArgs::default()
-    })
-    .expect("engine starts")
+    common::test_llm(256, 64 << 20)
 }
 
 /// Runs every request to the end; the final outputs by request id, and the steps it took.

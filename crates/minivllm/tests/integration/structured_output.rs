@@ -3,7 +3,6 @@
 //! llguidance), greedy constrained output is the same alone and batched, and constraints
 //! that do not compile are refused with their reason.
 
-use minivllm::engine::llm_engine::EngineArgs;
 use minivllm::entrypoints::llm::LLM;
 use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::{SamplingParams, StructuredOutputsParams};
@@ -12,14 +11,7 @@ use serde_json::{json, Value};
 use crate::common;
 
 fn llm() -> LLM {
-    LLM::new(&EngineArgs {
-        model: common::test_model_path().to_str().unwrap().to_string(),
-        max_model_len: Some(512),
-        kv_cache_memory: 64 << 20,
-        threads: Some(2),
-        ..EngineArgs::default()
-    })
-    .expect("engine starts")
+    common::test_llm(512, 64 << 20)
 }
 
 fn params(so: StructuredOutputsParams, temperature: f32, n: usize) -> SamplingParams {

@@ -42,16 +42,10 @@ impl StructuredFields {
     pub fn params(&self) -> Result<Option<StructuredOutputsParams>, ValidationError> {
         let from_format = match &self.response_format {
             None | Some(ResponseFormat::Text) => None,
-            Some(ResponseFormat::JsonObject) => Some(StructuredOutputsParams {
-                json_object: Some(true),
-                ..Default::default()
-            }),
+            Some(ResponseFormat::JsonObject) => Some(StructuredOutputsParams::json_object()),
             Some(ResponseFormat::JsonSchema { json_schema }) => Some(match &json_schema.schema {
                 Some(schema) => StructuredOutputsParams::json_schema(schema.clone()),
-                None => StructuredOutputsParams {
-                    json_object: Some(true),
-                    ..Default::default()
-                },
+                None => StructuredOutputsParams::json_object(),
             }),
         };
         let guided = StructuredOutputsParams {
