@@ -58,6 +58,12 @@ def server_url(binary: str, model: str):
         n = str(TENSOR_PARALLEL)
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", n, *cmd,
                "--tensor-parallel-size", n, "--threads", "1"]
+    yield from serve(cmd)
+
+
+def serve(cmd):
+    """Runs `cmd` (a `minivllm serve --port 0`), yields its base url once healthy, stops it
+    after."""
     # stderr goes to a file, not a pipe nobody reads, so the server never blocks on its logs;
     # we read it through a descriptor of our own, so reading never moves the server's writes.
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "serve.log", "a") as log:

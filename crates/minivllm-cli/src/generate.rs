@@ -169,10 +169,7 @@ pub fn run(
     for p in prompts {
         inputs.push(match p {
             PromptInput::Text(text) if args.chat => {
-                let msg = ChatMessage {
-                    role: "user".into(),
-                    content: text,
-                };
+                let msg = ChatMessage::new("user", text);
                 let rendered = tokenizer.apply_chat_template(&[msg], true)?;
                 PromptInput::TokenIds(tokenizer.encode(&rendered, false)?)
             }

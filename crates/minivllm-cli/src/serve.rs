@@ -6,6 +6,8 @@ use minivllm::engine::llm_engine::LLMEngine;
 use std::time::Duration;
 
 use minivllm::entrypoints::openai::api_server::{self, ConnectionLimits, ServerConfig};
+use minivllm::entrypoints::openai::tool_calls::ToolCallConfig;
+use minivllm::entrypoints::openai::tool_parsers::ToolParserName;
 
 use crate::EngineFlags;
 
@@ -64,6 +66,42 @@ pub struct ServeArgs {
     /// still open then are closed.
     #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
     pub shutdown_timeout: f64,
+    /// Let the model decide when to call tools (`tool_choice: "auto"`, the default when a
+    /// chat request has `tools`); its calls are read with --tool-call-parser.
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
+    /// How the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes), llama3_json
+    /// (Llama 3.1-3.3), mistral, pythonic (Llama 3.2/4). Default with
+    /// --enable-auto-tool-choice: the one the model's chat template shows.
+    #[arg(long)]
+    pub tool_call_parser: Option<ToolParserName>,
+}
+
+/// The tool-call settings, the parser read from the chat template when not given.
+fn tool_call_config(args: &ServeArgs, engine: &LLMEngine) -> anyhow::Result<ToolCallConfig> {
+    let parser = match (args.tool_call_parser, args.enable_auto_tool_choice) {
+        (Some(p), _) => Some(p),
+        (None, false) => None,
+        (None, true) => {
+            let template = engine.tokenizer().chat_template().unwrap_or_default();
+            let Some(p) = ToolParserName::detect(template) else {
+                anyhow::bail!(
+                    "--enable-auto-tool-choice needs --tool-call-parser: this model's chat \
+                     template shows no tool-call format this server knows ({})",
+                    ToolParserName::ALL.map(|p| p.as_str()).join(", ")
+                );
+            };
+            tracing::info!(
+                "tool calls read with the {} parser (from the chat template)",
+                p.as_str()
+            );
+            Some(p)
+        }
+    };
+    Ok(ToolCallConfig {
+        enable_auto_tool_choice: args.enable_auto_tool_choice,
+        parser,
+    })
 }
 
 fn positive_seconds(s: &str) -> Result<f64, String> {
@@ -80,6 +118,7 @@ pub fn run(
     let engine_args = args.engine.engine_args()?;
     let engine = LLMEngine::from_engine_args_with_driver(&engine_args, driver)
         .context("cannot start the engine")?;
+    let tool_calls = tool_call_config(&args, &engine)?;
     let config = ServerConfig {
         served_model_name: args
             .served_model_name
@@ -90,6 +129,7 @@ pub fn run(
             .context("--max-request-body-size is too large")?,
         body_read_timeout: Duration::from_secs_f64(args.body_read_timeout),
         max_request_memory: args.max_request_memory,
+        tool_calls,
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),

@@ -37,6 +37,8 @@ pub struct EngineCoreOutput {
     /// Set when the new token ends the sequence (on ids or length: stop strings are the
     /// output processor's to find); the scheduler has freed it.
     pub finish: Option<(FinishReason, Option<StopReason>)>,
+    /// The new token is the EOS or stop id that ended the sequence: not part of the text.
+    pub stop_token: bool,
 }
 
 /// Log-probabilities at one position: the chosen (or actual) token first, then the top-k

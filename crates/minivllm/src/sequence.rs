@@ -170,6 +170,23 @@ impl Sequence {
     /// Whether the token just appended ends the sequence, on ids and length alone (vLLM
     /// v1's `check_stop`): a stop token or EOS once `min_tokens` are out, or `max_tokens`.
     /// Stop strings need the text, which the output processor checks.
+    /// Whether the last token is the EOS or stop id that ends the sequence: a mark, not
+    /// text (vLLM leaves it out of the output text).
+    pub fn ends_on_stop_token(&self) -> bool {
+        let Some(&last) = self.output_ids().last() else {
+            return false;
+        };
+        let n_out = self.output_ids().len();
+        (n_out >= self.params.min_tokens && self.params.stop_token_ids.contains(&last))
+            || self.stops_on_eos(last, n_out)
+    }
+
+    fn stops_on_eos(&self, last: TokenId, n_out: usize) -> bool {
+        n_out >= self.params.min_tokens
+            && !self.params.ignore_eos
+            && self.eos_token_ids.contains(&last)
+    }
+
     pub fn check_stop(&self) -> Option<(FinishReason, Option<StopReason>)> {
         let &last = self.output_ids().last()?;
         let n_out = self.output_ids().len();
@@ -177,7 +194,7 @@ impl Sequence {
         let after_min = n_out >= p.min_tokens;
         if after_min && p.stop_token_ids.contains(&last) {
             Some((FinishReason::Stop, Some(StopReason::Token(last))))
-        } else if after_min && !p.ignore_eos && self.eos_token_ids.contains(&last) {
+        } else if self.stops_on_eos(last, n_out) {
             Some((FinishReason::Stop, None))
         } else if self.grammar.as_ref().is_some_and(|g| g.is_terminated()) {
             // Nothing may follow but EOS, which `min_tokens` or `ignore_eos` could ban,

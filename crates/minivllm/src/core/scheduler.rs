@@ -170,6 +170,7 @@ impl Scheduler {
                     new_token: Some(token),
                     prompt_logprobs: prompt_lps.take(),
                     finish: finish.clone(),
+                    stop_token: finish.is_some() && seq.ends_on_stop_token(),
                 });
             }
             // Drafts past the accepted ones were computed on a wrong guess: their K/V are
@@ -183,6 +184,7 @@ impl Scheduler {
                     new_token: None,
                     prompt_logprobs: prompt_lps,
                     finish: None,
+                    stop_token: false,
                 });
             }
             if finish.is_some() {

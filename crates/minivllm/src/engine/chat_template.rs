@@ -15,6 +15,16 @@ use serde::{Deserialize, Serialize};
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// The tools an assistant turn called. Templates test `'tool_calls' in message`, so the
+    /// key is given to them only when there are calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// On a `tool` turn: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// On a `tool` turn: the function that answered (some templates print it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -22,8 +32,21 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
+}
+
+/// A function call made by the model, as a later turn hands it back to the template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// A JSON object: templates write it with `tojson`, as transformers gets it from vLLM
+    /// (which parses the OpenAI message's argument string first).
+    pub arguments: serde_json::Value,
 }
 
 /// Why a conversation could not be turned into a prompt.
@@ -90,9 +113,12 @@ impl ChatTemplate {
         Ok(Self { env })
     }
 
+    /// `tools`: OpenAI's tool objects (`{"type": "function", "function": {...}}`), given to
+    /// the template as `tools` when there are any, as transformers does.
     pub fn render(
         &self,
         messages: &[ChatMessage],
+        tools: &[serde_json::Value],
         add_generation_prompt: bool,
         tokens: TemplateTokens<'_>,
     ) -> Result<String, ChatTemplateError> {
@@ -102,6 +128,7 @@ impl ChatTemplate {
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
         let ctx = minijinja::context! {
             messages => messages.iter().map(message_value).collect::<Vec<_>>(),
+            tools => (!tools.is_empty()).then(|| tools.iter().map(json_value).collect::<Vec<_>>()),
             add_generation_prompt => add_generation_prompt,
             bos_token => tokens.bos_token.unwrap_or(""),
             eos_token => tokens.eos_token.unwrap_or(""),
@@ -111,10 +138,55 @@ impl ChatTemplate {
 }
 
 fn message_value(message: &ChatMessage) -> Value {
-    Value::from_pairs([
+    let mut pairs = vec![
         ("role", Value::from(message.role.as_str())),
         ("content", Value::from(message.content.as_str())),
-    ])
+    ];
+    if !message.tool_calls.is_empty() {
+        let calls: Vec<Value> = message
+            .tool_calls
+            .iter()
+            .map(|c| {
+                Value::from_pairs([
+                    ("id", Value::from(c.id.as_str())),
+                    ("type", Value::from("function")),
+                    (
+                        "function",
+                        Value::from_pairs([
+                            ("name", Value::from(c.name.as_str())),
+                            ("arguments", json_value(&c.arguments)),
+                        ]),
+                    ),
+                ])
+            })
+            .collect();
+        pairs.push(("tool_calls", Value::from(calls)));
+    }
+    if let Some(id) = &message.tool_call_id {
+        pairs.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(name) = &message.name {
+        pairs.push(("name", Value::from(name.as_str())));
+    }
+    Value::from_pairs(pairs)
+}
+
+/// A JSON value as the template sees it, key order kept (Python's dicts keep it, and `tojson`
+/// must write tool schemas as transformers does).
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
+    }
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
@@ -206,6 +278,7 @@ mod tests {
     fn render(src: &str, messages: &[ChatMessage], gen: bool) -> Result<String, ChatTemplateError> {
         ChatTemplate::new(src)?.render(
             messages,
+            &[],
             gen,
             TemplateTokens {
                 bos_token: Some("<s>"),
@@ -305,6 +378,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, ChatTemplateError::Render(_)), "{err:?}");
+    }
+
+    /// Expected text from Python's jinja2 with transformers' settings (trim_blocks,
+    /// lstrip_blocks, `tojson` as `json.dumps`), over Qwen2.5's template as its GGUF ships it.
+    #[test]
+    fn qwen_template_renders_tools_calls_and_results_as_transformers_does() {
+        let tools = [serde_json::json!({"type": "function", "function": {
+            "name": "get_weather", "description": "Weather <now> & 'here'",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}})];
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = vec![ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: serde_json::json!({"city": "Paris", "days": [1, 2]}),
+        }];
+        let mut result = ChatMessage::new("tool", r#"{"temp": 21}"#);
+        result.tool_call_id = Some("call_1".into());
+        let mut second = ChatMessage::new("tool", "sunny");
+        second.tool_call_id = Some("call_2".into());
+        let messages = [
+            ChatMessage::new("user", "Weather in Paris?"),
+            call,
+            result,
+            second,
+        ];
+        let out = ChatTemplate::new(include_str!("testdata/qwen2.5_chat_template.jinja"))
+            .unwrap()
+            .render(&messages, &tools, true, TemplateTokens::default())
+            .unwrap();
+        let expected: String = serde_json::from_str(r#""<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather <now> & 'here'\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n""#).unwrap();
+        assert_eq!(out, expected);
     }
 
     #[test]

@@ -196,7 +196,13 @@ impl OutputProcessor {
                 ));
             }
             st.output_ids.push(token.token_id);
-            let stop_str = st.detok.push(&self.tokenizer, token.token_id)?;
+            // The EOS or stop token that ended the sequence is not text (vLLM's rule; it
+            // shows only with skip_special_tokens off, or for a stop id of a plain token).
+            let stop_token = o.stop_token && !req.params.include_stop_str_in_output;
+            let stop_str = match stop_token {
+                true => None,
+                false => st.detok.push(&self.tokenizer, token.token_id)?,
+            };
             // A stop string wins over what the scheduler saw in the same token.
             let finish = match stop_str {
                 Some(stop) => {

@@ -483,6 +483,16 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.apply_chat_template_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// As `apply_chat_template`, with OpenAI's tool objects given to the template as `tools`.
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         let source = self
             .chat_template
             .as_deref()
@@ -494,6 +504,7 @@ impl Tokenizer {
             .map_err(Clone::clone)?;
         template.render(
             messages,
+            tools,
             add_generation_prompt,
             TemplateTokens {
                 bos_token: self.bos_token(),

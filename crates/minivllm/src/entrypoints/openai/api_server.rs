@@ -32,6 +32,7 @@ use super::serving_chat::chat_completions;
 use super::serving_completion::completions;
 use super::serving_engine::now;
 use super::serving_tokenization::{detokenize, tokenize};
+use super::tool_calls::ToolCallConfig;
 use crate::engine::async_engine::AsyncEngine;
 
 /// How the server presents itself and whom it lets in.
@@ -52,6 +53,8 @@ pub struct ServerConfig {
     /// The most one request may make the server hold (`--max-request-memory`); `None`: an
     /// eighth of the memory left once the model is loaded, at most 1 GiB.
     pub max_request_memory: Option<u64>,
+    /// `--enable-auto-tool-choice` and `--tool-call-parser`.
+    pub tool_calls: ToolCallConfig,
 }
 
 impl ServerConfig {
@@ -66,6 +69,7 @@ impl ServerConfig {
             max_request_body_bytes: Self::DEFAULT_MAX_REQUEST_BODY_BYTES,
             body_read_timeout: Self::DEFAULT_BODY_READ_TIMEOUT,
             max_request_memory: None,
+            tool_calls: ToolCallConfig::default(),
         }
     }
 

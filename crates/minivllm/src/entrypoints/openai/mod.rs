@@ -9,3 +9,5 @@ pub mod serving_completion;
 pub mod serving_engine;
 pub mod serving_tokenization;
 pub mod structured_outputs;
+pub mod tool_calls;
+pub mod tool_parsers;

@@ -5,9 +5,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use crate::engine::async_engine::AsyncEngineError;
-use crate::engine::chat_template::ChatMessage;
+use crate::engine::chat_template::{ChatMessage, ToolCall};
 use crate::engine::llm_engine::EngineError;
 use crate::entrypoints::openai::structured_outputs::StructuredFields;
+use crate::entrypoints::openai::tool_calls::ChatTool;
 use crate::sampling_params::{SamplingParams, ValidationError};
 use crate::sequence::TokenId;
 
@@ -217,19 +218,60 @@ pub struct ChatMessageIn {
     pub role: String,
     /// Absent or null on assistant turns that only called tools.
     pub content: Option<MessageContent>,
+    /// An assistant turn's calls, as a reply gave them.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` turn's answer is to this call.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
-/// The messages as the chat template sees them: text parts joined by newlines, as vLLM does.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolCallIn {
+    pub id: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    /// JSON text as OpenAI sends it (an object is taken too).
+    pub arguments: serde_json::Value,
+}
+
+/// The messages as the chat template sees them: text parts joined by newlines, as vLLM does;
+/// calls' argument strings parsed, as vLLM gives them to templates.
 pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
     messages
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             let content = match &m.content {
                 None => String::new(),
                 Some(MessageContent::Text(t)) => t.clone(),
                 Some(MessageContent::Parts(parts)) => text_of_parts(parts)?,
             };
-            Ok(ChatMessage::new(m.role.clone(), content))
+            let mut message = ChatMessage::new(m.role.clone(), content);
+            for (j, call) in m.tool_calls.iter().flatten().enumerate() {
+                let arguments = match &call.function.arguments {
+                    serde_json::Value::String(text) => serde_json::from_str(text).map_err(|e| {
+                        ApiError::bad_request(
+                            format!(
+                                "messages[{i}].tool_calls[{j}].function.arguments is not JSON: {e}"
+                            ),
+                            Some("messages"),
+                        )
+                    })?,
+                    other => other.clone(),
+                };
+                message.tool_calls.push(ToolCall {
+                    id: call.id.clone().unwrap_or_default(),
+                    name: call.function.name.clone(),
+                    arguments,
+                });
+            }
+            message.tool_call_id = m.tool_call_id.clone();
+            message.name = m.name.clone();
+            Ok(message)
         })
         .collect()
 }
@@ -292,6 +334,10 @@ pub struct ChatCompletionRequest {
     pub add_generation_prompt: bool,
     #[serde(default)]
     pub continue_final_message: bool,
+    pub tools: Option<Vec<ChatTool>>,
+    /// `none`, `auto`, `required` or a named function; read by `ToolUse`.
+    pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub common: CommonParams,
 }
@@ -335,6 +381,8 @@ pub struct TokenizeRequest {
     pub continue_final_message: bool,
     #[serde(default)]
     pub return_token_strs: bool,
+    /// With `messages`: tools for the chat template, as in a chat request.
+    pub tools: Option<Vec<ChatTool>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

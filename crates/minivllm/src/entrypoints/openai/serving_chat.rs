@@ -17,16 +17,20 @@ use super::serving_engine::{
     admit, check_model, delta, finish_reason, fold, json_response, last_output, now, off_async,
     parse, prompt_logprobs, sse, stop_reason, submit, token_text, top, usage, Held, Prompt,
 };
+use super::tool_calls::{message_fields, ToolStream, ToolUse};
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput};
 use crate::sampling_params::SamplingParams;
+use crate::sequence::FinishReason;
 use crate::sequence::TokenId;
 
 /// Renders `messages` with the model's chat template and tokenises the result.
+/// `tools`: OpenAI's tool objects, for templates that describe them to the model.
 pub fn render_chat(
     s: &AppState,
     messages: &[ChatMessageIn],
+    tools: &[Value],
     mode: TemplateMode,
     add_special_tokens: bool,
 ) -> Result<Prompt, ApiError> {
@@ -34,7 +38,7 @@ pub fn render_chat(
     let messages = chat_messages(messages)?;
     let add_generation_prompt = mode == TemplateMode::GenerationPrompt;
     let mut rendered = tok
-        .apply_chat_template(&messages, add_generation_prompt)
+        .apply_chat_template_with_tools(&messages, tools, add_generation_prompt)
         .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
     if mode == TemplateMode::ContinueFinalMessage {
         rendered = continue_final_message(rendered, &messages)?;
@@ -70,7 +74,7 @@ pub async fn chat_completions(
     Extension(rid): Extension<RequestId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (req, prompt, params, held) = off_async(&s, move |s| prepare(s, body)).await?;
+    let (req, prompt, params, held, tools) = off_async(&s, move |s| prepare(s, body)).await?;
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let n = params.n;
     let prompts = [prompt];
@@ -93,6 +97,7 @@ pub async fn chat_completions(
         top_logprobs: logprobs,
         prompt_logprobs: req.common.prompt_logprobs.is_some(),
         tok: s.engine.tokenizer().clone(),
+        tools,
     };
     if req.common.stream {
         let include_usage = req.common.include_usage();
@@ -104,20 +109,29 @@ pub async fn chat_completions(
 
 /// The request parsed and checked, its messages rendered and tokenised, and its sampling
 /// parameters.
+#[allow(clippy::type_complexity)]
 fn prepare(
     s: &AppState,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(ChatCompletionRequest, Prompt, SamplingParams, Held), ApiError> {
+) -> Result<(ChatCompletionRequest, Prompt, SamplingParams, Held, ToolUse), ApiError> {
     let req: ChatCompletionRequest = parse(body)?;
     let mode = req.check()?;
     check_model(s, req.common.model.as_deref())?;
+    let tools = ToolUse::from_request(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        req.common.structured.params()?.is_some(),
+        &s.config.tool_calls,
+    )?;
     // The template writes the BOS itself.
-    let prompt = render_chat(s, &req.messages, mode, false)?;
+    let prompt = render_chat(s, &req.messages, &tools.template_tools, mode, false)?;
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    let base = req.common.sampling_params(max_tokens, logprobs);
+    let mut base = req.common.sampling_params(max_tokens, logprobs);
+    tools.adjust_params(&mut base);
     let (mut params, held) = admit(s, &base, std::slice::from_ref(&prompt), false)?;
-    Ok((req, prompt, params.remove(0), held))
+    Ok((req, prompt, params.remove(0), held, tools))
 }
 
 /// What every response of one request shares.
@@ -133,6 +147,7 @@ struct Reply {
     /// vLLM's `prompt_logprobs` was asked for: the response carries them.
     prompt_logprobs: bool,
     tok: Arc<Tokenizer>,
+    tools: ToolUse,
 }
 
 impl Reply {
@@ -155,11 +170,21 @@ impl Reply {
             .outputs
             .iter()
             .map(|o| {
+                let mut message = json!({"role": "assistant", "content": o.text});
+                let mut finish = finish_reason(o);
+                if let Some(parser) = &self.tools.parser {
+                    let parsed = parser.parse(&o.text, true);
+                    finish = self.finish_with_calls(o, !parsed.tool_calls.is_empty());
+                    message
+                        .as_object_mut()
+                        .expect("an object")
+                        .extend(message_fields(&parsed));
+                }
                 json!({
                     "index": o.index,
-                    "message": {"role": "assistant", "content": o.text},
+                    "message": message,
                     "logprobs": self.logprobs(o, 0),
-                    "finish_reason": finish_reason(o),
+                    "finish_reason": finish,
                     "stop_reason": stop_reason(o),
                 })
             })
@@ -170,6 +195,16 @@ impl Reply {
             body["prompt_logprobs"] = prompt_logprobs(&self.tok, out);
         }
         body
+    }
+
+    /// `tool_calls` for a reply that stopped after calling tools, as OpenAI says it.
+    fn finish_with_calls(&self, o: &CompletionOutput, called: bool) -> Value {
+        match o.finish_reason {
+            Some(FinishReason::Stop) if called && self.tools.finish_as_tool_calls => {
+                "tool_calls".into()
+            }
+            _ => finish_reason(o),
+        }
     }
 
     async fn stream(
@@ -183,6 +218,8 @@ impl Reply {
         let mut sent_tokens = vec![0usize; self.n];
         // With n > 1 a finished choice keeps coming back while its siblings run.
         let mut done = vec![false; self.n];
+        let mut tool_streams: Vec<ToolStream> =
+            (0..self.n).map(|_| ToolStream::default()).collect();
         for i in 0..self.n {
             let first = json!([{
                 "index": i, "delta": {"role": "assistant", "content": ""},
@@ -201,23 +238,31 @@ impl Reply {
                 if done[o.index] {
                     continue;
                 }
-                done[o.index] = o.finish_reason.is_some();
-                let text = delta(&o.text, &mut sent[o.index]);
-                if text.is_empty() && o.finish_reason.is_none() {
-                    // Text held back (half a character, a possible stop string): its tokens'
-                    // logprobs go with the chunk that releases it.
+                let finished = o.finish_reason.is_some();
+                done[o.index] = finished;
+                let (delta, finish) = match &self.tools.parser {
+                    None => {
+                        let text = delta(&o.text, &mut sent[o.index]);
+                        let d = (!text.is_empty()).then(|| json!({"content": text}));
+                        (d, finish_reason(o))
+                    }
+                    Some(parser) => {
+                        let calls = &mut tool_streams[o.index];
+                        let d = calls.delta(&parser.parse(&o.text, finished));
+                        let finish = self.finish_with_calls(o, calls.called());
+                        (d.map(Value::Object), finish)
+                    }
+                };
+                if delta.is_none() && !finished {
+                    // Text held back (half a character, a possible stop string, what may be
+                    // a tool call): its tokens' logprobs go with the chunk that releases it.
                     continue;
                 }
                 let lp = self.logprobs(o, sent_tokens[o.index]);
                 sent_tokens[o.index] = o.token_ids.len();
-                let delta = if text.is_empty() {
-                    json!({})
-                } else {
-                    json!({"content": text})
-                };
                 let c = json!([{
-                    "index": o.index, "delta": delta, "logprobs": lp,
-                    "finish_reason": finish_reason(o), "stop_reason": stop_reason(o),
+                    "index": o.index, "delta": delta.unwrap_or_else(|| json!({})), "logprobs": lp,
+                    "finish_reason": finish, "stop_reason": stop_reason(o),
                 }]);
                 if tx.send(self.body(OBJECT, c)).await.is_err() {
                     return;

@@ -12,6 +12,7 @@ use super::api_server::{AppState, Shared};
 use super::protocol::{ApiError, DetokenizeRequest, TemplateMode, TokenizeRequest};
 use super::serving_chat::render_chat;
 use super::serving_engine::{check_model, json_response, off_async, parse};
+use super::tool_calls::ToolUse;
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::sequence::TokenId;
@@ -34,7 +35,15 @@ fn tokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
         (None, Some(messages)) => {
             let add_special = req.add_special_tokens.unwrap_or(false);
             let mode = TemplateMode::of(req.add_generation_prompt, req.continue_final_message)?;
-            render_chat(s, messages, mode, add_special)?.ids
+            // The tools as a chat request with `tool_choice: "none"` renders them.
+            let tools = ToolUse::from_request(
+                req.tools.as_deref(),
+                Some(&serde_json::json!("none")),
+                None,
+                false,
+                &s.config.tool_calls,
+            )?;
+            render_chat(s, messages, &tools.template_tools, mode, add_special)?.ids
         }
         _ => {
             return Err(ApiError::bad_request(

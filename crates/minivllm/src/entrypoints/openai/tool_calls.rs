@@ -1,0 +1,525 @@
+//! Tool calling in chat: the request's `tools` and `tool_choice` checked and turned into
+//! what the engine runs (the tools given to the chat template, a JSON constraint when the
+//! choice forces a call), and the reply's `tool_calls`, whole or streamed in pieces.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::protocol::ApiError;
+use super::tool_parsers::{ForcedToolParser, ParsedOutput, ToolParser, ToolParserName};
+use crate::sampling_params::{SamplingParams, StructuredOutputsParams};
+
+/// One entry of the request's `tools`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatTool {
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionDefinition {
+    pub name: String,
+    pub description: Option<String>,
+    /// A JSON schema of the arguments object; absent: no arguments.
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
+}
+
+/// The request's `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+impl ToolChoice {
+    /// From the JSON field; absent, OpenAI's default: `auto` when there are tools.
+    fn from_field(field: Option<&Value>, has_tools: bool) -> Result<Self, ApiError> {
+        let bad = || {
+            ApiError::bad_request(
+                "tool_choice must be \"none\", \"auto\", \"required\" or \
+                 {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                Some("tool_choice"),
+            )
+        };
+        match field {
+            None | Some(Value::Null) if has_tools => Ok(ToolChoice::Auto),
+            None | Some(Value::Null) => Ok(ToolChoice::None),
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => Ok(ToolChoice::None),
+                "auto" => Ok(ToolChoice::Auto),
+                "required" => Ok(ToolChoice::Required),
+                _ => Err(bad()),
+            },
+            Some(Value::Object(o)) => o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .map(|n| ToolChoice::Named(n.to_string()))
+                .ok_or_else(bad),
+            Some(_) => Err(bad()),
+        }
+    }
+}
+
+/// The server's `--enable-auto-tool-choice` and `--tool-call-parser`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ToolCallConfig {
+    pub enable_auto_tool_choice: bool,
+    pub parser: Option<ToolParserName>,
+}
+
+/// How a chat request uses tools.
+#[derive(Debug)]
+pub struct ToolUse {
+    /// The tools as the chat template gets them (as the client sent them).
+    pub template_tools: Vec<Value>,
+    /// Reads the reply's calls; `None` when the reply is plain text.
+    pub parser: Option<Box<dyn ToolParser>>,
+    /// Only a call can come back (`required` or a named function).
+    pub forced: Option<StructuredOutputsParams>,
+    /// A reply with calls finishes with `tool_calls` (not for a named function, as OpenAI).
+    pub finish_as_tool_calls: bool,
+}
+
+impl ToolUse {
+    /// Checks `tools`, `tool_choice` and `parallel_tool_calls` (with vLLM's messages where
+    /// it has them) against each other and the server's settings.
+    pub fn from_request(
+        tools: Option<&[ChatTool]>,
+        tool_choice: Option<&Value>,
+        parallel_tool_calls: Option<bool>,
+        structured: bool,
+        config: &ToolCallConfig,
+    ) -> Result<Self, ApiError> {
+        let tools = tools.unwrap_or_default();
+        let choice = ToolChoice::from_field(tool_choice, !tools.is_empty())?;
+        for (i, t) in tools.iter().enumerate() {
+            check_tool(t, i, tools)?;
+        }
+        if tools.is_empty() && choice != ToolChoice::None {
+            return Err(ApiError::bad_request(
+                "When using `tool_choice`, `tools` must be set.",
+                Some("tool_choice"),
+            ));
+        }
+        let template_tools = tools
+            .iter()
+            .map(|t| {
+                let mut function = Map::new();
+                function.insert("name".into(), json!(t.function.name));
+                if let Some(d) = &t.function.description {
+                    function.insert("description".into(), json!(d));
+                }
+                if let Some(p) = &t.function.parameters {
+                    function.insert("parameters".into(), p.clone());
+                }
+                json!({"type": "function", "function": function})
+            })
+            .collect();
+        let forced_with_format = || {
+            ApiError::bad_request(
+                "tool_choice \"required\" or a named function constrains the reply to a tool \
+                 call, and cannot be combined with response_format, structured_outputs or \
+                 guided_* in one request",
+                Some("tool_choice"),
+            )
+        };
+        let (parser, forced, finish_as_tool_calls): (Option<Box<dyn ToolParser>>, _, _) =
+            match &choice {
+                ToolChoice::None => (None, None, false),
+                ToolChoice::Auto => {
+                    let parser = config.parser.filter(|_| config.enable_auto_tool_choice);
+                    let Some(parser) = parser else {
+                        return Err(ApiError::bad_request(
+                            "\"auto\" tool choice requires --enable-auto-tool-choice and \
+                             --tool-call-parser to be set",
+                            Some("tool_choice"),
+                        ));
+                    };
+                    (Some(parser.parser()), None, true)
+                }
+                ToolChoice::Required => {
+                    if structured {
+                        return Err(forced_with_format());
+                    }
+                    let schema = required_schema(tools, parallel_tool_calls == Some(false))?;
+                    (
+                        Some(Box::new(ForcedToolParser::Required)),
+                        Some(forced_params(schema)),
+                        true,
+                    )
+                }
+                ToolChoice::Named(name) => {
+                    if structured {
+                        return Err(forced_with_format());
+                    }
+                    let Some(tool) = tools.iter().find(|t| &t.function.name == name) else {
+                        return Err(ApiError::bad_request(
+                            format!("Tool '{name}' has not been passed in `tools`."),
+                            Some("tool_choice"),
+                        ));
+                    };
+                    (
+                        Some(Box::new(ForcedToolParser::Named(name.clone()))),
+                        Some(forced_params(parameters_schema(tool))),
+                        false,
+                    )
+                }
+            };
+        Ok(Self {
+            template_tools,
+            parser,
+            forced,
+            finish_as_tool_calls,
+        })
+    }
+
+    /// The request's sampling parameters as calls need them.
+    pub fn adjust_params(&self, params: &mut SamplingParams) {
+        if let Some(forced) = &self.forced {
+            params.structured_outputs = Some(forced.clone());
+        }
+        if let Some(parser) = &self.parser {
+            parser.adjust_params(params);
+        }
+    }
+}
+
+fn check_tool(t: &ChatTool, i: usize, tools: &[ChatTool]) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::bad_request(m, Some("tools")));
+    if t.kind != "function" {
+        return bad(format!(
+            "tools[{i}].type must be \"function\", got {:?}",
+            t.kind
+        ));
+    }
+    if t.function.name.is_empty() {
+        return bad(format!("tools[{i}].function.name must not be empty"));
+    }
+    if tools[..i]
+        .iter()
+        .any(|o| o.function.name == t.function.name)
+    {
+        return bad(format!(
+            "tools[{i}]: a tool named {:?} is given twice",
+            t.function.name
+        ));
+    }
+    match &t.function.parameters {
+        None | Some(Value::Object(_)) => Ok(()),
+        Some(_) => bad(format!(
+            "tools[{i}].function.parameters must be a JSON schema object"
+        )),
+    }
+}
+
+/// The constraint of a forced call. As OpenAI's `strict` tools: objects take only the
+/// properties their schema lists (unless it says otherwise), and JSON comes without free
+/// whitespace; small models otherwise fill a call with invented keys or blank lines
+/// (SmolLM2 does, to `max_tokens`).
+fn forced_params(mut schema: Value) -> StructuredOutputsParams {
+    close_objects(&mut schema);
+    StructuredOutputsParams {
+        disable_any_whitespace: true,
+        ..StructuredOutputsParams::json_schema(schema)
+    }
+}
+
+/// `additionalProperties: false` on every object schema listing `properties` without
+/// saying whether others may come.
+fn close_objects(schema: &mut Value) {
+    match schema {
+        Value::Object(o) => {
+            if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            o.values_mut().for_each(close_objects);
+        }
+        Value::Array(a) => a.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
+/// A tool's arguments schema; no schema means an empty object, as vLLM generates `{}`.
+fn parameters_schema(tool: &ChatTool) -> Value {
+    match &tool.function.parameters {
+        Some(p) if p.as_object().is_some_and(|o| !o.is_empty()) => p.clone(),
+        _ => json!({"type": "object", "properties": {}}),
+    }
+}
+
+/// vLLM's schema for `tool_choice: "required"`: a list of at least one
+/// `{"name": <a tool>, "parameters": <its arguments>}`, each tool's `$defs` moved to the
+/// top so their `$ref`s still resolve.
+fn required_schema(tools: &[ChatTool], single: bool) -> Result<Value, ApiError> {
+    let mut defs = Map::new();
+    let mut variants = Vec::with_capacity(tools.len());
+    for t in tools {
+        let mut params = parameters_schema(t);
+        if let Some(Value::Object(d)) = params.as_object_mut().and_then(|p| p.remove("$defs")) {
+            for (name, schema) in d {
+                match defs.get(&name) {
+                    Some(existing) if *existing != schema => {
+                        return Err(ApiError::bad_request(
+                            format!(
+                                "Tool definition '{name}' has multiple schemas, which is not \
+                                 supported."
+                            ),
+                            Some("tools"),
+                        ))
+                    }
+                    _ => {
+                        defs.insert(name, schema);
+                    }
+                }
+            }
+        }
+        variants.push(json!({
+            "properties": {
+                "name": {"type": "string", "enum": [t.function.name]},
+                "parameters": params,
+            },
+            "required": ["name", "parameters"],
+            "additionalProperties": false,
+        }));
+    }
+    let mut schema = json!({
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "object", "anyOf": variants},
+    });
+    if single {
+        schema["maxItems"] = json!(1);
+    }
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    Ok(schema)
+}
+
+/// A fresh call id, in vLLM's form.
+pub fn tool_call_id() -> String {
+    format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
+}
+
+/// The reply's message fields for a finished output: `content` (null when only calls came
+/// back) and `tool_calls` when there are any.
+pub fn message_fields(parsed: &ParsedOutput) -> Map<String, Value> {
+    let mut m = Map::new();
+    let content = (!parsed.content.trim().is_empty() || parsed.tool_calls.is_empty())
+        .then(|| parsed.content.clone());
+    m.insert("content".into(), json!(content));
+    if !parsed.tool_calls.is_empty() {
+        let calls: Vec<Value> = parsed
+            .tool_calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "id": tool_call_id(), "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                })
+            })
+            .collect();
+        m.insert("tool_calls".into(), Value::Array(calls));
+    }
+    m
+}
+
+/// What one choice of a stream has sent: the parsed reply so far, so each chunk carries
+/// only what is new.
+#[derive(Debug, Default)]
+pub struct ToolStream {
+    content: usize,
+    /// Per call sent: its id and how much of its arguments.
+    calls: Vec<(String, usize)>,
+}
+
+impl ToolStream {
+    /// The delta (`content` and `tool_calls` pieces) the newly parsed reply adds, `None`
+    /// when it adds nothing.
+    pub fn delta(&mut self, parsed: &ParsedOutput) -> Option<Map<String, Value>> {
+        let mut d = Map::new();
+        if let Some(new) = parsed.content.get(self.content..).filter(|s| !s.is_empty()) {
+            if parsed.content.is_char_boundary(self.content) {
+                d.insert("content".into(), json!(new));
+                self.content = parsed.content.len();
+            }
+        }
+        let mut pieces = Vec::new();
+        for (i, call) in parsed.tool_calls.iter().enumerate() {
+            if i == self.calls.len() {
+                let id = tool_call_id();
+                pieces.push(json!({
+                    "index": i, "id": id, "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }));
+                self.calls.push((id, call.arguments.len()));
+                continue;
+            }
+            let sent = &mut self.calls[i].1;
+            match call.arguments.get(*sent..) {
+                Some(new) if !new.is_empty() => {
+                    pieces.push(json!({"index": i, "function": {"arguments": new}}));
+                    *sent = call.arguments.len();
+                }
+                _ => {}
+            }
+        }
+        if !pieces.is_empty() {
+            d.insert("tool_calls".into(), Value::Array(pieces));
+        }
+        (!d.is_empty()).then_some(d)
+    }
+
+    /// Whether any call has been sent.
+    pub fn called(&self) -> bool {
+        !self.calls.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entrypoints::openai::tool_parsers::ParsedToolCall;
+
+    fn tools(v: Value) -> Vec<ChatTool> {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn weather() -> Vec<ChatTool> {
+        tools(json!([
+            {"type": "function", "function": {"name": "get_weather",
+             "parameters": {"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
+                            "$defs": {"City": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "get_time"}},
+        ]))
+    }
+
+    const AUTO: ToolCallConfig = ToolCallConfig {
+        enable_auto_tool_choice: true,
+        parser: Some(ToolParserName::Hermes),
+    };
+
+    fn setup(choice: Value, config: &ToolCallConfig) -> Result<ToolUse, ApiError> {
+        let t = weather();
+        ToolUse::from_request(Some(&t), Some(&choice), None, false, config)
+    }
+
+    #[test]
+    fn choices_as_vllm_reads_them() {
+        let t = weather();
+        let auto = ToolUse::from_request(Some(&t), None, None, false, &AUTO).unwrap();
+        assert!(auto.parser.is_some() && auto.forced.is_none() && auto.finish_as_tool_calls);
+        assert_eq!(auto.template_tools.len(), 2);
+        let none = setup(json!("none"), &AUTO).unwrap();
+        assert!(none.parser.is_none() && none.forced.is_none());
+        assert_eq!(none.template_tools.len(), 2);
+        let named = setup(
+            json!({"type": "function", "function": {"name": "get_time"}}),
+            &AUTO,
+        )
+        .unwrap();
+        assert!(!named.finish_as_tool_calls);
+        let named = named.forced.unwrap();
+        assert_eq!(
+            named.json,
+            Some(json!({"type": "object", "properties": {}, "additionalProperties": false}))
+        );
+        assert!(named.disable_any_whitespace);
+        let required = setup(json!("required"), &ToolCallConfig::default()).unwrap();
+        let schema = required.forced.unwrap().json.unwrap();
+        assert_eq!(schema["minItems"], 1);
+        assert_eq!(schema["$defs"]["City"], json!({"type": "string"}));
+        assert!(schema["items"]["anyOf"][0]["properties"]["parameters"]
+            .get("$defs")
+            .is_none());
+    }
+
+    #[test]
+    fn bad_choices_get_vllms_messages() {
+        let msg = |r: Result<ToolUse, ApiError>| r.unwrap_err().message;
+        assert!(msg(setup(json!("auto"), &ToolCallConfig::default()))
+            .contains("--enable-auto-tool-choice"));
+        assert!(msg(setup(
+            json!({"type": "function", "function": {"name": "nope"}}),
+            &AUTO
+        ))
+        .contains("Tool 'nope' has not been passed"));
+        assert!(msg(setup(json!("sometimes"), &AUTO)).contains("tool_choice must be"));
+        assert!(msg(ToolUse::from_request(
+            None,
+            Some(&json!("required")),
+            None,
+            false,
+            &AUTO
+        ))
+        .contains("`tools` must be set"));
+        let t = weather();
+        assert!(msg(ToolUse::from_request(
+            Some(&t),
+            Some(&json!("required")),
+            None,
+            true,
+            &AUTO
+        ))
+        .contains("cannot be combined"));
+        let twice = tools(json!([{"function": {"name": "a"}}, {"function": {"name": "a"}}]));
+        assert!(msg(ToolUse::from_request(
+            Some(&twice),
+            None,
+            None,
+            false,
+            &AUTO
+        ))
+        .contains("given twice"));
+        let bad = tools(json!([{"function": {"name": "a", "parameters": [1]}}]));
+        assert!(
+            msg(ToolUse::from_request(Some(&bad), None, None, false, &AUTO))
+                .contains("parameters must be a JSON schema object")
+        );
+    }
+
+    #[test]
+    fn a_stream_sends_each_call_once_then_its_arguments_in_pieces() {
+        let mut s = ToolStream::default();
+        let call = |args: &str| ParsedToolCall {
+            name: "f".into(),
+            arguments: args.into(),
+        };
+        let d = s
+            .delta(&ParsedOutput {
+                content: "Hi".into(),
+                tool_calls: vec![call("{\"a\"")],
+            })
+            .unwrap();
+        assert_eq!(d["content"], "Hi");
+        assert_eq!(d["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(d["tool_calls"][0]["function"]["arguments"], "{\"a\"");
+        let d = s
+            .delta(&ParsedOutput {
+                content: "Hi".into(),
+                tool_calls: vec![call("{\"a\": 1}")],
+            })
+            .unwrap();
+        assert!(d.get("content").is_none());
+        assert_eq!(
+            d["tool_calls"][0],
+            json!({"index": 0, "function": {"arguments": ": 1}"}})
+        );
+        assert!(s.called());
+        assert!(s
+            .delta(&ParsedOutput {
+                content: "Hi".into(),
+                tool_calls: vec![call("{\"a\": 1}")],
+            })
+            .is_none());
+    }
+}
