@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from minivllm import _core
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.tokenizer import Conversation, Tokenizer, conversation_pairs
+from minivllm.tokenizer import Conversation, Tokenizer, conversation_json, tools_json
 
 logger = logging.getLogger(__name__)
 
@@ -215,14 +215,15 @@ class LLM:
         tokenization_kwargs: Optional[Dict[str, Any]] = None,
     ) -> List[RequestOutput]:
         """Replies to one conversation (a list of ``{"role", "content"}`` messages) or to
-        each of a list of them, through the model's chat template. What minivllm does not
-        implement (another template, tools, template kwargs, continuing the last message)
-        raises ``ValueError`` rather than changing the prompt silently."""
+        each of a list of them, through the model's chat template; ``tools`` (OpenAI's tool
+        objects) go to the template, as in vLLM (the reply is text: tool calls are read out
+        of it by the server's ``--tool-call-parser``). What minivllm does not implement
+        (another template, template kwargs, continuing the last message) raises
+        ``ValueError`` rather than changing the prompt silently."""
         if lora_request is not None:
             raise ValueError("LoRA adapters are not supported by minivllm")
         for name, value in (
             ("chat_template", chat_template),
-            ("tools", tools),
             ("chat_template_kwargs", chat_template_kwargs),
             ("mm_processor_kwargs", mm_processor_kwargs),
             ("tokenization_kwargs", tokenization_kwargs),
@@ -237,8 +238,9 @@ class LLM:
         conversations = list(messages) if many else [messages]
         tok = self._engine.get_tokenizer()
         prompts: List[Tuple[Optional[str], Union[str, List[int]]]] = []
+        tools_text = tools_json(tools)
         for conversation in conversations:
-            text = tok.render_chat(conversation_pairs(conversation), add_generation_prompt)
+            text = tok.render_chat(conversation_json(conversation), tools_text, add_generation_prompt)
             # The template writes the special tokens itself (BOS included).
             prompts.append((text, tok.encode(text, False)))
         return self._run(prompts, sampling_params, use_tqdm, None)

@@ -3,6 +3,7 @@ written for vLLM use most (``LLM.get_tokenizer()``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from minivllm import _core
@@ -14,7 +15,6 @@ Conversation = Sequence[Dict[str, Any]]
 # would change it, and is refused.
 _HF_DEFAULTS: Dict[str, Any] = {
     "chat_template": None,
-    "tools": None,
     "documents": None,
     "continue_final_message": False,
     "return_assistant_tokens_mask": False,
@@ -46,13 +46,35 @@ def message_text(content: Any) -> str:
     raise ValueError(f"message content must be a string or a list of parts, got {content!r}")
 
 
-def conversation_pairs(conversation: Conversation) -> List[tuple]:
-    pairs = []
+def conversation_json(conversation: Conversation) -> str:
+    """The conversation as the chat template's JSON: each message's text, and the tool
+    calls, ``tool_call_id`` and ``name`` that tool-using turns carry."""
+    messages = []
     for m in conversation:
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(f"a chat message must be a dict with a 'role', got {m!r}")
-        pairs.append((str(m["role"]), message_text(m.get("content"))))
-    return pairs
+        out: Dict[str, Any] = {"role": str(m["role"]), "content": message_text(m.get("content"))}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if m.get(key) is not None:
+                out[key] = m[key]
+        messages.append(out)
+    try:
+        return json.dumps(messages)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"chat messages must be JSON-serialisable: {e}") from None
+
+
+def tools_json(tools: Optional[Sequence[Dict[str, Any]]]) -> Optional[str]:
+    """OpenAI's tool objects for the chat template (``{"type": "function", "function":
+    {...}}``), or ``None``."""
+    if not tools:
+        return None
+    if not all(isinstance(t, dict) for t in tools):
+        raise ValueError("tools must be a list of dicts (OpenAI's tool objects)")
+    try:
+        return json.dumps(list(tools))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"tools must be JSON-serialisable: {e}") from None
 
 
 class Tokenizer:
@@ -101,12 +123,16 @@ class Tokenizer:
     ) -> Union[str, List[int], Dict[str, List[int]]]:
         """The conversation through the model's chat template (transformers' defaults:
         token ids, no generation prompt). Template variables and other options that
-        transformers passes on (``chat_template``, ``tools``, ``continue_final_message``,
-        ``enable_thinking``, ...) raise ``ValueError``: the template here takes none."""
+        transformers passes on (``chat_template``, ``continue_final_message``,
+        ``enable_thinking``, ...) raise ``ValueError``; ``tools`` (OpenAI's tool objects)
+        go to the template."""
+        tools = kwargs.pop("tools", None)
         given = [k for k, v in kwargs.items() if k not in _HF_DEFAULTS or v != _HF_DEFAULTS[k]]
         if given:
             raise ValueError(f"apply_chat_template: not supported by minivllm: {sorted(given)}")
-        text = self._inner.render_chat(conversation_pairs(conversation), add_generation_prompt)
+        text = self._inner.render_chat(
+            conversation_json(conversation), tools_json(tools), add_generation_prompt
+        )
         if not tokenize:
             return text
         ids = self.encode(text, add_special_tokens=False)

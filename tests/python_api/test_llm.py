@@ -445,3 +445,38 @@ def test_structured_outputs_as_in_vllm(llm):
         llm.generate(["x"], bad)
     with pytest.raises(ValueError, match="multiple are specified"):
         SamplingParams(structured_outputs=StructuredOutputsParams(regex="a", choice=["b"]))
+
+
+def test_chat_with_tools_renders_them_through_the_template():
+    """vLLM's `LLM.chat(..., tools=...)` and the tokenizer's `apply_chat_template(tools=)`:
+    Qwen2.5's template describes the tools, writes an earlier call and its result as the
+    model was trained on them. Skipped without the Qwen2.5 file (CI fetches it)."""
+    import os
+
+    from minivllm import LLM, SamplingParams
+    from pytest_support import path_from_env
+
+    qwen = path_from_env("MINIVLLM_QWEN_MODEL", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
+    if not os.path.exists(qwen):
+        pytest.skip(f"no {qwen}: MINIVLLM_TEST_MODELS=qwen2.5-coder-0.5b ./scripts/test.sh fetches it")
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "21 C, sunny"},
+    ]
+    llm = LLM(model=qwen, max_model_len=1024, kv_cache_memory="64MiB")
+    tok = llm.get_tokenizer()
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<tool_response>\n21 C, sunny\n</tool_response>" in text
+    out = llm.chat(messages, SamplingParams(max_tokens=8, temperature=0), tools=tools, use_tqdm=False)[0]
+    assert out.prompt == text
+    assert out.prompt_token_ids == tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+    with pytest.raises(ValueError, match="arguments is not JSON"):
+        bad = [dict(messages[1], tool_calls=[{"id": "c", "function": {"name": "f", "arguments": "{x"}}])]
+        tok.apply_chat_template(bad, tools=tools, tokenize=False)

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use minivllm::engine::chat_template::ChatMessage;
+use minivllm::entrypoints::openai::protocol::{chat_messages, ChatMessageIn};
 use minivllm::engine::tokenizer::Tokenizer as EngineTokenizer;
 
 use crate::value_error;
@@ -50,18 +50,25 @@ impl Tokenizer {
         tokens.iter().map(|t| self.inner.token_to_id(t)).collect()
     }
 
-    /// `conversation`: `(role, content)` pairs. Returns the prompt text.
+    /// `messages`: the conversation as JSON (OpenAI's message objects, tool calls and tool
+    /// turns included); `tools`: JSON list of tool objects for the template, or `None`.
+    /// Returns the prompt text.
+    #[pyo3(signature = (messages, tools, add_generation_prompt))]
     fn render_chat(
         &self,
-        conversation: Vec<(String, String)>,
+        messages: &str,
+        tools: Option<&str>,
         add_generation_prompt: bool,
     ) -> PyResult<String> {
-        let messages: Vec<ChatMessage> = conversation
-            .into_iter()
-            .map(|(role, content)| ChatMessage::new(role, content))
-            .collect();
+        let messages: Vec<ChatMessageIn> = serde_json::from_str(messages)
+            .map_err(|e| value_error(format!("chat messages: {e}")))?;
+        let messages = chat_messages(&messages).map_err(|e| value_error(e.message))?;
+        let tools: Vec<serde_json::Value> = match tools {
+            Some(t) => serde_json::from_str(t).map_err(|e| value_error(format!("tools: {e}")))?,
+            None => Vec::new(),
+        };
         self.inner
-            .apply_chat_template(&messages, add_generation_prompt)
+            .apply_chat_template_with_tools(&messages, &tools, add_generation_prompt)
             .map_err(value_error)
     }
 
