@@ -98,6 +98,8 @@ class LLM:
         kv_cache_dtype: ``"auto"``, ``"float32"``, ``"float16"`` or ``"bfloat16"``.
         scheduling_policy: ``"fcfs"`` or ``"priority"``.
         threads: Kernel threads (default: all cores).
+        reasoning_parser: ``"deepseek_r1"`` or ``"qwen3"``: structured output constrains
+            only the answer after the model's ``<think>...</think>``.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class LLM:
         kv_cache_dtype: str = "auto",
         scheduling_policy: str = "fcfs",
         threads: Optional[int] = None,
+        reasoning_parser: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         for name, value in kwargs.items():
@@ -153,6 +156,7 @@ class LLM:
             scheduling_policy=scheduling_policy,
             threads=threads,
             tensor_parallel_size=tensor_parallel_size,
+            reasoning_parser=reasoning_parser or None,
         )
         self._tokenizer = Tokenizer(self._engine.get_tokenizer())
         self._request_counter = itertools.count()

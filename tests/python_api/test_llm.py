@@ -480,3 +480,23 @@ def test_chat_with_tools_renders_them_through_the_template():
     with pytest.raises(ValueError, match="arguments is not JSON"):
         bad = [dict(messages[1], tool_calls=[{"id": "c", "function": {"name": "f", "arguments": "{x"}}])]
         tok.apply_chat_template(bad, tools=tools, tokenize=False)
+
+
+def test_reasoning_parser_lets_the_model_think_before_a_constrained_answer(model):
+    """`LLM(reasoning_parser=...)`, as vLLM's engine argument: structured output starts after
+    `</think>`; a prompt that closed the thinking (thinking off) is constrained at once."""
+    import re
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.sampling_params import StructuredOutputsParams
+
+    llm = LLM(model=model, max_model_len=512, kv_cache_memory="32MiB", reasoning_parser="deepseek_r1")
+    p = SamplingParams(max_tokens=10, temperature=0,
+                       structured_outputs=StructuredOutputsParams(regex="[0-9]{3}"))
+    thinking, off = llm.generate(["Cats are<think>\n", "Cats are<think>\n\n</think>\n\n"], p,
+                                 use_tqdm=False)
+    # Free while thinking: not what the constraint would allow.
+    assert re.search("[^0-9]", thinking.outputs[0].text), thinking.outputs[0].text
+    assert re.fullmatch("[0-9]{3}", off.outputs[0].text), off.outputs[0].text
+    with pytest.raises(ValueError, match="unknown reasoning parser"):
+        LLM(model=model, max_model_len=512, kv_cache_memory="32MiB", reasoning_parser="o1")

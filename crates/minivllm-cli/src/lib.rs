@@ -126,6 +126,11 @@ pub struct EngineFlags {
     /// for GiB; a bare number is bytes). 0 (default): preempted sequences are recomputed.
     #[arg(long, default_value = "0", value_parser = parse_bytes)]
     pub swap_space: u64,
+    /// The model thinks in `<think>...</think>` first: `deepseek_r1` or `qwen3`. Structured
+    /// output then constrains only the answer after the thinking, and `serve` puts the
+    /// thinking in chat replies' `reasoning_content`.
+    #[arg(long)]
+    pub reasoning_parser: Option<minivllm::reasoning::ReasoningParserName>,
 }
 
 impl EngineFlags {
@@ -148,6 +153,8 @@ impl EngineFlags {
             threads: m.threads,
             load: m.load_options(),
             tensor_parallel_size: m.tensor_parallel_size,
+            reasoning_parser: self.reasoning_parser,
+            chat_template: None,
         })
     }
 }

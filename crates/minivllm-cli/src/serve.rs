@@ -75,6 +75,23 @@ pub struct ServeArgs {
     /// --enable-auto-tool-choice: the one the model's chat template shows.
     #[arg(long)]
     pub tool_call_parser: Option<ToolParserName>,
+    /// A Jinja chat template to use instead of the model's: a file, or the template itself
+    /// (as vLLM's --chat-template).
+    #[arg(long)]
+    pub chat_template: Option<String>,
+}
+
+/// `--chat-template`'s value: a file's text, or the value itself when it is a template.
+fn chat_template(value: &str) -> anyhow::Result<String> {
+    let path = std::path::Path::new(value);
+    if path.is_file() {
+        return std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the chat template {value}"));
+    }
+    if value.contains("{{") || value.contains("{%") {
+        return Ok(value.to_string());
+    }
+    anyhow::bail!("--chat-template {value:?}: no such file, and not a Jinja template either")
 }
 
 /// The tool-call settings, the parser read from the chat template when not given.
@@ -115,7 +132,12 @@ pub fn run(
     args: ServeArgs,
     driver: Option<minivllm::worker::worker_process::Driver>,
 ) -> anyhow::Result<()> {
-    let engine_args = args.engine.engine_args()?;
+    let mut engine_args = args.engine.engine_args()?;
+    engine_args.chat_template = args
+        .chat_template
+        .as_deref()
+        .map(chat_template)
+        .transpose()?;
     let engine = LLMEngine::from_engine_args_with_driver(&engine_args, driver)
         .context("cannot start the engine")?;
     let tool_calls = tool_call_config(&args, &engine)?;
@@ -130,6 +152,7 @@ pub fn run(
         body_read_timeout: Duration::from_secs_f64(args.body_read_timeout),
         max_request_memory: args.max_request_memory,
         tool_calls,
+        reasoning_parser: engine_args.reasoning_parser,
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),

@@ -48,6 +48,7 @@ impl Engine {
         max_prefill_tokens = None, block_size = 16, kv_cache_memory = "1GiB", swap_space = "0",
         enable_prefix_caching = true, enable_chunked_prefill = true,
         scheduling_policy = "fcfs", threads = None, tensor_parallel_size = 1,
+        reasoning_parser = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -68,6 +69,7 @@ impl Engine {
         scheduling_policy: &str,
         threads: Option<usize>,
         tensor_parallel_size: usize,
+        reasoning_parser: Option<&str>,
     ) -> PyResult<Self> {
         let named = |name: &str, e: String| value_error(format!("{name}: {e}"));
         let args = EngineArgs {
@@ -93,6 +95,11 @@ impl Engine {
                     .map_err(value_error)?,
             },
             tensor_parallel_size,
+            reasoning_parser: reasoning_parser
+                .map(str::parse)
+                .transpose()
+                .map_err(value_error)?,
+            chat_template: None,
         };
         // Every process of an `mpirun` job makes this same call: rank 0 goes on to build the
         // engine, the others serve it as workers here, until it stops, and then exit.

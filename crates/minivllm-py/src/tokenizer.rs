@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use minivllm::entrypoints::openai::protocol::{chat_messages, ChatMessageIn};
 use minivllm::engine::tokenizer::Tokenizer as EngineTokenizer;
+use minivllm::entrypoints::openai::protocol::{chat_messages, ChatMessageIn};
 
 use crate::value_error;
 

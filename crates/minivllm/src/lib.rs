@@ -15,6 +15,7 @@ pub mod entrypoints;
 pub mod ids;
 pub mod model_executor;
 pub mod outputs;
+pub mod reasoning;
 pub mod sampling_params;
 pub mod sequence;
 pub mod structured_output;

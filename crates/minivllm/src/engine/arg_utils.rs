@@ -6,6 +6,7 @@ use crate::core::policy::Policy;
 use crate::core::scheduler::SchedulerConfig;
 use crate::engine::errors::EngineError;
 use crate::model_executor::loader::weights::LoadOptions;
+use crate::reasoning::ReasoningParserName;
 use crate::sampling_params::SamplingParams;
 use crate::worker::cache_engine::{CacheDtype, CacheEngine};
 use crate::worker::worker_config::{CacheConfig, WorkerConfig};
@@ -53,6 +54,10 @@ pub struct EngineArgs {
     /// Ranks each layer is split over (`--tensor-parallel-size`): processes started by
     /// `mpirun`, one of which (rank 0) runs the engine.
     pub tensor_parallel_size: usize,
+    /// `--reasoning-parser`: structured output constrains the answer after the thinking.
+    pub reasoning_parser: Option<ReasoningParserName>,
+    /// A Jinja chat template used instead of the model's (`--chat-template`).
+    pub chat_template: Option<String>,
 }
 
 impl Default for EngineArgs {
@@ -73,6 +78,8 @@ impl Default for EngineArgs {
             threads: None,
             load: LoadOptions::default(),
             tensor_parallel_size: 1,
+            reasoning_parser: None,
+            chat_template: None,
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
 use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::outputs::RequestOutput;
+use crate::reasoning::{PromptThinking, ReasoningParser};
 use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
 use crate::structured_output::backend_guidance::{GrammarError, GuidanceBackend};
@@ -47,6 +48,8 @@ pub struct LLMEngine {
     /// first such request (and a tokenizer it cannot describe is found once, not per
     /// request).
     grammars: Option<Result<GuidanceBackend, GrammarError>>,
+    /// Thinking comes before a constrained answer (`--reasoning-parser`).
+    reasoning: Option<ReasoningParser>,
 }
 
 impl LLMEngine {
@@ -67,7 +70,10 @@ impl LLMEngine {
         // The tokenizer first: what building it holds for a moment (a 262k-token
         // vocabulary's maps) then does not come on top of the weights. A driver dropped on
         // its error releases the workers.
-        let tokenizer = load_tokenizer(&args.model)?;
+        let mut tokenizer = load_tokenizer(&args.model)?;
+        if let Some(template) = &args.chat_template {
+            tokenizer.set_chat_template(Some(template.clone()));
+        }
         log_rss("tokenizer built");
         let executor = Executor::start(driver, &args.worker_config())?;
         log_rss("weights loaded and KV cache allocated");
@@ -94,6 +100,7 @@ impl LLMEngine {
             stats_logger: StatsLogger::new(),
             started: Instant::now(),
             grammars: None,
+            reasoning: args.reasoning_parser.map(ReasoningParser::new),
         })
     }
 
@@ -233,7 +240,20 @@ impl LLMEngine {
         }
         let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
         let grammar = match (grammar, &params.structured_outputs) {
-            (None, Some(so)) => Some(self.grammar_backend()?.compile(so)?),
+            (None, Some(so)) => {
+                let before = self.reasoning.and_then(|r| {
+                    let text = match &prompt.text {
+                        Some(t) => std::borrow::Cow::Borrowed(t.as_str()),
+                        None => self
+                            .tokenizer
+                            .decode(&prompt.token_ids, false)
+                            .unwrap_or_default()
+                            .into(),
+                    };
+                    r.grammar_prefix(PromptThinking::of(&text))
+                });
+                Some(self.grammar_backend()?.compile_after(so, before)?)
+            }
             (grammar, _) => grammar,
         };
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;

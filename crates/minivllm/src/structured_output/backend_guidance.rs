@@ -48,11 +48,25 @@ impl GuidanceBackend {
         &self,
         params: &StructuredOutputsParams,
     ) -> Result<Box<dyn StructuredOutputGrammar>, GrammarError> {
+        self.compile_after(params, None)
+    }
+
+    /// [`compile`](Self::compile), the constraint starting after a free part: `before` is a
+    /// Lark rule named `reasoning` (a reasoning parser's thinking) and whether the output
+    /// may skip it.
+    pub fn compile_after(
+        &self,
+        params: &StructuredOutputsParams,
+        before: Option<(&str, bool)>,
+    ) -> Result<Box<dyn StructuredOutputGrammar>, GrammarError> {
         let constraint = params
             .constraint()
             .map_err(|e| GrammarError::Invalid(e.to_string()))?;
         let what = kind(&constraint);
-        let grammar = top_level_grammar(constraint, params.disable_any_whitespace);
+        let mut grammar = top_level_grammar(constraint, params.disable_any_whitespace);
+        if let Some((rule, optional)) = before {
+            grammar = after(grammar, rule, optional);
+        }
         let parser = self
             .factory
             .create_parser(grammar)
@@ -106,6 +120,21 @@ fn top_level_grammar(c: Constraint, compact: bool) -> TopLevelGrammar {
         }
         Constraint::Grammar(lark) => TopLevelGrammar::from_lark(lark),
     }
+}
+
+/// `grammar` preceded by `rule` (named `reasoning`): a new start grammar refers to the old
+/// one by name, as llguidance's `@name` allows.
+fn after(mut grammar: TopLevelGrammar, rule: &str, optional: bool) -> TopLevelGrammar {
+    const INNER: &str = "constrained";
+    grammar.grammars[0].name = Some(INNER.into());
+    let start = format!(
+        "start: reasoning{} @{INNER}\n{rule}\n",
+        if optional { "?" } else { "" }
+    );
+    grammar
+        .grammars
+        .insert(0, GrammarWithLexer::from_lark(start));
+    grammar
 }
 
 /// One completion's place in its grammar.

@@ -210,3 +210,62 @@ fn a_complete_constraint_ends_the_completion_whatever_bans_eos() {
         "{text:?}"
     );
 }
+
+/// With a reasoning parser the constraint waits for `</think>`: any text before it, only the
+/// constrained answer after (SmolLM2's vocabulary; `</think>` is several tokens in it).
+#[test]
+fn a_constraint_after_reasoning_waits_for_the_thinking_to_end() {
+    use minivllm::reasoning::{PromptThinking, ReasoningParser, ReasoningParserName};
+    use minivllm::structured_output::backend_guidance::GuidanceBackend;
+
+    let llm = llm();
+    let tok = llm.engine().tokenizer();
+    let vocab_size = llm.engine().model().config().vocab_size;
+    let backend = GuidanceBackend::new(tok.vocabulary().unwrap(), vocab_size).unwrap();
+    let digits = StructuredOutputsParams::regex("[0-9]{2}");
+    let one = |text: &str| {
+        let ids = tok.encode(text, false).unwrap();
+        assert_eq!(ids.len(), 1, "{text:?} is one token");
+        ids[0]
+    };
+    let (word, digit) = (one("Let"), one("4"));
+    for (name, prompt, thought) in [
+        (
+            ReasoningParserName::DeepSeekR1,
+            PromptThinking::Open,
+            "Let me add 2 and 2.</think>",
+        ),
+        (
+            ReasoningParserName::Qwen3,
+            PromptThinking::Absent,
+            "<think>Let me add.</think>",
+        ),
+    ] {
+        let before = ReasoningParser::new(name).grammar_prefix(prompt);
+        let mut g = backend.compile_after(&digits, before).unwrap();
+        for id in tok.encode(thought, false).unwrap() {
+            assert!(g.token_mask().is_allowed(id), "{name:?}: thinking is free");
+            g.accept_token(id);
+        }
+        let mask = g.token_mask();
+        assert!(
+            mask.is_allowed(digit) && !mask.is_allowed(word),
+            "{name:?}: then the constraint"
+        );
+        for id in tok.encode("42", false).unwrap() {
+            g.accept_token(id);
+        }
+        assert!(g.is_terminated() || g.token_mask().is_allowed(tok.eos_token_id().unwrap()));
+    }
+    // Thinking turned off in the prompt: the constraint from the first token.
+    let off =
+        ReasoningParser::new(ReasoningParserName::Qwen3).grammar_prefix(PromptThinking::Closed);
+    let mut g = backend.compile_after(&digits, off).unwrap();
+    assert!(!g.token_mask().is_allowed(word));
+    // Qwen3 with the prompt leaving it to the reply: it may answer at once.
+    let maybe =
+        ReasoningParser::new(ReasoningParserName::Qwen3).grammar_prefix(PromptThinking::Absent);
+    let mut g = backend.compile_after(&digits, maybe).unwrap();
+    let mask = g.token_mask();
+    assert!(mask.is_allowed(digit) && !mask.is_allowed(word));
+}

@@ -34,6 +34,7 @@ use super::serving_engine::now;
 use super::serving_tokenization::{detokenize, tokenize};
 use super::tool_calls::ToolCallConfig;
 use crate::engine::async_engine::AsyncEngine;
+use crate::reasoning::ReasoningParserName;
 
 /// How the server presents itself and whom it lets in.
 #[derive(Debug, Clone)]
@@ -55,6 +56,8 @@ pub struct ServerConfig {
     pub max_request_memory: Option<u64>,
     /// `--enable-auto-tool-choice` and `--tool-call-parser`.
     pub tool_calls: ToolCallConfig,
+    /// `--reasoning-parser`: chat replies' thinking goes in `reasoning_content`.
+    pub reasoning_parser: Option<ReasoningParserName>,
 }
 
 impl ServerConfig {
@@ -70,6 +73,7 @@ impl ServerConfig {
             body_read_timeout: Self::DEFAULT_BODY_READ_TIMEOUT,
             max_request_memory: None,
             tool_calls: ToolCallConfig::default(),
+            reasoning_parser: None,
         }
     }
 

@@ -17,10 +17,12 @@ use super::serving_engine::{
     admit, check_model, delta, finish_reason, fold, json_response, last_output, now, off_async,
     parse, prompt_logprobs, sse, stop_reason, submit, token_text, top, usage, Held, Prompt,
 };
-use super::tool_calls::{message_fields, ToolStream, ToolUse};
+use super::tool_calls::{message_fields, ReplyStream, ToolUse};
+use super::tool_parsers::ParsedOutput;
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput};
+use crate::reasoning::{PromptThinking, ReasoningParser};
 use crate::sampling_params::SamplingParams;
 use crate::sequence::FinishReason;
 use crate::sequence::TokenId;
@@ -75,6 +77,10 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (req, prompt, params, held, tools) = off_async(&s, move |s| prepare(s, body)).await?;
+    let reasoning = s
+        .config
+        .reasoning_parser
+        .map(|name| (ReasoningParser::new(name), PromptThinking::of(&prompt.text)));
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let n = params.n;
     let prompts = [prompt];
@@ -98,6 +104,7 @@ pub async fn chat_completions(
         prompt_logprobs: req.common.prompt_logprobs.is_some(),
         tok: s.engine.tokenizer().clone(),
         tools,
+        reasoning,
     };
     if req.common.stream {
         let include_usage = req.common.include_usage();
@@ -148,6 +155,8 @@ struct Reply {
     prompt_logprobs: bool,
     tok: Arc<Tokenizer>,
     tools: ToolUse,
+    /// `--reasoning-parser`, and where the prompt left the model's thinking.
+    reasoning: Option<(ReasoningParser, PromptThinking)>,
 }
 
 impl Reply {
@@ -172,13 +181,12 @@ impl Reply {
             .map(|o| {
                 let mut message = json!({"role": "assistant", "content": o.text});
                 let mut finish = finish_reason(o);
-                if let Some(parser) = &self.tools.parser {
-                    let parsed = parser.parse(&o.text, true);
+                if let Some(parsed) = self.read(&o.text, true) {
                     finish = self.finish_with_calls(o, !parsed.tool_calls.is_empty());
                     message
                         .as_object_mut()
                         .expect("an object")
-                        .extend(message_fields(&parsed));
+                        .extend(message_fields(&parsed, self.reasoning.is_some()));
                 }
                 json!({
                     "index": o.index,
@@ -195,6 +203,24 @@ impl Reply {
             body["prompt_logprobs"] = prompt_logprobs(&self.tok, out);
         }
         body
+    }
+
+    /// The reply as the reasoning and tool-call parsers read it; `None` without them (the
+    /// text is all content).
+    fn read(&self, text: &str, finished: bool) -> Option<ParsedOutput> {
+        if self.tools.parser.is_none() && self.reasoning.is_none() {
+            return None;
+        }
+        let (reasoning, answer) = match &self.reasoning {
+            Some((parser, prompt)) => parser.split(*prompt, text, finished),
+            None => (String::new(), text.to_string()),
+        };
+        let mut parsed = match &self.tools.parser {
+            Some(parser) => parser.parse(&answer, finished),
+            None => ParsedOutput::content(answer),
+        };
+        parsed.reasoning = reasoning;
+        Some(parsed)
     }
 
     /// `tool_calls` for a reply that stopped after calling tools, as OpenAI says it.
@@ -218,8 +244,7 @@ impl Reply {
         let mut sent_tokens = vec![0usize; self.n];
         // With n > 1 a finished choice keeps coming back while its siblings run.
         let mut done = vec![false; self.n];
-        let mut tool_streams: Vec<ToolStream> =
-            (0..self.n).map(|_| ToolStream::default()).collect();
+        let mut replies: Vec<ReplyStream> = (0..self.n).map(|_| ReplyStream::default()).collect();
         for i in 0..self.n {
             let first = json!([{
                 "index": i, "delta": {"role": "assistant", "content": ""},
@@ -240,16 +265,16 @@ impl Reply {
                 }
                 let finished = o.finish_reason.is_some();
                 done[o.index] = finished;
-                let (delta, finish) = match &self.tools.parser {
+                let (delta, finish) = match self.read(&o.text, finished) {
                     None => {
                         let text = delta(&o.text, &mut sent[o.index]);
                         let d = (!text.is_empty()).then(|| json!({"content": text}));
                         (d, finish_reason(o))
                     }
-                    Some(parser) => {
-                        let calls = &mut tool_streams[o.index];
-                        let d = calls.delta(&parser.parse(&o.text, finished));
-                        let finish = self.finish_with_calls(o, calls.called());
+                    Some(parsed) => {
+                        let reply = &mut replies[o.index];
+                        let d = reply.delta(&parsed);
+                        let finish = self.finish_with_calls(o, reply.called());
                         (d.map(Value::Object), finish)
                     }
                 };

@@ -310,12 +310,18 @@ pub fn tool_call_id() -> String {
     format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
 }
 
-/// The reply's message fields for a finished output: `content` (null when only calls came
-/// back) and `tool_calls` when there are any.
-pub fn message_fields(parsed: &ParsedOutput) -> Map<String, Value> {
+/// The reply's message fields for a finished output: `reasoning_content` with a reasoning
+/// parser (null when the model did not think), `content` (null when only calls came back,
+/// or only thinking) and `tool_calls` when there are any.
+pub fn message_fields(parsed: &ParsedOutput, reasoning: bool) -> Map<String, Value> {
     let mut m = Map::new();
-    let content = (!parsed.content.trim().is_empty() || parsed.tool_calls.is_empty())
-        .then(|| parsed.content.clone());
+    if reasoning {
+        let thought = (!parsed.reasoning.is_empty()).then(|| parsed.reasoning.clone());
+        m.insert("reasoning_content".into(), json!(thought));
+    }
+    let content = (!parsed.content.trim().is_empty()
+        || (parsed.tool_calls.is_empty() && parsed.reasoning.is_empty()))
+    .then(|| parsed.content.clone());
     m.insert("content".into(), json!(content));
     if !parsed.tool_calls.is_empty() {
         let calls: Vec<Value> = parsed
@@ -336,21 +342,26 @@ pub fn message_fields(parsed: &ParsedOutput) -> Map<String, Value> {
 /// What one choice of a stream has sent: the parsed reply so far, so each chunk carries
 /// only what is new.
 #[derive(Debug, Default)]
-pub struct ToolStream {
+pub struct ReplyStream {
+    reasoning: usize,
     content: usize,
     /// Per call sent: its id and how much of its arguments.
     calls: Vec<(String, usize)>,
 }
 
-impl ToolStream {
-    /// The delta (`content` and `tool_calls` pieces) the newly parsed reply adds, `None`
-    /// when it adds nothing.
+impl ReplyStream {
+    /// The delta (`reasoning_content`, `content` and `tool_calls` pieces) the newly parsed
+    /// reply adds, `None` when it adds nothing.
     pub fn delta(&mut self, parsed: &ParsedOutput) -> Option<Map<String, Value>> {
         let mut d = Map::new();
-        if let Some(new) = parsed.content.get(self.content..).filter(|s| !s.is_empty()) {
-            if parsed.content.is_char_boundary(self.content) {
-                d.insert("content".into(), json!(new));
-                self.content = parsed.content.len();
+        for (key, text, sent) in [
+            ("reasoning_content", &parsed.reasoning, &mut self.reasoning),
+            ("content", &parsed.content, &mut self.content),
+        ] {
+            // Text that went back (a final reading unlike the stream's) is not sent again.
+            if let Some(new) = text.get(*sent..).filter(|s| !s.is_empty()) {
+                d.insert(key.into(), json!(new));
+                *sent = text.len();
             }
         }
         let mut pieces = Vec::new();
@@ -489,7 +500,7 @@ mod tests {
 
     #[test]
     fn a_stream_sends_each_call_once_then_its_arguments_in_pieces() {
-        let mut s = ToolStream::default();
+        let mut s = ReplyStream::default();
         let call = |args: &str| ParsedToolCall {
             name: "f".into(),
             arguments: args.into(),
@@ -498,6 +509,7 @@ mod tests {
             .delta(&ParsedOutput {
                 content: "Hi".into(),
                 tool_calls: vec![call("{\"a\"")],
+                ..ParsedOutput::default()
             })
             .unwrap();
         assert_eq!(d["content"], "Hi");
@@ -507,6 +519,7 @@ mod tests {
             .delta(&ParsedOutput {
                 content: "Hi".into(),
                 tool_calls: vec![call("{\"a\": 1}")],
+                ..ParsedOutput::default()
             })
             .unwrap();
         assert!(d.get("content").is_none());
@@ -519,6 +532,7 @@ mod tests {
             .delta(&ParsedOutput {
                 content: "Hi".into(),
                 tool_calls: vec![call("{\"a\": 1}")],
+                ..ParsedOutput::default()
             })
             .is_none());
     }

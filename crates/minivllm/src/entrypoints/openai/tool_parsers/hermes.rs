@@ -17,10 +17,7 @@ pub struct HermesToolParser;
 impl ToolParser for HermesToolParser {
     fn parse(&self, text: &str, finished: bool) -> ParsedOutput {
         let (content, first) = content_before(text, START, finished);
-        let mut out = ParsedOutput {
-            content,
-            tool_calls: Vec::new(),
-        };
+        let mut out = ParsedOutput::content(content);
         let Some(mut at) = first else {
             return bare_calls(text, finished).unwrap_or(out);
         };

@@ -27,6 +27,7 @@ impl ToolParser for MistralToolParser {
             Some(tool_calls) => ParsedOutput {
                 content,
                 tool_calls,
+                ..ParsedOutput::default()
             },
             None => ParsedOutput::content(text),
         }

@@ -31,18 +31,21 @@ pub struct ParsedToolCall {
     pub arguments: String,
 }
 
-/// Generated text split into what the model said and the calls it made.
+/// Generated text split into what the model said and the calls it made (and, with a
+/// reasoning parser, what it thought first).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ParsedOutput {
+    /// The thinking a reasoning parser split off (`reasoning_content`); empty without one.
+    pub reasoning: String,
     pub content: String,
     pub tool_calls: Vec<ParsedToolCall>,
 }
 
 impl ParsedOutput {
-    fn content(content: impl Into<String>) -> Self {
+    pub fn content(content: impl Into<String>) -> Self {
         Self {
             content: content.into(),
-            tool_calls: Vec::new(),
+            ..Self::default()
         }
     }
 }
@@ -148,11 +151,11 @@ impl ToolParser for ForcedToolParser {
                 // Trailing whitespace is held back: it may be the end of the output.
                 let args = text.trim();
                 ParsedOutput {
-                    content: String::new(),
                     tool_calls: vec![ParsedToolCall {
                         name: name.clone(),
                         arguments: args.to_string(),
                     }],
+                    ..ParsedOutput::default()
                 }
             }
             ForcedToolParser::Required => {

@@ -21,13 +21,13 @@ impl ToolParser for PythonicToolParser {
         let (calls, result) = p.calls();
         match result {
             Ok(()) if p.at_end() && !calls.is_empty() => ParsedOutput {
-                content: String::new(),
                 tool_calls: calls,
+                ..ParsedOutput::default()
             },
             // Each call is sent once its closing parenthesis is read.
             Err(Stop::Incomplete) if !finished => ParsedOutput {
-                content: String::new(),
                 tool_calls: calls,
+                ..ParsedOutput::default()
             },
             _ => ParsedOutput::content(text),
         }

@@ -1,0 +1,283 @@
+//! Reasoning models think before they answer, between `<think>` and `</think>`. vLLM's
+//! `--reasoning-parser` splits that thinking from the answer (`reasoning_content` and
+//! `content` in chat replies) and lets structured output constrain only the answer; this is
+//! the same, for its two think-tag parsers.
+//!
+//! - `deepseek_r1`: everything before `</think>` is thinking (R1's template opens the
+//!   `<think>` in the prompt); a reply that never closes it is all thinking.
+//! - `qwen3`: thinking is what the reply (or, for templates that open it there, the prompt)
+//!   opens with `<think>` and closes with `</think>`; a reply that never closes it is an
+//!   answer, as vLLM reads Qwen3.
+//!
+//! Whether the prompt left the model thinking is read from its text: templates that turn
+//! thinking off write an empty `<think></think>` into the prompt, and then the reply is all
+//! answer.
+
+const START: &str = "<think>";
+const END: &str = "</think>";
+
+/// vLLM's `--reasoning-parser` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningParserName {
+    #[serde(rename = "deepseek_r1")]
+    DeepSeekR1,
+    Qwen3,
+}
+
+impl ReasoningParserName {
+    pub const ALL: [ReasoningParserName; 2] =
+        [ReasoningParserName::DeepSeekR1, ReasoningParserName::Qwen3];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasoningParserName::DeepSeekR1 => "deepseek_r1",
+            ReasoningParserName::Qwen3 => "qwen3",
+        }
+    }
+}
+
+impl std::str::FromStr for ReasoningParserName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|p| p.as_str()).collect();
+                format!(
+                    "unknown reasoning parser {s:?}; choose one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// Where the prompt leaves the model's thinking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptThinking {
+    /// The prompt opened `<think>` and did not close it: the reply starts thinking.
+    Open,
+    /// The prompt closed the last `<think>` (thinking turned off): the reply is an answer.
+    Closed,
+    /// No `<think>` in the prompt's final turn: the reply decides.
+    Absent,
+}
+
+impl PromptThinking {
+    pub fn of(prompt: &str) -> Self {
+        let (start, end) = (prompt.rfind(START), prompt.rfind(END));
+        match (start, end) {
+            (Some(s), Some(e)) if e > s => {
+                // Only an empty block at the very end turns thinking off; a closed block
+                // in an earlier turn says nothing of this one.
+                if prompt[e + END.len()..].trim().is_empty() {
+                    PromptThinking::Closed
+                } else {
+                    PromptThinking::Absent
+                }
+            }
+            (Some(_), _) => PromptThinking::Open,
+            _ => PromptThinking::Absent,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningParser {
+    pub name: ReasoningParserName,
+}
+
+impl ReasoningParser {
+    pub fn new(name: ReasoningParserName) -> Self {
+        Self { name }
+    }
+
+    /// Whether the reply starts inside the thinking (and so, for structured output, the
+    /// constraint waits for `</think>`); `None` when the reply decides (may open `<think>`).
+    fn starts_thinking(&self, prompt: PromptThinking) -> Option<bool> {
+        match (self.name, prompt) {
+            (_, PromptThinking::Closed) => Some(false),
+            (_, PromptThinking::Open) | (ReasoningParserName::DeepSeekR1, _) => Some(true),
+            (ReasoningParserName::Qwen3, PromptThinking::Absent) => None,
+        }
+    }
+
+    /// The reply split into (thinking, answer). Unfinished, both only grow as the text does
+    /// (a possible `</think>` or `<think>` being written is held back); the answer's leading
+    /// whitespace (the blank line after `</think>`) is dropped.
+    pub fn split(&self, prompt: PromptThinking, text: &str, finished: bool) -> (String, String) {
+        let (body, thinking) = match self.starts_thinking(prompt) {
+            Some(false) => return (String::new(), text.to_string()),
+            Some(true) if !finished && !text.is_empty() && START.starts_with(text) => {
+                return (String::new(), String::new())
+            }
+            Some(true) => (text.strip_prefix(START).unwrap_or(text), true),
+            None => match text.strip_prefix(START) {
+                Some(rest) => (rest, true),
+                None if !finished && START.starts_with(text) => {
+                    return (String::new(), String::new())
+                }
+                None => (text, false),
+            },
+        };
+        if !thinking {
+            return (String::new(), text.to_string());
+        }
+        match body.find(END) {
+            Some(at) => (
+                body[..at].to_string(),
+                body[at + END.len()..].trim_start().to_string(),
+            ),
+            // qwen3: a reply that never closes its thinking is read as the answer.
+            None if finished
+                && self.name == ReasoningParserName::Qwen3
+                && prompt != PromptThinking::Open =>
+            {
+                (String::new(), text.to_string())
+            }
+            None if finished => (body.to_string(), String::new()),
+            None => {
+                let held = (1..END.len())
+                    .rev()
+                    .find(|&k| body.ends_with(&END[..k]))
+                    .unwrap_or(0);
+                (body[..body.len() - held].to_string(), String::new())
+            }
+        }
+    }
+
+    /// The Lark rule that lets a structured-output constraint start after the thinking:
+    /// `None` when the reply is all answer. The rule is named `reasoning`; `optional` says
+    /// whether the reply may skip it.
+    pub fn grammar_prefix(&self, prompt: PromptThinking) -> Option<(&'static str, bool)> {
+        match self.starts_thinking(prompt) {
+            Some(false) => None,
+            // Thinking, possibly with its own `<think>`, up to the first `</think>`.
+            Some(true) => Some((r#"reasoning[lazy]: /(.|\n)*/ "</think>""#, false)),
+            None => Some((r#"reasoning[lazy]: "<think>" /(.|\n)*/ "</think>""#, true)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const R1: ReasoningParser = ReasoningParser {
+        name: ReasoningParserName::DeepSeekR1,
+    };
+    const QWEN3: ReasoningParser = ReasoningParser {
+        name: ReasoningParserName::Qwen3,
+    };
+
+    /// Feeds `text` a character at a time; each unfinished split must extend the one before.
+    fn streamed(p: &ReasoningParser, prompt: PromptThinking, text: &str) -> (String, String) {
+        let mut before = (String::new(), String::new());
+        let ends = text
+            .char_indices()
+            .map(|(i, _)| i)
+            .skip(1)
+            .chain([text.len()]);
+        for end in ends {
+            let now = p.split(prompt, &text[..end], false);
+            assert!(
+                now.0.starts_with(&before.0),
+                "thinking went back at {:?}",
+                &text[..end]
+            );
+            assert!(
+                now.1.starts_with(&before.1),
+                "answer went back at {:?}",
+                &text[..end]
+            );
+            before = now;
+        }
+        p.split(prompt, text, true)
+    }
+
+    #[test]
+    fn prompts_open_close_or_leave_thinking() {
+        assert_eq!(
+            PromptThinking::of("<|Assistant|><think>\n"),
+            PromptThinking::Open
+        );
+        assert_eq!(
+            PromptThinking::of("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            PromptThinking::Closed
+        );
+        assert_eq!(
+            PromptThinking::of("<|im_start|>assistant\n"),
+            PromptThinking::Absent
+        );
+        assert_eq!(
+            PromptThinking::of("<think>a</think>old answer<|im_start|>assistant\n"),
+            PromptThinking::Absent
+        );
+    }
+
+    #[test]
+    fn deepseek_r1_thinks_until_the_close() {
+        let text = "First, 2+2.\nIt is 4.</think>\n\nThe answer is 4.";
+        for prompt in [PromptThinking::Open, PromptThinking::Absent] {
+            assert_eq!(
+                streamed(&R1, prompt, text),
+                ("First, 2+2.\nIt is 4.".into(), "The answer is 4.".into())
+            );
+        }
+        assert_eq!(
+            streamed(&R1, PromptThinking::Open, "<think>x</think>y"),
+            ("x".into(), "y".into())
+        );
+        assert_eq!(
+            streamed(&R1, PromptThinking::Open, "still thinking"),
+            ("still thinking".into(), String::new())
+        );
+        assert_eq!(R1.split(PromptThinking::Open, "abc</th", false).0, "abc");
+        assert_eq!(
+            streamed(&R1, PromptThinking::Closed, "just <b>answer</think>"),
+            (String::new(), "just <b>answer</think>".into())
+        );
+    }
+
+    #[test]
+    fn qwen3_thinks_only_inside_the_tags() {
+        let text = "<think>\nLet me see.\n</think>\n\nParis.";
+        assert_eq!(
+            streamed(&QWEN3, PromptThinking::Absent, text),
+            ("\nLet me see.\n".into(), "Paris.".into())
+        );
+        assert_eq!(
+            streamed(&QWEN3, PromptThinking::Absent, "Paris."),
+            (String::new(), "Paris.".into())
+        );
+        // Never closed: an answer, as vLLM reads Qwen3.
+        assert_eq!(
+            QWEN3.split(PromptThinking::Absent, "<think>hmm", true),
+            (String::new(), "<think>hmm".into())
+        );
+        assert_eq!(
+            QWEN3.split(PromptThinking::Absent, "<thi", false),
+            (String::new(), String::new())
+        );
+        // The template opened it: thinking from the first token.
+        assert_eq!(
+            streamed(&QWEN3, PromptThinking::Open, "hmm</think>Paris."),
+            ("hmm".into(), "Paris.".into())
+        );
+    }
+
+    #[test]
+    fn grammar_prefixes() {
+        assert_eq!(R1.grammar_prefix(PromptThinking::Closed), None);
+        assert!(!R1.grammar_prefix(PromptThinking::Absent).unwrap().1);
+        assert!(QWEN3.grammar_prefix(PromptThinking::Absent).unwrap().1);
+        assert!(!QWEN3.grammar_prefix(PromptThinking::Open).unwrap().1);
+        assert_eq!("qwen3".parse(), Ok(ReasoningParserName::Qwen3));
+        assert!("r1"
+            .parse::<ReasoningParserName>()
+            .unwrap_err()
+            .contains("deepseek_r1, qwen3"));
+    }
+}
