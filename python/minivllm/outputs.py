@@ -39,8 +39,9 @@ class CompletionOutput:
             unless the request asked for ``logprobs``, as vLLM).
         logprobs: Per generated token, the top log-probabilities (the chosen token
             first), when the request asked for ``logprobs``.
-        finish_reason: ``"stop"`` (EOS, a stop string or token), ``"length"`` or
-            ``"abort"``; ``None`` while it runs.
+        finish_reason: ``"stop"`` (EOS, a stop string or token), ``"length"``,
+            ``"abort"``, or ``"error"`` (its structured-output grammar broke); ``None``
+            while it runs.
         stop_reason: The stop string or stop token id that ended it, if one did.
     """
 

@@ -12,7 +12,7 @@ import openai
 import pydantic
 import pytest
 
-from conftest import SERVED_MODEL_NAME
+from conftest import SERVED_MODEL_NAME, TENSOR_PARALLEL
 
 QUESTION = [{"role": "user", "content": "Describe a city as JSON."}]
 
@@ -42,21 +42,41 @@ SCHEMAS = [
      "additionalProperties": False}}, "required": ["inner"], "additionalProperties": False},
     {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5},
      "minItems": 2, "maxItems": 4},
+    {"type": "object", "properties": {"todo": {"type": "array", "minItems": 1, "maxItems": 2,
+     "items": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1,
+     "maximum": 99}, "done": {"type": "boolean"}}, "required": ["id", "done"],
+     "additionalProperties": False}}}, "required": ["todo"], "additionalProperties": False},
+    {"type": "object", "properties": {"code": {"type": "string",
+     "pattern": "^[A-Z]{3}-[0-9]{2}$"}}, "required": ["code"], "additionalProperties": False},
+    {"type": "object", "properties": {"kind": {"const": "point"}, "n": {"type": "integer",
+     "exclusiveMinimum": 0, "maximum": 10}}, "required": ["kind", "n"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"}},
+     "required": ["id"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string",
+     "maxLength": 5}}, "required": ["a"], "additionalProperties": False},
 ]
+CITY_QUESTIONS = [QUESTION, [{"role": "user", "content": "Give me some data as JSON."}]]
+# One process: 13 schemas x 2 prompts x n=8, 208 outputs; the 3-rank run, a quarter.
+N = 8 if TENSOR_PARALLEL == 1 else 4
+QUESTIONS = CITY_QUESTIONS if TENSOR_PARALLEL == 1 else CITY_QUESTIONS[:1]
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
 def test_json_schema_outputs_validate(client: openai.OpenAI, schema: dict):
-    r = client.chat.completions.create(
-        model=SERVED_MODEL_NAME, messages=QUESTION, n=4, temperature=1.0, seed=1,
-        max_tokens=200,
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "x", "schema": schema, "strict": True}},
-    )
-    assert len(r.choices) == 4
-    for c in r.choices:
-        assert c.finish_reason == "stop", c.message.content
-        jsonschema.validate(json.loads(c.message.content), schema)
+    """Every output of the corpus parses and validates, formats (date, uuid) checked too."""
+    for i, question in enumerate(QUESTIONS):
+        r = client.chat.completions.create(
+            model=SERVED_MODEL_NAME, messages=question, n=N, temperature=1.0, seed=1 + i,
+            max_tokens=200,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "x", "schema": schema, "strict": True}},
+        )
+        assert len(r.choices) == N
+        for c in r.choices:
+            assert c.finish_reason == "stop", c.message.content
+            jsonschema.validate(json.loads(c.message.content), schema,
+                                format_checker=jsonschema.FormatChecker())
 
 
 def test_completions_take_response_format_and_structured_outputs(client: openai.OpenAI):

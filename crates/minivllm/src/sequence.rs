@@ -15,6 +15,8 @@ pub enum FinishReason {
     Length,
     /// Aborted by the caller.
     Abort,
+    /// The sequence could not go on: its structured-output grammar broke (over its limits).
+    Error,
 }
 
 impl FinishReason {
@@ -23,6 +25,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -194,6 +197,9 @@ impl Sequence {
         let after_min = n_out >= p.min_tokens;
         if after_min && p.stop_token_ids.contains(&last) {
             Some((FinishReason::Stop, Some(StopReason::Token(last))))
+        } else if self.grammar.as_ref().is_some_and(|g| g.error().is_some()) {
+            // Before EOS: the broken grammar's mask forced the EOS (its reason is logged).
+            Some((FinishReason::Error, None))
         } else if self.stops_on_eos(last, n_out) {
             Some((FinishReason::Stop, None))
         } else if self.grammar.as_ref().is_some_and(|g| g.is_terminated()) {

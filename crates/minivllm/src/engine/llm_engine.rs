@@ -241,17 +241,9 @@ impl LLMEngine {
         let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
         let grammar = match (grammar, &params.structured_outputs) {
             (None, Some(so)) => {
-                let before = self.reasoning.and_then(|r| {
-                    let text = match &prompt.text {
-                        Some(t) => std::borrow::Cow::Borrowed(t.as_str()),
-                        None => self
-                            .tokenizer
-                            .decode(&prompt.token_ids, false)
-                            .unwrap_or_default()
-                            .into(),
-                    };
-                    r.grammar_prefix(PromptThinking::of(&text))
-                });
+                let text = prompt.text_or_decoded(&self.tokenizer);
+                let before = (self.reasoning)
+                    .and_then(|r| r.grammar_prefix(PromptThinking::of(text.as_deref()?)));
                 Some(self.grammar_backend()?.compile_after(so, before)?)
             }
             (grammar, _) => grammar,

@@ -194,7 +194,7 @@ pub struct RequestMetrics {
     pub prompt_tokens: Histogram,
     pub generation_tokens: Histogram,
     /// Finished requests by reason: stop, length, abort.
-    pub success: [u64; 3],
+    pub success: [u64; 4],
 }
 
 impl Default for RequestMetrics {
@@ -207,12 +207,12 @@ impl Default for RequestMetrics {
             e2e_latency: Histogram::new(E2E_BUCKETS),
             prompt_tokens: Histogram::new(TOKEN_BUCKETS),
             generation_tokens: Histogram::new(TOKEN_BUCKETS),
-            success: [0; 3],
+            success: [0; 4],
         }
     }
 }
 
-const REASONS: [&str; 3] = ["stop", "length", "abort"];
+const REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
 
 impl RequestMetrics {
     pub fn on_arrival(&mut self, request_id: &str, now: Instant) {
@@ -266,6 +266,7 @@ impl RequestMetrics {
         let reason = match out.outputs.first().and_then(|o| o.finish_reason) {
             Some(FinishReason::Length) => 1,
             Some(FinishReason::Abort) => 2,
+            Some(FinishReason::Error) => 3,
             _ => 0,
         };
         self.success[reason] += 1;

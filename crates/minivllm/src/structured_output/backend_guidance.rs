@@ -181,6 +181,10 @@ impl StructuredOutputGrammar for GuidanceGrammar {
         self.matcher.is_stopped()
     }
 
+    fn error(&self) -> Option<String> {
+        self.matcher.get_error()
+    }
+
     fn box_clone(&self) -> Box<dyn StructuredOutputGrammar> {
         Box::new(GuidanceGrammar {
             matcher: self.matcher.deep_clone(),

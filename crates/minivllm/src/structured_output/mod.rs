@@ -3,7 +3,8 @@
 //! come next, and follows each token sampled. The scheduler asks it for the step's mask
 //! (`SchedulerOutput::token_masks`), the worker's sampler applies the mask, and the
 //! scheduler advances the grammar with the token. A grammar that has reached its end
-//! allows only EOS, so the sequence stops as any other does.
+//! allows only EOS, so the sequence stops as any other does; one that broke allows only EOS
+//! too, and its sequence ends with `finish_reason: "error"`.
 //!
 //! The grammars come from a request's `StructuredOutputsParams` (JSON schema, regex,
 //! choice, Lark grammar), compiled by llguidance (`backend_guidance.rs`) over the model's
@@ -43,6 +44,11 @@ pub trait StructuredOutputGrammar: Debug + Send {
     /// sequence then stops.
     fn is_terminated(&self) -> bool {
         false
+    }
+    /// Why the grammar broke (over its limits mid-generation): the sequence then ends with
+    /// an error finish.
+    fn error(&self) -> Option<String> {
+        None
     }
     /// A fresh copy for another completion of the same request (`n > 1`).
     fn box_clone(&self) -> Box<dyn StructuredOutputGrammar>;

@@ -21,6 +21,9 @@ const LAYERS: &[(&str, u32)] = &[
     ("sequence", 42),
     // The contract a structured-output grammar meets, which a sequence may carry.
     ("structured_output", 41),
+    // Reasoning models' `<think>` text: how the engine constrains after it and the API
+    // splits it off. Plain text handling, importing nothing of the crate.
+    ("reasoning", 41),
     ("sampling_params", 40),
     ("model_executor", 20),
     // Shared by every layer: plain data and ids, importing nothing above.

@@ -85,6 +85,91 @@ impl StructuredOutputGrammar for Forced {
     }
 }
 
+/// Allows anything for `ok` tokens, then breaks (as a grammar over its limits does): only
+/// EOS, and an error to report.
+#[derive(Debug, Clone)]
+struct Breaks {
+    ok: usize,
+    seen: usize,
+    eos: TokenId,
+    vocab: usize,
+}
+
+impl StructuredOutputGrammar for Breaks {
+    fn token_mask(&mut self) -> TokenBitmask {
+        let mut mask = TokenBitmask::new(self.vocab);
+        if self.seen < self.ok {
+            (0..self.vocab as TokenId).for_each(|t| mask.allow(t));
+        } else {
+            mask.allow(self.eos);
+        }
+        mask
+    }
+
+    fn accept_token(&mut self, _: TokenId) {
+        self.seen += 1;
+    }
+
+    fn error(&self) -> Option<String> {
+        (self.seen > self.ok).then(|| "over its limits".to_string())
+    }
+
+    fn box_clone(&self) -> Box<dyn StructuredOutputGrammar> {
+        Box::new(self.clone())
+    }
+}
+
+#[test]
+fn a_grammar_that_breaks_ends_its_sequence_with_an_error_and_no_other() {
+    let mut llm = llm();
+    let engine = llm.engine_mut();
+    let tok = engine.tokenizer().clone();
+    let free = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(12),
+        ..SamplingParams::default()
+    };
+    engine
+        .add_request(
+            "alone",
+            PromptInput::Text(PROMPTS[1].into()),
+            free.clone(),
+            0,
+        )
+        .unwrap();
+    let (alone, _) = run(engine);
+    let grammar = Breaks {
+        ok: 3,
+        seen: 0,
+        eos: tok.eos_token_ids()[0],
+        vocab: engine.model().config().vocab_size,
+    };
+    let greedy = SamplingParams {
+        ignore_eos: true,
+        ..free.clone()
+    };
+    let prompt = PromptInput::Text(PROMPTS[0].into());
+    engine
+        .add_constrained_request("broken", prompt, greedy, 0, Some(Box::new(grammar)))
+        .unwrap();
+    engine
+        .add_request("free", PromptInput::Text(PROMPTS[1].into()), free, 0)
+        .unwrap();
+    let (outs, _) = run(engine);
+    let broken = &outs["broken"].outputs[0];
+    assert_eq!(broken.finish_reason, Some(FinishReason::Error));
+    // Three tokens, then the EOS the broken grammar forced, which is not text.
+    assert_eq!(broken.token_ids.len(), 4);
+    assert_eq!(
+        broken.text,
+        tok.decode(&broken.token_ids[..3], true).unwrap()
+    );
+    assert_eq!(
+        outs["free"].outputs[0].token_ids,
+        alone["alone"].outputs[0].token_ids
+    );
+}
+
 #[test]
 fn a_grammar_mask_decides_what_its_sequences_sample_and_no_other() {
     let mut llm = llm();
