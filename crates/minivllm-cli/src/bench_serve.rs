@@ -60,6 +60,37 @@ pub struct ServeBenchArgs {
     /// Also write the JSON result to this file.
     #[arg(long)]
     result_file: Option<PathBuf>,
+    /// Hold every reply to a JSON schema (vLLM's `structured_outputs`): `json`, one schema
+    /// for all requests (compiled once, then cached by nothing but the server's speed), or
+    /// `fresh-json`, a new schema per request, so each request's time to first token
+    /// includes compiling its schema. Replies end when their JSON does, `ignore_eos` or not.
+    #[arg(long, value_enum)]
+    structured_output: Option<BenchSchema>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BenchSchema {
+    Json,
+    FreshJson,
+}
+
+/// The schema of request `i`: an object of a few typed fields, whose names are new per
+/// request with `fresh-json`.
+fn bench_schema(kind: BenchSchema, i: usize, seed: u64) -> serde_json::Value {
+    let tag = match kind {
+        BenchSchema::Json => String::new(),
+        BenchSchema::FreshJson => format!("_{seed}_{i}"),
+    };
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            format!("name{tag}"): {"type": "string", "maxLength": 24},
+            format!("count{tag}"): {"type": "integer", "minimum": 0, "maximum": 1000},
+            format!("tags{tag}"): {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        },
+        "required": [format!("name{tag}"), format!("count{tag}")],
+        "additionalProperties": false,
+    })
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -74,10 +105,15 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
     let tok = minivllm::engine::tokenizer::load_tokenizer(&args.tokenizer)
         .with_context(|| format!("cannot load the tokenizer {}", args.tokenizer))?;
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
-    let requests = match args.dataset_name {
+    let mut requests = match args.dataset_name {
         DatasetName::Random => random_requests(&tok, &args, &mut rng)?,
         DatasetName::Jsonl => jsonl_requests(&tok, &args)?,
     };
+    if let Some(kind) = args.structured_output {
+        for (i, r) in requests.iter_mut().enumerate() {
+            r.schema = Some(bench_schema(kind, i, args.seed));
+        }
+    }
     let offsets = arrival_offsets(requests.len(), args.request_rate, &mut rng);
     // Random tokens of the mean prompt length, two different prompts: none shares prefix
     // blocks with a request or the other, so the prefix cache cannot flatter the rate.
@@ -90,6 +126,7 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
                 prompt,
                 prompt_len,
                 output_len: 1,
+                schema: None,
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -276,6 +313,7 @@ fn random_requests(
                 prompt,
                 prompt_len,
                 output_len,
+                schema: None,
             })
         })
         .collect()
@@ -349,6 +387,7 @@ fn jsonl_requests(tok: &Tokenizer, args: &ServeBenchArgs) -> anyhow::Result<Vec<
             prompt_len: tok.encode(&l.prompt, false)?.len(),
             output_len: l.output_len.unwrap_or(args.random_output_len),
             prompt: l.prompt,
+            schema: None,
         });
     }
     ensure!(!lines.is_empty(), "{} has no prompts", path.display());

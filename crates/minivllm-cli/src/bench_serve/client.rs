@@ -14,6 +14,8 @@ pub struct BenchRequest {
     /// reports no usage).
     pub prompt_len: usize,
     pub output_len: usize,
+    /// A JSON schema the reply is held to (vLLM's `structured_outputs.json`).
+    pub schema: Option<Value>,
 }
 
 /// Timings of a request that streamed to `[DONE]`, in seconds from when it was sent.
@@ -106,6 +108,9 @@ impl Client {
             body["max_completion_tokens"] = json!(req.output_len);
         } else {
             body["prompt"] = json!(req.prompt);
+        }
+        if let Some(schema) = &req.schema {
+            body["structured_outputs"] = json!({"json": schema});
         }
         body
     }
@@ -278,10 +283,12 @@ mod tests {
             prompt: "p".into(),
             prompt_len: 1,
             output_len: 3,
+            schema: Some(json!({"type": "object"})),
         };
         let b = c.body(&req);
         assert_eq!(c.url, "http://h/v1/chat/completions");
         assert_eq!(b["messages"][0]["content"], "p");
+        assert_eq!(b["structured_outputs"]["json"]["type"], "object");
         assert_eq!(
             (b["max_tokens"].clone(), b["max_completion_tokens"].clone()),
             (json!(3), json!(3))

@@ -455,11 +455,11 @@ mod tests {
         assert!((m.time_per_output_token.sum() - 0.035).abs() < 1e-9);
         assert!((m.e2e_latency.sum() - 0.17).abs() < 1e-9);
         assert_eq!(m.generation_tokens.sum(), 3.0);
-        assert_eq!(m.success, [0, 1, 0]);
+        assert_eq!(m.success, [0, 1, 0, 0]);
         m.on_arrival("b", t0);
         m.on_abort("b");
         m.on_abort("b");
-        assert_eq!(m.success, [0, 1, 1]);
+        assert_eq!(m.success, [0, 1, 1, 0]);
     }
 
     #[test]
