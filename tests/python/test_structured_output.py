@@ -17,24 +17,25 @@ from conftest import SERVED_MODEL_NAME, TENSOR_PARALLEL
 QUESTION = [{"role": "user", "content": "Describe a city as JSON."}]
 
 # Varied schemas: nested objects, arrays with bounds, enums, bounded numbers, string
-# formats, anyOf, $ref. Strings are bounded so that a sampled completion ends in time.
+# formats, anyOf, $ref. Strings and integers are bounded so that a sampled completion ends in
+# time (at temperature 1 SmolLM2 may write digits until max_tokens).
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
-     "population": {"type": "integer", "minimum": 0}}, "required": ["name", "population"],
+     "population": {"type": "integer", "minimum": 0, "maximum": 99999999}}, "required": ["name", "population"],
      "additionalProperties": False},
     {"type": "object", "properties": {"tags": {"type": "array", "minItems": 1, "maxItems": 3,
      "items": {"type": "string", "maxLength": 8}}}, "required": ["tags"],
      "additionalProperties": False},
     {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
-     "score": {"type": "number", "minimum": 0, "maximum": 1}},
+     "score": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01}},
      "required": ["colour", "score"], "additionalProperties": False},
     {"type": "object", "properties": {"when": {"type": "string", "format": "date"},
      "ok": {"type": "boolean"}}, "required": ["when", "ok"], "additionalProperties": False},
-    {"type": "object", "properties": {"value": {"anyOf": [{"type": "integer"},
+    {"type": "object", "properties": {"value": {"anyOf": [{"type": "integer", "minimum": -999, "maximum": 999},
      {"type": "string", "maxLength": 10}]}}, "required": ["value"],
      "additionalProperties": False},
-    {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"},
-     "y": {"type": "integer"}}, "required": ["x", "y"], "additionalProperties": False}},
+    {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "maximum": 999,
+     "minimum": -999}, "y": {"type": "integer", "minimum": -999, "maximum": 999}}, "required": ["x", "y"], "additionalProperties": False}},
      "type": "object", "properties": {"a": {"$ref": "#/$defs/point"},
      "b": {"$ref": "#/$defs/point"}}, "required": ["a", "b"], "additionalProperties": False},
     {"type": "object", "properties": {"inner": {"type": "object", "properties": {
@@ -53,7 +54,7 @@ SCHEMAS = [
      "additionalProperties": False},
     {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"}},
      "required": ["id"], "additionalProperties": False},
-    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string",
+    {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9999}, "b": {"type": "string",
      "maxLength": 5}}, "required": ["a"], "additionalProperties": False},
 ]
 CITY_QUESTIONS = [QUESTION, [{"role": "user", "content": "Give me some data as JSON."}]]
