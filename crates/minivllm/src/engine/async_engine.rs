@@ -3,6 +3,9 @@
 //! A forward pass is long, CPU-bound work: running it on a tokio worker would stall every
 //! connection that worker serves, so the engine owns a thread and talks over channels.
 
+use crate::engine::structured_output_manager::StructuredOutputManager;
+use crate::structured_output::backend_guidance::GrammarError;
+use crate::structured_output::StructuredOutputGrammar;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +34,8 @@ pub enum AsyncEngineError {
     Stopped,
 }
 
+type Grammar = Box<dyn StructuredOutputGrammar>;
+
 enum Command {
     Add(Box<AddRequest>),
     Abort(String),
@@ -41,6 +46,8 @@ struct AddRequest {
     prompt: PromptInput,
     params: SamplingParams,
     priority: i32,
+    /// Its structured-output constraint, compiled before it was sent.
+    grammar: Option<Box<dyn StructuredOutputGrammar>>,
     outputs: mpsc::UnboundedSender<RequestOutput>,
     reply: oneshot::Sender<Result<(), AsyncEngineError>>,
 }
@@ -83,6 +90,7 @@ pub struct AsyncEngine {
     commands: mpsc::UnboundedSender<Command>,
     shared: Arc<Shared>,
     tokenizer: Arc<Tokenizer>,
+    structured: Arc<StructuredOutputManager>,
     max_model_len: usize,
     max_num_seqs: usize,
 }
@@ -102,6 +110,7 @@ impl AsyncEngine {
             num_total_blocks: engine.num_total_blocks(),
         });
         let tokenizer = engine.tokenizer().clone();
+        let structured = Arc::clone(engine.structured_output_manager());
         let max_model_len = engine.max_model_len();
         let max_num_seqs = engine.max_num_seqs();
         let thread_shared = shared.clone();
@@ -114,6 +123,7 @@ impl AsyncEngine {
             commands,
             shared,
             tokenizer,
+            structured,
             max_model_len,
             max_num_seqs,
         }
@@ -159,11 +169,12 @@ impl AsyncEngine {
         &self,
         requests: Vec<NewRequest>,
     ) -> Result<Vec<mpsc::UnboundedReceiver<RequestOutput>>, AsyncEngineError> {
+        let grammars = self.compile(&requests).await?;
         let mut streams = Vec::with_capacity(requests.len());
-        let accepted = self.queue(requests.into_iter().map(|r| {
+        let accepted = self.queue(requests.into_iter().zip(grammars).map(|(r, g)| {
             let (outputs, rx) = mpsc::unbounded_channel();
             streams.push(rx);
-            (r, outputs)
+            (r, g, outputs)
         }))?;
         for reply in accepted {
             reply.await.map_err(|_| AsyncEngineError::Stopped)??;
@@ -181,7 +192,8 @@ impl AsyncEngine {
         requests: Vec<NewRequest>,
         outputs: &mpsc::UnboundedSender<RequestOutput>,
     ) -> Result<(), AsyncEngineError> {
-        let accepted = self.queue(requests.into_iter().map(|r| (r, outputs.clone())))?;
+        // Compiled on the engine's thread: this path has no blocking pool of its own.
+        let accepted = self.queue(requests.into_iter().map(|r| (r, None, outputs.clone())))?;
         for reply in accepted {
             reply
                 .blocking_recv()
@@ -190,19 +202,51 @@ impl AsyncEngine {
         Ok(())
     }
 
+    /// Each request's structured-output constraint, compiled on the blocking pool: neither
+    /// the token trie's first build nor a large schema holds up the engine's steps (vLLM
+    /// compiles in a pool too).
+    async fn compile(
+        &self,
+        requests: &[NewRequest],
+    ) -> Result<Vec<Option<Grammar>>, AsyncEngineError> {
+        let mut grammars = Vec::with_capacity(requests.len());
+        for r in requests {
+            let Some(so) = &r.params.structured_outputs else {
+                grammars.push(None);
+                continue;
+            };
+            // The request's own checks first, with their messages (two constraints, ...).
+            r.params.validate().map_err(EngineError::from)?;
+            let (manager, so, prompt) =
+                (Arc::clone(&self.structured), so.clone(), r.prompt.clone());
+            let compiled = tokio::task::spawn_blocking(move || manager.compile(&so, &prompt))
+                .await
+                .unwrap_or_else(|e| Err(GrammarError::Invalid(format!("compiling failed: {e}"))));
+            grammars.push(Some(compiled.map_err(EngineError::from)?));
+        }
+        Ok(grammars)
+    }
+
     /// Sends each request to the engine thread; the receivers say whether it took them.
     fn queue(
         &self,
-        requests: impl Iterator<Item = (NewRequest, mpsc::UnboundedSender<RequestOutput>)>,
+        requests: impl Iterator<
+            Item = (
+                NewRequest,
+                Option<Grammar>,
+                mpsc::UnboundedSender<RequestOutput>,
+            ),
+        >,
     ) -> Result<Vec<oneshot::Receiver<Result<(), AsyncEngineError>>>, AsyncEngineError> {
         let mut pending = Vec::with_capacity(requests.size_hint().0);
-        for (r, outputs) in requests {
+        for (r, grammar, outputs) in requests {
             let (reply, accepted) = oneshot::channel();
             let cmd = Command::Add(Box::new(AddRequest {
                 request_id: r.request_id,
                 prompt: r.prompt,
                 params: r.params,
                 priority: r.priority,
+                grammar,
                 outputs,
                 reply,
             }));
@@ -379,6 +423,7 @@ fn handle(
                 prompt,
                 params,
                 priority,
+                grammar,
                 outputs,
                 reply,
             } = *add;
@@ -403,7 +448,13 @@ fn handle(
                         ..params
                     };
                     engine
-                        .add_request(request_id.clone(), prompt, params, priority)
+                        .add_constrained_request(
+                            request_id.clone(),
+                            prompt,
+                            params,
+                            priority,
+                            grammar,
+                        )
                         .map_err(AsyncEngineError::from)
                 }
             };

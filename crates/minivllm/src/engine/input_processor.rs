@@ -35,19 +35,6 @@ pub struct ProcessedPrompt {
     pub token_ids: Vec<TokenId>,
 }
 
-impl ProcessedPrompt {
-    /// The prompt's text: as given, or decoded from its ids.
-    pub fn text_or_decoded(&self, tokenizer: &Tokenizer) -> Option<std::borrow::Cow<'_, str>> {
-        match &self.text {
-            Some(t) => Some(t.as_str().into()),
-            None => tokenizer
-                .decode(&self.token_ids, false)
-                .ok()
-                .map(Into::into),
-        }
-    }
-}
-
 /// What a prompt must satisfy to run on the engine's model.
 pub struct PromptLimits {
     pub max_model_len: usize,

@@ -19,12 +19,12 @@ use crate::engine::input_processor::{process_prompt, PromptLimits};
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
+use crate::engine::structured_output_manager::StructuredOutputManager;
 use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::outputs::RequestOutput;
-use crate::reasoning::{PromptThinking, ReasoningParser};
+use crate::reasoning::ReasoningParser;
 use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
-use crate::structured_output::backend_guidance::{GrammarError, GuidanceBackend};
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::executor::Executor;
@@ -44,12 +44,9 @@ pub struct LLMEngine {
     stats: EngineStats,
     stats_logger: StatsLogger,
     started: Instant,
-    /// Compiles requests' structured-output constraints; its token trie is built with the
-    /// first such request (and a tokenizer it cannot describe is found once, not per
-    /// request).
-    grammars: Option<Result<GuidanceBackend, GrammarError>>,
-    /// Thinking comes before a constrained answer (`--reasoning-parser`).
-    reasoning: Option<ReasoningParser>,
+    /// Compiles requests' structured-output constraints (shared with the async front,
+    /// which compiles off this engine's thread).
+    structured: Arc<StructuredOutputManager>,
 }
 
 impl LLMEngine {
@@ -83,6 +80,11 @@ impl LLMEngine {
         let sched_cfg = scheduler_config(args, max_model_len)?;
         let kv_cache_manager = kv_cache_manager(args, cache);
         let tokenizer = Arc::new(tokenizer);
+        let structured = Arc::new(StructuredOutputManager::new(
+            Arc::clone(&tokenizer),
+            executor.model().config().vocab_size,
+            args.reasoning_parser.map(ReasoningParser::new),
+        ));
         Ok(Self {
             outputs: OutputProcessor::new(Arc::clone(&tokenizer)),
             eos_token_ids: Arc::from(tokenizer.eos_token_ids()),
@@ -99,8 +101,7 @@ impl LLMEngine {
             stats: EngineStats::default(),
             stats_logger: StatsLogger::new(),
             started: Instant::now(),
-            grammars: None,
-            reasoning: args.reasoning_parser.map(ReasoningParser::new),
+            structured,
         })
     }
 
@@ -238,16 +239,11 @@ impl LLMEngine {
             )
             .into());
         }
-        let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
         let grammar = match (grammar, &params.structured_outputs) {
-            (None, Some(so)) => {
-                let text = prompt.text_or_decoded(&self.tokenizer);
-                let before = (self.reasoning)
-                    .and_then(|r| r.grammar_prefix(PromptThinking::of(text.as_deref()?)));
-                Some(self.grammar_backend()?.compile_after(so, before)?)
-            }
+            (None, Some(so)) => Some(self.structured.compile(so, &prompt)?),
             (grammar, _) => grammar,
         };
+        let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
@@ -280,19 +276,9 @@ impl LLMEngine {
         Ok(())
     }
 
-    fn grammar_backend(&mut self) -> Result<&GuidanceBackend, GrammarError> {
-        let (tokenizer, vocab_size) = (&self.tokenizer, self.limits.vocab_size);
-        let built = self.grammars.get_or_insert_with(|| {
-            let started = Instant::now();
-            let backend = GuidanceBackend::new(tokenizer.vocabulary()?, vocab_size);
-            tracing::info!(
-                seconds = started.elapsed().as_secs_f64(),
-                ok = backend.is_ok(),
-                "structured output's token trie built"
-            );
-            backend
-        });
-        built.as_ref().map_err(Clone::clone)
+    /// The constraint compiler, for callers that compile on threads of their own.
+    pub fn structured_output_manager(&self) -> &Arc<StructuredOutputManager> {
+        &self.structured
     }
 
     /// Drops a request and frees its blocks; unknown ids are ignored (it may have just finished).

@@ -8,4 +8,5 @@ pub mod llm_engine;
 pub mod metrics;
 pub mod output_processor;
 pub mod stop_strings;
+pub mod structured_output_manager;
 pub mod tokenizer;
