@@ -64,7 +64,8 @@ class StructuredOutputsParams:
         disable_any_whitespace: JSON without whitespace between its tokens.
 
     vLLM's other options (``disable_fallback``, ``disable_additional_properties``,
-    ``whitespace_pattern``, ``structural_tag``) are accepted and have no effect.
+    ``whitespace_pattern``) are accepted and have no effect; ``structural_tag`` is not
+    implemented and raises ``ValueError`` when the request is made.
     """
 
     json: Optional[Union[str, Dict[str, Any], Any]] = None
@@ -89,6 +90,7 @@ class StructuredOutputsParams:
             "grammar": self.grammar,
             "json_object": self.json_object,
             "disable_any_whitespace": self.disable_any_whitespace,
+            "structural_tag": self.structural_tag,
         }
         return {k: v for k, v in fields.items() if v is not None}
 

@@ -144,6 +144,7 @@ def test_parse_with_a_pydantic_model_and_streaming(client: openai.OpenAI):
     ({"guided_choice": []}, "at least one"),
     ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "more than one field"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "multiple are specified"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structural_tag is not supported"),
 ])
 def test_bad_constraints_get_a_400_naming_the_problem(client: openai.OpenAI, extra, needle):
     with pytest.raises(openai.BadRequestError) as e:

@@ -24,6 +24,10 @@ pub struct StructuredOutputsParams {
     pub json_object: Option<bool>,
     /// JSON without whitespace between its tokens (vLLM's option); by default any is allowed.
     pub disable_any_whitespace: bool,
+    /// vLLM's `structural_tag` (free text with JSON after trigger strings): not implemented,
+    /// so refused by name rather than ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structural_tag: Option<Value>,
 }
 
 /// The constraint a [`StructuredOutputsParams`] names.
@@ -81,6 +85,13 @@ impl StructuredOutputsParams {
     /// JSON, or one past [`MAX_CONSTRAINT_BYTES`] is refused.
     pub fn constraint(&self) -> Result<Constraint, ValidationError> {
         let err = |m: String| ValidationError::new(Some("structured_outputs"), m);
+        if self.structural_tag.is_some() {
+            return Err(err(
+                "structural_tag is not supported by minivllm; use json, regex, choice or \
+                 grammar (a Lark grammar can express free text around JSON)"
+                    .into(),
+            ));
+        }
         let given: Vec<&str> = [
             ("json", self.json.is_some()),
             ("regex", self.regex.is_some()),
