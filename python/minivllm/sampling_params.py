@@ -62,10 +62,11 @@ class StructuredOutputsParams:
         grammar: A context-free grammar in llguidance's Lark dialect.
         json_object: Any JSON object.
         disable_any_whitespace: JSON without whitespace between its tokens.
+        structural_tag: vLLM's structural tag as JSON text: free text, with JSON of a
+            structure's schema after each trigger (docs/structured-output.md).
 
     vLLM's other options (``disable_fallback``, ``disable_additional_properties``,
-    ``whitespace_pattern``) are accepted and have no effect; ``structural_tag`` is not
-    implemented and raises ``ValueError`` when the request is made.
+    ``whitespace_pattern``) are accepted and have no effect.
     """
 
     json: Optional[Union[str, Dict[str, Any], Any]] = None

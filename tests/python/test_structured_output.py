@@ -144,10 +144,42 @@ def test_parse_with_a_pydantic_model_and_streaming(client: openai.OpenAI):
     ({"guided_choice": []}, "at least one"),
     ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "more than one field"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "multiple are specified"),
-    ({"structured_outputs": {"structural_tag": "{}"}}, "structural_tag is not supported"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structural_tag is not a valid tag"),
 ])
 def test_bad_constraints_get_a_400_naming_the_problem(client: openai.OpenAI, extra, needle):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model=SERVED_MODEL_NAME, messages=QUESTION, max_tokens=5, extra_body=extra)
     assert needle in str(e.value), str(e.value)
+
+
+def test_structural_tag_holds_what_follows_its_trigger(client: openai.OpenAI, server_url: str):
+    """vLLM's `structural_tag`: free text, but after the trigger `<` only `<add>`, JSON of
+    the schema and `</add>`. A logit bias makes SmolLM2 write the trigger first."""
+    import urllib.request
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+              "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["a", "b"], "additionalProperties": False}
+    tag = {"type": "structural_tag", "triggers": ["<"],
+           "structures": [{"begin": "<add>", "schema": schema, "end": "</add>"}]}
+    req = urllib.request.Request(f"{server_url}/tokenize", data=json.dumps(
+        {"prompt": "<", "add_special_tokens": False}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        bias = {str(i): 100 for i in json.load(r)["tokens"]}
+    for body in ({"structured_outputs": {"structural_tag": json.dumps(tag)}},
+                 {"response_format": tag}):
+        r = client.chat.completions.create(
+            model=SERVED_MODEL_NAME, messages=[{"role": "user", "content": "Add 2 and 3."}],
+            max_tokens=60, temperature=0, logit_bias=bias, stop=["</add>"],
+            extra_body={"include_stop_str_in_output": True, **body})
+        text = r.choices[0].message.content
+        m = re.fullmatch(r"<add>\s*(\{.*\})\s*</add>", text, re.S)
+        assert m, text
+        jsonschema.validate(json.loads(m.group(1)), schema)
+    bad = dict(tag, triggers=["<", "["])
+    with pytest.raises(openai.BadRequestError, match="begins no structure"):
+        client.chat.completions.create(
+            model=SERVED_MODEL_NAME, messages=QUESTION, max_tokens=5,
+            extra_body={"structured_outputs": {"structural_tag": json.dumps(bad)}})

@@ -217,3 +217,21 @@ def test_qwen_structured_output_validates(qwen):
         model="qwen", messages=[{"role": "user", "content": "A hex colour?"}], max_tokens=20,
         temperature=1.0, seed=3, extra_body={"structured_outputs": {"regex": "#[0-9a-f]{6}"}})
     assert re.fullmatch("#[0-9a-f]{6}", r.choices[0].message.content)
+
+
+def test_qwen_auto_calls_that_start_always_parse(qwen):
+    """With the Hermes parser, `auto` holds what follows `<tool_call>` to a call of one of
+    the tools (a structural tag). A logit bias on `<tool_call>` (one token in Qwen2.5's
+    vocabulary) makes the model open a call for a question no tool answers; the tool takes
+    only integers, so the bias cannot put the token inside the call's strings."""
+    url, client = qwen
+    ids = post(url, "/tokenize", {"model": "qwen", "prompt": "<tool_call>",
+                                  "add_special_tokens": False})["tokens"]
+    assert len(ids) == 1
+    r = client.chat.completions.create(
+        model="qwen", messages=[{"role": "user", "content": "Write a haiku about rain."}],
+        tools=TOOLS[1:], temperature=0, max_tokens=80, logit_bias={str(ids[0]): 100},
+        stop=["</tool_call>"], extra_body={"include_stop_str_in_output": True})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    check_calls(choice.message.tool_calls, ["add"])

@@ -445,6 +445,12 @@ def test_structured_outputs_as_in_vllm(llm):
         llm.generate(["x"], bad)
     with pytest.raises(ValueError, match="multiple are specified"):
         SamplingParams(structured_outputs=StructuredOutputsParams(regex="a", choice=["b"]))
+    # vLLM's structural tag reaches the engine (checked there: this one's trigger opens nothing).
+    tag = {"type": "structural_tag", "triggers": ["<a", "<b"],
+           "structures": [{"begin": "<a>", "schema": {"type": "object"}, "end": "</a>"}]}
+    with pytest.raises(ValueError, match="begins no structure"):
+        llm.generate(["x"], SamplingParams(
+            structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(tag))))
 
 
 def test_chat_with_tools_renders_them_through_the_template():

@@ -10,7 +10,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::ids::TokenId;
 use crate::model_executor::sampling_metadata::SamplingOptions;
 
+mod structural_tag;
 mod structured_outputs;
+pub use structural_tag::{StructuralTag, Structure};
 pub use structured_outputs::{Constraint, StructuredOutputsParams, MAX_CONSTRAINT_BYTES};
 
 /// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::structural_tag::StructuralTag;
 use super::ValidationError;
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -24,8 +25,8 @@ pub struct StructuredOutputsParams {
     pub json_object: Option<bool>,
     /// JSON without whitespace between its tokens (vLLM's option); by default any is allowed.
     pub disable_any_whitespace: bool,
-    /// vLLM's `structural_tag` (free text with JSON after trigger strings): not implemented,
-    /// so refused by name rather than ignored.
+    /// vLLM's `structural_tag` (its JSON text, or the object): free text, with JSON after
+    /// trigger strings (`structural_tag.rs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub structural_tag: Option<Value>,
 }
@@ -38,6 +39,7 @@ pub enum Constraint {
     Regex(String),
     Choice(Vec<String>),
     Grammar(String),
+    StructuralTag(StructuralTag),
 }
 
 /// Grammars and schemas larger than this are refused before they are compiled: 1 MiB of
@@ -85,19 +87,13 @@ impl StructuredOutputsParams {
     /// JSON, or one past [`MAX_CONSTRAINT_BYTES`] is refused.
     pub fn constraint(&self) -> Result<Constraint, ValidationError> {
         let err = |m: String| ValidationError::new(Some("structured_outputs"), m);
-        if self.structural_tag.is_some() {
-            return Err(err(
-                "structural_tag is not supported by minivllm; use json, regex, choice or \
-                 grammar (a Lark grammar can express free text around JSON)"
-                    .into(),
-            ));
-        }
         let given: Vec<&str> = [
             ("json", self.json.is_some()),
             ("regex", self.regex.is_some()),
             ("choice", self.choice.is_some()),
             ("grammar", self.grammar.is_some()),
             ("json_object", self.json_object == Some(true)),
+            ("structural_tag", self.structural_tag.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, set)| set.then_some(name))
@@ -106,7 +102,7 @@ impl StructuredOutputsParams {
             0 => {
                 return Err(err(
                     "You must use one kind of structured outputs constraint but none are \
-                     specified (json, regex, choice, grammar or json_object)"
+                     specified (json, regex, choice, grammar, json_object or structural_tag)"
                         .into(),
                 ))
             }
@@ -157,6 +153,12 @@ impl StructuredOutputsParams {
         if let Some(grammar) = &self.grammar {
             size(grammar.len(), "grammar")?;
             return Ok(Constraint::Grammar(grammar.clone()));
+        }
+        if let Some(tag) = &self.structural_tag {
+            size(tag.to_string().len(), "structural_tag")?;
+            return StructuralTag::parse(tag)
+                .map(Constraint::StructuralTag)
+                .map_err(err);
         }
         Ok(Constraint::JsonObject)
     }

@@ -87,6 +87,7 @@ fn kind(c: &Constraint) -> &'static str {
         Constraint::Regex(_) => "invalid regex",
         Constraint::Choice(_) => "invalid choice",
         Constraint::Grammar(_) => "invalid grammar",
+        Constraint::StructuralTag(_) => "invalid structural_tag",
     }
 }
 
@@ -119,6 +120,7 @@ fn top_level_grammar(c: Constraint, compact: bool) -> TopLevelGrammar {
             )))
         }
         Constraint::Grammar(lark) => TopLevelGrammar::from_lark(lark),
+        Constraint::StructuralTag(tag) => TopLevelGrammar::from_lark(tag.to_lark()),
     }
 }
 

@@ -269,3 +269,48 @@ fn a_constraint_after_reasoning_waits_for_the_thinking_to_end() {
     let mask = g.token_mask();
     assert!(mask.is_allowed(digit) && !mask.is_allowed(word));
 }
+
+/// vLLM's `structural_tag`: free text, and after a trigger only a structure (its begin, JSON
+/// of its schema, its end), then free text again (SmolLM2's vocabulary).
+#[test]
+fn a_structural_tag_constrains_only_after_its_trigger() {
+    use minivllm::structured_output::backend_guidance::GuidanceBackend;
+    use minivllm::structured_output::StructuredOutputGrammar;
+
+    let llm = llm();
+    let tok = llm.engine().tokenizer();
+    let vocab_size = llm.engine().model().config().vocab_size;
+    let backend = GuidanceBackend::new(tok.vocabulary().unwrap(), vocab_size).unwrap();
+    let tag = json!({"type": "structural_tag", "triggers": ["<function="], "structures": [
+        {"begin": "<function=get_weather>", "end": "</function>", "schema": {"type": "object",
+         "properties": {"city": {"type": "string"}}, "required": ["city"],
+         "additionalProperties": false}}]});
+    let params = StructuredOutputsParams {
+        structural_tag: Some(Value::String(tag.to_string())),
+        ..Default::default()
+    };
+    let mut g = backend.compile(&params).unwrap();
+    let eos = tok.eos_token_id().unwrap();
+    let first = |text: &str| tok.encode(text, false).unwrap()[0];
+    let feed = |g: &mut Box<dyn StructuredOutputGrammar>, text: &str| {
+        for id in tok.encode(text, false).unwrap() {
+            assert!(
+                g.token_mask().is_allowed(id),
+                "{text:?}: token {id} refused"
+            );
+            g.accept_token(id);
+        }
+    };
+    assert!(g.token_mask().is_allowed(first("Hello")) && g.token_mask().is_allowed(eos));
+    feed(&mut g, "Hello there. I will call it: <function=");
+    assert!(
+        !g.token_mask().is_allowed(first("foo")),
+        "only a structure's name"
+    );
+    feed(&mut g, "get_weather>");
+    assert!(!g.token_mask().is_allowed(first("Hello")), "only its JSON");
+    feed(&mut g, "{\"city\": \"Paris\"}</function>");
+    assert!(g.token_mask().is_allowed(first(" Done")), "free text again");
+    feed(&mut g, " Done.");
+    assert!(g.token_mask().is_allowed(eos));
+}

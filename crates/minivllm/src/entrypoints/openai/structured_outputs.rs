@@ -3,7 +3,7 @@
 //! fields; each becomes one `StructuredOutputsParams`.
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::sampling_params::{StructuredOutputsParams, ValidationError};
 
@@ -13,7 +13,14 @@ use crate::sampling_params::{StructuredOutputsParams, ValidationError};
 pub enum ResponseFormat {
     Text,
     JsonObject,
-    JsonSchema { json_schema: JsonSchemaFormat },
+    JsonSchema {
+        json_schema: JsonSchemaFormat,
+    },
+    /// vLLM's: free text with JSON structures after trigger strings.
+    StructuralTag {
+        structures: Value,
+        triggers: Value,
+    },
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -46,6 +53,14 @@ impl StructuredFields {
             Some(ResponseFormat::JsonSchema { json_schema }) => Some(match &json_schema.schema {
                 Some(schema) => StructuredOutputsParams::json_schema(schema.clone()),
                 None => StructuredOutputsParams::json_object(),
+            }),
+            Some(ResponseFormat::StructuralTag {
+                structures,
+                triggers,
+            }) => Some(StructuredOutputsParams {
+                structural_tag: Some(json!({"type": "structural_tag",
+                    "structures": structures, "triggers": triggers})),
+                ..Default::default()
             }),
         };
         let guided = StructuredOutputsParams {

@@ -83,8 +83,9 @@ pub struct ToolUse {
     pub template_tools: Vec<Value>,
     /// Reads the reply's calls; `None` when the reply is plain text.
     pub parser: Option<Box<dyn ToolParser>>,
-    /// Only a call can come back (`required` or a named function).
-    pub forced: Option<StructuredOutputsParams>,
+    /// The constraint calls need: only a call (`required`, a named function), or calls that
+    /// always parse once begun (`auto` with the Hermes parser).
+    pub constraint: Option<StructuredOutputsParams>,
     /// A reply with calls finishes with `tool_calls` (not for a named function, as OpenAI).
     pub finish_as_tool_calls: bool,
 }
@@ -132,7 +133,7 @@ impl ToolUse {
                 Some("tool_choice"),
             )
         };
-        let (parser, forced, finish_as_tool_calls): (Option<Box<dyn ToolParser>>, _, _) =
+        let (parser, constraint, finish_as_tool_calls): (Option<Box<dyn ToolParser>>, _, _) =
             match &choice {
                 ToolChoice::None => (None, None, false),
                 ToolChoice::Auto => {
@@ -144,7 +145,20 @@ impl ToolUse {
                             Some("tool_choice"),
                         ));
                     };
-                    (Some(parser.parser()), None, true)
+                    // A request's own constraint wins; otherwise Hermes calls are held to
+                    // the tools once the model opens one.
+                    let constraint = match parser {
+                        ToolParserName::Hermes if !structured => {
+                            let mut tag = hermes_auto_tag(tools)?;
+                            close_objects(&mut tag);
+                            Some(StructuredOutputsParams {
+                                structural_tag: Some(tag),
+                                ..Default::default()
+                            })
+                        }
+                        _ => None,
+                    };
+                    (Some(parser.parser()), constraint, true)
                 }
                 ToolChoice::Required => {
                     if structured {
@@ -177,15 +191,15 @@ impl ToolUse {
         Ok(Self {
             template_tools,
             parser,
-            forced,
+            constraint,
             finish_as_tool_calls,
         })
     }
 
     /// The request's sampling parameters as calls need them.
     pub fn adjust_params(&self, params: &mut SamplingParams) {
-        if let Some(forced) = &self.forced {
-            params.structured_outputs = Some(forced.clone());
+        if let Some(constraint) = &self.constraint {
+            params.structured_outputs = Some(constraint.clone());
         }
         if let Some(parser) = &self.parser {
             parser.adjust_params(params);
@@ -257,9 +271,48 @@ fn parameters_schema(tool: &ChatTool) -> Value {
 }
 
 /// vLLM's schema for `tool_choice: "required"`: a list of at least one
-/// `{"name": <a tool>, "parameters": <its arguments>}`, each tool's `$defs` moved to the
-/// top so their `$ref`s still resolve.
+/// `{"name": <a tool>, "parameters": <its arguments>}`.
 fn required_schema(tools: &[ChatTool], single: bool) -> Result<Value, ApiError> {
+    let (variants, defs) = call_variants(tools, "parameters")?;
+    let mut schema = json!({
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "object", "anyOf": variants},
+    });
+    if single {
+        schema["maxItems"] = json!(1);
+    }
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    Ok(schema)
+}
+
+/// For `tool_choice: "auto"` with the Hermes parser: free text, but what follows a
+/// `<tool_call>` the model writes must be a call to one of the tools, closed by
+/// `</tool_call>` (a `structural_tag`, as llama.cpp's lazy grammar), so a call that starts
+/// always parses.
+fn hermes_auto_tag(tools: &[ChatTool]) -> Result<Value, ApiError> {
+    let (variants, defs) = call_variants(tools, "arguments")?;
+    // Spaced as Python's json.dumps, as Qwen's training data: no runs of free whitespace.
+    let mut schema = json!({"type": "object", "anyOf": variants, "x-guidance": {
+        "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    Ok(json!({
+        "type": "structural_tag",
+        "triggers": ["<tool_call>"],
+        "structures": [{"begin": "<tool_call>", "schema": schema, "end": "</tool_call>"}],
+    }))
+}
+
+/// One object schema per tool, `{"name": <its name>, <args_key>: <its arguments>}`, and
+/// the tools' `$defs`, moved to the top so their `$ref`s still resolve.
+fn call_variants(
+    tools: &[ChatTool],
+    args_key: &str,
+) -> Result<(Vec<Value>, Map<String, Value>), ApiError> {
     let mut defs = Map::new();
     let mut variants = Vec::with_capacity(tools.len());
     for t in tools {
@@ -285,24 +338,13 @@ fn required_schema(tools: &[ChatTool], single: bool) -> Result<Value, ApiError> 
         variants.push(json!({
             "properties": {
                 "name": {"type": "string", "enum": [t.function.name]},
-                "parameters": params,
+                args_key: params,
             },
-            "required": ["name", "parameters"],
+            "required": ["name", args_key],
             "additionalProperties": false,
         }));
     }
-    let mut schema = json!({
-        "type": "array",
-        "minItems": 1,
-        "items": {"type": "object", "anyOf": variants},
-    });
-    if single {
-        schema["maxItems"] = json!(1);
-    }
-    if !defs.is_empty() {
-        schema["$defs"] = Value::Object(defs);
-    }
-    Ok(schema)
+    Ok((variants, defs))
 }
 
 /// A fresh call id, in vLLM's form.
@@ -428,10 +470,19 @@ mod tests {
     fn choices_as_vllm_reads_them() {
         let t = weather();
         let auto = ToolUse::from_request(Some(&t), None, None, false, &AUTO).unwrap();
-        assert!(auto.parser.is_some() && auto.forced.is_none() && auto.finish_as_tool_calls);
+        assert!(auto.parser.is_some() && auto.finish_as_tool_calls);
+        let tag = auto.constraint.unwrap().structural_tag.unwrap();
+        assert_eq!(tag["triggers"], json!(["<tool_call>"]));
+        assert_eq!(
+            tag["structures"][0]["schema"]["$defs"]["City"],
+            json!({"type": "string"})
+        );
+        // The request's own constraint wins over the tools'.
+        let own = ToolUse::from_request(Some(&t), None, None, true, &AUTO).unwrap();
+        assert!(own.constraint.is_none() && own.parser.is_some());
         assert_eq!(auto.template_tools.len(), 2);
         let none = setup(json!("none"), &AUTO).unwrap();
-        assert!(none.parser.is_none() && none.forced.is_none());
+        assert!(none.parser.is_none() && none.constraint.is_none());
         assert_eq!(none.template_tools.len(), 2);
         let named = setup(
             json!({"type": "function", "function": {"name": "get_time"}}),
@@ -439,14 +490,14 @@ mod tests {
         )
         .unwrap();
         assert!(!named.finish_as_tool_calls);
-        let named = named.forced.unwrap();
+        let named = named.constraint.unwrap();
         assert_eq!(
             named.json,
             Some(json!({"type": "object", "properties": {}, "additionalProperties": false}))
         );
         assert!(named.disable_any_whitespace);
         let required = setup(json!("required"), &ToolCallConfig::default()).unwrap();
-        let schema = required.forced.unwrap().json.unwrap();
+        let schema = required.constraint.unwrap().json.unwrap();
         assert_eq!(schema["minItems"], 1);
         assert_eq!(schema["$defs"]["City"], json!({"type": "string"}));
         assert!(schema["items"]["anyOf"][0]["properties"]["parameters"]
