@@ -100,6 +100,9 @@ class LLM:
         threads: Kernel threads (default: all cores).
         reasoning_parser: ``"deepseek_r1"`` or ``"qwen3"``: structured output constrains
             only the answer after the model's ``<think>...</think>``.
+        speculative_config: vLLM's, e.g. ``{"method": "ngram", "num_speculative_tokens": 4,
+            "prompt_lookup_max": 4}``: the same outputs, several tokens a step where the
+            output repeats the prompt.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class LLM:
         scheduling_policy: str = "fcfs",
         threads: Optional[int] = None,
         reasoning_parser: Optional[str] = None,
+        speculative_config: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> None:
         for name, value in kwargs.items():
@@ -157,6 +161,7 @@ class LLM:
             threads=threads,
             tensor_parallel_size=tensor_parallel_size,
             reasoning_parser=reasoning_parser or None,
+            speculative_config=None if not speculative_config else json.dumps(speculative_config),
         )
         self._tokenizer = Tokenizer(self._engine.get_tokenizer())
         self._request_counter = itertools.count()

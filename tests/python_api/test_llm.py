@@ -506,3 +506,21 @@ def test_reasoning_parser_lets_the_model_think_before_a_constrained_answer(model
     assert re.fullmatch("[0-9]{3}", off.outputs[0].text), off.outputs[0].text
     with pytest.raises(ValueError, match="unknown reasoning parser"):
         LLM(model=model, max_model_len=512, kv_cache_memory="32MiB", reasoning_parser="o1")
+
+
+def test_ngram_speculation_gives_the_same_outputs(llm, model):
+    """vLLM's `speculative_config` (n-gram prompt lookup): the same tokens as plain
+    decoding, greedy and seeded; a config vLLM would refuse is a ValueError."""
+    from minivllm import LLM, SamplingParams
+
+    spec = LLM(model=model, max_model_len=1024, kv_cache_memory="64MiB", speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    prompts = ["a b c d a b c d a b c", "def f(x):\n    return x\n\ndef g(x):\n    return"]
+    for p in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=24)):
+        want = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, p, use_tqdm=False)]
+        got = [[c.token_ids for c in o.outputs] for o in spec.generate(prompts, p, use_tqdm=False)]
+        assert got == want
+    with pytest.raises(ValueError, match="prompt_lookup_min=4 must be <= prompt_lookup_max=2"):
+        LLM(model=model, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_min": 4, "prompt_lookup_max": 2})

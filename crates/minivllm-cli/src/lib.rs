@@ -131,6 +131,11 @@ pub struct EngineFlags {
     /// thinking in chat replies' `reasoning_content`.
     #[arg(long)]
     pub reasoning_parser: Option<minivllm::reasoning::ReasoningParserName>,
+    /// Speculative decoding, as vLLM's JSON: `{"method": "ngram", "num_speculative_tokens":
+    /// 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}` (prompt lookup). Outputs are the
+    /// same token for token; several tokens a step when the output repeats the prompt.
+    #[arg(long, value_parser = minivllm::config::SpeculativeConfig::from_json)]
+    pub speculative_config: Option<minivllm::config::SpeculativeConfig>,
 }
 
 impl EngineFlags {
@@ -155,6 +160,7 @@ impl EngineFlags {
             tensor_parallel_size: m.tensor_parallel_size,
             reasoning_parser: self.reasoning_parser,
             chat_template: None,
+            speculative_config: self.speculative_config.clone(),
         })
     }
 }

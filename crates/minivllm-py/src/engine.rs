@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::mpsc;
 
+use minivllm::config::SpeculativeConfig;
 use minivllm::engine::async_engine::{AsyncEngine, NewRequest};
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::model_executor::loader::weights::LoadOptions;
@@ -48,7 +49,7 @@ impl Engine {
         max_prefill_tokens = None, block_size = 16, kv_cache_memory = "1GiB", swap_space = "0",
         enable_prefix_caching = true, enable_chunked_prefill = true,
         scheduling_policy = "fcfs", threads = None, tensor_parallel_size = 1,
-        reasoning_parser = None,
+        reasoning_parser = None, speculative_config = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -70,6 +71,7 @@ impl Engine {
         threads: Option<usize>,
         tensor_parallel_size: usize,
         reasoning_parser: Option<&str>,
+        speculative_config: Option<&str>,
     ) -> PyResult<Self> {
         let named = |name: &str, e: String| value_error(format!("{name}: {e}"));
         let args = EngineArgs {
@@ -100,6 +102,10 @@ impl Engine {
                 .transpose()
                 .map_err(value_error)?,
             chat_template: None,
+            speculative_config: speculative_config
+                .map(SpeculativeConfig::from_json)
+                .transpose()
+                .map_err(value_error)?,
         };
         // Every process of an `mpirun` job makes this same call: rank 0 goes on to build the
         // engine, the others serve it as workers here, until it stops, and then exit.

@@ -1,6 +1,7 @@
 //! The engine's settings (`EngineArgs`, vLLM's names and defaults) and the checks that turn
 //! them into the scheduler's configuration.
 
+use crate::config::{NgramConfig, SpeculativeConfig};
 use crate::core::kv_cache_manager::{KvCacheManager, KvCacheManagerConfig};
 use crate::core::policy::Policy;
 use crate::core::scheduler::SchedulerConfig;
@@ -58,6 +59,8 @@ pub struct EngineArgs {
     pub reasoning_parser: Option<ReasoningParserName>,
     /// A Jinja chat template used instead of the model's (`--chat-template`).
     pub chat_template: Option<String>,
+    /// `--speculative-config`: tokens guessed for the model to verify several per step.
+    pub speculative_config: Option<SpeculativeConfig>,
 }
 
 impl Default for EngineArgs {
@@ -80,11 +83,21 @@ impl Default for EngineArgs {
             tensor_parallel_size: 1,
             reasoning_parser: None,
             chat_template: None,
+            speculative_config: None,
         }
     }
 }
 
 impl EngineArgs {
+    /// The n-gram proposer's settings, checked before anything loads.
+    pub fn speculative_ngram(&self) -> Result<Option<NgramConfig>, EngineError> {
+        let config = self.speculative_config.as_ref();
+        config
+            .map(SpeculativeConfig::ngram)
+            .transpose()
+            .map_err(EngineError::Config)
+    }
+
     /// What the executor and every worker load and allocate.
     pub fn worker_config(&self) -> WorkerConfig {
         WorkerConfig {

@@ -28,6 +28,7 @@ use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::executor::Executor;
+use crate::worker::ngram_proposer::NgramProposer;
 pub use crate::worker::worker_config::resolve_max_model_len;
 pub use crate::worker::worker_process::Driver;
 
@@ -67,6 +68,7 @@ impl LLMEngine {
         // The tokenizer first: what building it holds for a moment (a 262k-token
         // vocabulary's maps) then does not come on top of the weights. A driver dropped on
         // its error releases the workers.
+        let ngram = args.speculative_ngram()?;
         let mut tokenizer = load_tokenizer(&args.model)?;
         if let Some(template) = &args.chat_template {
             tokenizer.set_chat_template(Some(template.clone()));
@@ -85,7 +87,7 @@ impl LLMEngine {
             executor.model().config().vocab_size,
             args.reasoning_parser.map(ReasoningParser::new),
         ));
-        Ok(Self {
+        let mut engine = Self {
             outputs: OutputProcessor::new(Arc::clone(&tokenizer)),
             eos_token_ids: Arc::from(tokenizer.eos_token_ids()),
             tokenizer,
@@ -102,7 +104,11 @@ impl LLMEngine {
             stats_logger: StatsLogger::new(),
             started: Instant::now(),
             structured,
-        })
+        };
+        if let Some(config) = ngram {
+            engine.set_draft_proposer(Box::new(NgramProposer::new(config)));
+        }
+        Ok(engine)
     }
 
     /// The model the engine runs (for benchmarks' accounting of FLOPs and bytes).

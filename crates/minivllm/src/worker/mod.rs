@@ -5,6 +5,7 @@ pub mod draft_proposer;
 pub mod executor;
 pub mod input_batch;
 pub mod model_runner;
+pub mod ngram_proposer;
 pub mod step_message;
 pub mod worker_config;
 pub mod worker_loop;

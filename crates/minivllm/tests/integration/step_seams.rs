@@ -305,3 +305,81 @@ fn draft_tokens_right_or_wrong_leave_plain_decoding_tokens_unchanged() {
         assert_eq!(completions(&outs), expected);
     }
 }
+
+/// `--speculative-config` with the n-gram proposer: the same tokens as plain decoding,
+/// greedy and seeded, in fewer steps where the output repeats the prompt.
+#[test]
+fn ngram_speculation_gives_plain_decodings_tokens_in_fewer_steps() {
+    let engine_with = |spec: Option<&str>| {
+        LLM::new(&minivllm::engine::llm_engine::EngineArgs {
+            model: common::test_model_path().to_str().unwrap().to_string(),
+            max_model_len: Some(256),
+            kv_cache_memory: 64 << 20,
+            threads: Some(2),
+            speculative_config: spec
+                .map(|s| minivllm::config::SpeculativeConfig::from_json(s).unwrap()),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let prompt = "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over \
+                  the lazy dog. the quick brown fox jumps over the lazy dog. the quick";
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(40),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        seed: Some(5),
+        n: 2,
+        max_tokens: Some(30),
+        ..SamplingParams::default()
+    };
+    let mut plain = engine_with(None);
+    let spec = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}"#;
+    let mut fast = engine_with(Some(spec));
+    for params in [greedy, seeded] {
+        let mut steps = Vec::new();
+        let mut tokens = Vec::new();
+        for llm in [&mut plain, &mut fast] {
+            let engine = llm.engine_mut();
+            engine
+                .add_request("r", PromptInput::Text(prompt.into()), params.clone(), 0)
+                .unwrap();
+            let (outs, n) = run(engine);
+            steps.push(n);
+            tokens.push(
+                outs["r"]
+                    .outputs
+                    .iter()
+                    .map(|c| c.token_ids.clone())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert_eq!(tokens[0], tokens[1], "{params:?}");
+        if params.temperature == 0.0 {
+            // Half the output repeats the prompt (then SmolLM2 goes its own way): 40 steps
+            // plain, 21 with speculation on AVX2.
+            assert!(
+                steps[1] * 3 < steps[0] * 2,
+                "steps plain {} speculative {}",
+                steps[0],
+                steps[1]
+            );
+        }
+    }
+    let bad = minivllm::engine::llm_engine::EngineArgs {
+        model: common::test_model_path().to_str().unwrap().to_string(),
+        speculative_config: Some(
+            minivllm::config::SpeculativeConfig::from_json(r#"{"method": "ngram"}"#).unwrap(),
+        ),
+        ..Default::default()
+    };
+    let err = LLM::new(&bad).err().expect("refused").to_string();
+    assert!(
+        err.contains("num_speculative_tokens must be provided"),
+        "{err}"
+    );
+}

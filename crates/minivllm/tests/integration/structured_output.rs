@@ -310,7 +310,10 @@ fn a_structural_tag_constrains_only_after_its_trigger() {
     feed(&mut g, "get_weather>");
     assert!(!g.token_mask().is_allowed(first("Hello")), "only its JSON");
     feed(&mut g, "{\"city\": \"Paris\"}</function>");
-    assert!(g.token_mask().is_allowed(eos), "the reply may end after a structure");
+    assert!(
+        g.token_mask().is_allowed(eos),
+        "the reply may end after a structure"
+    );
     assert!(g.token_mask().is_allowed(first(" Done")), "free text again");
     feed(&mut g, " Done.");
     assert!(g.token_mask().is_allowed(eos));
