@@ -257,14 +257,19 @@ impl DraftProposer for Wrong {
     }
 }
 
-#[test]
-fn draft_tokens_right_or_wrong_leave_plain_decoding_tokens_unchanged() {
-    let greedy = SamplingParams {
+/// 40 greedy tokens, EOS ignored.
+fn greedy_40() -> SamplingParams {
+    SamplingParams {
         temperature: 0.0,
         max_tokens: Some(40),
         ignore_eos: true,
         ..SamplingParams::default()
-    };
+    }
+}
+
+#[test]
+fn draft_tokens_right_or_wrong_leave_plain_decoding_tokens_unchanged() {
+    let greedy = greedy_40();
     let seeded = SamplingParams {
         temperature: 0.8,
         top_p: 0.9,
@@ -324,12 +329,7 @@ fn ngram_speculation_gives_plain_decodings_tokens_in_fewer_steps() {
     };
     let prompt = "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over \
                   the lazy dog. the quick brown fox jumps over the lazy dog. the quick";
-    let greedy = SamplingParams {
-        temperature: 0.0,
-        max_tokens: Some(40),
-        ignore_eos: true,
-        ..SamplingParams::default()
-    };
+    let greedy = greedy_40();
     let seeded = SamplingParams {
         temperature: 0.8,
         seed: Some(5),
