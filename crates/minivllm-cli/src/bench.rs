@@ -231,6 +231,17 @@ fn throughput(
                 100.0 * (g.mask_seconds + g.accept_seconds) / stats.step_seconds.max(1e-9)
             );
         }
+        let spec = stats.spec_decode;
+        if spec.num_drafts > 0 {
+            println!(
+                "speculative decoding: {} drafts of {} tokens, {:.1} % accepted, mean \
+                 acceptance length {:.2} tokens per drafted step",
+                spec.num_drafts,
+                spec.num_draft_tokens,
+                100.0 * spec.acceptance_rate(),
+                spec.mean_acceptance_length()
+            );
+        }
         env.print();
         shares.print_hint();
     }

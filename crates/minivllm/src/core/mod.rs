@@ -6,3 +6,4 @@ pub mod policy;
 pub mod sched_output;
 pub mod scheduler;
 pub mod seq_queue;
+pub mod spec_decode_stats;

@@ -9,6 +9,7 @@
 //! CPU swap pool if one is configured and has room (its K/V survive and come back later),
 //! otherwise recomputed from scratch (its blocks are simply freed).
 
+use crate::core::spec_decode_stats::SpecDecodingStats;
 use std::collections::HashMap;
 
 use crate::core::kv_cache_manager::KvCacheManager;
@@ -49,6 +50,7 @@ pub struct Scheduler {
     num_swapped_out: u64,
     num_swapped_in: u64,
     grammar_stats: GrammarStats,
+    spec_decode_stats: SpecDecodingStats,
 }
 
 impl Scheduler {
@@ -64,6 +66,7 @@ impl Scheduler {
             num_swapped_out: 0,
             num_swapped_in: 0,
             grammar_stats: GrammarStats::default(),
+            spec_decode_stats: SpecDecodingStats::default(),
             cfg,
         }
     }
@@ -108,6 +111,10 @@ impl Scheduler {
     /// What structured output has cost so far.
     pub fn grammar_stats(&self) -> GrammarStats {
         self.grammar_stats
+    }
+
+    pub fn spec_decode_stats(&self) -> SpecDecodingStats {
+        self.spec_decode_stats
     }
 
     pub fn num_cpu_blocks(&self) -> usize {
@@ -176,6 +183,9 @@ impl Scheduler {
             // Drafts past the accepted ones were computed on a wrong guess: their K/V are
             // written over when the tokens really there are fed.
             let num_accepted = num_appended.saturating_sub(1);
+            if !s.spec_token_ids.is_empty() {
+                (self.spec_decode_stats).observe(s.spec_token_ids.len(), num_accepted);
+            }
             seq.num_computed_tokens +=
                 s.num_new_tokens - s.spec_token_ids.len().saturating_sub(num_accepted);
             if num_appended == 0 {

@@ -182,6 +182,7 @@ impl LLMEngine {
             num_swapped_out: self.scheduler.num_swapped_out(),
             num_swapped_in: self.scheduler.num_swapped_in(),
             grammar: self.scheduler.grammar_stats(),
+            spec_decode: self.scheduler.spec_decode_stats(),
             ..self.stats.clone()
         }
     }

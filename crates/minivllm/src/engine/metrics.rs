@@ -3,6 +3,7 @@
 //! Names, units, buckets and labels are vLLM's (`vllm:` prefix, `model_name` label), so the
 //! Grafana dashboards and alerts written for vLLM read a mini-vllm server unchanged.
 
+use crate::core::spec_decode_stats::SpecDecodingStats;
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::time::Instant;
@@ -37,6 +38,8 @@ pub struct EngineStats {
     pub forward_seconds: f64,
     /// Structured output's cost (part of the overhead).
     pub grammar: GrammarStats,
+    /// Speculative decoding's drafts and what was kept of them.
+    pub spec_decode: SpecDecodingStats,
 }
 
 impl EngineStats {
@@ -338,6 +341,39 @@ impl RequestMetrics {
         ];
         for (name, help, v) in counters {
             sample(&mut out, name, "counter", help, l, v as f64);
+        }
+        let spec = &stats.spec_decode;
+        if spec.num_drafts > 0 {
+            for (name, help, v) in [
+                (
+                    "vllm:spec_decode_num_drafts_total",
+                    "Number of spec decoding drafts.",
+                    spec.num_drafts,
+                ),
+                (
+                    "vllm:spec_decode_num_draft_tokens_total",
+                    "Number of draft tokens.",
+                    spec.num_draft_tokens,
+                ),
+                (
+                    "vllm:spec_decode_num_accepted_tokens_total",
+                    "Number of accepted tokens.",
+                    spec.num_accepted_tokens,
+                ),
+            ] {
+                sample(&mut out, name, "counter", help, l, v as f64);
+            }
+            let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+            header(
+                &mut out,
+                name,
+                "counter",
+                "Accepted tokens per draft position.",
+            );
+            let per_pos = &spec.num_accepted_tokens_per_pos[..spec.max_draft_len];
+            for (pos, n) in per_pos.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{{l},position=\"{pos}\"}} {n}");
+            }
         }
         let name = "vllm:request_success_total";
         header(

@@ -359,6 +359,11 @@ fn ngram_speculation_gives_plain_decodings_tokens_in_fewer_steps() {
             );
         }
         assert_eq!(tokens[0], tokens[1], "{params:?}");
+        let spec = fast.engine().stats().spec_decode;
+        assert!(
+            spec.num_drafts > 0 && spec.num_accepted_tokens > 0,
+            "{spec:?}"
+        );
         if params.temperature == 0.0 {
             // Half the output repeats the prompt (then SmolLM2 goes its own way): 40 steps
             // plain, 21 with speculation on AVX2.
