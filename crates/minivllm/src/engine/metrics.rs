@@ -515,5 +515,21 @@ mod tests {
         assert!(text.contains(&format!("vllm:generation_tokens_total{l} 4.0\n")));
         assert!(text.contains("# TYPE vllm:time_to_first_token_seconds histogram\n"));
         assert!(text.contains("finished_reason=\"abort\"} 0\n"));
+        assert!(
+            !text.contains("spec_decode"),
+            "no speculative decoding, no counters"
+        );
+        let mut spec = SpecDecodingStats::default();
+        spec.observe(3, 1);
+        let text = RequestMetrics::default().render(
+            &EngineStats {
+                spec_decode: spec,
+                ..EngineStats::default()
+            },
+            "m",
+        );
+        assert!(text.contains("vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 3.0\n"));
+        assert!(text.contains("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"0\"} 1\n"));
+        assert!(text.contains("position=\"2\"} 0\n"));
     }
 }
