@@ -4,6 +4,7 @@
 //! Python package (`python -m minivllm`).
 
 mod bench;
+mod bench_latency;
 mod bench_machine;
 mod bench_serve;
 mod bench_sweep;

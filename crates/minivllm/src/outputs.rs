@@ -23,6 +23,9 @@ pub struct ModelRunnerOutput {
     pub prompt_logprobs: Vec<(SeqId, Vec<TokenLogprobs>)>,
     /// Seconds the model's forward pass took (the rest of the step is overhead).
     pub forward_seconds: f64,
+    /// Seconds the forward pass, sampling and drafting took together: what a step's size
+    /// costs (speculative decoding weighs its guesses by it).
+    pub run_seconds: f64,
 }
 
 /// One scheduled sequence after the scheduler took in a step's results (vLLM v1's

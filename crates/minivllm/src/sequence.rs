@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 pub use crate::ids::{RequestId, SeqId, TokenId};
 use crate::sampling_params::SamplingParams;
+use crate::spec_decode::draft_length::DraftAcceptance;
 use crate::structured_output::StructuredOutputGrammar;
 
 /// Why a sequence stopped, with vLLM's names (`finish_reason`).
@@ -86,6 +87,8 @@ pub struct Sequence {
     /// Tokens a draft proposer guessed come next, for the next step to verify
     /// (speculative decoding).
     pub spec_token_ids: Vec<TokenId>,
+    /// How its recent guesses fared: sets how many it gets next.
+    pub draft_acceptance: DraftAcceptance,
 }
 
 impl Sequence {
@@ -107,6 +110,7 @@ impl Sequence {
             known_to_worker: false,
             grammar: None,
             spec_token_ids: Vec::new(),
+            draft_acceptance: DraftAcceptance::default(),
         }
     }
 

@@ -26,6 +26,10 @@ pub struct SpeculativeConfig {
     pub num_speculative_tokens: Option<usize>,
     pub prompt_lookup_max: Option<usize>,
     pub prompt_lookup_min: Option<usize>,
+    /// No drafts while more sequences than this are running. Without it the engine still
+    /// stops guessing where the batch makes the step compute-bound (measured as it runs).
+    #[serde(default)]
+    pub disable_by_batch_size: Option<usize>,
 }
 
 /// The n-gram proposer's settings, resolved and checked.
@@ -34,6 +38,7 @@ pub struct NgramConfig {
     pub num_speculative_tokens: usize,
     pub prompt_lookup_min: usize,
     pub prompt_lookup_max: usize,
+    pub disable_by_batch_size: Option<usize>,
 }
 
 /// Speculative decoding proposes at most this many tokens a step: a bound on the step's
@@ -87,10 +92,17 @@ impl SpeculativeConfig {
                 "prompt_lookup_min={min} must be <= prompt_lookup_max={max}"
             ));
         }
+        if let Some(b @ 0..=1) = self.disable_by_batch_size {
+            return Err(format!(
+                "Expect the batch size threshold of disabling speculative decoding is > 1, \
+                 but got self.disable_by_batch_size={b}"
+            ));
+        }
         Ok(NgramConfig {
             num_speculative_tokens: k,
             prompt_lookup_min: min,
             prompt_lookup_max: max,
+            disable_by_batch_size: self.disable_by_batch_size,
         })
     }
 }
@@ -107,7 +119,8 @@ mod tests {
             Ok(NgramConfig {
                 num_speculative_tokens: 4,
                 prompt_lookup_min: 5,
-                prompt_lookup_max: 5
+                prompt_lookup_max: 5,
+                disable_by_batch_size: None,
             })
         );
         assert_eq!(
@@ -134,6 +147,10 @@ mod tests {
                 "draft model is not supported",
             ),
             (r#"{"method": "eagle"}"#, "unknown variant"),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 1}"#,
+                "threshold of disabling speculative decoding is > 1",
+            ),
             (
                 r#"{"method": "ngram", "num_speculative_tokens": 2, "typo": 1}"#,
                 "unknown field",

@@ -28,6 +28,9 @@ pub struct ScheduledSeq {
     /// and counted in `num_new_tokens`; the worker samples at each of their positions and
     /// keeps them while they match what it samples.
     pub spec_token_ids: Vec<TokenId>,
+    /// How many tokens the draft proposer should guess after the token this step samples
+    /// for it (0: none), as the scheduler judged worth verifying next step.
+    pub num_lookahead: usize,
 }
 
 /// A sequence the worker has not seen: everything it needs to run and sample it until it

@@ -18,6 +18,7 @@ pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
 use crate::outputs::{EngineCoreOutput, ModelRunnerOutput};
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
+use crate::spec_decode::draft_length::{DraftLength, DraftLimits};
 use crate::structured_output::GrammarStats;
 
 #[derive(Debug, Clone)]
@@ -51,6 +52,8 @@ pub struct Scheduler {
     num_swapped_in: u64,
     grammar_stats: GrammarStats,
     spec_decode_stats: SpecDecodingStats,
+    /// Speculative decoding's draft lengths; `None` without a proposer.
+    draft_length: Option<DraftLength>,
 }
 
 impl Scheduler {
@@ -67,6 +70,7 @@ impl Scheduler {
             num_swapped_in: 0,
             grammar_stats: GrammarStats::default(),
             spec_decode_stats: SpecDecodingStats::default(),
+            draft_length: None,
             cfg,
         }
     }
@@ -117,6 +121,16 @@ impl Scheduler {
         self.spec_decode_stats
     }
 
+    /// Asks for draft tokens from now on, within `limits`, as many as each sequence's
+    /// record and the batch make worth verifying (`spec_decode/draft_length.rs`).
+    pub fn enable_speculation(&mut self, limits: DraftLimits) {
+        self.draft_length = Some(DraftLength::new(limits));
+    }
+
+    pub fn draft_length(&self) -> Option<&DraftLength> {
+        self.draft_length.as_ref()
+    }
+
     pub fn num_cpu_blocks(&self) -> usize {
         self.kv_cache_manager.num_cpu_blocks()
     }
@@ -145,6 +159,10 @@ impl Scheduler {
         sched: &SchedulerOutput,
         out: ModelRunnerOutput,
     ) -> Vec<EngineCoreOutput> {
+        if let Some(d) = &mut self.draft_length {
+            let tokens = sched.scheduled.iter().map(|s| s.num_new_tokens).sum();
+            d.observe_step(tokens, out.run_seconds);
+        }
         let mut sampled = out.sampled.into_iter().peekable();
         let mut prompt_logprobs = out.prompt_logprobs.into_iter().peekable();
         let mut outputs = Vec::with_capacity(sched.scheduled.len());
@@ -185,6 +203,9 @@ impl Scheduler {
             let num_accepted = num_appended.saturating_sub(1);
             if !s.spec_token_ids.is_empty() {
                 (self.spec_decode_stats).observe(s.spec_token_ids.len(), num_accepted);
+            }
+            if num_appended > 0 {
+                (seq.draft_acceptance).observe(s.spec_token_ids.len(), num_accepted);
             }
             seq.num_computed_tokens +=
                 s.num_new_tokens - s.spec_token_ids.len().saturating_sub(num_accepted);
@@ -319,6 +340,7 @@ impl Scheduler {
                     self.kv_cache_manager
                         .allocate_slots(id, &seq.token_ids, computed, num_new);
                 if alloc.is_some() {
+                    let num_lookahead = self.lookahead(id);
                     let seq = self.seqs.get_mut(&id).expect("running seq exists");
                     let mut spec_token_ids = std::mem::take(&mut seq.spec_token_ids);
                     spec_token_ids.truncate(num_drafts);
@@ -328,6 +350,7 @@ impl Scheduler {
                         num_new_tokens: num_new,
                         block_ids: 0..0,
                         spec_token_ids,
+                        num_lookahead,
                     });
                     *budget -= num_new;
                     if uncomputed > 1 {
@@ -379,9 +402,22 @@ impl Scheduler {
                     num_new_tokens: num_new,
                     block_ids: 0..0,
                     spec_token_ids: Vec::new(),
+                    num_lookahead: 0,
                 });
                 *budget -= num_new;
             }
+        }
+    }
+
+    /// How many tokens to guess after the token `id` samples next (none under a grammar:
+    /// its mask is for one token).
+    fn lookahead(&self, id: SeqId) -> usize {
+        let seq = &self.seqs[&id];
+        match &self.draft_length {
+            Some(d) if seq.grammar.is_none() => {
+                d.lookahead(&seq.draft_acceptance, self.running.len())
+            }
+            _ => 0,
         }
     }
 
@@ -432,6 +468,7 @@ impl Scheduler {
                 num_new_tokens: num_new,
                 block_ids: 0..0,
                 spec_token_ids: Vec::new(),
+                num_lookahead: self.lookahead(id),
             });
             *budget -= num_new;
             *prefill = prefill.saturating_sub(num_new);

@@ -25,6 +25,7 @@ use crate::outputs::RequestOutput;
 use crate::reasoning::ReasoningParser;
 use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
+use crate::spec_decode::draft_length::DraftLimits;
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::executor::Executor;
@@ -107,6 +108,10 @@ impl LLMEngine {
         };
         if let Some(config) = ngram {
             engine.set_draft_proposer(Box::new(NgramProposer::new(config)));
+            engine.scheduler.enable_speculation(DraftLimits {
+                max_draft_len: config.num_speculative_tokens,
+                disable_by_batch_size: config.disable_by_batch_size,
+            });
         }
         Ok(engine)
     }
@@ -149,6 +154,10 @@ impl LLMEngine {
     /// Has `proposer` guess draft tokens for every running sequence, verified in the step
     /// after (speculative decoding's seam: `worker/draft_proposer.rs`).
     pub fn set_draft_proposer(&mut self, proposer: Box<dyn DraftProposer>) {
+        (self.scheduler).enable_speculation(DraftLimits {
+            max_draft_len: proposer.max_draft_len(),
+            disable_by_batch_size: None,
+        });
         self.executor.set_draft_proposer(proposer);
     }
 

@@ -91,16 +91,29 @@ fn kind(c: &Constraint) -> &'static str {
     }
 }
 
+/// Between two JSON tokens: one space, or a line break and up to 40 characters of
+/// indentation (pretty-printing ten levels deep). llguidance's default allows any run of
+/// whitespace, and a small model sampling at temperature 1 can then fill its whole
+/// `max_tokens` with blank lines inside an object that never closes (as llama.cpp's JSON
+/// grammars, we bound it). A schema's own `x-guidance` whitespace options win.
+const JSON_WHITESPACE: &str = r"\x20|\r?\n[\x20\x09]{0,40}";
+
 /// `compact`: JSON without free whitespace (vLLM's `disable_any_whitespace`), an option
-/// llguidance reads from the schema's `x-guidance` object.
+/// llguidance reads from the schema's `x-guidance` object; otherwise [`JSON_WHITESPACE`].
 fn top_level_grammar(c: Constraint, compact: bool) -> TopLevelGrammar {
     let json = |mut schema: Value| {
-        let options = match schema.as_object_mut() {
-            Some(schema) if compact => schema.entry("x-guidance").or_insert_with(|| json!({})),
-            _ => return TopLevelGrammar::from_json_schema(schema),
-        };
-        if let Some(options) = options.as_object_mut() {
-            options.insert("whitespace_flexible".into(), Value::Bool(false));
+        let options = schema
+            .as_object_mut()
+            .map(|s| s.entry("x-guidance").or_insert_with(|| json!({})))
+            .and_then(Value::as_object_mut);
+        if let Some(options) = options {
+            if compact {
+                options.insert("whitespace_flexible".into(), Value::Bool(false));
+            } else if !options.contains_key("whitespace_flexible")
+                && !options.contains_key("whitespace_pattern")
+            {
+                options.insert("whitespace_pattern".into(), JSON_WHITESPACE.into());
+            }
         }
         TopLevelGrammar::from_json_schema(schema)
     };

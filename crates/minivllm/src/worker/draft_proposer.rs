@@ -7,7 +7,10 @@
 use crate::ids::{SeqId, TokenId};
 
 pub trait DraftProposer: Send {
-    /// The tokens guessed to follow `token_ids` (the sequence's prompt and output so far);
-    /// empty for no guess.
-    fn propose(&mut self, seq: SeqId, token_ids: &[TokenId]) -> Vec<TokenId>;
+    /// At most `max_len` tokens guessed to follow `token_ids` (the sequence's prompt and
+    /// output so far); empty for no guess.
+    fn propose(&mut self, seq: SeqId, token_ids: &[TokenId], max_len: usize) -> Vec<TokenId>;
+
+    /// The most tokens it guesses at once (`num_speculative_tokens`).
+    fn max_draft_len(&self) -> usize;
 }

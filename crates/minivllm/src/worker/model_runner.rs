@@ -173,6 +173,7 @@ impl ModelRunner {
         out.forward_seconds = forward.elapsed().as_secs_f64();
         self.score_prompts(sched, &mut out.prompt_logprobs);
         self.sample(sched, &mut out);
+        out.run_seconds = forward.elapsed().as_secs_f64();
         Ok(out)
     }
 
@@ -242,8 +243,8 @@ impl ModelRunner {
                 seq.token_ids.push(token.token_id);
                 out.sampled.push((s.id, token));
             }
-            if let Some(proposer) = &mut self.proposer {
-                let drafts = proposer.propose(s.id, &seq.token_ids);
+            if let (Some(proposer), 1..) = (&mut self.proposer, s.num_lookahead) {
+                let drafts = proposer.propose(s.id, &seq.token_ids, s.num_lookahead);
                 if !drafts.is_empty() {
                     out.draft_token_ids.push((s.id, drafts));
                 }

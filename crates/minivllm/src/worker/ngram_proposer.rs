@@ -19,8 +19,14 @@ impl NgramProposer {
 }
 
 impl DraftProposer for NgramProposer {
-    fn propose(&mut self, _: SeqId, token_ids: &[TokenId]) -> Vec<TokenId> {
-        propose(&self.config, token_ids)
+    fn propose(&mut self, _: SeqId, token_ids: &[TokenId], max_len: usize) -> Vec<TokenId> {
+        let mut drafts = propose(&self.config, token_ids);
+        drafts.truncate(max_len);
+        drafts
+    }
+
+    fn max_draft_len(&self) -> usize {
+        self.config.num_speculative_tokens
     }
 }
 
@@ -50,6 +56,7 @@ mod tests {
             num_speculative_tokens: k,
             prompt_lookup_min: min,
             prompt_lookup_max: max,
+            disable_by_batch_size: None,
         }
     }
 

@@ -24,6 +24,9 @@ const LAYERS: &[(&str, u32)] = &[
     // Reasoning models' `<think>` text: how the engine constrains after it and the API
     // splits it off. Plain text handling, importing nothing of the crate.
     ("reasoning", 41),
+    // Speculative decoding's record of each sequence's guesses and the draft-length rule:
+    // arithmetic a sequence carries and the scheduler applies.
+    ("spec_decode", 41),
     ("sampling_params", 40),
     ("model_executor", 20),
     // Shared by every layer: plain data and ids, importing nothing above.

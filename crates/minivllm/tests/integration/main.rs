@@ -17,6 +17,7 @@ mod model_families;
 mod model_reference;
 mod real_models;
 mod scheduler;
+mod speculative;
 mod step_seams;
 mod structured_output;
 mod tensor_parallel;

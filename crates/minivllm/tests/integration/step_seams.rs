@@ -234,26 +234,34 @@ fn a_grammar_mask_decides_what_its_sequences_sample_and_no_other() {
 
 /// Proposes the next `k` tokens of the sequence's known continuation: the token ids plain
 /// decoding gave, keyed by their prompt and sibling.
-struct Oracle {
-    runs: Vec<Vec<TokenId>>,
-    k: usize,
+pub(crate) struct Oracle {
+    pub runs: Vec<Vec<TokenId>>,
+    pub k: usize,
 }
 
 impl DraftProposer for Oracle {
-    fn propose(&mut self, _: SeqId, token_ids: &[TokenId]) -> Vec<TokenId> {
+    fn propose(&mut self, _: SeqId, token_ids: &[TokenId], max_len: usize) -> Vec<TokenId> {
         (self.runs.iter())
             .find(|r| r.len() > token_ids.len() && r.starts_with(token_ids))
-            .map(|r| r[token_ids.len()..].iter().take(self.k).copied().collect())
+            .map(|r| r[token_ids.len()..].iter().take(max_len).copied().collect())
             .unwrap_or_default()
+    }
+
+    fn max_draft_len(&self) -> usize {
+        self.k
     }
 }
 
 /// Proposes tokens that are (nearly always) wrong.
-struct Wrong;
+pub(crate) struct Wrong;
 
 impl DraftProposer for Wrong {
-    fn propose(&mut self, _: SeqId, token_ids: &[TokenId]) -> Vec<TokenId> {
-        vec![token_ids[0]; 3]
+    fn propose(&mut self, _: SeqId, token_ids: &[TokenId], max_len: usize) -> Vec<TokenId> {
+        vec![token_ids[0]; max_len]
+    }
+
+    fn max_draft_len(&self) -> usize {
+        3
     }
 }
 

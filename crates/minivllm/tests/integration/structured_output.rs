@@ -318,3 +318,55 @@ fn a_structural_tag_constrains_only_after_its_trigger() {
     feed(&mut g, " Done.");
     assert!(g.token_mask().is_allowed(eos));
 }
+
+/// JSON's free whitespace is bounded: pretty-printed JSON passes, but a gap between two
+/// tokens takes at most one line break and 40 characters of indentation, so a model
+/// sampling blank lines cannot run an object on until `max_tokens` (seen at temperature 1
+/// on SmolLM2 with the default whitespace).
+#[test]
+fn json_whitespace_is_bounded_between_tokens() {
+    use minivllm::structured_output::backend_guidance::GuidanceBackend;
+
+    let llm = llm();
+    let tok = llm.engine().tokenizer();
+    let vocab_size = llm.engine().model().config().vocab_size;
+    let backend = GuidanceBackend::new(tok.vocabulary().unwrap(), vocab_size).unwrap();
+    let schema = json!({"type": "object", "properties": {"kind": {"const": "point"},
+        "xs": {"type": "array", "items": {"type": "integer"}}}, "required": ["kind", "xs"]});
+    // Whether `text` is a prefix the grammar allows, byte by byte of its tokens.
+    let allows = |text: &str| {
+        let mut g = backend
+            .compile(&StructuredOutputsParams::json_schema(schema.clone()))
+            .unwrap();
+        tok.encode(text, false).unwrap().into_iter().all(|id| {
+            let ok = g.token_mask().is_allowed(id);
+            if ok {
+                g.accept_token(id);
+            }
+            ok
+        })
+    };
+    let pretty = serde_json::to_string_pretty(&json!({"kind": "point", "xs": [1, 2]})).unwrap();
+    assert!(allows(&pretty), "{pretty}");
+    assert!(allows("{\"kind\": \"point\",\n\t\t\"xs\": [1, 2]}"));
+    assert!(allows(&format!(
+        "{{\"kind\": \"point\"\n{}",
+        " ".repeat(40)
+    )));
+    assert!(!allows(&format!(
+        "{{\"kind\": \"point\"\n{}",
+        " ".repeat(41)
+    )));
+    assert!(!allows("{\"kind\": \"point\"\n\n"));
+    assert!(!allows("{\"kind\":   \"point\"}"));
+    // Without whitespace at all (vLLM's disable_any_whitespace) nothing is allowed.
+    let mut compact = StructuredOutputsParams::json_schema(schema.clone());
+    compact.disable_any_whitespace = true;
+    let mut g = backend.compile(&compact).unwrap();
+    for id in tok.encode("{\"kind\":", false).unwrap() {
+        g.accept_token(id);
+    }
+    assert!(!g
+        .token_mask()
+        .is_allowed(tok.encode(" ", false).unwrap()[0]));
+}
