@@ -210,21 +210,42 @@ fn throughput(
                 100.0 * (g.mask_seconds + g.accept_seconds) / stats.step_seconds.max(1e-9)
             );
         }
-        let spec = stats.spec_decode;
-        if spec.num_drafts > 0 {
-            println!(
-                "speculative decoding: {} drafts of {} tokens, {:.1} % accepted, mean \
-                 acceptance length {:.2} tokens per drafted step",
-                spec.num_drafts,
-                spec.num_draft_tokens,
-                100.0 * spec.acceptance_rate(),
-                spec.mean_acceptance_length()
-            );
-        }
+        print_speculation(&stats, None);
         env.print();
         shares.print_hint();
     }
     Ok(())
+}
+
+/// Speculative decoding's acceptance (over `steps` decode steps where counted) and the step
+/// cost that set its draft lengths: the crossover where guesses stop paying.
+pub(crate) fn print_speculation(stats: &minivllm::engine::metrics::EngineStats, steps: Option<String>) {
+    let spec = stats.spec_decode;
+    if spec.num_drafts == 0 {
+        return;
+    }
+    println!(
+        "speculative decoding: {}{} drafts of {} tokens, {:.1} % accepted, mean acceptance \
+         length {:.2}",
+        steps.map(|s| s + "; ").unwrap_or_default(),
+        spec.num_drafts,
+        spec.num_draft_tokens,
+        100.0 * spec.acceptance_rate(),
+        spec.mean_acceptance_length()
+    );
+    if let Some((cost, (t0, t1))) = stats.spec_step_cost.and_then(|c| Some((c, c.fit()?))) {
+        let bars: Vec<String> = [1, 4, 16, 64]
+            .iter()
+            .map(|&b| format!("{:.2} at {b}", cost.bar(b)))
+            .collect();
+        println!(
+            "  step cost fitted: {:.2} ms + {:.3} ms per token; acceptance a guess needs by \
+             sequences running: {}",
+            t0 * 1e3,
+            t1 * 1e3,
+            bars.join(", ")
+        );
+    }
 }
 
 /// A run's rates as shares of this machine's limits, when `bench machine` has measured them.

@@ -205,17 +205,11 @@ pub fn run(
         formats.join(", "),
         weight_bytes / 1e6
     );
-    if spec.num_drafts > 0 {
-        println!(
-            "speculative decoding: {decode_steps} decode steps for {} tokens a sequence; {} \
-             drafts of {} tokens, {:.1} % accepted, mean acceptance length {:.2} (all runs)",
-            args.output_len.saturating_sub(1),
-            spec.num_drafts,
-            spec.num_draft_tokens,
-            100.0 * spec.acceptance_rate(),
-            spec.mean_acceptance_length()
-        );
-    }
+    let steps = format!(
+        "{decode_steps} decode steps for {} tokens a sequence",
+        args.output_len.saturating_sub(1)
+    );
+    crate::bench::print_speculation(&engine.stats(), Some(steps));
     print_collectives(t, args.model.tensor_parallel_size, decode_steps);
     env.print();
     shares.print_hint();

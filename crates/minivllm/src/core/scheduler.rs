@@ -159,7 +159,10 @@ impl Scheduler {
         sched: &SchedulerOutput,
         out: ModelRunnerOutput,
     ) -> Vec<EngineCoreOutput> {
-        if let Some(d) = &mut self.draft_length {
+        // Only decode steps say what a guess costs: prompt chunks run the kernels in
+        // another regime (a large batch's per-token cost is far below a small one's).
+        let decoding = |s: &ScheduledSeq| s.num_new_tokens == 1 + s.spec_token_ids.len();
+        if let (Some(d), true) = (&mut self.draft_length, sched.scheduled.iter().all(decoding)) {
             let tokens = sched.scheduled.iter().map(|s| s.num_new_tokens).sum();
             d.observe_step(tokens, out.run_seconds);
         }

@@ -192,6 +192,7 @@ impl LLMEngine {
             num_swapped_in: self.scheduler.num_swapped_in(),
             grammar: self.scheduler.grammar_stats(),
             spec_decode: self.scheduler.spec_decode_stats(),
+            spec_step_cost: self.scheduler.draft_length().map(|d| *d.cost()),
             ..self.stats.clone()
         }
     }

@@ -9,8 +9,9 @@
 //! `a^j >= t1 * b / (t0 + t1 * b)`. Alone and memory-bound (`t0` large), that bar is low and
 //! long drafts pay; in a large batch the step is compute-bound, the bar nears 1, and no
 //! guess is worth its position: speculation switches itself off. `t0` and `t1` are fitted
-//! at run time from the steps the engine runs (prompt chunks give the slope, decodes the
-//! intercept); `a` is each sequence's own recent record.
+//! at run time from the decode steps the engine runs (their sizes vary with the drafts;
+//! prompt chunks are left out: a large batch's per-token cost is far below a small one's,
+//! so they would make guesses look cheap); `a` is each sequence's own recent record.
 
 /// vLLM's `disable_by_batch_size`, and the longest draft a step may verify.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
