@@ -101,8 +101,9 @@ class LLM:
         reasoning_parser: ``"deepseek_r1"`` or ``"qwen3"``: structured output constrains
             only the answer after the model's ``<think>...</think>``.
         speculative_config: vLLM's, e.g. ``{"method": "ngram", "num_speculative_tokens": 4,
-            "prompt_lookup_max": 4}``: the same outputs, several tokens a step where the
-            output repeats the prompt.
+            "prompt_lookup_max": 4}`` or ``{"method": "draft_model", "model": "small.gguf",
+            "num_speculative_tokens": 4}``: the same outputs, several tokens a step where the
+            guesses are right (see docs/speculative.md).
     """
 
     def __init__(

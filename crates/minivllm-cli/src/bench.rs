@@ -219,7 +219,10 @@ fn throughput(
 
 /// Speculative decoding's acceptance (over `steps` decode steps where counted) and the step
 /// cost that set its draft lengths: the crossover where guesses stop paying.
-pub(crate) fn print_speculation(stats: &minivllm::engine::metrics::EngineStats, steps: Option<String>) {
+pub(crate) fn print_speculation(
+    stats: &minivllm::engine::metrics::EngineStats,
+    steps: Option<String>,
+) {
     let spec = stats.spec_decode;
     if spec.num_drafts == 0 {
         return;
@@ -233,16 +236,20 @@ pub(crate) fn print_speculation(stats: &minivllm::engine::metrics::EngineStats, 
         100.0 * spec.acceptance_rate(),
         spec.mean_acceptance_length()
     );
-    if let Some((cost, (t0, t1))) = stats.spec_step_cost.and_then(|c| Some((c, c.fit()?))) {
+    let Some(d) = stats.spec_draft_length else {
+        return;
+    };
+    if let Some((t0, t1)) = d.cost().fit() {
         let bars: Vec<String> = [1, 4, 16, 64]
             .iter()
-            .map(|&b| format!("{:.2} at {b}", cost.bar(b)))
+            .map(|&b| format!("{:.2} at {b}", d.bar(b)))
             .collect();
         println!(
-            "  step cost fitted: {:.2} ms + {:.3} ms per token; acceptance a guess needs by \
-             sequences running: {}",
+            "  step cost fitted: {:.2} ms + {:.3} ms per token, {:.3} ms per guess drafted; \
+             acceptance a guess needs by sequences running: {}",
             t0 * 1e3,
             t1 * 1e3,
+            d.draft_seconds().unwrap_or(0.0) * 1e3,
             bars.join(", ")
         );
     }

@@ -133,8 +133,10 @@ pub struct EngineFlags {
     #[arg(long)]
     pub reasoning_parser: Option<minivllm::reasoning::ReasoningParserName>,
     /// Speculative decoding, as vLLM's JSON: `{"method": "ngram", "num_speculative_tokens":
-    /// 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}` (prompt lookup). Outputs are the
-    /// same token for token; several tokens a step when the output repeats the prompt.
+    /// 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}` (prompt lookup) or `{"method":
+    /// "draft_model", "model": "small.gguf", "num_speculative_tokens": 4}` (a smaller model
+    /// of the same tokenizer). Outputs are the same token for token; several tokens a step
+    /// where the guesses are right, and guesses stop where they would not pay.
     #[arg(long, value_parser = minivllm::config::SpeculativeConfig::from_json)]
     pub speculative_config: Option<minivllm::config::SpeculativeConfig>,
 }

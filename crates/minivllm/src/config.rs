@@ -12,7 +12,10 @@ mod speculative;
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
 use rope_scaling::parse_hf_rope_scaling;
 pub use rope_scaling::RopeScaling;
-pub use speculative::{NgramConfig, SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
+pub use speculative::{
+    DraftModelConfig, NgramConfig, SpeculativeConfig, SpeculativeMethod, SpeculativeMethodConfig,
+    MAX_SPECULATIVE_TOKENS,
+};
 
 /// Why a model's configuration cannot be used. (The loaders report it as their
 /// `LoadError`, under the same messages.)

@@ -23,9 +23,12 @@ pub struct ModelRunnerOutput {
     pub prompt_logprobs: Vec<(SeqId, Vec<TokenLogprobs>)>,
     /// Seconds the model's forward pass took (the rest of the step is overhead).
     pub forward_seconds: f64,
-    /// Seconds the forward pass, sampling and drafting took together: what a step's size
-    /// costs (speculative decoding weighs its guesses by it).
+    /// Seconds the forward pass and sampling took together: what a step's size costs
+    /// (speculative decoding weighs its guesses by it).
     pub run_seconds: f64,
+    /// Seconds the draft proposer took, for how many guesses.
+    pub draft_seconds: f64,
+    pub num_guesses: usize,
 }
 
 /// One scheduled sequence after the scheduler took in a step's results (vLLM v1's

@@ -164,7 +164,7 @@ impl Scheduler {
         let decoding = |s: &ScheduledSeq| s.num_new_tokens == 1 + s.spec_token_ids.len();
         if let (Some(d), true) = (&mut self.draft_length, sched.scheduled.iter().all(decoding)) {
             let tokens = sched.scheduled.iter().map(|s| s.num_new_tokens).sum();
-            d.observe_step(tokens, out.run_seconds);
+            d.observe_step(tokens, out.run_seconds, out.num_guesses, out.draft_seconds);
         }
         let mut sampled = out.sampled.into_iter().peekable();
         let mut prompt_logprobs = out.prompt_logprobs.into_iter().peekable();

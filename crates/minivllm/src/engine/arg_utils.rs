@@ -1,7 +1,7 @@
 //! The engine's settings (`EngineArgs`, vLLM's names and defaults) and the checks that turn
 //! them into the scheduler's configuration.
 
-use crate::config::{NgramConfig, SpeculativeConfig};
+use crate::config::{SpeculativeConfig, SpeculativeMethodConfig};
 use crate::core::kv_cache_manager::{KvCacheManager, KvCacheManagerConfig};
 use crate::core::policy::Policy;
 use crate::core::scheduler::SchedulerConfig;
@@ -89,11 +89,11 @@ impl Default for EngineArgs {
 }
 
 impl EngineArgs {
-    /// The n-gram proposer's settings, checked before anything loads.
-    pub fn speculative_ngram(&self) -> Result<Option<NgramConfig>, EngineError> {
+    /// Speculative decoding's method and settings, checked before anything loads.
+    pub fn speculative(&self) -> Result<Option<SpeculativeMethodConfig>, EngineError> {
         let config = self.speculative_config.as_ref();
         config
-            .map(SpeculativeConfig::ngram)
+            .map(SpeculativeConfig::resolve)
             .transpose()
             .map_err(EngineError::Config)
     }

@@ -19,6 +19,7 @@ use crate::engine::input_processor::{process_prompt, PromptLimits};
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
+use crate::engine::speculative::start_proposer;
 use crate::engine::structured_output_manager::StructuredOutputManager;
 use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::outputs::RequestOutput;
@@ -29,7 +30,6 @@ use crate::spec_decode::draft_length::DraftLimits;
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::executor::Executor;
-use crate::worker::ngram_proposer::NgramProposer;
 pub use crate::worker::worker_config::resolve_max_model_len;
 pub use crate::worker::worker_process::Driver;
 
@@ -69,7 +69,7 @@ impl LLMEngine {
         // The tokenizer first: what building it holds for a moment (a 262k-token
         // vocabulary's maps) then does not come on top of the weights. A driver dropped on
         // its error releases the workers.
-        let ngram = args.speculative_ngram()?;
+        let speculative = args.speculative()?;
         let mut tokenizer = load_tokenizer(&args.model)?;
         if let Some(template) = &args.chat_template {
             tokenizer.set_chat_template(Some(template.clone()));
@@ -106,12 +106,11 @@ impl LLMEngine {
             started: Instant::now(),
             structured,
         };
-        if let Some(config) = ngram {
-            engine.set_draft_proposer(Box::new(NgramProposer::new(config)));
-            engine.scheduler.enable_speculation(DraftLimits {
-                max_draft_len: config.num_speculative_tokens,
-                disable_by_batch_size: config.disable_by_batch_size,
-            });
+        if let Some(method) = &speculative {
+            let (proposer, limits) =
+                start_proposer(method, args, &engine.executor, &engine.tokenizer)?;
+            engine.executor.set_draft_proposer(proposer);
+            engine.scheduler.enable_speculation(limits);
         }
         Ok(engine)
     }
@@ -152,11 +151,13 @@ impl LLMEngine {
     }
 
     /// Has `proposer` guess draft tokens for every running sequence, verified in the step
-    /// after (speculative decoding's seam: `worker/draft_proposer.rs`).
-    pub fn set_draft_proposer(&mut self, proposer: Box<dyn DraftProposer>) {
+    /// after (speculative decoding's seam: `worker/draft_proposer.rs`); as many as pay
+    /// (`adaptive`) or always its most.
+    pub fn set_draft_proposer(&mut self, proposer: Box<dyn DraftProposer>, adaptive: bool) {
         (self.scheduler).enable_speculation(DraftLimits {
             max_draft_len: proposer.max_draft_len(),
             disable_by_batch_size: None,
+            adaptive,
         });
         self.executor.set_draft_proposer(proposer);
     }
@@ -192,7 +193,7 @@ impl LLMEngine {
             num_swapped_in: self.scheduler.num_swapped_in(),
             grammar: self.scheduler.grammar_stats(),
             spec_decode: self.scheduler.spec_decode_stats(),
-            spec_step_cost: self.scheduler.draft_length().map(|d| *d.cost()),
+            spec_draft_length: self.scheduler.draft_length().copied(),
             ..self.stats.clone()
         }
     }

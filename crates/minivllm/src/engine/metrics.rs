@@ -4,7 +4,7 @@
 //! Grafana dashboards and alerts written for vLLM read a mini-vllm server unchanged.
 
 use crate::core::spec_decode_stats::SpecDecodingStats;
-use crate::spec_decode::draft_length::StepCost;
+use crate::spec_decode::draft_length::DraftLength;
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::time::Instant;
@@ -41,8 +41,9 @@ pub struct EngineStats {
     pub grammar: GrammarStats,
     /// Speculative decoding's drafts and what was kept of them.
     pub spec_decode: SpecDecodingStats,
-    /// The step cost speculative decoding fitted, which sets how long its drafts are.
-    pub spec_step_cost: Option<StepCost>,
+    /// The step and guess costs speculative decoding measured, which set how long its
+    /// drafts are.
+    pub spec_draft_length: Option<DraftLength>,
 }
 
 impl EngineStats {

@@ -7,6 +7,7 @@ pub mod input_processor;
 pub mod llm_engine;
 pub mod metrics;
 pub mod output_processor;
+pub mod speculative;
 pub mod stop_strings;
 pub mod structured_output_manager;
 pub mod tokenizer;

@@ -20,6 +20,9 @@ pub struct DraftLimits {
     pub max_draft_len: usize,
     /// No drafts while more sequences than this are running.
     pub disable_by_batch_size: Option<usize>,
+    /// Lengths from acceptance and cost; else always `max_draft_len` (for benchmarks of a
+    /// fixed length, and tests that count steps).
+    pub adaptive: bool,
 }
 
 /// The scheduler's side: the limits set, and the step cost fitted as steps run.
@@ -27,6 +30,8 @@ pub struct DraftLimits {
 pub struct DraftLength {
     limits: DraftLimits,
     cost: StepCost,
+    /// Seconds the proposer took per guess, averaged over recent steps.
+    draft_seconds: Option<f64>,
 }
 
 impl DraftLength {
@@ -34,16 +39,39 @@ impl DraftLength {
         Self {
             limits,
             cost: StepCost::default(),
+            draft_seconds: None,
         }
     }
 
-    /// A step of `tokens` tokens took `seconds`.
-    pub fn observe_step(&mut self, tokens: usize, seconds: f64) {
+    /// A step of `tokens` tokens took `seconds` (its model pass and sampling), and its
+    /// proposer `draft_seconds` to guess `guesses` tokens.
+    pub fn observe_step(
+        &mut self,
+        tokens: usize,
+        seconds: f64,
+        guesses: usize,
+        draft_seconds: f64,
+    ) {
         self.cost.observe(tokens, seconds);
+        if guesses > 0 {
+            let per = draft_seconds / guesses as f64;
+            let old = self.draft_seconds.unwrap_or(per);
+            self.draft_seconds = Some(0.9 * old + 0.1 * per);
+        }
     }
 
     pub fn cost(&self) -> &StepCost {
         &self.cost
+    }
+
+    /// Seconds per guess the proposer takes, once it has guessed.
+    pub fn draft_seconds(&self) -> Option<f64> {
+        self.draft_seconds
+    }
+
+    /// The acceptance a guess needs with `batch` sequences running.
+    pub fn bar(&self, batch: usize) -> f32 {
+        self.cost.bar(batch, self.draft_seconds.unwrap_or(0.0))
     }
 
     /// How many tokens to guess for a sequence with record `acceptance`, `num_running`
@@ -52,7 +80,10 @@ impl DraftLength {
         if (self.limits.disable_by_batch_size).is_some_and(|b| num_running > b) {
             return 0;
         }
-        acceptance.draft_len(self.cost.bar(num_running), self.limits.max_draft_len)
+        if !self.limits.adaptive {
+            return self.limits.max_draft_len;
+        }
+        acceptance.draft_len(self.bar(num_running), self.limits.max_draft_len)
     }
 }
 
@@ -164,18 +195,19 @@ impl StepCost {
         Some((t0, t1))
     }
 
-    /// The acceptance a guess needs to be worth its position in a step of `batch`
-    /// sequences: `t1 * b / (t0 + t1 * b)`, at least [`MIN_BAR`]; [`MIN_BAR`] until the
-    /// fit exists.
-    pub fn bar(&self, batch: usize) -> f32 {
+    /// The acceptance a guess that took `draft_seconds` to make needs to be worth its
+    /// position in a step of `batch` sequences: `(t1 + d) * b / (t0 + t1 * b)`, at least
+    /// [`MIN_BAR`]. Above 1: no guess is worth it.
+    pub fn bar(&self, batch: usize, draft_seconds: f64) -> f32 {
+        let b = batch.max(1) as f64;
         let bar = match self.fit() {
-            Some((t0, t1)) if t0 + t1 > 0.0 => {
-                let b = batch.max(1) as f64;
-                (t1 * b / (t0 + t1 * b)) as f32
-            }
+            Some((t0, t1)) if t0 + t1 > 0.0 => (t1 + draft_seconds) * b / (t0 + t1 * b),
+            // Steps all of one size (a draft model guessing the same number each time): the
+            // guess's own cost against the mean step, a bound below the true bar.
+            _ if self.w > 0.0 && self.y > 0.0 => draft_seconds * b / (self.y / self.w),
             _ => 0.0,
         };
-        bar.max(MIN_BAR)
+        (bar as f32).max(MIN_BAR)
     }
 }
 
@@ -199,10 +231,17 @@ mod tests {
             (t0 - 0.004).abs() < 1e-6 && (t1 - 0.001).abs() < 1e-9,
             "{t0} {t1}"
         );
-        assert!((c.bar(1) - 0.2).abs() < 1e-5);
-        assert_eq!(StepCost::default().bar(1), MIN_BAR);
-        assert!((c.bar(4) - 0.5).abs() < 1e-5);
-        assert!(c.bar(64) > 0.94);
+        assert!((c.bar(1, 0.0) - 0.2).abs() < 1e-5);
+        assert_eq!(StepCost::default().bar(1, 0.0), MIN_BAR);
+        assert!((c.bar(4, 0.0) - 0.5).abs() < 1e-5);
+        assert!(c.bar(64, 0.0) > 0.94);
+        // A draft model's guess costing 3 ms on top: 0.8 alone, and past 1 (never) at 4.
+        assert!((c.bar(1, 0.003) - 0.8).abs() < 1e-5);
+        assert!(c.bar(4, 0.003) > 1.0);
+        // Before a slope: the guess's cost against the mean step (5 ms here).
+        let mut flat = StepCost::default();
+        flat.observe(2, 0.005);
+        assert!((flat.bar(1, 0.002) - 0.4).abs() < 1e-5);
     }
 
     #[test]

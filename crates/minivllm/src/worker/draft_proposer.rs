@@ -13,4 +13,7 @@ pub trait DraftProposer: Send {
 
     /// The most tokens it guesses at once (`num_speculative_tokens`).
     fn max_draft_len(&self) -> usize;
+
+    /// The sequences finished: whatever it keeps for them can go.
+    fn forget(&mut self, _seqs: &[SeqId]) {}
 }

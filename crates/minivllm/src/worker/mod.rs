@@ -1,6 +1,7 @@
 //! Turning a schedule into tensors and running the model over the KV cache it owns.
 
 pub mod cache_engine;
+pub mod draft_model_proposer;
 pub mod draft_proposer;
 pub mod executor;
 pub mod input_batch;

@@ -121,6 +121,9 @@ impl ModelRunner {
     /// those finished since the last step.
     pub fn update_batch(&mut self, sched: &SchedulerOutput) {
         self.batch.update(sched);
+        if let (Some(proposer), false) = (&mut self.proposer, sched.finished.is_empty()) {
+            proposer.forget(&sched.finished);
+        }
     }
 
     /// Lays the (non-empty) step `sched` out as one batch ([`input`](Self::input)), from the
@@ -173,7 +176,7 @@ impl ModelRunner {
         out.forward_seconds = forward.elapsed().as_secs_f64();
         self.score_prompts(sched, &mut out.prompt_logprobs);
         self.sample(sched, &mut out);
-        out.run_seconds = forward.elapsed().as_secs_f64();
+        out.run_seconds = forward.elapsed().as_secs_f64() - out.draft_seconds;
         Ok(out)
     }
 
@@ -244,7 +247,10 @@ impl ModelRunner {
                 out.sampled.push((s.id, token));
             }
             if let (Some(proposer), 1..) = (&mut self.proposer, s.num_lookahead) {
+                let started = Instant::now();
                 let drafts = proposer.propose(s.id, &seq.token_ids, s.num_lookahead);
+                out.draft_seconds += started.elapsed().as_secs_f64();
+                out.num_guesses += drafts.len();
                 if !drafts.is_empty() {
                     out.draft_token_ids.push((s.id, drafts));
                 }
@@ -316,6 +322,9 @@ impl ModelRunner {
     /// request is running.
     pub fn release_idle_memory(&mut self, finished: &[SeqId]) {
         self.batch.remove(finished);
+        if let Some(proposer) = &mut self.proposer {
+            proposer.forget(finished);
+        }
         self.buffers.release_if_large();
     }
 

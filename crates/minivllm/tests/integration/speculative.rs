@@ -3,11 +3,14 @@
 //! model's distribution, and a sequence whose guesses keep failing is given fewer.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use crate::common;
 use crate::step_seams::{Oracle, Wrong};
 
-use minivllm::engine::llm_engine::{LLMEngine, PromptInput};
+use minivllm::config::SpeculativeConfig;
+use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
+use minivllm::entrypoints::llm::LLM;
 use minivllm::ids::TokenId;
 use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::SamplingParams;
@@ -49,7 +52,7 @@ fn rejected_drafts_leave_the_kv_and_prefix_caches_as_plain_decoding_does() {
         let mut llm = common::test_llm(256, 64 << 20);
         let engine = llm.engine_mut();
         if spec {
-            engine.set_draft_proposer(Box::new(Wrong));
+            engine.set_draft_proposer(Box::new(Wrong), false);
         }
         for (i, p) in PROMPTS.iter().enumerate() {
             let prompt = PromptInput::Text(p.to_string());
@@ -115,13 +118,14 @@ fn speculative_sampling_keeps_the_target_distribution() {
             let g = run(engine);
             let mut path = engine.tokenizer().encode(prompt, true).unwrap();
             path.extend(&g["g"].outputs[0].token_ids);
-            engine.set_draft_proposer(Box::new(Oracle {
+            let oracle = Oracle {
                 runs: vec![path],
                 k: 4,
-            }));
+            };
+            engine.set_draft_proposer(Box::new(oracle), false);
         }
-        // One request at a time, each its own seed: alone, a sequence is given drafts
-        // (in a large batch the engine would switch speculation off).
+        // One request at a time, each its own seed (one request of many completions would
+        // do as well: the draft length is fixed).
         let mut counts: HashMap<Vec<TokenId>, usize> = HashMap::new();
         for r in 0..N {
             let params = SamplingParams {
@@ -191,7 +195,7 @@ fn speculative_sampling_keeps_the_target_distribution() {
 fn failing_guesses_are_cut_back() {
     let mut llm = common::test_llm(256, 64 << 20);
     let engine = llm.engine_mut();
-    engine.set_draft_proposer(Box::new(Wrong));
+    engine.set_draft_proposer(Box::new(Wrong), true);
     engine
         .add_request("r", PromptInput::Text(PROMPTS[1].into()), greedy(120), 0)
         .unwrap();
@@ -202,4 +206,122 @@ fn failing_guesses_are_cut_back() {
         s.num_drafts > 0 && s.num_draft_tokens - s.num_drafts < 20,
         "{s:?}"
     );
+}
+
+fn engine_with(spec: Option<String>) -> Result<LLM, minivllm::engine::errors::EngineError> {
+    LLM::new(&EngineArgs {
+        model: common::test_model_path().to_str().unwrap().to_string(),
+        max_model_len: Some(256),
+        kv_cache_memory: 64 << 20,
+        threads: Some(2),
+        speculative_config: spec.map(|s| SpeculativeConfig::from_json(&s).unwrap()),
+        ..Default::default()
+    })
+}
+
+/// `draft_model`: the test model drafting for itself, greedily on its own KV cache. Its
+/// greedy guesses are the target's greedy tokens (the same weights and kernels, logits
+/// batch-invariant), so every one is kept and steps fall by the draft length; seeded
+/// sampling gives plain decoding's tokens too, with fewer guesses kept.
+#[test]
+fn a_draft_model_gives_plain_decodings_tokens() {
+    let model = common::test_model_path().to_str().unwrap().to_string();
+    let spec = format!(
+        r#"{{"method": "draft_model", "model": {model:?}, "num_speculative_tokens": 4, "adaptive_draft_length": false}}"#
+    );
+    let mut plain = engine_with(None).unwrap();
+    let mut fast = engine_with(Some(spec)).unwrap();
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        seed: Some(3),
+        n: 2,
+        max_tokens: Some(30),
+        ..SamplingParams::default()
+    };
+    for params in [greedy(40), seeded] {
+        let mut results = Vec::new();
+        for llm in [&mut plain, &mut fast] {
+            let engine = llm.engine_mut();
+            let (steps, spec) = (engine.stats().num_steps, engine.stats().spec_decode);
+            for (i, p) in PROMPTS.iter().enumerate() {
+                let prompt = PromptInput::Text(p.to_string());
+                engine
+                    .add_request(format!("r{i}"), prompt, params.clone(), 0)
+                    .unwrap();
+            }
+            let outs = run(engine);
+            let tokens: Vec<Vec<Vec<TokenId>>> = (0..PROMPTS.len())
+                .map(|i| {
+                    outs[&format!("r{i}")]
+                        .outputs
+                        .iter()
+                        .map(|c| c.token_ids.clone())
+                        .collect()
+                })
+                .collect();
+            let s = engine.stats().spec_decode;
+            let drafted = s.num_draft_tokens - spec.num_draft_tokens;
+            let accepted = s.num_accepted_tokens - spec.num_accepted_tokens;
+            results.push((tokens, engine.stats().num_steps - steps, drafted, accepted));
+        }
+        let (plain_run, spec_run) = (&results[0], &results[1]);
+        assert_eq!(spec_run.0, plain_run.0, "{params:?}");
+        assert!(spec_run.2 > 0, "drafts were made: {spec_run:?}");
+        if params.temperature == 0.0 {
+            assert_eq!(
+                spec_run.3, spec_run.2,
+                "a model's greedy guesses of itself are all kept"
+            );
+            assert!(
+                spec_run.1 * 2 < plain_run.1,
+                "steps: {} plain, {} with the draft",
+                plain_run.1,
+                spec_run.1
+            );
+        }
+    }
+    // Every finished sequence's draft state and blocks were given back: a long run again
+    // still drafts (the draft cache would otherwise fill and guesses stop).
+    let engine = fast.engine_mut();
+    let before = engine.stats().spec_decode.num_draft_tokens;
+    for round in 0..6 {
+        for (i, p) in PROMPTS.iter().enumerate() {
+            let prompt = PromptInput::Text(p.to_string());
+            engine
+                .add_request(format!("again{round}-{i}"), prompt, greedy(60), 0)
+                .unwrap();
+        }
+        run(engine);
+    }
+    let drafted = engine.stats().spec_decode.num_draft_tokens - before;
+    assert!(
+        drafted > 6 * 3 * 40,
+        "{drafted} tokens drafted over 6 rounds"
+    );
+}
+
+/// A draft model of another vocabulary is refused at start, by name.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    let other = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
+    if !other.is_file() {
+        eprintln!("SKIPPED: {} is not downloaded", other.display());
+        return;
+    }
+    let spec = format!(
+        r#"{{"model": {:?}, "num_speculative_tokens": 3}}"#,
+        other.to_str().unwrap()
+    );
+    let err = engine_with(Some(spec)).err().expect("refused").to_string();
+    assert!(
+        err.contains("does not share the target's vocabulary"),
+        "{err}"
+    );
+    let missing = r#"{"model": "/nonexistent/draft.gguf", "num_speculative_tokens": 3}"#;
+    let err = engine_with(Some(missing.into()))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("/nonexistent/draft.gguf"), "{err}");
 }

@@ -302,7 +302,8 @@ fn draft_tokens_right_or_wrong_leave_plain_decoding_tokens_unchanged() {
 
         let mut spec = llm();
         let oracle = Oracle { runs, k: 4 };
-        spec.engine_mut().set_draft_proposer(Box::new(oracle));
+        spec.engine_mut()
+            .set_draft_proposer(Box::new(oracle), false);
         add_all(spec.engine_mut(), &params);
         let (outs, spec_steps) = run(spec.engine_mut());
         assert_eq!(completions(&outs), expected);
@@ -312,7 +313,9 @@ fn draft_tokens_right_or_wrong_leave_plain_decoding_tokens_unchanged() {
         );
 
         let mut wrong = llm();
-        wrong.engine_mut().set_draft_proposer(Box::new(Wrong));
+        wrong
+            .engine_mut()
+            .set_draft_proposer(Box::new(Wrong), false);
         add_all(wrong.engine_mut(), &params);
         let (outs, _) = run(wrong.engine_mut());
         assert_eq!(completions(&outs), expected);
@@ -346,7 +349,7 @@ fn ngram_speculation_gives_plain_decodings_tokens_in_fewer_steps() {
         ..SamplingParams::default()
     };
     let mut plain = engine_with(None);
-    let spec = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}"#;
+    let spec = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1, "adaptive_draft_length": false}"#;
     let mut fast = engine_with(Some(spec));
     for params in [greedy, seeded] {
         let mut steps = Vec::new();
