@@ -524,3 +524,23 @@ def test_ngram_speculation_gives_the_same_outputs(llm, model):
     with pytest.raises(ValueError, match="prompt_lookup_min=4 must be <= prompt_lookup_max=2"):
         LLM(model=model, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
                                              "prompt_lookup_min": 4, "prompt_lookup_max": 2})
+
+
+def test_draft_model_speculation_gives_the_same_outputs(llm, model):
+    """`speculative_config` with a draft model (the test model drafting for itself, with a
+    fixed draft length so guesses are made whatever they cost): the same tokens as plain
+    decoding, greedy and seeded; a draft that is not there is a ValueError naming it."""
+    from minivllm import LLM, SamplingParams
+
+    spec = LLM(model=model, max_model_len=1024, kv_cache_memory="64MiB", speculative_config={
+        "method": "draft_model", "model": model, "num_speculative_tokens": 3,
+        "adaptive_draft_length": False})
+    prompts = ["The capital of France is", "def f(x):\n    return"]
+    for p in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=24)):
+        want = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, p, use_tqdm=False)]
+        got = [[c.token_ids for c in o.outputs] for o in spec.generate(prompts, p, use_tqdm=False)]
+        assert got == want
+    with pytest.raises(ValueError, match="missing-draft.gguf"):
+        LLM(model=model, speculative_config={"method": "draft_model", "num_speculative_tokens": 2,
+                                             "model": "missing-draft.gguf"})
