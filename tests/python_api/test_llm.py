@@ -529,7 +529,8 @@ def test_ngram_speculation_gives_the_same_outputs(llm, model):
 def test_draft_model_speculation_gives_the_same_outputs(llm, model):
     """`speculative_config` with a draft model (the test model drafting for itself, with a
     fixed draft length so guesses are made whatever they cost): the same tokens as plain
-    decoding, greedy and seeded; a draft that is not there is a ValueError naming it."""
+    decoding, greedy and seeded; a draft that is not there is an error naming it (as a
+    missing model is)."""
     from minivllm import LLM, SamplingParams
 
     spec = LLM(model=model, max_model_len=1024, kv_cache_memory="64MiB", speculative_config={
@@ -541,6 +542,6 @@ def test_draft_model_speculation_gives_the_same_outputs(llm, model):
         want = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, p, use_tqdm=False)]
         got = [[c.token_ids for c in o.outputs] for o in spec.generate(prompts, p, use_tqdm=False)]
         assert got == want
-    with pytest.raises(ValueError, match="missing-draft.gguf"):
+    with pytest.raises(RuntimeError, match="missing-draft.gguf"):
         LLM(model=model, speculative_config={"method": "draft_model", "num_speculative_tokens": 2,
                                              "model": "missing-draft.gguf"})
