@@ -58,7 +58,7 @@ fn mpirun(ranks: usize) -> Command {
 /// Greedy completions of `PROMPTS` in one batch on the default path (EOS ignored, so that
 /// every prompt runs the whole length), as `[prompt][token]`.
 fn generate(launcher: Command, ranks: usize) -> Vec<Vec<u64>> {
-    generate_with(launcher, ranks, &model(), &PROMPTS, 24)
+    generate_with(launcher, ranks, &model(), &PROMPTS, 24, &[])
 }
 
 fn generate_with(
@@ -67,6 +67,7 @@ fn generate_with(
     model: &str,
     prompts: &[&str],
     max_tokens: usize,
+    extra: &[&str],
 ) -> Vec<Vec<u64>> {
     let mut cmd = launcher;
     cmd.args(["generate", "--model", model])
@@ -77,7 +78,8 @@ fn generate_with(
             "1",
         ])
         .args(["--max-tokens", &max_tokens.to_string()])
-        .args(["--temperature", "0", "--ignore-eos", "--json"]);
+        .args(["--temperature", "0", "--ignore-eos", "--json"])
+        .args(extra);
     for p in prompts {
         cmd.args(["--prompt", p]);
     }
@@ -112,6 +114,26 @@ fn generate_on_three_ranks_gives_one_process_tokens() {
 /// (4 heads, 1 KV head) files, Q4_K_M, give one process's tokens at 2 and 3 ranks: at 3
 /// their heads do not split, so every rank computes all of them, and every other width
 /// splits unevenly.
+/// Speculative decoding is rank 0's: its proposer (n-gram lookup, or a draft model loaded
+/// whole on rank 0) guesses, the group verifies. On two ranks, one process's plain tokens.
+#[test]
+fn speculation_on_two_ranks_gives_one_process_plain_tokens() {
+    if !mpi_available("speculation_on_two_ranks_gives_one_process_plain_tokens") {
+        return;
+    }
+    let alone = generate(Command::new(env!("CARGO_BIN_EXE_minivllm")), 1);
+    let ngram = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1, "adaptive_draft_length": false}"#;
+    let draft = format!(
+        r#"{{"method": "draft_model", "model": {:?}, "num_speculative_tokens": 3, "adaptive_draft_length": false}}"#,
+        model()
+    );
+    for spec in [ngram, &draft] {
+        let extra = ["--speculative-config", spec];
+        let got = generate_with(mpirun(2), 2, &model(), &PROMPTS, 24, &extra);
+        assert_eq!(got, alone, "{spec}");
+    }
+}
+
 #[test]
 fn real_files_on_two_and_three_ranks_give_one_process_tokens() {
     let test = "real_files_on_two_and_three_ranks_give_one_process_tokens";
@@ -136,10 +158,11 @@ fn real_files_on_two_and_three_ranks_give_one_process_tokens() {
             path,
             prompts,
             16,
+            &[],
         );
         assert!(alone.iter().all(|ids| ids.len() == 16), "{file}");
         for ranks in [2, 3] {
-            let split = generate_with(mpirun(ranks), ranks, path, prompts, 16);
+            let split = generate_with(mpirun(ranks), ranks, path, prompts, 16, &[]);
             assert_eq!(split, alone, "{file} on {ranks} ranks");
         }
     }
