@@ -39,10 +39,14 @@ server() {
   for _ in 1 2; do
     out=$(curl -sf localhost:$PORT/v1/chat/completions -H 'Content-Type: application/json' -d "$body")
   done
-  kill $pid; wait $pid 2>/dev/null || true
-  python3 -c 'import json,sys; t=json.loads(sys.argv[1])["timings"]
-print(f"{t[\"predicted_per_second\"]:.1f} tok/s decode ({t[\"predicted_n\"]} tokens)",
-      f"draft {t.get(\"draft_n\", 0)} accepted {t.get(\"draft_n_accepted\", 0)}")' "$out"
+  kill $pid 2>/dev/null || { echo "llama-server $* stopped: $(tail -2 "$PEER_DIR/server.log")"; return; }
+  wait $pid 2>/dev/null || true
+  python3 - "$out" <<'PY'
+import json, sys
+t = json.loads(sys.argv[1])["timings"]
+print("%.1f tok/s decode (%d tokens; draft %d, accepted %d)" % (t["predicted_per_second"],
+      t["predicted_n"], t.get("draft_n", 0), t.get("draft_n_accepted", 0)))
+PY
 }
 
 echo "== $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $THREADS threads"
@@ -51,13 +55,13 @@ for t in ngram-simple ngram-map-k ngram-mod; do
   echo "llama-server --spec-type $t (its defaults): $(server --spec-type $t)"
 done
 # Its n-gram lookup at our settings: 3-token keys, drafts of K.
-echo "llama-server ngram-simple, n 3, m $K: $(server --spec-type ngram-simple --spec-ngram-size-n 3 --spec-ngram-size-m "$K")"
-echo "llama-server draft model:      $(server -md "$DRAFT" --draft-max $K -td "$THREADS")"
+echo "llama-server ngram-simple, n 3, m $K: $(server --spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m "$K")"
+echo "llama-server draft model:      $(server --spec-type draft-simple -md "$DRAFT" --spec-draft-n-max $K -td "$THREADS")"
 
 ours() { # minivllm bench latency with extra flags $@
   target/release/minivllm bench latency --model "$MODEL" --prompt-file "$PROMPT" \
     --output-len "$N" --num-iters 2 --num-iters-warmup 0 --max-model-len 4096 "$@" 2>&1 |
-    grep -E '^decode' | sed 's/,.*ms per step.*//'
+    grep -E '^decode|^speculative' | sed -E 's/^decode: +[0-9.]+ s, ([0-9.]+ tokens\/s).*/\1/' | tr '\n' ' '
 }
 echo "minivllm plain:                $(ours)"
 echo "minivllm n-gram:               $(ours --speculative-config "{\"method\":\"ngram\",\"num_speculative_tokens\":$K,\"prompt_lookup_max\":4,\"prompt_lookup_min\":2}")"
