@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -292,15 +293,24 @@ def test_two_threads_generate_at_once_and_share_steps(llm):
     assert llm._engine.num_steps - steps_before < 2 * 32
 
 
+# Both tests give Ctrl-C the handler a terminal's Python has: a test run started in the
+# background by a non-interactive shell inherits SIGINT ignored, and Python then installs no
+# KeyboardInterrupt handler (and `interrupt_main` raises nothing).
+
+
 def test_ctrl_c_aborts_the_call_and_the_engine_serves_on(llm):
     import _thread
 
     params = greedy(1000, ignore_eos=True)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, _thread.interrupt_main)
     started = time.monotonic()
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        llm.generate(["Tell me a long story."] * 4, params, use_tqdm=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(["Tell me a long story."] * 4, params, use_tqdm=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 10
     out = llm.generate("The capital of France is", greedy(8), use_tqdm=False)
     assert out[0].outputs[0].text.startswith(" Paris")
@@ -316,7 +326,8 @@ def test_ctrl_c_in_a_script_ends_it(model):
         "SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True), use_tqdm=False)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.5)
     proc.send_signal(2)  # SIGINT, as Ctrl-C sends
