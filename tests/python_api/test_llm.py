@@ -522,19 +522,26 @@ def test_reasoning_parser_lets_the_model_think_before_a_constrained_answer(model
         LLM(model=model, max_model_len=512, kv_cache_memory="32MiB", reasoning_parser="o1")
 
 
+def assert_same_tokens(spec, plain, prompts):
+    """`spec` gives `plain`'s tokens, greedy and seeded with two completions a prompt."""
+    from minivllm import SamplingParams
+
+    for p in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=24)):
+        want = [[c.token_ids for c in o.outputs] for o in plain.generate(prompts, p, use_tqdm=False)]
+        got = [[c.token_ids for c in o.outputs] for o in spec.generate(prompts, p, use_tqdm=False)]
+        assert got == want, p
+
+
 def test_ngram_speculation_gives_the_same_outputs(llm, model):
     """vLLM's `speculative_config` (n-gram prompt lookup): the same tokens as plain
     decoding, greedy and seeded; a config vLLM would refuse is a ValueError."""
-    from minivllm import LLM, SamplingParams
+    from minivllm import LLM
 
     spec = LLM(model=model, max_model_len=1024, kv_cache_memory="64MiB", speculative_config={
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
     prompts = ["a b c d a b c d a b c", "def f(x):\n    return x\n\ndef g(x):\n    return"]
-    for p in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-              SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=24)):
-        want = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, p, use_tqdm=False)]
-        got = [[c.token_ids for c in o.outputs] for o in spec.generate(prompts, p, use_tqdm=False)]
-        assert got == want
+    assert_same_tokens(spec, llm, prompts)
     with pytest.raises(ValueError, match="prompt_lookup_min=4 must be <= prompt_lookup_max=2"):
         LLM(model=model, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
                                              "prompt_lookup_min": 4, "prompt_lookup_max": 2})
@@ -545,17 +552,13 @@ def test_draft_model_speculation_gives_the_same_outputs(llm, model):
     fixed draft length so guesses are made whatever they cost): the same tokens as plain
     decoding, greedy and seeded; a draft that is not there is an error naming it (as a
     missing model is)."""
-    from minivllm import LLM, SamplingParams
+    from minivllm import LLM
 
     spec = LLM(model=model, max_model_len=1024, kv_cache_memory="64MiB", speculative_config={
         "method": "draft_model", "model": model, "num_speculative_tokens": 3,
         "adaptive_draft_length": False})
     prompts = ["The capital of France is", "def f(x):\n    return"]
-    for p in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-              SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=24)):
-        want = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, p, use_tqdm=False)]
-        got = [[c.token_ids for c in o.outputs] for o in spec.generate(prompts, p, use_tqdm=False)]
-        assert got == want
+    assert_same_tokens(spec, llm, prompts)
     with pytest.raises(RuntimeError, match="missing-draft.gguf"):
         LLM(model=model, speculative_config={"method": "draft_model", "num_speculative_tokens": 2,
                                              "model": "missing-draft.gguf"})

@@ -9,13 +9,13 @@
 //! CPU swap pool if one is configured and has room (its K/V survive and come back later),
 //! otherwise recomputed from scratch (its blocks are simply freed).
 
-use crate::core::spec_decode_stats::SpecDecodingStats;
 use std::collections::HashMap;
 
 use crate::core::kv_cache_manager::KvCacheManager;
 use crate::core::policy::Policy;
 pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
+use crate::core::spec_decode_stats::SpecDecodingStats;
 use crate::outputs::{EngineCoreOutput, ModelRunnerOutput};
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
 use crate::spec_decode::draft_length::{DraftLength, DraftLimits};

@@ -11,12 +11,13 @@
 
 use std::collections::HashMap;
 
-use crate::config::DraftModelConfig;
-use crate::ids::{BlockId, SeqId, TokenId};
-use crate::model_executor::loader::weights::LoadOptions;
-use crate::model_executor::model_loader::load_model;
 use minivllm_kernels::attention::KvCacheDtype;
 
+use crate::config::DraftModelConfig;
+use crate::ids::{BlockId, SeqId, TokenId};
+use crate::model_executor::layers::sampler::argmax;
+use crate::model_executor::loader::weights::LoadOptions;
+use crate::model_executor::model_loader::load_model;
 use crate::worker::cache_engine::CacheEngine;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::model_runner::{LogitsRows, ModelRunner, SeqInput};
@@ -26,7 +27,6 @@ pub struct DraftModelProposer {
     runner: ModelRunner,
     max_draft_len: usize,
     max_model_len: usize,
-    block_size: usize,
     /// Blocks of the draft's cache no sequence holds.
     free: Vec<BlockId>,
     seqs: HashMap<SeqId, DraftSeq>,
@@ -80,7 +80,6 @@ impl DraftModelProposer {
             runner: ModelRunner::new(model, cache),
             max_draft_len: config.num_speculative_tokens,
             max_model_len,
-            block_size,
             free,
             seqs: HashMap::new(),
             tokens: Vec::new(),
@@ -111,18 +110,8 @@ impl DraftModelProposer {
                 return None;
             }
         };
-        argmax(logits)
+        Some(argmax(logits) as TokenId)
     }
-}
-
-fn argmax(logits: &[f32]) -> Option<TokenId> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &x) in logits.iter().enumerate() {
-        if best.is_none_or(|(_, b)| x > b) {
-            best = Some((i, x));
-        }
-    }
-    best.map(|(i, _)| i as TokenId)
 }
 
 impl DraftProposer for DraftModelProposer {
@@ -142,7 +131,7 @@ impl DraftProposer for DraftModelProposer {
             .count();
         state.computed = (state.computed + kept).min(len - 1);
         state.fed.clear();
-        let blocks_needed = (len + k - 1).div_ceil(self.block_size);
+        let blocks_needed = (len + k - 1).div_ceil(self.runner.cache().block_size());
         state.blocks.resize_with(1, Vec::new);
         let more = blocks_needed.saturating_sub(state.blocks[0].len());
         if more > self.free.len() {

@@ -101,3 +101,28 @@ pub fn test_llm(max_model_len: usize, kv_cache_memory: u64) -> minivllm::entrypo
     })
     .expect("engine starts")
 }
+
+/// Greedy, `max_tokens` tokens, EOS ignored (every request runs its whole length).
+pub fn greedy(max_tokens: usize) -> minivllm::sampling_params::SamplingParams {
+    minivllm::sampling_params::SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+/// The test model with `--speculative-config` `spec` (vLLM's JSON), or without it.
+pub fn test_llm_speculative(
+    spec: Option<&str>,
+) -> Result<minivllm::entrypoints::llm::LLM, minivllm::engine::errors::EngineError> {
+    minivllm::entrypoints::llm::LLM::new(&minivllm::engine::llm_engine::EngineArgs {
+        model: test_model_path().to_str().unwrap().to_string(),
+        max_model_len: Some(256),
+        kv_cache_memory: 64 << 20,
+        threads: Some(2),
+        speculative_config: spec
+            .map(|s| minivllm::config::SpeculativeConfig::from_json(s).unwrap()),
+        ..Default::default()
+    })
+}

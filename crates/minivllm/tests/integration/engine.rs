@@ -2,6 +2,7 @@
 //! the schedule (chunked, preempted, prefix-cached), and nothing may leak.
 
 use crate::common;
+use crate::common::greedy;
 
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::entrypoints::llm::LLM;
@@ -46,15 +47,6 @@ fn varied_prompts(llm: &LLM) -> Vec<Vec<u32>> {
             (0..len).map(|j| ids[(start + j) % ids.len()]).collect()
         })
         .collect()
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
 }
 
 fn token_ids(outs: &[RequestOutput]) -> Vec<Vec<u32>> {

@@ -6,11 +6,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::common;
+use crate::common::{greedy, test_llm_speculative};
 use crate::step_seams::{Oracle, Wrong};
 
-use minivllm::config::SpeculativeConfig;
-use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
-use minivllm::entrypoints::llm::LLM;
+use minivllm::engine::llm_engine::{LLMEngine, PromptInput};
 use minivllm::ids::TokenId;
 use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::SamplingParams;
@@ -31,15 +30,6 @@ fn run(engine: &mut LLMEngine) -> HashMap<String, RequestOutput> {
         }
     }
     done
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
 }
 
 /// Rollback: K/V written for rejected drafts is overwritten and never registered in the
@@ -208,17 +198,6 @@ fn failing_guesses_are_cut_back() {
     );
 }
 
-fn engine_with(spec: Option<String>) -> Result<LLM, minivllm::engine::errors::EngineError> {
-    LLM::new(&EngineArgs {
-        model: common::test_model_path().to_str().unwrap().to_string(),
-        max_model_len: Some(256),
-        kv_cache_memory: 64 << 20,
-        threads: Some(2),
-        speculative_config: spec.map(|s| SpeculativeConfig::from_json(&s).unwrap()),
-        ..Default::default()
-    })
-}
-
 /// `draft_model`: the test model drafting for itself, greedily on its own KV cache. Its
 /// greedy guesses are the target's greedy tokens (the same weights and kernels, logits
 /// batch-invariant), so every one is kept and steps fall by the draft length; seeded
@@ -229,8 +208,8 @@ fn a_draft_model_gives_plain_decodings_tokens() {
     let spec = format!(
         r#"{{"method": "draft_model", "model": {model:?}, "num_speculative_tokens": 4, "adaptive_draft_length": false}}"#
     );
-    let mut plain = engine_with(None).unwrap();
-    let mut fast = engine_with(Some(spec)).unwrap();
+    let mut plain = test_llm_speculative(None).unwrap();
+    let mut fast = test_llm_speculative(Some(&spec)).unwrap();
     let seeded = SamplingParams {
         temperature: 0.8,
         seed: Some(3),
@@ -313,13 +292,16 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
         r#"{{"model": {:?}, "num_speculative_tokens": 3}}"#,
         other.to_str().unwrap()
     );
-    let err = engine_with(Some(spec)).err().expect("refused").to_string();
+    let err = test_llm_speculative(Some(&spec))
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(
         err.contains("does not share the target's vocabulary"),
         "{err}"
     );
     let missing = r#"{"model": "/nonexistent/draft.gguf", "num_speculative_tokens": 3}"#;
-    let err = engine_with(Some(missing.into()))
+    let err = test_llm_speculative(Some(missing))
         .err()
         .expect("refused")
         .to_string();

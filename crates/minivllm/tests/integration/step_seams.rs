@@ -265,19 +265,9 @@ impl DraftProposer for Wrong {
     }
 }
 
-/// 40 greedy tokens, EOS ignored.
-fn greedy_40() -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens: Some(40),
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
-}
-
 #[test]
 fn draft_tokens_right_or_wrong_leave_plain_decoding_tokens_unchanged() {
-    let greedy = greedy_40();
+    let greedy = common::greedy(40);
     let seeded = SamplingParams {
         temperature: 0.8,
         top_p: 0.9,
@@ -326,21 +316,10 @@ fn draft_tokens_right_or_wrong_leave_plain_decoding_tokens_unchanged() {
 /// greedy and seeded, in fewer steps where the output repeats the prompt.
 #[test]
 fn ngram_speculation_gives_plain_decodings_tokens_in_fewer_steps() {
-    let engine_with = |spec: Option<&str>| {
-        LLM::new(&minivllm::engine::llm_engine::EngineArgs {
-            model: common::test_model_path().to_str().unwrap().to_string(),
-            max_model_len: Some(256),
-            kv_cache_memory: 64 << 20,
-            threads: Some(2),
-            speculative_config: spec
-                .map(|s| minivllm::config::SpeculativeConfig::from_json(s).unwrap()),
-            ..Default::default()
-        })
-        .unwrap()
-    };
+    let engine_with = |spec: Option<&str>| common::test_llm_speculative(spec).unwrap();
     let prompt = "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over \
                   the lazy dog. the quick brown fox jumps over the lazy dog. the quick";
-    let greedy = greedy_40();
+    let greedy = common::greedy(40);
     let seeded = SamplingParams {
         temperature: 0.8,
         seed: Some(5),

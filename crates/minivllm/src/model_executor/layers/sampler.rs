@@ -298,7 +298,7 @@ pub fn logprobs_for(
 }
 
 /// The first maximum (greedy ties go to the lowest id, like `torch.argmax`).
-fn argmax(row: &[f32]) -> usize {
+pub(crate) fn argmax(row: &[f32]) -> usize {
     let mut best = 0;
     let mut best_value = f32::NEG_INFINITY;
     for (i, &v) in row.iter().enumerate() {
