@@ -312,6 +312,18 @@ impl ModelRunner {
         Ok(self.logits())
     }
 
+    /// [`execute_model`](Self::execute_model) without the LM head: the final hidden states
+    /// of the rows asked for, `[rows, hidden_size]`.
+    pub fn execute_hidden(&mut self) -> Result<&[f32], InputError> {
+        self.num_logits = 0;
+        let block_size = self.cache.block_size();
+        let (model, cache, buffers) = (&self.model, &mut self.cache, &mut self.buffers);
+        let input = &self.input;
+        minivllm_kernels::threading::install(|| {
+            model.forward_hidden(input, cache.layers_mut(), block_size, buffers)
+        })
+    }
+
     /// Logits `[rows asked for by prepare_input, vocab_size]` of the last batch run.
     pub fn logits(&self) -> &[f32] {
         self.buffers.logits(self.num_logits)

@@ -13,6 +13,7 @@ use minivllm::engine::llm_engine::{LLMEngine, PromptInput};
 use minivllm::ids::TokenId;
 use minivllm::outputs::RequestOutput;
 use minivllm::sampling_params::SamplingParams;
+use minivllm::worker::draft_model_proposer::COMMON_TOKENS;
 
 const PROMPTS: [&str; 3] = [
     "The capital of France is",
@@ -247,9 +248,17 @@ fn a_draft_model_gives_plain_decodings_tokens() {
         assert_eq!(spec_run.0, plain_run.0, "{params:?}");
         assert!(spec_run.2 > 0, "drafts were made: {spec_run:?}");
         if params.temperature == 0.0 {
-            assert_eq!(
-                spec_run.3, spec_run.2,
-                "a model's greedy guesses of itself are all kept"
+            // Its greedy guesses of itself are all kept but where the token is one the
+            // draft's partial head lacks (rare, not in the sequence before), each such miss
+            // costing at most the rest of that draft.
+            let rare = (plain_run.0.iter().flatten().flatten())
+                .filter(|&&t| t as usize >= COMMON_TOKENS)
+                .count() as u64;
+            assert!(
+                spec_run.2 - spec_run.3 <= 4 * rare,
+                "{} of {} guesses kept with {rare} rare tokens",
+                spec_run.3,
+                spec_run.2
             );
             assert!(
                 spec_run.1 * 2 < plain_run.1,

@@ -175,6 +175,42 @@ impl WeightMatrix {
         }
     }
 
+    /// A matrix of the given rows, in that order and in the same format; `None` for a
+    /// stack of formats. (A draft model's head over part of the vocabulary.)
+    pub fn select_rows(&self, rows: &[usize]) -> Option<WeightMatrix> {
+        let cols = self.cols();
+        match self {
+            WeightMatrix::F32 { data, .. } => Some(Self::f32(
+                rows.iter()
+                    .flat_map(|&r| &data[r * cols..(r + 1) * cols])
+                    .copied()
+                    .collect(),
+                rows.len(),
+                cols,
+            )),
+            WeightMatrix::Half(h) => {
+                // Widened and rounded back: exact.
+                let mut data = vec![0.0; rows.len() * cols];
+                for (out, &r) in data.chunks_exact_mut(cols).zip(rows) {
+                    h.widen_rows(r, out);
+                }
+                Some(WeightMatrix::Half(HalfMatrix::from_f32(
+                    h.kind(),
+                    &data,
+                    rows.len(),
+                    cols,
+                )))
+            }
+            WeightMatrix::Quant(q) => {
+                let blocks = rows.iter().flat_map(|&r| q.row_blocks(r)).collect();
+                QuantMatrix::new(q.ty(), rows.len(), cols, blocks)
+                    .ok()
+                    .map(WeightMatrix::Quant)
+            }
+            WeightMatrix::Stacked { .. } => None,
+        }
+    }
+
     /// `out[m, rows] = x[m, cols] · Wᵀ`.
     pub fn matmul(&self, x: &[f32], out: &mut [f32], m: usize) {
         let (rows, cols) = (self.rows(), self.cols());
@@ -477,5 +513,62 @@ mod row_subset_tests {
             }
         }
         assert!(failed.is_empty(), "{failed:#?}");
+    }
+
+    /// A draft model's head over part of the vocabulary: the rows picked, in any order, give
+    /// the whole matrix's outputs for those rows (bit for bit in a block format, to
+    /// rounding in the float ones, whose edge tiles sum in another order).
+    #[test]
+    fn selected_rows_compute_what_the_whole_matrix_computes() {
+        minivllm_kernels::threading::init_threads(2);
+        let (rows, cols) = (45, 256);
+        let w = values(rows * cols, 3);
+        let pick = [40, 0, 17, 16, 44, 3];
+        let matrices = [
+            WeightMatrix::f32(w.clone(), rows, cols),
+            WeightMatrix::Half(HalfMatrix::from_f32(HalfKind::BF16, &w, rows, cols)),
+            quant_matrix(
+                "q",
+                GgmlType::Q8_0,
+                rows,
+                cols,
+                quantize_to(GgmlType::Q8_0, &w).unwrap(),
+            )
+            .unwrap(),
+            quant_matrix(
+                "q",
+                GgmlType::Q6_K,
+                rows,
+                cols,
+                quantize_to(GgmlType::Q6_K, &w).unwrap(),
+            )
+            .unwrap(),
+        ];
+        for whole in matrices {
+            let part = whole.select_rows(&pick).unwrap();
+            assert_eq!((part.rows(), part.format()), (pick.len(), whole.format()));
+            for m in [1, 5] {
+                let x = values(m * cols, 11 + m as u32);
+                let mut want = vec![0.0; m * rows];
+                whole.matmul(&x, &mut want, m);
+                let mut got = vec![0.0; m * pick.len()];
+                part.matmul(&x, &mut got, m);
+                for i in 0..m {
+                    for (j, &r) in pick.iter().enumerate() {
+                        let (g, w) = (got[i * pick.len() + j], want[i * rows + r]);
+                        let exact = whole.format().starts_with('Q');
+                        assert!(
+                            if exact {
+                                g == w
+                            } else {
+                                (g - w).abs() <= 1e-4 * w.abs().max(1.0)
+                            },
+                            "{}: m {m}, row {r}: {g} vs {w}",
+                            whole.format()
+                        );
+                    }
+                }
+            }
+        }
     }
 }

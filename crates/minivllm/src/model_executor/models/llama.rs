@@ -312,14 +312,10 @@ impl LlamaForCausalLM {
     /// Bytes one decode step reads from weight matrices: every layer's, and the LM head's.
     /// (The embeddings are read a row per token; tied, they are the LM head.)
     pub fn weight_bytes_per_token(&self) -> usize {
-        let head = self
-            .lm_head
-            .as_ref()
-            .map_or(&self.embed_tokens, Linear::weight);
         self.layer_matrices()
             .map(WeightMatrix::nbytes)
             .sum::<usize>()
-            + head.nbytes()
+            + self.lm_head().nbytes()
     }
 
     /// Floating-point operations (two per multiply-add) of one token through the layers'
@@ -356,6 +352,20 @@ impl LlamaForCausalLM {
     /// `input.logits_indices`: `[logits_indices.len(), vocab_size]`. In a tensor-parallel
     /// group they are gathered on rank 0, which samples; the other ranks get none.
     pub fn forward<'b>(
+        &self,
+        input: &InputMetadata,
+        kv_caches: &mut [LayerKvCache],
+        block_size: usize,
+        buf: &'b mut ForwardBuffers,
+    ) -> Result<&'b [f32], InputError> {
+        self.forward_hidden(input, kv_caches, block_size, buf)?;
+        self.compute_logits(input.logits_indices.len(), buf)
+    }
+
+    /// [`forward`](Self::forward) up to the LM head: the final-normed hidden states of the
+    /// positions in `input.logits_indices`, `[logits_indices.len(), hidden_size]`, on every
+    /// rank. For callers with a head of their own (a draft model's partial vocabulary).
+    pub fn forward_hidden<'b>(
         &self,
         input: &InputMetadata,
         kv_caches: &mut [LayerKvCache],
@@ -438,7 +448,19 @@ impl LlamaForCausalLM {
         }
         self.norm
             .forward_fused_add(&mut buf.hidden, &mut buf.residual);
-        self.compute_logits(&input.logits_indices, buf)
+        Ok(select_rows(
+            &input.logits_indices,
+            self.config.hidden_size,
+            buf,
+        ))
+    }
+
+    /// The LM head's weights, `[vocab_size, hidden_size]` (this rank's rows of them when the
+    /// vocabulary is split): the token embeddings when they are tied.
+    pub fn lm_head(&self) -> &WeightMatrix {
+        self.lm_head
+            .as_ref()
+            .map_or(&self.embed_tokens, Linear::weight)
     }
 
     /// Each token's embedding row; with the vocabulary split, the rank holding a token's
@@ -565,20 +587,16 @@ impl LlamaForCausalLM {
         )
     }
 
-    /// Projects only the rows that need logits: a prompt of 500 tokens needs one row, and
-    /// the vocabulary projection is the largest matmul of the model.
+    /// Projects only the `n` rows that need logits, left in `buf.last_hidden`: a prompt of
+    /// 500 tokens needs one row, and the vocabulary projection is the largest matmul of the
+    /// model.
     fn compute_logits<'b>(
         &self,
-        indices: &[usize],
+        n: usize,
         buf: &'b mut ForwardBuffers,
     ) -> Result<&'b [f32], InputError> {
-        let h = self.config.hidden_size;
         let (vocab, part) = (self.config.vocab_size, self.local.vocab_size);
-        let n = indices.len();
-        let last = sized(&mut buf.last_hidden, n * h);
-        for (row, &i) in last.chunks_exact_mut(h).zip(indices) {
-            row.copy_from_slice(&buf.hidden[i * h..(i + 1) * h]);
-        }
+        let last = &buf.last_hidden;
         let world = self.comm.world_size();
         let own = sized(
             if world == 1 {
@@ -588,10 +606,7 @@ impl LlamaForCausalLM {
             },
             n * part,
         );
-        match &self.lm_head {
-            Some(head) => head.forward(last, own, n),
-            None => self.embed_tokens.matmul(last, own, n),
-        }
+        self.lm_head().matmul(last, own, n);
         if world == 1 {
             return Ok(&buf.logits[..n * vocab]);
         }
@@ -602,6 +617,15 @@ impl LlamaForCausalLM {
         gather_columns(&*self.comm, Some(0), own, n, vocab, &mut buf.gather, logits)?;
         Ok(&buf.logits[..if rank0 { n * vocab } else { 0 }])
     }
+}
+
+/// The hidden states of rows `indices`, copied into `buf.last_hidden`.
+fn select_rows<'b>(indices: &[usize], h: usize, buf: &'b mut ForwardBuffers) -> &'b [f32] {
+    let last = sized(&mut buf.last_hidden, indices.len() * h);
+    for (row, &i) in last.chunks_exact_mut(h).zip(indices) {
+        row.copy_from_slice(&buf.hidden[i * h..(i + 1) * h]);
+    }
+    last
 }
 
 /// `local`'s `t` rows whole: where `split`, `local` holds this rank's [`share`] of the
