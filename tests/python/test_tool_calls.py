@@ -235,3 +235,71 @@ def test_qwen_auto_calls_that_start_always_parse(qwen):
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
     check_calls(choice.message.tool_calls, ["add"])
+
+
+# Anthropic's Messages API: the same calls as `tool_use` blocks, `tool_result` fed back.
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+def anthropic_client(url: str):
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_qwen_calls_a_tool_through_anthropics_api_and_reads_its_result(qwen):
+    url, client = qwen
+    claude = anthropic_client(url)
+    m = claude.messages.create(model="qwen", max_tokens=100, messages=ASK, tools=ANTHROPIC_TOOLS,
+                               extra_body={"temperature": 0})
+    chat = client.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS,
+                                          temperature=0, max_tokens=100)
+    assert m.stop_reason == "tool_use"
+    uses = [b for b in m.content if b.type == "tool_use"]
+    calls = chat.choices[0].message.tool_calls
+    assert [(u.name, u.input) for u in uses] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in calls]
+    assert uses[0].id.startswith("toolu_") and uses[0].input["city"] == "Paris"
+
+    with claude.messages.stream(model="qwen", max_tokens=100, messages=ASK, tools=ANTHROPIC_TOOLS,
+                                extra_body={"temperature": 0}) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [
+        (u.name, u.input) for u in uses]
+
+    turn = ASK + [
+        {"role": "assistant", "content": [b.model_dump(include={"type", "id", "name", "input"})
+                                          for b in uses]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                      "content": '{"temperature": 21, "sky": "sunny"}'}]},
+    ]
+    counted = claude.messages.count_tokens(model="qwen", messages=turn, tools=ANTHROPIC_TOOLS)
+    openai_turn = ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": uses[0].id, "type": "function",
+             "function": {"name": uses[0].name, "arguments": json.dumps(uses[0].input)}}]},
+        {"role": "tool", "tool_call_id": uses[0].id, "content": '{"temperature": 21, "sky": "sunny"}'},
+    ]
+    ids = post(url, "/tokenize", {"model": "qwen", "messages": openai_turn, "tools": TOOLS})["tokens"]
+    assert counted.input_tokens == len(ids)
+    reply = claude.messages.create(model="qwen", max_tokens=40, messages=turn,
+                                   tools=ANTHROPIC_TOOLS, extra_body={"temperature": 0})
+    assert reply.usage.input_tokens == len(ids)
+    assert reply.content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_choice_through_anthropics_api_always_parses(server_url, stream):
+    claude = anthropic_client(server_url)
+    kw = dict(model="smol", max_tokens=120, tools=ANTHROPIC_TOOLS,
+              tool_choice={"type": "tool", "name": "add"},
+              messages=[{"role": "user", "content": "What is 2 plus 3?"}])
+    if stream:
+        with claude.messages.stream(**kw) as s:
+            m = s.get_final_message()
+    else:
+        m = claude.messages.create(**kw)
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and [u.name for u in uses] == ["add"]
+    jsonschema.validate(uses[0].input, SCHEMAS["add"])

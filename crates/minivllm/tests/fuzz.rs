@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use minivllm::config::ModelConfig;
 use minivllm::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
 use minivllm::engine::tokenizer::Tokenizer;
+use minivllm::entrypoints::anthropic::protocol::MessagesRequest;
 use minivllm::entrypoints::openai::protocol::{ChatCompletionRequest, CompletionRequest};
 use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
 use minivllm::model_executor::loader::gguf_weights::config_from_gguf;
@@ -222,6 +223,10 @@ const REQUEST_FIELDS: &[&str] = &[
     "skip_special_tokens",
     "priority",
     "add_generation_prompt",
+    "system",
+    "stop_sequences",
+    "tools",
+    "tool_choice",
     "unknown_field",
 ];
 
@@ -236,7 +241,12 @@ fn check_request(body: &Value) {
             }
         }
     }
-    if let Ok(req) = serde_json::from_value::<ChatCompletionRequest>(body.clone()) {
+    // Anthropic's Messages body, read as the chat request it runs as.
+    let anthropic = serde_json::from_value::<MessagesRequest>(body.clone())
+        .ok()
+        .and_then(|m| m.to_chat(true).ok());
+    let chat = serde_json::from_value::<ChatCompletionRequest>(body.clone()).ok();
+    for req in [chat, anthropic].into_iter().flatten() {
         if req.check().is_ok() {
             let _ = minivllm::entrypoints::openai::protocol::chat_messages(&req.messages);
             let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
@@ -312,12 +322,16 @@ proptest! {
         reset_allocations();
         let mut completion = json!({"prompt": "Hi", "max_tokens": 4});
         let mut chat = json!({"messages": [{"role": "user", "content": "Hi"}]});
+        let mut anthropic = json!({"max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Hi"}]}]});
         for (field, v) in edits {
             completion[field] = v.clone();
-            chat[field] = v;
+            chat[field] = v.clone();
+            anthropic[field] = v;
         }
         check_request(&completion);
         check_request(&chat);
+        check_request(&anthropic);
         assert_allocations_bounded();
     }
 

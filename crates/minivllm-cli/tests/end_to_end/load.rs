@@ -1,5 +1,6 @@
 //! A load test over loopback: 500 requests at 64 at a time, streamed and not, of mixed
-//! prompt lengths, one in ten invalid and one in ten streams dropped by its client midway.
+//! prompt lengths, to OpenAI's completions and Anthropic's messages routes, one in ten
+//! invalid and one in ten streams dropped by its client midway.
 //! No 5xx; every valid request gets the text it gets alone (greedy); the engine's counts
 //! return to zero; the server's memory after the run is within 10 % of after warm-up; and
 //! clients trickling their bodies meanwhile are cut with 408.
@@ -54,11 +55,61 @@ fn text_of(status: u16, raw: &str, stream: bool) -> String {
         .collect()
 }
 
+fn messages_body(prompt: &(String, usize), stream: bool) -> Value {
+    json!({"messages": [{"role": "user", "content": prompt.0}], "max_tokens": prompt.1,
+           "temperature": 0, "stream": stream})
+}
+
+/// The reply's text of a Messages response, streamed (Anthropic's events) or not.
+fn messages_text(status: u16, raw: &str, stream: bool) -> String {
+    assert_eq!(status, 200, "{raw}");
+    if !stream {
+        let v: Value = serde_json::from_str(raw).unwrap();
+        return v["content"][0]["text"].as_str().unwrap().to_string();
+    }
+    assert!(
+        raw.trim_end()
+            .ends_with("data: {\"type\":\"message_stop\"}"),
+        "{raw}"
+    );
+    raw.split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}"));
+            v["delta"]["text"].as_str().unwrap_or("").to_string()
+        })
+        .collect()
+}
+
+/// What each prompt gives alone, through completions and through messages.
+struct Alone {
+    completions: Vec<String>,
+    messages: Vec<String>,
+}
+
 /// One request of the mix, by its index: invalid, dropped midway, or run to the end.
-fn one_request(server: &Server, i: usize, prompts: &[(String, usize)], alone: &[String]) {
+fn one_request(server: &Server, i: usize, prompts: &[(String, usize)], alone: &Alone) {
     let k = i % prompts.len();
     let stream = i % 2 == 1;
     match i % 10 {
+        0 if i % 20 == 10 => {
+            let bad = json!({"messages": [{"role": "user", "content": prompts[k].0}]});
+            let (status, text) =
+                request(server.port, "POST", "/v1/messages", Some(&bad.to_string())).unwrap();
+            assert_eq!(status, 400, "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{text}");
+        }
+        5 | 6 => {
+            let b = messages_body(&prompts[k], stream).to_string();
+            let (status, raw) = request(server.port, "POST", "/v1/messages", Some(&b)).unwrap();
+            assert!(status < 500, "request {i}: {status} {raw}");
+            assert_eq!(
+                messages_text(status, &raw, stream),
+                alone.messages[k],
+                "request {i} (messages, prompt {k})"
+            );
+        }
         0 => {
             let bad = json!({"prompt": prompts[k].0, "max_tokens": 4, "temperature": -1});
             let (status, text) = request(
@@ -93,7 +144,7 @@ fn one_request(server: &Server, i: usize, prompts: &[(String, usize)], alone: &[
             assert!(status < 500, "request {i}: {status} {raw}");
             assert_eq!(
                 text_of(status, &raw, stream),
-                alone[k],
+                alone.completions[k],
                 "request {i} (prompt {k})"
             );
         }
@@ -134,14 +185,23 @@ fn slow_body(server: &Server) -> String {
 fn five_hundred_mixed_requests_at_64_concurrency() {
     let server = start_with(&model(), &["--max-num-seqs", "64"]);
     let prompts = prompts();
-    let alone: Vec<String> = prompts
-        .iter()
-        .map(|p| {
-            let b = body(p, false).to_string();
-            let (status, raw) = request(server.port, "POST", "/v1/completions", Some(&b)).unwrap();
-            text_of(status, &raw, false)
-        })
-        .collect();
+    let alone = Alone {
+        completions: (prompts.iter())
+            .map(|p| {
+                let b = body(p, false).to_string();
+                let (status, raw) =
+                    request(server.port, "POST", "/v1/completions", Some(&b)).unwrap();
+                text_of(status, &raw, false)
+            })
+            .collect(),
+        messages: (prompts.iter())
+            .map(|p| {
+                let b = messages_body(p, false).to_string();
+                let (status, raw) = request(server.port, "POST", "/v1/messages", Some(&b)).unwrap();
+                messages_text(status, &raw, false)
+            })
+            .collect(),
+    };
     // Warm-up: one round at full concurrency, so buffers have grown to their working size.
     let run = |range: std::ops::Range<usize>| {
         let next = AtomicUsize::new(range.start);

@@ -424,6 +424,51 @@ fn api_key_queue_limit_body_limit_and_cors() {
         assert_eq!(request(port, "GET", open, None).unwrap().0, 200, "{open}");
     }
 
+    // Anthropic's clients send the key as `x-api-key`, and read errors in Anthropic's
+    // envelope on its routes, whichever layer refused the request.
+    let (status, _, _) =
+        request_with(port, "GET", "/v1/models", &[("x-api-key", "secret")], None).unwrap();
+    assert_eq!(status, 200);
+    let ask =
+        json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string();
+    for (headers, want) in [
+        (vec![("x-api-key", "wrong")], (401, "authentication_error")),
+        (vec![("x-api-key", "secret")], (404, "not_found_error")),
+    ] {
+        let (status, _, text) =
+            request_with(port, "POST", "/v1/messages", &headers, Some(&ask)).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (status, v["type"].as_str()),
+            (want.0, Some("error")),
+            "{text}"
+        );
+        assert_eq!(v["error"]["type"], want.1, "{text}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{text}"
+        );
+    }
+    let huge =
+        json!({"max_tokens": 1, "messages": [{"role": "user", "content": "x".repeat(8 << 10)}]})
+            .to_string();
+    let (status, _, text) = request_with(
+        port,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", "secret")],
+        Some(&huge),
+    )
+    .unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (status, &v["error"]["type"]),
+        (413, &json!("request_too_large"))
+    );
+
     let small = json!({"prompt": "hi"}).to_string();
     for path in ["/tokenize", "/detokenize"] {
         let (status, text) = request(port, "POST", path, Some(&small)).unwrap();

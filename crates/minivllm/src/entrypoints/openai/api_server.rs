@@ -34,6 +34,8 @@ use super::serving_engine::now;
 use super::serving_tokenization::{detokenize, tokenize};
 use super::tool_calls::ToolCallConfig;
 use crate::engine::async_engine::AsyncEngine;
+use crate::entrypoints::anthropic::protocol::anthropic_errors;
+use crate::entrypoints::anthropic::serving_messages::{count_tokens, messages};
 use crate::reasoning::ReasoningParserName;
 
 /// How the server presents itself and whom it lets in.
@@ -152,6 +154,8 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn(require_json))
@@ -162,6 +166,7 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
             state.clone(),
             require_api_key,
         ))
+        .layer(middleware::from_fn(anthropic_errors))
         .with_state(state);
     let router = match cors {
         Some(cors) => router.layer(cors),
@@ -437,21 +442,27 @@ async fn require_api_key(State(s): State<Shared>, req: Request, next: Next) -> R
     if OPEN_ROUTES.contains(&req.uri().path()) {
         return next.run(req).await;
     }
-    // Exactly `Bearer <key>`, as vLLM compares it: no other spacing or case.
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
+    // Exactly `Bearer <key>`, as vLLM compares it: no other spacing or case; or
+    // Anthropic's `x-api-key: <key>` (its SDKs before 2.x send only that).
+    let headers = req.headers();
+    let bearer = (headers.get(header::AUTHORIZATION))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(k) if same_secret(k.as_bytes(), key.as_bytes()) => next.run(req).await,
-        _ => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized: send the server's API key as `Authorization: Bearer <key>`",
-            None,
-        )
-        .into_response(),
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    let ok = [bearer, x_api_key]
+        .into_iter()
+        .flatten()
+        .any(|k| same_secret(k.as_bytes(), key.as_bytes()));
+    if ok {
+        return next.run(req).await;
     }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "Unauthorized: send the server's API key as `Authorization: Bearer <key>` (or \
+         `x-api-key: <key>`)",
+        None,
+    )
+    .into_response()
 }
 
 async fn version() -> Json<Value> {

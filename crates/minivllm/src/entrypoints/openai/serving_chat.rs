@@ -14,8 +14,8 @@ use super::protocol::{
     chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateMode,
 };
 use super::serving_engine::{
-    admit, check_model, delta, finish_reason, fold, json_response, last_output, now, off_async,
-    parse, prompt_logprobs, sse, stop_reason, submit, token_text, top, usage, Held, Prompt,
+    admit, check_model, data_sse, delta, finish_reason, fold, json_response, last_output, now,
+    off_async, parse, prompt_logprobs, stop_reason, submit, token_text, top, usage, Held, Prompt,
 };
 use super::tool_calls::{message_fields, ReplyStream, ToolUse};
 use super::tool_parsers::ParsedOutput;
@@ -76,17 +76,48 @@ pub async fn chat_completions(
     Extension(rid): Extension<RequestId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (req, prompt, params, held, tools) = off_async(&s, move |s| prepare(s, body)).await?;
+    let req = off_async(&s, move |_| parse::<ChatCompletionRequest>(body)).await?;
+    let include_usage = req.common.include_usage();
+    Ok(match run_chat(&s, &rid, req, include_usage).await? {
+        ChatRun::Full { body, .. } => off_async(&s, move |_| json_response(&body)).await,
+        ChatRun::Stream { chunks, .. } => data_sse(chunks),
+    })
+}
+
+/// A chat request under way: its reply whole (`chat.completion`), or its stream of
+/// `chat.completion.chunk` objects. The routes that speak other APIs (Anthropic's
+/// Messages, OpenAI's Responses) run their requests as chat requests and translate these.
+pub enum ChatRun {
+    Full {
+        prompt_tokens: usize,
+        body: Value,
+    },
+    Stream {
+        prompt_tokens: usize,
+        chunks: mpsc::Receiver<Value>,
+    },
+}
+
+/// Checks, renders and runs `req`; a stream ends with a usage chunk when `include_usage`.
+/// Dropping the stream's receiver aborts the request.
+pub async fn run_chat(
+    s: &Shared,
+    rid: &RequestId,
+    req: ChatCompletionRequest,
+    include_usage: bool,
+) -> Result<ChatRun, ApiError> {
+    let (req, prompt, params, held, tools) = off_async(s, move |s| prepare(s, req)).await?;
     let reasoning = s
         .config
         .reasoning_parser
         .map(|name| (ReasoningParser::new(name), PromptThinking::of(&prompt.text)));
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let n = params.n;
+    let prompt_tokens = prompt.ids.len();
     let prompts = [prompt];
     let mut streams = submit(
-        &s,
-        &rid,
+        s,
+        rid,
         "chatcmpl",
         &prompts,
         vec![params],
@@ -107,21 +138,27 @@ pub async fn chat_completions(
         reasoning,
     };
     if req.common.stream {
-        let include_usage = req.common.include_usage();
-        return Ok(sse(move |tx| reply.stream(rx, include_usage, tx)));
+        let (tx, chunks) = mpsc::channel(64);
+        tokio::spawn(reply.stream(rx, include_usage, tx));
+        return Ok(ChatRun::Stream {
+            prompt_tokens,
+            chunks,
+        });
     }
     let out = last_output(rx).await?;
-    Ok(off_async(&s, move |_| json_response(&reply.full(&out))).await)
+    let body = off_async(s, move |_| reply.full(&out)).await;
+    Ok(ChatRun::Full {
+        prompt_tokens,
+        body,
+    })
 }
 
-/// The request parsed and checked, its messages rendered and tokenised, and its sampling
-/// parameters.
+/// The request checked, its messages rendered and tokenised, and its sampling parameters.
 #[allow(clippy::type_complexity)]
 fn prepare(
     s: &AppState,
-    body: Result<Bytes, BytesRejection>,
+    req: ChatCompletionRequest,
 ) -> Result<(ChatCompletionRequest, Prompt, SamplingParams, Held, ToolUse), ApiError> {
-    let req: ChatCompletionRequest = parse(body)?;
     let mode = req.check()?;
     check_model(s, req.common.model.as_deref())?;
     let tools = ToolUse::from_request(

@@ -37,8 +37,18 @@ pub fn parse<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text(), None))?;
-    serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}"), None))
+    let mut json = serde_json::Deserializer::from_slice(&body);
+    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        // Named by the field it is in (`max_tokens: invalid type: string "x", expected
+        // usize`), not only by where in the body the parser was.
+        let path = e.path().to_string();
+        let field = path.split(['.', '[']).next().filter(|f| !f.is_empty());
+        let message = match field {
+            Some(_) => format!("invalid request: {path}: {}", e.inner()),
+            None => format!("invalid request: {}", e.inner()),
+        };
+        ApiError::bad_request(message, field)
+    })
 }
 
 /// Runs a request's CPU work (parsing a large body, tokenising, rendering a chat template,
@@ -253,12 +263,40 @@ where
 {
     let (tx, rx) = mpsc::channel::<Value>(64);
     tokio::spawn(produce(tx));
-    // `None` state: `[DONE]` was sent.
-    let stream = futures_util::stream::unfold(Some(rx), |rx| async move {
+    data_sse(rx)
+}
+
+/// `rx`'s chunks as `data:` events, then `[DONE]`.
+pub fn data_sse(rx: mpsc::Receiver<Value>) -> Response {
+    sse_events(
+        rx,
+        |chunk| format!("data: {chunk}\n\n"),
+        Some("data: [DONE]\n\n"),
+    )
+}
+
+/// Named events (`event: <name>` before each `data:`), as Anthropic's Messages and
+/// OpenAI's Responses streams send them; no `[DONE]`.
+pub fn named_sse(rx: mpsc::Receiver<(&'static str, Value)>) -> Response {
+    sse_events(
+        rx,
+        |(name, data)| format!("event: {name}\ndata: {data}\n\n"),
+        None,
+    )
+}
+
+/// The stream of `rx`'s items, each written by `write`, then `last` if any.
+pub fn sse_events<T: Send + 'static>(
+    rx: mpsc::Receiver<T>,
+    write: fn(T) -> String,
+    last: Option<&'static str>,
+) -> Response {
+    // `None` state: the stream is over.
+    let stream = futures_util::stream::unfold(Some(rx), move |rx| async move {
         let mut rx = rx?;
         let (event, next) = match rx.recv().await {
-            Some(chunk) => (format!("data: {chunk}\n\n"), Some(rx)),
-            None => ("data: [DONE]\n\n".to_string(), None),
+            Some(item) => (write(item), Some(rx)),
+            None => (last?.to_string(), None),
         };
         Some((Ok::<_, Infallible>(event), next))
     });

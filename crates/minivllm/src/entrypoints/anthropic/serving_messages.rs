@@ -1,0 +1,295 @@
+//! `POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API. A
+//! request runs as the chat request it reads as; its reply (thinking, text, tool calls,
+//! as `--reasoning-parser` and `--tool-call-parser` split it) is written back as content
+//! blocks, and a stream as Anthropic's events.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::protocol::{error_body, MessagesRequest};
+use crate::entrypoints::openai::api_server::{RequestId, Shared};
+use crate::entrypoints::openai::protocol::ApiError;
+use crate::entrypoints::openai::serving_chat::{render_chat, run_chat, ChatRun};
+use crate::entrypoints::openai::serving_engine::{
+    check_model, json_response, named_sse, off_async, parse,
+};
+use crate::entrypoints::openai::tool_calls::ToolUse;
+
+pub async fn messages(
+    State(s): State<Shared>,
+    Extension(rid): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req = off_async(&s, move |_| parse::<MessagesRequest>(body)).await?;
+    let chat = req.to_chat(true)?;
+    let head = Head {
+        id: format!("msg_{}", rid.0),
+        model: s.config.served_model_name.clone(),
+    };
+    Ok(match run_chat(&s, &rid, chat, true).await? {
+        ChatRun::Full {
+            prompt_tokens,
+            body,
+        } => json_response(&head.message(&body, prompt_tokens)),
+        ChatRun::Stream {
+            prompt_tokens,
+            chunks,
+        } => {
+            let (tx, rx) = mpsc::channel(64);
+            tokio::spawn(head.stream(chunks, prompt_tokens, tx));
+            named_sse(rx)
+        }
+    })
+}
+
+/// The prompt's tokens as the request would render it: `{"input_tokens": n}`.
+pub async fn count_tokens(
+    State(s): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let count = off_async(&s, move |s| {
+        let req = parse::<MessagesRequest>(body)?;
+        check_model(s, req.model.as_deref())?;
+        let chat = req.to_chat(false)?;
+        let mode = chat.check()?;
+        // The tools as a chat request with `tool_choice: "none"` renders them.
+        let tools = ToolUse::from_request(
+            chat.tools.as_deref(),
+            Some(&json!("none")),
+            None,
+            false,
+            &s.config.tool_calls,
+        )?;
+        let prompt = render_chat(s, &chat.messages, &tools.template_tools, mode, false)?;
+        Ok::<_, ApiError>(prompt.ids.len())
+    })
+    .await?;
+    Ok(json_response(&json!({"input_tokens": count})))
+}
+
+/// What a reply's message object says of itself.
+struct Head {
+    id: String,
+    model: String,
+}
+
+impl Head {
+    /// The message object around `content` (nothing yet, when a stream starts).
+    fn object(&self, content: Value, stop: (Value, Value), usage: (usize, usize)) -> Value {
+        json!({
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": content, "stop_reason": stop.0, "stop_sequence": stop.1,
+            "usage": {"input_tokens": usage.0, "output_tokens": usage.1},
+        })
+    }
+
+    /// A whole `chat.completion` as a message.
+    fn message(&self, chat: &Value, prompt_tokens: usize) -> Value {
+        let choice = &chat["choices"][0];
+        let m = &choice["message"];
+        let mut content = Vec::new();
+        if let Some(thought) = m["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
+            content.push(json!({"type": "thinking", "thinking": thought, "signature": ""}));
+        }
+        let calls = m["tool_calls"].as_array().map_or(&[][..], Vec::as_slice);
+        let text = m["content"].as_str().unwrap_or_default();
+        if !text.is_empty() || calls.is_empty() {
+            content.push(json!({"type": "text", "text": text}));
+        }
+        for call in calls {
+            let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
+            content.push(json!({
+                "type": "tool_use", "id": tool_use_id(), "name": call["function"]["name"],
+                "input": serde_json::from_str::<Value>(arguments).unwrap_or_else(|_| json!({})),
+            }));
+        }
+        let output_tokens = chat["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        self.object(
+            Value::Array(content),
+            stop_reason(choice, !calls.is_empty()),
+            (prompt_tokens, output_tokens as usize),
+        )
+    }
+
+    /// Translates the chat chunks into Anthropic's events: `message_start`, then for each
+    /// content block `content_block_start`, its deltas and `content_block_stop`, then
+    /// `message_delta` (stop reason, output tokens) and `message_stop`. A stream that ends
+    /// before the reply finished ends with an `error` event instead.
+    async fn stream(
+        self,
+        mut chunks: mpsc::Receiver<Value>,
+        prompt_tokens: usize,
+        tx: mpsc::Sender<(&'static str, Value)>,
+    ) {
+        let mut out = Events {
+            tx,
+            blocks: 0,
+            open: None,
+        };
+        let start = self.object(json!([]), (Value::Null, Value::Null), (prompt_tokens, 0));
+        if !out
+            .send(
+                "message_start",
+                json!({"type": "message_start", "message": start}),
+            )
+            .await
+        {
+            return;
+        }
+        let (mut finish, mut output_tokens, mut called) = (None, 0, false);
+        while let Some(chunk) = chunks.recv().await {
+            if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
+                output_tokens = n;
+            }
+            let Some(choice) = chunk["choices"].get(0) else {
+                continue;
+            };
+            let delta = &choice["delta"];
+            let mut ok = true;
+            if let Some(t) = delta["reasoning_content"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+            {
+                ok &= out.text(Block::Thinking, t).await;
+            }
+            if let Some(t) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+                ok &= out.text(Block::Text, t).await;
+            }
+            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                called = true;
+                let f = &call["function"];
+                if call["id"].is_string() {
+                    ok &= out.start_tool(&f["name"]).await;
+                }
+                if let Some(args) = f["arguments"].as_str().filter(|a| !a.is_empty()) {
+                    ok &= out.tool_input(args).await;
+                }
+            }
+            if !ok {
+                return;
+            }
+            if !choice["finish_reason"].is_null() {
+                finish = Some(stop_reason(choice, called));
+            }
+        }
+        let Some((reason, sequence)) = finish else {
+            let e = error_body(StatusCode::INTERNAL_SERVER_ERROR, "the reply ended early");
+            out.send("error", e).await;
+            return;
+        };
+        if !out.close().await {
+            return;
+        }
+        let delta = json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": output_tokens},
+        });
+        if out.send("message_delta", delta).await {
+            out.send("message_stop", json!({"type": "message_stop"}))
+                .await;
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
+    Tool,
+}
+
+/// The stream's content blocks: how many were started, and the one open.
+struct Events {
+    tx: mpsc::Sender<(&'static str, Value)>,
+    blocks: usize,
+    open: Option<Block>,
+}
+
+impl Events {
+    /// False once the client has gone (the request is then aborted as its chunks drop).
+    async fn send(&self, name: &'static str, data: Value) -> bool {
+        self.tx.send((name, data)).await.is_ok()
+    }
+
+    async fn close(&mut self) -> bool {
+        match self.open.take() {
+            Some(_) => {
+                let stop = json!({"type": "content_block_stop", "index": self.blocks - 1});
+                self.send("content_block_stop", stop).await
+            }
+            None => true,
+        }
+    }
+
+    async fn start(&mut self, kind: Block, block: Value) -> bool {
+        if !self.close().await {
+            return false;
+        }
+        self.open = Some(kind);
+        self.blocks += 1;
+        let start = json!({
+            "type": "content_block_start", "index": self.blocks - 1, "content_block": block,
+        });
+        self.send("content_block_start", start).await
+    }
+
+    async fn delta(&self, delta: Value) -> bool {
+        let d = json!({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta});
+        self.send("content_block_delta", d).await
+    }
+
+    /// Text or thinking, in a block of its kind (started if the open one is another).
+    async fn text(&mut self, kind: Block, text: &str) -> bool {
+        if self.open != Some(kind) {
+            let block = match kind {
+                Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+                _ => json!({"type": "text", "text": ""}),
+            };
+            if !self.start(kind, block).await {
+                return false;
+            }
+        }
+        self.delta(match kind {
+            Block::Thinking => json!({"type": "thinking_delta", "thinking": text}),
+            _ => json!({"type": "text_delta", "text": text}),
+        })
+        .await
+    }
+
+    async fn start_tool(&mut self, name: &Value) -> bool {
+        let block = json!({"type": "tool_use", "id": tool_use_id(), "name": name, "input": {}});
+        self.start(Block::Tool, block).await
+    }
+
+    /// A piece of the open call's arguments (the parsers finish one call before the next).
+    async fn tool_input(&mut self, json_text: &str) -> bool {
+        if self.open != Some(Block::Tool) {
+            return true;
+        }
+        self.delta(json!({"type": "input_json_delta", "partial_json": json_text}))
+            .await
+    }
+}
+
+fn tool_use_id() -> String {
+    format!("toolu_{:024x}", rand::random::<u128>() >> 32)
+}
+
+/// Anthropic's `stop_reason` and `stop_sequence` for a finished chat choice: a length
+/// limit is `max_tokens`, calls are `tool_use`, a stop string is `stop_sequence` (with
+/// the string), the model's own end `end_turn`.
+fn stop_reason(choice: &Value, called: bool) -> (Value, Value) {
+    match (choice["finish_reason"].as_str(), &choice["stop_reason"]) {
+        (Some("length"), _) => (json!("max_tokens"), Value::Null),
+        (Some("tool_calls"), _) => (json!("tool_use"), Value::Null),
+        _ if called => (json!("tool_use"), Value::Null),
+        (_, Value::String(s)) => (json!("stop_sequence"), json!(s)),
+        _ => (json!("end_turn"), Value::Null),
+    }
+}
