@@ -75,3 +75,32 @@ def test_structured_output_constrains_only_the_answer(thinking):
     answered = client.chat.completions.create(**body).choices[0]
     assert re.fullmatch("[0-9]{3}", answered.message.content), answered.message
     assert answered.finish_reason == "stop"
+
+
+def test_thinking_in_anthropics_and_the_responses_apis(thinking):
+    url, client = thinking
+    chat = client.chat.completions.create(model="smol", messages=ASK, max_tokens=16, temperature=0)
+    thought = chat.choices[0].message.model_extra["reasoning_content"]
+
+    anthropic = pytest.importorskip("anthropic")
+    claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    m = claude.messages.create(model="smol", max_tokens=16, messages=ASK,
+                               extra_body={"temperature": 0})
+    assert [(b.type, b.thinking) for b in m.content] == [("thinking", thought)]
+    assert m.stop_reason == "max_tokens"
+    with claude.messages.stream(model="smol", max_tokens=16, messages=ASK,
+                                extra_body={"temperature": 0}) as stream:
+        pieces = [e.thinking for e in stream if e.type == "thinking"]
+        final = stream.get_final_message()
+    assert "".join(pieces) == thought and len(pieces) > 3
+    assert [b.type for b in final.content] == ["thinking"]
+
+    r = client.responses.create(model="smol", input=ASK, max_output_tokens=16, temperature=0)
+    assert [o.type for o in r.output] == ["reasoning"] and r.status == "incomplete"
+    assert r.output[0].content[0].text == thought and r.output_text == ""
+    events = list(client.responses.create(model="smol", input=ASK, max_output_tokens=16,
+                                          temperature=0, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == thought
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.output[0].content[0].text == thought

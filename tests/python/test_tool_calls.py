@@ -303,3 +303,59 @@ def test_a_named_tool_choice_through_anthropics_api_always_parses(server_url, st
     uses = [b for b in m.content if b.type == "tool_use"]
     assert m.stop_reason == "tool_use" and [u.name for u in uses] == ["add"]
     jsonschema.validate(uses[0].input, SCHEMAS["add"])
+
+
+# OpenAI's Responses API: flat function tools, `function_call` items, their outputs fed back.
+FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+def test_qwen_calls_a_tool_through_the_responses_api_and_reads_its_result(qwen):
+    url, client = qwen
+    r = client.responses.create(model="qwen", input=ASK, tools=FLAT_TOOLS, temperature=0,
+                                max_output_tokens=100)
+    chat = client.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS,
+                                          temperature=0, max_tokens=100)
+    calls = [o for o in r.output if o.type == "function_call"]
+    want = chat.choices[0].message.tool_calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        (w.function.name, json.loads(w.function.arguments)) for w in want]
+    assert calls[0].id.startswith("fc_") and calls[0].call_id and calls[0].status == "completed"
+
+    events = list(client.responses.create(model="qwen", input=ASK, tools=FLAT_TOOLS,
+                                          temperature=0, max_output_tokens=100, stream=True))
+    types = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in types
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [(d.name, json.loads(d.arguments)) for d in done] == [
+        (c.name, json.loads(c.arguments)) for c in calls]
+    assert types[-1] == "response.completed"
+
+    turn = [*ASK, *[c.model_dump(exclude_none=True) for c in calls],
+            {"type": "function_call_output", "call_id": calls[0].call_id,
+             "output": '{"temperature": 21, "sky": "sunny"}'}]
+    reply = client.responses.create(model="qwen", input=turn, tools=FLAT_TOOLS, temperature=0,
+                                    max_output_tokens=40)
+    openai_turn = ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": calls[0].call_id, "type": "function",
+             "function": {"name": calls[0].name, "arguments": calls[0].arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].call_id,
+         "content": '{"temperature": 21, "sky": "sunny"}'},
+    ]
+    ids = post(url, "/tokenize", {"model": "qwen", "messages": openai_turn, "tools": TOOLS})["tokens"]
+    assert reply.usage.input_tokens == len(ids)
+    assert reply.output
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_choice_through_the_responses_api_always_parses(client, stream):
+    kw = dict(model="smol", input="What is 2 plus 3?", tools=FLAT_TOOLS, max_output_tokens=120,
+              tool_choice={"type": "function", "name": "add"})
+    if stream:
+        with client.responses.stream(**kw) as s:
+            r = s.get_final_response()
+    else:
+        r = client.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["add"]
+    jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS["add"])

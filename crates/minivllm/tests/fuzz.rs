@@ -17,6 +17,7 @@ use minivllm::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
 use minivllm::engine::tokenizer::Tokenizer;
 use minivllm::entrypoints::anthropic::protocol::MessagesRequest;
 use minivllm::entrypoints::openai::protocol::{ChatCompletionRequest, CompletionRequest};
+use minivllm::entrypoints::openai::responses::protocol::ResponsesRequest;
 use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
 use minivllm::model_executor::loader::gguf_weights::config_from_gguf;
 use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
@@ -227,6 +228,11 @@ const REQUEST_FIELDS: &[&str] = &[
     "stop_sequences",
     "tools",
     "tool_choice",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "text",
+    "previous_response_id",
     "unknown_field",
 ];
 
@@ -245,8 +251,11 @@ fn check_request(body: &Value) {
     let anthropic = serde_json::from_value::<MessagesRequest>(body.clone())
         .ok()
         .and_then(|m| m.to_chat(true).ok());
+    let responses = serde_json::from_value::<ResponsesRequest>(body.clone())
+        .ok()
+        .and_then(|r| r.to_chat().ok());
     let chat = serde_json::from_value::<ChatCompletionRequest>(body.clone()).ok();
-    for req in [chat, anthropic].into_iter().flatten() {
+    for req in [chat, anthropic, responses].into_iter().flatten() {
         if req.check().is_ok() {
             let _ = minivllm::entrypoints::openai::protocol::chat_messages(&req.messages);
             let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
@@ -324,14 +333,18 @@ proptest! {
         let mut chat = json!({"messages": [{"role": "user", "content": "Hi"}]});
         let mut anthropic = json!({"max_tokens": 4, "messages": [{"role": "user", "content": [
             {"type": "text", "text": "Hi"}]}]});
+        let mut responses = json!({"input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "Hi"}]}], "max_output_tokens": 4});
         for (field, v) in edits {
             completion[field] = v.clone();
             chat[field] = v.clone();
-            anthropic[field] = v;
+            anthropic[field] = v.clone();
+            responses[field] = v;
         }
         check_request(&completion);
         check_request(&chat);
         check_request(&anthropic);
+        check_request(&responses);
         assert_allocations_bounded();
     }
 

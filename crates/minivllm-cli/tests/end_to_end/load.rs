@@ -1,5 +1,5 @@
 //! A load test over loopback: 500 requests at 64 at a time, streamed and not, of mixed
-//! prompt lengths, to OpenAI's completions and Anthropic's messages routes, one in ten
+//! prompt lengths, to OpenAI's completions and responses and Anthropic's messages routes, one in ten
 //! invalid and one in ten streams dropped by its client midway.
 //! No 5xx; every valid request gets the text it gets alone (greedy); the engine's counts
 //! return to zero; the server's memory after the run is within 10 % of after warm-up; and
@@ -81,10 +81,45 @@ fn messages_text(status: u16, raw: &str, stream: bool) -> String {
         .collect()
 }
 
-/// What each prompt gives alone, through completions and through messages.
+fn responses_body(prompt: &(String, usize), stream: bool) -> Value {
+    json!({"input": prompt.0, "max_output_tokens": prompt.1, "temperature": 0, "stream": stream})
+}
+
+/// The reply's text of a Responses response, streamed (its events) or not.
+fn responses_text(status: u16, raw: &str, stream: bool) -> String {
+    assert_eq!(status, 200, "{raw}");
+    let events: Vec<Value> = if stream {
+        raw.split("\n\n")
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+            .collect()
+    } else {
+        vec![
+            json!({"type": "response.completed", "response": serde_json::from_str::<Value>(raw).unwrap()}),
+        ]
+    };
+    let last = events.last().unwrap();
+    assert!(
+        ["response.completed", "response.incomplete"].contains(&last["type"].as_str().unwrap()),
+        "{raw}"
+    );
+    let text = last["response"]["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    if stream {
+        let deltas: String = (events.iter())
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        assert_eq!(deltas, text);
+    }
+    text.to_string()
+}
+
+/// What each prompt gives alone, through each route.
 struct Alone {
     completions: Vec<String>,
     messages: Vec<String>,
+    responses: Vec<String>,
 }
 
 /// One request of the mix, by its index: invalid, dropped midway, or run to the end.
@@ -100,12 +135,22 @@ fn one_request(server: &Server, i: usize, prompts: &[(String, usize)], alone: &A
             let v: Value = serde_json::from_str(&text).unwrap();
             assert_eq!(v["error"]["type"], "invalid_request_error", "{text}");
         }
-        5 | 6 => {
-            let b = messages_body(&prompts[k], stream).to_string();
+        6 => {
+            let b = responses_body(&prompts[k], i % 20 == 6).to_string();
+            let (status, raw) = request(server.port, "POST", "/v1/responses", Some(&b)).unwrap();
+            assert!(status < 500, "request {i}: {status} {raw}");
+            assert_eq!(
+                responses_text(status, &raw, i % 20 == 6),
+                alone.responses[k],
+                "request {i} (responses, prompt {k})"
+            );
+        }
+        5 => {
+            let b = messages_body(&prompts[k], i % 20 == 15).to_string();
             let (status, raw) = request(server.port, "POST", "/v1/messages", Some(&b)).unwrap();
             assert!(status < 500, "request {i}: {status} {raw}");
             assert_eq!(
-                messages_text(status, &raw, stream),
+                messages_text(status, &raw, i % 20 == 15),
                 alone.messages[k],
                 "request {i} (messages, prompt {k})"
             );
@@ -199,6 +244,14 @@ fn five_hundred_mixed_requests_at_64_concurrency() {
                 let b = messages_body(p, false).to_string();
                 let (status, raw) = request(server.port, "POST", "/v1/messages", Some(&b)).unwrap();
                 messages_text(status, &raw, false)
+            })
+            .collect(),
+        responses: (prompts.iter())
+            .map(|p| {
+                let b = responses_body(p, false).to_string();
+                let (status, raw) =
+                    request(server.port, "POST", "/v1/responses", Some(&b)).unwrap();
+                responses_text(status, &raw, false)
             })
             .collect(),
     };

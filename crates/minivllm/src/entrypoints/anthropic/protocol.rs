@@ -9,6 +9,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::entrypoints::openai::chat_chunks::set_present;
 use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
 
 /// `POST /v1/messages` (and `/v1/messages/count_tokens`, which has no `max_tokens`). Fields
@@ -56,17 +57,16 @@ impl MessagesRequest {
             "continue_final_message": prefill,
         });
         let fields = chat.as_object_mut().expect("an object");
-        for (key, value) in [
-            ("model", json!(self.model)),
-            ("temperature", json!(self.temperature)),
-            ("top_p", json!(self.top_p)),
-            ("top_k", json!(self.top_k)),
-            ("stop", json!(self.stop_sequences)),
-        ] {
-            if !value.is_null() {
-                fields.insert(key.into(), value);
-            }
-        }
+        set_present(
+            fields,
+            [
+                ("model", json!(self.model)),
+                ("temperature", json!(self.temperature)),
+                ("top_p", json!(self.top_p)),
+                ("top_k", json!(self.top_k)),
+                ("stop", json!(self.stop_sequences)),
+            ],
+        );
         if let Some(tools) = &self.tools {
             let tools: Result<Vec<Value>, ApiError> =
                 tools.iter().enumerate().map(|(i, t)| tool(t, i)).collect();

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::protocol::{error_body, MessagesRequest};
 use crate::entrypoints::openai::api_server::{RequestId, Shared};
+use crate::entrypoints::openai::chat_chunks::{read_chunk, Piece};
 use crate::entrypoints::openai::protocol::ApiError;
 use crate::entrypoints::openai::serving_chat::{render_chat, run_chat, ChatRun};
 use crate::entrypoints::openai::serving_engine::{
@@ -98,7 +99,8 @@ impl Head {
         }
         let calls = m["tool_calls"].as_array().map_or(&[][..], Vec::as_slice);
         let text = m["content"].as_str().unwrap_or_default();
-        if !text.is_empty() || calls.is_empty() {
+        // An empty reply still has its (empty) text block; one cut while thinking does not.
+        if !text.is_empty() || (calls.is_empty() && content.is_empty()) {
             content.push(json!({"type": "text", "text": text}));
         }
         for call in calls {
@@ -143,37 +145,25 @@ impl Head {
         }
         let (mut finish, mut output_tokens, mut called) = (None, 0, false);
         while let Some(chunk) = chunks.recv().await {
-            if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
+            let read = read_chunk(&chunk);
+            if let Some(n) = read.usage.and_then(|u| u["completion_tokens"].as_u64()) {
                 output_tokens = n;
             }
-            let Some(choice) = chunk["choices"].get(0) else {
-                continue;
-            };
-            let delta = &choice["delta"];
-            let mut ok = true;
-            if let Some(t) = delta["reasoning_content"]
-                .as_str()
-                .filter(|t| !t.is_empty())
-            {
-                ok &= out.text(Block::Thinking, t).await;
-            }
-            if let Some(t) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-                ok &= out.text(Block::Text, t).await;
-            }
-            for call in delta["tool_calls"].as_array().into_iter().flatten() {
-                called = true;
-                let f = &call["function"];
-                if call["id"].is_string() {
-                    ok &= out.start_tool(&f["name"]).await;
-                }
-                if let Some(args) = f["arguments"].as_str().filter(|a| !a.is_empty()) {
-                    ok &= out.tool_input(args).await;
+            for piece in read.pieces {
+                let ok = match piece {
+                    Piece::Thinking(t) => out.text(Block::Thinking, t).await,
+                    Piece::Text(t) => out.text(Block::Text, t).await,
+                    Piece::Call { name, .. } => {
+                        called = true;
+                        out.start_tool(name).await
+                    }
+                    Piece::Arguments(args) => out.tool_input(args).await,
+                };
+                if !ok {
+                    return;
                 }
             }
-            if !ok {
-                return;
-            }
-            if !choice["finish_reason"].is_null() {
+            if let Some(choice) = read.finished {
                 finish = Some(stop_reason(choice, called));
             }
         }
@@ -262,7 +252,7 @@ impl Events {
         .await
     }
 
-    async fn start_tool(&mut self, name: &Value) -> bool {
+    async fn start_tool(&mut self, name: &str) -> bool {
         let block = json!({"type": "tool_use", "id": tool_use_id(), "name": name, "input": {}});
         self.start(Block::Tool, block).await
     }

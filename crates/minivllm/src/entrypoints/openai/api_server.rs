@@ -28,6 +28,7 @@ use super::protocol::ApiError;
 use super::request_memory::{
     headroom, map_large_allocations, trim_freed_memory, MemoryLimits, MemoryPool,
 };
+use super::responses::serving::{responses, retrieve};
 use super::serving_chat::chat_completions;
 use super::serving_completion::completions;
 use super::serving_engine::now;
@@ -154,6 +155,8 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
+        .route("/v1/responses/{id}", get(retrieve))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/tokenize", post(tokenize))

@@ -2,8 +2,10 @@
 //! `vllm/entrypoints/openai`.
 
 pub mod api_server;
+pub mod chat_chunks;
 pub mod protocol;
 pub mod request_memory;
+pub mod responses;
 pub mod serving_chat;
 pub mod serving_completion;
 pub mod serving_engine;

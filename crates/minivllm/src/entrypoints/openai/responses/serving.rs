@@ -1,0 +1,432 @@
+//! `POST /v1/responses`: OpenAI's Responses API. A request runs as the chat request it
+//! reads as; the reply (thinking, text, tool calls, as `--reasoning-parser` and
+//! `--tool-call-parser` split it) is written back as output items, and a stream as the
+//! Responses events, numbered, each item announced, filled and closed in turn.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::protocol::ResponsesRequest;
+use crate::entrypoints::openai::api_server::{RequestId, Shared};
+use crate::entrypoints::openai::chat_chunks::{read_chunk, Piece};
+use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
+use crate::entrypoints::openai::serving_chat::{run_chat, ChatRun};
+use crate::entrypoints::openai::serving_engine::{json_response, named_sse, now, off_async, parse};
+
+pub async fn responses(
+    State(s): State<Shared>,
+    Extension(rid): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req = off_async(&s, move |_| parse::<ResponsesRequest>(body)).await?;
+    let chat = req.to_chat()?;
+    let head = Head::new(&req, &chat, &rid, &s.config.served_model_name);
+    Ok(match run_chat(&s, &rid, chat, true).await? {
+        ChatRun::Full {
+            prompt_tokens,
+            body,
+        } => {
+            let choice = &body["choices"][0];
+            let items = output_items(&choice["message"], status(choice));
+            let usage = usage(prompt_tokens, &body["usage"]);
+            json_response(&head.response(status(choice), items, usage))
+        }
+        ChatRun::Stream {
+            prompt_tokens,
+            chunks,
+        } => {
+            let (tx, rx) = mpsc::channel(64);
+            tokio::spawn(head.stream(chunks, prompt_tokens, tx));
+            named_sse(rx)
+        }
+    })
+}
+
+/// `GET /v1/responses/{id}`: nothing is kept, so every id is unknown.
+pub async fn retrieve(Path(id): Path<String>) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("Response with id '{id}' not found: this server keeps no responses"),
+        Some("response_id"),
+    )
+}
+
+/// The fields every Response object of one request repeats.
+struct Head {
+    id: String,
+    created_at: u64,
+    fields: serde_json::Map<String, Value>,
+}
+
+impl Head {
+    fn new(
+        req: &ResponsesRequest,
+        chat: &ChatCompletionRequest,
+        rid: &RequestId,
+        model: &str,
+    ) -> Self {
+        let json = json!({
+            "model": model,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "metadata": req.metadata.clone().unwrap_or_else(|| json!({})),
+            "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
+            "previous_response_id": null,
+            "reasoning": null,
+            "store": false,
+            "temperature": chat.common.temperature.unwrap_or(1.0),
+            "top_p": chat.common.top_p.unwrap_or(1.0),
+            "text": req.text.clone().unwrap_or_else(|| json!({"format": {"type": "text"}})),
+            "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+            "tools": req.tools.clone().unwrap_or_default(),
+            "truncation": "disabled",
+            "user": req.user,
+        });
+        let Value::Object(fields) = json else {
+            unreachable!("a JSON object")
+        };
+        Head {
+            id: format!("resp_{}", rid.0),
+            created_at: now(),
+            fields,
+        }
+    }
+
+    fn response(&self, status: &str, output: Vec<Value>, usage: Value) -> Value {
+        let mut r = json!({
+            "id": self.id, "object": "response", "created_at": self.created_at,
+            "status": status, "output": output, "usage": usage, "error": null,
+            "incomplete_details": if status == "incomplete" {
+                json!({"reason": "max_output_tokens"})
+            } else {
+                Value::Null
+            },
+        });
+        let fields = r.as_object_mut().expect("an object");
+        fields.extend(self.fields.clone());
+        r
+    }
+
+    /// Translates the chat chunks into the Responses events: `response.created` and
+    /// `response.in_progress`; per output item `output_item.added`, its deltas, their
+    /// `done` events and `output_item.done`; then `response.completed` (or
+    /// `response.incomplete` when `max_output_tokens` cut it, as OpenAI) with the whole
+    /// output. A stream that ends before the reply finished ends with `response.failed`.
+    async fn stream(
+        self,
+        mut chunks: mpsc::Receiver<Value>,
+        prompt_tokens: usize,
+        tx: mpsc::Sender<(&'static str, Value)>,
+    ) {
+        let mut out = Events {
+            tx,
+            seq: 0,
+            items: Vec::new(),
+            open: false,
+        };
+        let start = self.response("in_progress", Vec::new(), Value::Null);
+        for name in ["response.created", "response.in_progress"] {
+            if !out.send(name, json!({"response": start})).await {
+                return;
+            }
+        }
+        let (mut finish, mut chat_usage) = (None, Value::Null);
+        while let Some(chunk) = chunks.recv().await {
+            let read = read_chunk(&chunk);
+            if let Some(u) = read.usage {
+                chat_usage = u.clone();
+            }
+            for piece in read.pieces {
+                let ok = match piece {
+                    Piece::Thinking(t) => out.text(Kind::Reasoning, t).await,
+                    Piece::Text(t) => out.text(Kind::Message, t).await,
+                    Piece::Call { id, name } => out.start_call(id, name).await,
+                    Piece::Arguments(args) => out.arguments(args).await,
+                };
+                if !ok {
+                    return;
+                }
+            }
+            if let Some(choice) = read.finished {
+                finish = Some(choice.clone());
+            }
+        }
+        let Some(choice) = finish else {
+            let mut failed = self.response("failed", Vec::new(), Value::Null);
+            failed["error"] = json!({"code": "server_error", "message": "the reply ended early"});
+            out.send("response.failed", json!({"response": failed}))
+                .await;
+            return;
+        };
+        let status = status(&choice);
+        if !out.close(status).await {
+            return;
+        }
+        let items = out.items.iter().map(Item::json).collect();
+        let last = self.response(status, items, usage(prompt_tokens, &chat_usage));
+        let name = if status == "completed" {
+            "response.completed"
+        } else {
+            "response.incomplete"
+        };
+        out.send(name, json!({"response": last})).await;
+    }
+}
+
+/// `completed`, or `incomplete` when the length limit cut the reply.
+fn status(choice: &Value) -> &'static str {
+    if choice["finish_reason"] == "length" {
+        "incomplete"
+    } else {
+        "completed"
+    }
+}
+
+fn usage(prompt_tokens: usize, chat: &Value) -> Value {
+    let output = chat["completion_tokens"].as_u64().unwrap_or(0) as usize;
+    json!({
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + output,
+    })
+}
+
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{:032x}", rand::random::<u128>())
+}
+
+/// A whole chat message as output items: its thinking, its text (when there is any, or
+/// nothing else), its calls.
+fn output_items(m: &Value, status: &'static str) -> Vec<Value> {
+    let mut items = Vec::new();
+    if let Some(t) = m["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
+        items.push(Item::new(Kind::Reasoning, t.to_string()));
+    }
+    let calls = m["tool_calls"].as_array().map_or(&[][..], Vec::as_slice);
+    let text = m["content"].as_str().unwrap_or_default();
+    // An empty reply still has its (empty) message; one cut while thinking does not.
+    if !text.is_empty() || (calls.is_empty() && items.is_empty()) {
+        items.push(Item::new(Kind::Message, text.to_string()));
+    }
+    for c in calls {
+        let f = &c["function"];
+        let mut item = Item::new(Kind::Call, f["arguments"].as_str().unwrap_or("{}").into());
+        item.call = Some((
+            c["id"].as_str().unwrap_or_default().to_string(),
+            f["name"].as_str().unwrap_or_default().to_string(),
+        ));
+        items.push(item);
+    }
+    for item in &mut items {
+        item.status = status;
+    }
+    items.iter().map(Item::json).collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Reasoning,
+    Message,
+    Call,
+}
+
+/// One output item as it grows: its text (or a call's arguments so far).
+struct Item {
+    kind: Kind,
+    id: String,
+    text: String,
+    /// A call's `call_id` and function name.
+    call: Option<(String, String)>,
+    status: &'static str,
+}
+
+impl Item {
+    fn new(kind: Kind, text: String) -> Self {
+        let prefix = match kind {
+            Kind::Reasoning => "rs",
+            Kind::Message => "msg",
+            Kind::Call => "fc",
+        };
+        Item {
+            kind,
+            id: new_id(prefix),
+            text,
+            call: None,
+            status: "in_progress",
+        }
+    }
+
+    /// Its text part (of a message: `output_text`; of reasoning: `reasoning_text`).
+    fn part(&self) -> Value {
+        match self.kind {
+            Kind::Reasoning => json!({"type": "reasoning_text", "text": self.text}),
+            _ => json!({"type": "output_text", "text": self.text, "annotations": [],
+                        "logprobs": []}),
+        }
+    }
+
+    /// The item as the Response's `output` lists it; `content` empty while it is announced.
+    fn json_with(&self, content: bool) -> Value {
+        let parts = if content {
+            vec![self.part()]
+        } else {
+            Vec::new()
+        };
+        match self.kind {
+            Kind::Reasoning => json!({"type": "reasoning", "id": self.id, "summary": [],
+                                      "content": parts, "status": self.status}),
+            Kind::Message => json!({"type": "message", "id": self.id, "role": "assistant",
+                                    "status": self.status, "content": parts}),
+            Kind::Call => {
+                let (call_id, name) = self.call.clone().unwrap_or_default();
+                json!({"type": "function_call", "id": self.id, "call_id": call_id,
+                       "name": name, "status": self.status,
+                       "arguments": if content { self.text.as_str() } else { "" }})
+            }
+        }
+    }
+
+    fn json(&self) -> Value {
+        self.json_with(true)
+    }
+}
+
+/// The stream's events so far: their count (`sequence_number`) and the items, the last
+/// one open while `open`.
+struct Events {
+    tx: mpsc::Sender<(&'static str, Value)>,
+    seq: u64,
+    items: Vec<Item>,
+    open: bool,
+}
+
+impl Events {
+    /// False once the client has gone (the request is then aborted as its chunks drop).
+    async fn send(&mut self, name: &'static str, mut data: Value) -> bool {
+        data["type"] = json!(name);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        self.tx.send((name, data)).await.is_ok()
+    }
+
+    /// Where the open item's events point.
+    fn at(&self) -> Value {
+        let i = self.items.len() - 1;
+        json!({"item_id": self.items[i].id, "output_index": i})
+    }
+
+    fn with(&self, extra: Value) -> Value {
+        let mut v = self.at();
+        if let (Value::Object(v), Value::Object(extra)) = (&mut v, extra) {
+            v.extend(extra);
+        }
+        v
+    }
+
+    async fn open(&mut self, item: Item) -> bool {
+        if !self.close("completed").await {
+            return false;
+        }
+        let announced = item.json_with(false);
+        let kind = item.kind;
+        self.items.push(item);
+        self.open = true;
+        let output_index = self.items.len() - 1;
+        let added = json!({"output_index": output_index, "item": announced});
+        if !self.send("response.output_item.added", added).await {
+            return false;
+        }
+        if kind != Kind::Message {
+            return true;
+        }
+        let part = json!({"type": "output_text", "text": "", "annotations": []});
+        let added = self.with(json!({"content_index": 0, "part": part}));
+        self.send("response.content_part.added", added).await
+    }
+
+    /// Ends the open item, if any, as `status`: its `done` events with the whole text.
+    async fn close(&mut self, status: &'static str) -> bool {
+        if !std::mem::take(&mut self.open) {
+            return true;
+        }
+        let i = self.items.len() - 1;
+        self.items[i].status = status;
+        let item = &self.items[i];
+        let (kind, text, done) = (item.kind, item.text.clone(), item.json());
+        let part = item.part();
+        let name = item.call.as_ref().map(|c| c.1.clone());
+        let ok = match kind {
+            Kind::Message => {
+                let text_done =
+                    self.with(json!({"content_index": 0, "text": text, "logprobs": []}));
+                self.send("response.output_text.done", text_done).await
+                    && self
+                        .send(
+                            "response.content_part.done",
+                            self.with(json!({"content_index": 0, "part": part})),
+                        )
+                        .await
+            }
+            Kind::Reasoning => {
+                let d = self.with(json!({"content_index": 0, "text": text}));
+                self.send("response.reasoning_text.done", d).await
+            }
+            Kind::Call => {
+                let d = self.with(json!({"arguments": text, "name": name}));
+                self.send("response.function_call_arguments.done", d).await
+            }
+        };
+        ok && self
+            .send(
+                "response.output_item.done",
+                json!({"output_index": i, "item": done}),
+            )
+            .await
+    }
+
+    /// Text or thinking, in an item of its kind (opened if the open one is another).
+    async fn text(&mut self, kind: Kind, text: &str) -> bool {
+        let same = self.open && self.items.last().is_some_and(|i| i.kind == kind);
+        if !same && !self.open(Item::new(kind, String::new())).await {
+            return false;
+        }
+        if let Some(item) = self.items.last_mut() {
+            item.text.push_str(text);
+        }
+        let (name, delta) = match kind {
+            Kind::Reasoning => (
+                "response.reasoning_text.delta",
+                json!({"content_index": 0, "delta": text}),
+            ),
+            _ => (
+                "response.output_text.delta",
+                json!({"content_index": 0, "delta": text, "logprobs": []}),
+            ),
+        };
+        let d = self.with(delta);
+        self.send(name, d).await
+    }
+
+    async fn start_call(&mut self, call_id: &str, name: &str) -> bool {
+        let mut item = Item::new(Kind::Call, String::new());
+        item.call = Some((call_id.to_string(), name.to_string()));
+        self.open(item).await
+    }
+
+    /// A piece of the open call's arguments (the parsers finish one call before the next).
+    async fn arguments(&mut self, piece: &str) -> bool {
+        match self.items.last_mut() {
+            Some(item) if self.open && item.kind == Kind::Call => item.text.push_str(piece),
+            _ => return true,
+        }
+        let d = self.with(json!({"delta": piece}));
+        self.send("response.function_call_arguments.delta", d).await
+    }
+}
