@@ -13,7 +13,16 @@ The engine logs through Python's :mod:`logging`, under the logger ``"minivllm"``
 
 from minivllm._core import __version__
 from minivllm.llm import LLM
-from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+)
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.tokenizer import Tokenizer
 
@@ -24,6 +33,11 @@ __all__ = [
     "RequestOutput",
     "CompletionOutput",
     "Logprob",
+    "PoolingParams",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
+    "PoolingOutput",
+    "PoolingRequestOutput",
     "Tokenizer",
     "__version__",
 ]

@@ -14,7 +14,16 @@ from collections.abc import Sequence as SequenceABC
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from minivllm import _core
-from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+)
+from minivllm.pooling_params import PoolingParams, pooler_config as _pooler_config
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import Conversation, Tokenizer, conversation_json, tools_json
 
@@ -104,6 +113,9 @@ class LLM:
             "prompt_lookup_max": 4}`` or ``{"method": "draft_model", "model": "small.gguf",
             "num_speculative_tokens": 4}``: the same outputs, several tokens a step where the
             guesses are right (see docs/speculative.md).
+        pooler_config: How :meth:`embed` and :meth:`encode` pool a prompt, as vLLM's
+            ``PoolerConfig`` (or a dict): ``pooling_type`` ``"LAST"`` (default) or
+            ``"MEAN"``, ``normalize`` (default ``True``). The same ``LLM`` generates too.
     """
 
     def __init__(
@@ -130,6 +142,7 @@ class LLM:
         threads: Optional[int] = None,
         reasoning_parser: Optional[str] = None,
         speculative_config: Optional[Dict[str, Any]] = None,
+        pooler_config: Any = None,
         **kwargs: Any,
     ) -> None:
         for name, value in kwargs.items():
@@ -143,6 +156,7 @@ class LLM:
         if kv_cache_memory_bytes is not None and kv_cache_memory is not None:
             raise ValueError("give kv_cache_memory_bytes or kv_cache_memory, not both")
         kv = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else kv_cache_memory
+        self._pooler = _pooler_config(pooler_config)
         _core.reset_log_cache()
         self._engine = _core.Engine(
             str(model),
@@ -254,6 +268,77 @@ class LLM:
             # The template writes the special tokens itself (BOS included).
             prompts.append((text, tok.encode(text, False)))
         return self._run(prompts, sampling_params, use_tqdm, None)
+
+    def embed(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        pooling_params: Optional[PoolingParams] = None,
+        *,
+        use_tqdm: Union[bool, Callable[..., Any]] = True,
+        truncate_prompt_tokens: Optional[int] = None,
+        lora_request: None = None,
+    ) -> List[EmbeddingRequestOutput]:
+        """Each prompt's embedding: the model's final hidden states pooled as the ``LLM``'s
+        ``pooler_config`` says (``{"pooling_type": "LAST" | "MEAN", "normalize": bool}``;
+        default the last token's, normalised), by a prefill-only pass, the prompts batched
+        together; in the prompts' order."""
+        pooled = self._pool(prompts, pooling_params, use_tqdm, truncate_prompt_tokens, lora_request)
+        return [
+            EmbeddingRequestOutput(
+                request_id=r["request_id"],
+                outputs=EmbeddingOutput(embedding=r["pooled"]),
+                prompt_token_ids=r["prompt_token_ids"],
+                finished=r["finished"],
+            )
+            for r in pooled
+        ]
+
+    def encode(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        pooling_params: Optional[PoolingParams] = None,
+        *,
+        use_tqdm: Union[bool, Callable[..., Any]] = True,
+        truncate_prompt_tokens: Optional[int] = None,
+        lora_request: None = None,
+        pooling_task: Optional[str] = None,
+    ) -> List[PoolingRequestOutput]:
+        """vLLM's ``LLM.encode``: as :meth:`embed`, each vector as ``outputs.data`` (a list
+        of floats where vLLM gives a tensor). ``pooling_task`` may be ``"embed"`` only."""
+        if pooling_task not in (None, "embed"):
+            raise ValueError(f"pooling_task {pooling_task!r} is not supported (embed only)")
+        embedded = self.embed(prompts, pooling_params, use_tqdm=use_tqdm,
+                              truncate_prompt_tokens=truncate_prompt_tokens,
+                              lora_request=lora_request)
+        return [
+            PoolingRequestOutput(
+                request_id=e.request_id,
+                outputs=PoolingOutput(data=e.outputs.embedding),
+                prompt_token_ids=e.prompt_token_ids,
+                finished=e.finished,
+            )
+            for e in embedded
+        ]
+
+    def _pool(self, prompts, pooling_params, use_tqdm, truncate_prompt_tokens, lora_request):
+        if lora_request is not None:
+            raise ValueError("LoRA adapters are not supported by minivllm")
+        if pooling_params is None:
+            pooling_params = PoolingParams()
+        if not isinstance(pooling_params, PoolingParams):
+            raise TypeError(
+                f"pooling_params must be a PoolingParams, got {type(pooling_params).__name__}"
+            )
+        if truncate_prompt_tokens is not None:
+            pooling_params = PoolingParams(pooling_params.normalize, pooling_params.dimensions,
+                                           truncate_prompt_tokens)
+        config = pooling_params._json(self._pooler)
+        requests = [(str(next(self._request_counter)), prompt) for _, prompt in _parse_prompts(prompts)]
+        if not requests:
+            return []
+        batch = self._engine.submit_pooling(requests, config)
+        raw = self._wait(batch, len(requests), use_tqdm)
+        return [raw[request_id] for request_id, _ in requests]
 
     def _run(
         self,

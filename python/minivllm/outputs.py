@@ -1,4 +1,5 @@
-"""vLLM's output classes: ``RequestOutput``, ``CompletionOutput`` and ``Logprob``."""
+"""vLLM's output classes: ``RequestOutput``, ``CompletionOutput`` and ``Logprob``; for
+embeddings ``EmbeddingRequestOutput`` and ``PoolingRequestOutput``."""
 
 from __future__ import annotations
 
@@ -83,3 +84,41 @@ class RequestOutput:
     encoder_prompt: Optional[str] = None
     encoder_prompt_token_ids: Optional[List[int]] = None
     num_cached_tokens: Optional[int] = None
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's embedding: its pooled final hidden state."""
+
+    embedding: List[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class PoolingOutput:
+    """One prompt's pooled vector (``LLM.encode``; a list where vLLM has a tensor)."""
+
+    data: List[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What ``LLM.embed`` returns per prompt (vLLM's)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: List[int]
+    finished: bool
+
+
+@dataclass
+class PoolingRequestOutput:
+    """What ``LLM.encode`` returns per prompt (vLLM's)."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: List[int]
+    finished: bool

@@ -75,6 +75,11 @@ pub struct ServeArgs {
     /// --enable-auto-tool-choice: the one the model's chat template shows.
     #[arg(long)]
     pub tool_call_parser: Option<ToolParserName>,
+    /// How `/v1/embeddings` pools a prompt's final hidden states, as vLLM's JSON:
+    /// `{"pooling_type": "LAST" | "MEAN", "normalize": true | false}` (default: LAST,
+    /// normalised).
+    #[arg(long, value_parser = minivllm::sampling_params::PoolingParams::from_json)]
+    pub pooler_config: Option<minivllm::sampling_params::PoolingParams>,
     /// A Jinja chat template to use instead of the model's: a file, or the template itself
     /// (as vLLM's --chat-template).
     #[arg(long)]
@@ -153,6 +158,7 @@ pub fn run(
         max_request_memory: args.max_request_memory,
         tool_calls,
         reasoning_parser: engine_args.reasoning_parser,
+        pooler: args.pooler_config.unwrap_or_default(),
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),

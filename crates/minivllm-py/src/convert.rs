@@ -59,6 +59,7 @@ pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Boun
     }
     d.set_item("outputs", outputs)?;
     d.set_item("finished", out.finished)?;
+    d.set_item("pooled", out.pooled)?;
     Ok(d)
 }
 

@@ -5,7 +5,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyRuntimeError, PySystemExit};
+use pyo3::exceptions::{PyRuntimeError, PySystemExit, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::mpsc;
@@ -15,7 +15,7 @@ use minivllm::engine::async_engine::{AsyncEngine, NewRequest};
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::outputs::RequestOutput;
-use minivllm::sampling_params::{RequestOutputKind, SamplingParams};
+use minivllm::sampling_params::{PoolingParams, RequestOutputKind, SamplingParams};
 use minivllm::utils::parse_byte_size;
 use minivllm::worker::worker_process::{start_rank, Role};
 
@@ -154,22 +154,36 @@ impl Engine {
                 priority,
             });
         }
-        let remaining = new.len();
-        let (tx, rx) = mpsc::unbounded_channel();
-        // Without the GIL: the engine thread may log (through Python) while taking them.
-        py.detach(|| self.engine().submit_blocking(new, &tx))
-            .map_err(async_engine_error)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .map_err(|e| PyRuntimeError::new_err(format!("cannot start a timer: {e}")))?;
-        Ok(Batch {
-            state: Mutex::new(BatchState {
-                outputs: Some(rx),
-                remaining,
-                runtime,
-            }),
-        })
+        self.queue(py, new)
+    }
+
+    /// Queues embedding requests `(request_id, prompt)`, each pooled as `pooling` (vLLM's
+    /// `--pooler-config` JSON: `pooling_type`, `normalize`), and returns the batch.
+    fn submit_pooling(
+        &self,
+        py: Python<'_>,
+        requests: Vec<(String, Prompt)>,
+        pooling: String,
+    ) -> PyResult<Batch> {
+        let pooling = PoolingParams::from_json(&pooling).map_err(PyValueError::new_err)?;
+        let params = SamplingParams {
+            output_kind: RequestOutputKind::FinalOnly,
+            pooling: Some(pooling),
+            max_tokens: Some(1),
+            ..SamplingParams::default()
+        };
+        let new = (requests.into_iter())
+            .map(|(request_id, prompt)| NewRequest {
+                request_id,
+                prompt: match prompt {
+                    Prompt::Text(t) => PromptInput::Text(t),
+                    Prompt::TokenIds(ids) => PromptInput::TokenIds(ids),
+                },
+                params: params.clone(),
+                priority: 0,
+            })
+            .collect();
+        self.queue(py, new)
     }
 
     fn get_tokenizer(&self) -> Tokenizer {
@@ -194,6 +208,25 @@ impl Engine {
 }
 
 impl Engine {
+    fn queue(&self, py: Python<'_>, new: Vec<NewRequest>) -> PyResult<Batch> {
+        let remaining = new.len();
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Without the GIL: the engine thread may log (through Python) while taking them.
+        py.detach(|| self.engine().submit_blocking(new, &tx))
+            .map_err(async_engine_error)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(format!("cannot start a timer: {e}")))?;
+        Ok(Batch {
+            state: Mutex::new(BatchState {
+                outputs: Some(rx),
+                remaining,
+                runtime,
+            }),
+        })
+    }
+
     fn engine(&self) -> &AsyncEngine {
         self.engine
             .as_ref()

@@ -21,6 +21,8 @@ pub struct ModelRunnerOutput {
     /// Prompt tokens scored this step, for the sequences that score their prompt: each
     /// entry the next prompt positions' logprobs.
     pub prompt_logprobs: Vec<(SeqId, Vec<TokenLogprobs>)>,
+    /// The pooled vectors of the embedding requests whose prompt ended this step.
+    pub pooled: Vec<(SeqId, Vec<f32>)>,
     /// Seconds the model's forward pass took (the rest of the step is overhead).
     pub forward_seconds: f64,
     /// Seconds the forward pass and sampling took together: what a step's size costs
@@ -45,6 +47,8 @@ pub struct EngineCoreOutput {
     pub finish: Option<(FinishReason, Option<StopReason>)>,
     /// The new token is the EOS or stop id that ended the sequence: not part of the text.
     pub stop_token: bool,
+    /// An embedding request's vector: its prompt is done, and so is the request.
+    pub pooled: Option<Vec<f32>>,
 }
 
 /// Log-probabilities at one position: the chosen (or actual) token first, then the top-k
@@ -124,6 +128,9 @@ pub struct RequestOutput {
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     pub outputs: Vec<CompletionOutput>,
     pub finished: bool,
+    /// An embedding request's vector (its `outputs` are empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pooled: Option<Vec<f32>>,
 }
 
 impl RequestOutput {
@@ -148,7 +155,38 @@ impl RequestOutput {
         if next.prompt_logprobs.is_some() {
             self.prompt_logprobs = next.prompt_logprobs;
         }
+        if next.pooled.is_some() {
+            self.pooled = next.pooled;
+        }
         self.finished = next.finished;
+    }
+}
+
+/// vLLM's `EmbeddingOutput`: one prompt's pooled vector.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EmbeddingOutput {
+    pub embedding: Vec<f32>,
+}
+
+/// vLLM's `EmbeddingRequestOutput` (what `LLM.embed` returns per prompt).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EmbeddingRequestOutput {
+    pub request_id: String,
+    pub prompt_token_ids: Vec<TokenId>,
+    pub outputs: EmbeddingOutput,
+    pub finished: bool,
+}
+
+impl From<RequestOutput> for EmbeddingRequestOutput {
+    fn from(out: RequestOutput) -> Self {
+        Self {
+            request_id: out.request_id,
+            prompt_token_ids: out.prompt_token_ids,
+            outputs: EmbeddingOutput {
+                embedding: out.pooled.unwrap_or_default(),
+            },
+            finished: out.finished,
+        }
     }
 }
 
@@ -195,6 +233,7 @@ mod tests {
                 stop_reason: Some(StopReason::String("\n".into())),
             }],
             finished: true,
+            pooled: None,
         };
         let v = serde_json::to_value(&out).unwrap();
         assert_eq!(v["prompt_logprobs"][0], serde_json::Value::Null);
@@ -230,6 +269,7 @@ mod tests {
             prompt_logprobs: None,
             outputs,
             finished,
+            pooled: None,
         }
     }
 

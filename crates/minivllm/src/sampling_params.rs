@@ -10,8 +10,10 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::ids::TokenId;
 use crate::model_executor::sampling_metadata::SamplingOptions;
 
+mod pooling_params;
 mod structural_tag;
 mod structured_outputs;
+pub use pooling_params::{PoolingParams, PoolingType};
 pub use structural_tag::{StructuralTag, Structure};
 pub use structured_outputs::{Constraint, StructuredOutputsParams, MAX_CONSTRAINT_BYTES};
 
@@ -127,6 +129,10 @@ pub struct SamplingParams {
     /// `LLM::generate` wants final outputs only.
     #[serde(skip)]
     pub output_kind: RequestOutputKind,
+    /// An embedding request (`LLM::embed`, `/v1/embeddings`): its prompt is run and pooled,
+    /// and nothing is sampled. Set by the front end, as `output_kind`.
+    #[serde(skip)]
+    pub pooling: Option<PoolingParams>,
 }
 
 impl Default for SamplingParams {
@@ -155,6 +161,7 @@ impl Default for SamplingParams {
             logit_bias: BTreeMap::new(),
             structured_outputs: None,
             output_kind: RequestOutputKind::Cumulative,
+            pooling: None,
         }
     }
 }
@@ -205,6 +212,13 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<(), ValidationError> {
         if let Some(so) = &self.structured_outputs {
             so.constraint()?;
+        }
+        if self.pooling.is_some() && (self.best_of_or_n() > 1 || self.prompt_logprobs.is_some()) {
+            return Err(ValidationError::new(
+                None,
+                "an embedding request pools one pass over its prompt: n, best_of and \
+                 prompt_logprobs do not apply",
+            ));
         }
         if self.n < 1 {
             return Err(ValidationError::of(

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 pub use crate::ids::{RequestId, SeqId, TokenId};
-use crate::sampling_params::SamplingParams;
+use crate::sampling_params::{PoolingType, SamplingParams};
 use crate::spec_decode::draft_length::DraftAcceptance;
 use crate::structured_output::StructuredOutputGrammar;
 
@@ -162,6 +162,14 @@ impl Sequence {
     /// for prompt logprobs.
     pub fn scores_prompt(&self) -> bool {
         self.index == 0 && self.params.prompt_logprobs.is_some()
+    }
+
+    /// An embedding request that averages every prompt position's hidden state: cached
+    /// prefix blocks have none, so it computes its prompt whole.
+    pub fn pools_every_position(&self) -> bool {
+        self.params
+            .pooling
+            .is_some_and(|p| p.pooling_type == PoolingType::Mean)
     }
 
     /// How many of its draft tokens a step may verify: none under a grammar (its mask is

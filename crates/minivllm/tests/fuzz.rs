@@ -18,6 +18,7 @@ use minivllm::engine::tokenizer::Tokenizer;
 use minivllm::entrypoints::anthropic::protocol::MessagesRequest;
 use minivllm::entrypoints::openai::protocol::{ChatCompletionRequest, CompletionRequest};
 use minivllm::entrypoints::openai::responses::protocol::ResponsesRequest;
+use minivllm::entrypoints::openai::serving_embedding::EmbeddingRequest;
 use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
 use minivllm::model_executor::loader::gguf_weights::config_from_gguf;
 use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
@@ -233,6 +234,9 @@ const REQUEST_FIELDS: &[&str] = &[
     "max_output_tokens",
     "text",
     "previous_response_id",
+    "encoding_format",
+    "dimensions",
+    "normalize",
     "unknown_field",
 ];
 
@@ -254,6 +258,9 @@ fn check_request(body: &Value) {
     let responses = serde_json::from_value::<ResponsesRequest>(body.clone())
         .ok()
         .and_then(|r| r.to_chat().ok());
+    if let Ok(e) = serde_json::from_value::<EmbeddingRequest>(body.clone()) {
+        let _ = (e.input.len(), e.dimensions, e.normalize);
+    }
     let chat = serde_json::from_value::<ChatCompletionRequest>(body.clone()).ok();
     for req in [chat, anthropic, responses].into_iter().flatten() {
         if req.check().is_ok() {

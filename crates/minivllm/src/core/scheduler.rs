@@ -17,7 +17,7 @@ pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
 use crate::core::spec_decode_stats::SpecDecodingStats;
 use crate::outputs::{EngineCoreOutput, ModelRunnerOutput};
-use crate::sequence::{SeqId, Sequence, SequenceStatus};
+use crate::sequence::{FinishReason, SeqId, Sequence, SequenceStatus};
 use crate::spec_decode::draft_length::{DraftLength, DraftLimits};
 use crate::structured_output::GrammarStats;
 
@@ -168,6 +168,7 @@ impl Scheduler {
         }
         let mut sampled = out.sampled.into_iter().peekable();
         let mut prompt_logprobs = out.prompt_logprobs.into_iter().peekable();
+        let mut pooled = out.pooled.into_iter().peekable();
         let mut outputs = Vec::with_capacity(sched.scheduled.len());
         for s in &sched.scheduled {
             // The lists are in the step's order, each a subset of it.
@@ -178,6 +179,20 @@ impl Scheduler {
             let Some(seq) = self.seqs.get_mut(&s.id) else {
                 continue;
             };
+            if let Some((_, vector)) = pooled.next_if(|(id, _)| *id == s.id) {
+                // An embedding request ends with its prompt.
+                seq.num_computed_tokens += s.num_new_tokens;
+                outputs.push(EngineCoreOutput {
+                    seq: s.id,
+                    new_token: None,
+                    prompt_logprobs: None,
+                    finish: Some((FinishReason::Stop, None)),
+                    stop_token: false,
+                    pooled: Some(vector),
+                });
+                self.finish_seq(s.id);
+                continue;
+            }
             let mut num_appended: usize = 0;
             let mut finish = None;
             while let Some((_, token)) = sampled.next_if(|(id, _)| *id == s.id) {
@@ -199,6 +214,7 @@ impl Scheduler {
                     prompt_logprobs: prompt_lps.take(),
                     finish: finish.clone(),
                     stop_token: finish.is_some() && seq.ends_on_stop_token(),
+                    pooled: None,
                 });
             }
             // Drafts past the accepted ones were computed on a wrong guess: their K/V are
@@ -219,6 +235,7 @@ impl Scheduler {
                     prompt_logprobs: prompt_lps,
                     finish: None,
                     stop_token: false,
+                    pooled: None,
                 });
             }
             if finish.is_some() {

@@ -285,7 +285,7 @@ impl LLMEngine {
                 );
             // Cached prefix blocks have no logits to score, so the sequence that scores the
             // prompt computes it whole; its siblings then find it in the prefix cache.
-            seq.skip_prefix_cache = seq.scores_prompt();
+            seq.skip_prefix_cache = seq.scores_prompt() || seq.pools_every_position();
             seq.grammar = grammar.clone();
             self.scheduler.add_seq(seq);
         }

@@ -460,6 +460,7 @@ mod tests {
                 stop_reason: None,
             }],
             finished: finish.is_some(),
+            pooled: None,
         }
     }
 

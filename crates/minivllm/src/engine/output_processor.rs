@@ -43,6 +43,8 @@ struct RequestState {
     /// sampling: child requests of one parent), which share the prompt's K/V through the
     /// prefix cache.
     seqs: Vec<SeqState>,
+    /// An embedding request's vector, once its prompt is done.
+    pooled: Option<Vec<f32>>,
 }
 
 struct SeqState {
@@ -138,6 +140,7 @@ impl OutputProcessor {
             prompt_logprobs: params.prompt_logprobs.map(|_| vec![None]),
             seqs: states,
             params,
+            pooled: None,
         };
         self.requests.insert(id, state);
     }
@@ -179,6 +182,12 @@ impl OutputProcessor {
                 .expect("a running sequence's request exists");
             if let (Some(scored), Some(all)) = (o.prompt_logprobs, req.prompt_logprobs.as_mut()) {
                 all.extend(scored.into_iter().map(Some));
+            }
+            if let Some(vector) = o.pooled {
+                req.pooled = Some(vector);
+                req.seqs[index].finish = o.finish;
+                self.seqs.remove(&o.seq);
+                continue;
             }
             let Some(token) = o.new_token else {
                 continue;
@@ -255,6 +264,10 @@ impl OutputProcessor {
                 o.index = i;
             }
         }
+        if req.pooled.is_some() {
+            // An embedding request: its vector is the output.
+            outputs.clear();
+        }
         let prompt_logprobs = match kind {
             RequestOutputKind::Cumulative => req.prompt_logprobs.clone(),
             // Sent once, with the first output (prefill is complete by then).
@@ -267,6 +280,7 @@ impl OutputProcessor {
             prompt_logprobs,
             outputs: outputs.into_iter().map(|(_, o)| o).collect(),
             finished,
+            pooled: req.pooled.take(),
         };
         if finished {
             self.requests.remove(id);

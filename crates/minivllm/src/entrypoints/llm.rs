@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use crate::engine::llm_engine::{EngineArgs, EngineError, LLMEngine, PromptInput};
-use crate::outputs::RequestOutput;
-use crate::sampling_params::{RequestOutputKind, SamplingParams};
+use crate::outputs::{EmbeddingRequestOutput, RequestOutput};
+use crate::sampling_params::{PoolingParams, RequestOutputKind, SamplingParams};
 use crate::worker::worker_process::Driver;
 
 pub struct LLM {
@@ -104,6 +104,27 @@ impl LLM {
             added.push(id);
         }
         self.run_to_completion(base, added.len(), progress)
+    }
+
+    /// vLLM's `LLM.embed`: each prompt's final hidden states pooled (`pooling`: the last
+    /// token's or their mean, normalised or not) by a prefill-only pass, the prompts batched
+    /// as `generate` batches them; in input order.
+    pub fn embed<P: Into<PromptInput>>(
+        &mut self,
+        prompts: impl IntoIterator<Item = P>,
+        pooling: PoolingParams,
+        progress: bool,
+    ) -> Result<Vec<EmbeddingRequestOutput>, EngineError> {
+        let params = SamplingParams {
+            pooling: Some(pooling),
+            max_tokens: Some(1),
+            ..SamplingParams::default()
+        };
+        let outputs = self.generate(prompts, &params, progress)?;
+        Ok(outputs
+            .into_iter()
+            .map(EmbeddingRequestOutput::from)
+            .collect())
     }
 
     fn run_to_completion(

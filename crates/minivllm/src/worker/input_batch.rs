@@ -24,6 +24,8 @@ pub struct CachedSeq {
     /// For the sequence that scores its prompt: the first prompt position whose successor is
     /// still to be scored (a recompute after preemption does not score again).
     pub prompt_logprobs_from: Option<usize>,
+    /// An embedding request's hidden states pooled so far (their sum, or the last one).
+    pub pooled: Vec<f32>,
 }
 
 impl CachedSeq {
@@ -35,6 +37,7 @@ impl CachedSeq {
             prompt_len: s.prompt_len,
             params: s.params,
             eos_token_ids: s.eos_token_ids,
+            pooled: Vec::new(),
         }
     }
 }

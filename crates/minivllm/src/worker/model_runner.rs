@@ -14,6 +14,7 @@ use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::sampler::{logprobs_for, Sampler, SamplingContext};
 use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
 use crate::outputs::{ModelRunnerOutput, TokenLogprobs};
+use crate::sampling_params::PoolingType;
 use crate::worker::cache_engine::CacheEngine;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::input_batch::InputBatch;
@@ -42,6 +43,8 @@ pub struct LogitsRows {
     pub prompt: Option<(usize, Range<usize>)>,
     /// The row to sample the next token from, when the step reaches the sequence's end.
     pub sample: Option<usize>,
+    /// Its new tokens' rows in the batch (an embedding request pools their hidden states).
+    pub tokens: Range<usize>,
 }
 
 /// One rank's model, its KV cache, the persistent batch and the buffers reused from step to
@@ -146,14 +149,12 @@ impl ModelRunner {
                 prompt_logprobs_from: seq.prompt_logprobs_from,
             };
             let (batch, samples) = (&mut self.input, &mut self.sample_rows);
+            // An embedding request samples nothing: its prompt's hidden states are pooled.
             let num_drafts = s.spec_token_ids.len();
+            let sample = seq.params.pooling.is_none();
+            let table = sched.block_ids(s);
             let rows = lay_out(
-                batch,
-                samples,
-                block_size,
-                &input,
-                sched.block_ids(s),
-                num_drafts,
+                batch, samples, block_size, &input, table, num_drafts, sample,
             );
             seq.token_ids.truncate(len);
             self.rows.push(rows);
@@ -175,6 +176,7 @@ impl ModelRunner {
         self.execute_model()?;
         out.forward_seconds = forward.elapsed().as_secs_f64();
         self.score_prompts(sched, &mut out.prompt_logprobs);
+        self.pool(sched, &mut out.pooled);
         self.sample(sched, &mut out);
         out.run_seconds = forward.elapsed().as_secs_f64() - out.draft_seconds;
         Ok(out)
@@ -205,6 +207,42 @@ impl ModelRunner {
                 })
                 .collect();
             out.push((s.id, scored));
+        }
+    }
+
+    /// Pools the hidden states of the step's embedding requests: the last prompt token's,
+    /// or (mean) a running sum over every chunk of the prompt; a request whose prompt ends
+    /// this step gets its vector.
+    fn pool(&mut self, sched: &SchedulerOutput, out: &mut Vec<(SeqId, Vec<f32>)>) {
+        let h = self.model.config().hidden_size;
+        for (s, r) in sched.scheduled.iter().zip(&self.rows) {
+            let seq = self.batch.get_mut(s.id);
+            let Some(pooling) = seq.params.pooling else {
+                continue;
+            };
+            if s.num_computed == 0 {
+                // From the start (again, after a preemption).
+                seq.pooled.clear();
+            }
+            let end = s.num_computed + s.num_new_tokens;
+            let rows = self.buffers.hidden(r.tokens.clone(), h);
+            match pooling.pooling_type {
+                PoolingType::Mean => {
+                    seq.pooled.resize(h, 0.0);
+                    for row in rows.chunks_exact(h) {
+                        seq.pooled.iter_mut().zip(row).for_each(|(a, x)| *a += x);
+                    }
+                }
+                PoolingType::Last if end == seq.prompt_len => {
+                    seq.pooled.clear();
+                    seq.pooled.extend_from_slice(&rows[rows.len() - h..]);
+                }
+                PoolingType::Last => {}
+            }
+            if end == seq.prompt_len {
+                let sum = std::mem::take(&mut seq.pooled);
+                out.push((s.id, pooling.finish(sum, seq.prompt_len)));
+            }
         }
     }
 
@@ -279,6 +317,7 @@ impl ModelRunner {
                 &s,
                 &self.table,
                 0,
+                true,
             );
             self.rows.push(r);
         }
@@ -357,9 +396,10 @@ impl ModelRunner {
 }
 
 /// Adds sequence `s` (its block tables flattened in `table`) to the batch in `input`, its
-/// sample rows (indices into the batch's tokens: its last token's, after `num_drafts` more
-/// for the draft tokens its last new ones are) to `sample_rows`; returns where its logits
-/// will be, the first sample row counted among `sample_rows` until `end_batch` places it.
+/// sample rows if it `sample`s (indices into the batch's tokens: its last token's, after
+/// `num_drafts` more for the draft tokens its last new ones are) to `sample_rows`; returns
+/// where its logits will be, the first sample row counted among `sample_rows` until
+/// `end_batch` places it.
 fn lay_out(
     input: &mut InputMetadata,
     sample_rows: &mut Vec<usize>,
@@ -367,12 +407,16 @@ fn lay_out(
     s: &SeqInput<'_>,
     table: &[u32],
     num_drafts: usize,
+    sample: bool,
 ) -> LogitsRows {
     let end = s.num_computed + s.num_new;
     let start_row = input.num_tokens();
     let new_tokens = &s.token_ids[s.num_computed..end];
     input.add_sequence(new_tokens, end, table, block_size, false);
-    let mut r = LogitsRows::default();
+    let mut r = LogitsRows {
+        tokens: start_row..start_row + s.num_new,
+        ..LogitsRows::default()
+    };
     if let Some(from) = s.prompt_logprobs_from {
         // The last prompt position scores the first output token, not a prompt one.
         let positions = s.num_computed.max(from)..end.min(s.prompt_len - 1);
@@ -382,7 +426,7 @@ fn lay_out(
             input.logits_indices.extend(rows);
         }
     }
-    if end == s.token_ids.len() {
+    if sample && end == s.token_ids.len() {
         r.sample = Some(sample_rows.len());
         let last = start_row + s.num_new - 1;
         sample_rows.extend(last - num_drafts..=last);

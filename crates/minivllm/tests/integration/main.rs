@@ -8,6 +8,7 @@ mod common;
 
 mod bad_input;
 mod batch_invariance;
+mod embeddings;
 mod engine;
 mod gguf_dequant;
 mod gguf_model;

@@ -31,6 +31,7 @@ use super::request_memory::{
 use super::responses::serving::{responses, retrieve};
 use super::serving_chat::chat_completions;
 use super::serving_completion::completions;
+use super::serving_embedding::embeddings;
 use super::serving_engine::now;
 use super::serving_tokenization::{detokenize, tokenize};
 use super::tool_calls::ToolCallConfig;
@@ -38,6 +39,7 @@ use crate::engine::async_engine::AsyncEngine;
 use crate::entrypoints::anthropic::protocol::anthropic_errors;
 use crate::entrypoints::anthropic::serving_messages::{count_tokens, messages};
 use crate::reasoning::ReasoningParserName;
+use crate::sampling_params::PoolingParams;
 
 /// How the server presents itself and whom it lets in.
 #[derive(Debug, Clone)]
@@ -61,6 +63,8 @@ pub struct ServerConfig {
     pub tool_calls: ToolCallConfig,
     /// `--reasoning-parser`: chat replies' thinking goes in `reasoning_content`.
     pub reasoning_parser: Option<ReasoningParserName>,
+    /// `--pooler-config`: how `/v1/embeddings` pools a prompt's hidden states.
+    pub pooler: PoolingParams,
 }
 
 impl ServerConfig {
@@ -77,6 +81,7 @@ impl ServerConfig {
             max_request_memory: None,
             tool_calls: ToolCallConfig::default(),
             reasoning_parser: None,
+            pooler: PoolingParams::default(),
         }
     }
 
@@ -155,6 +160,7 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/responses", post(responses))
         .route("/v1/responses/{id}", get(retrieve))
         .route("/v1/messages", post(messages))

@@ -8,6 +8,7 @@ pub mod request_memory;
 pub mod responses;
 pub mod serving_chat;
 pub mod serving_completion;
+pub mod serving_embedding;
 pub mod serving_engine;
 pub mod serving_tokenization;
 pub mod structured_outputs;

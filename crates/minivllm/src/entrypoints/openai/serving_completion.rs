@@ -73,12 +73,13 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
     }
     // Before any prompt is tokenised or any state is sized by their number.
     check_request_width(s, &base, req.prompt.len())?;
-    let prompts = prompts(s.engine.tokenizer(), req.prompt.clone())?;
+    let prompts = prompts(s.engine.tokenizer(), req.prompt.clone(), "prompt")?;
     let (params, held) = admit(s, &base, &prompts, req.echo)?;
     Ok((req, prompts, base, params, held))
 }
 
-fn prompts(tok: &Tokenizer, field: PromptField) -> Result<Vec<Prompt>, ApiError> {
+/// Each prompt of `field` (the request's `param`) tokenised, or its ids with their text.
+pub fn prompts(tok: &Tokenizer, field: PromptField, param: &str) -> Result<Vec<Prompt>, ApiError> {
     let texts_or_ids: Vec<Result<String, Vec<TokenId>>> = match field {
         PromptField::Text(t) => vec![Ok(t)],
         PromptField::Texts(v) => v.into_iter().map(Ok).collect(),
@@ -87,8 +88,8 @@ fn prompts(tok: &Tokenizer, field: PromptField) -> Result<Vec<Prompt>, ApiError>
     };
     if texts_or_ids.is_empty() {
         return Err(ApiError::bad_request(
-            "prompt must not be empty",
-            Some("prompt"),
+            format!("{param} must not be empty"),
+            Some(param),
         ));
     }
     texts_or_ids

@@ -113,6 +113,12 @@ impl ForwardBuffers {
     /// Below this, buffers are kept while idle: what an ordinary batch needs.
     const KEEP_BYTES: usize = 32 << 20;
 
+    /// Rows `rows` of the last forward pass's final hidden states (after the final norm),
+    /// `hidden_size` wide: what an embedding pools.
+    pub fn hidden(&self, rows: std::ops::Range<usize>, hidden_size: usize) -> &[f32] {
+        &self.hidden[rows.start * hidden_size..rows.end * hidden_size]
+    }
+
     /// The first `len` logits of the last forward pass (`len` as it returned them).
     pub fn logits(&self, len: usize) -> &[f32] {
         &self.logits[..len]

@@ -1,0 +1,68 @@
+"""`LLM.embed` and `LLM.encode` as in vLLM: pooled final hidden states, batched, with the
+pooling of `pooler_config`; checked against the server's `/v1/embeddings` tests' reference
+(the last hidden state through the tied embedding matrix gives transformers' logprobs)."""
+
+import json
+import math
+
+import pytest
+
+from minivllm import LLM, EmbeddingRequestOutput, PoolingParams, PoolingRequestOutput
+from pytest_support import ROOT
+
+TEXTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+
+
+def norm(v):
+    return math.sqrt(sum(x * x for x in v))
+
+
+def test_embed_as_vllm(llm):
+    outs = llm.embed(TEXTS, use_tqdm=False)
+    assert [type(o) for o in outs] == [EmbeddingRequestOutput] * 3
+    for o in outs:
+        assert o.finished and len(o.outputs.embedding) == o.outputs.hidden_size == 576
+        assert abs(norm(o.outputs.embedding) - 1) < 1e-5
+        assert o.prompt_token_ids
+    alone = [llm.embed(t, use_tqdm=False)[0].outputs.embedding for t in TEXTS]
+    assert alone == [o.outputs.embedding for o in outs]
+    encoded = llm.encode(TEXTS, use_tqdm=False)
+    assert [type(o) for o in encoded] == [PoolingRequestOutput] * 3
+    assert [o.outputs.data for o in encoded] == alone
+    # Token ids work as prompts too.
+    ids = outs[0].prompt_token_ids
+    assert llm.embed({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.embedding == alone[0]
+
+
+def test_unnormalised_last_hidden_state_gives_transformers_logprobs(llm, model):
+    gguf = pytest.importorskip("gguf")
+    np = pytest.importorskip("numpy")
+    emb = next(t for t in gguf.GGUFReader(model).tensors if t.name == "token_embd.weight")
+    head = gguf.quants.dequantize(emb.data, emb.tensor_type).astype(np.float64)
+    cases = json.loads((ROOT / "tests/data/reference/smollm2_greedy_hf.json").read_text())["results"]
+    raw = [c for c in cases if c["kind"] == "raw"]
+    outs = llm.embed([{"prompt_token_ids": c["prompt_ids"]} for c in raw],
+                     PoolingParams(normalize=False), use_tqdm=False)
+    for case, out in zip(raw, outs):
+        logits = head @ np.asarray(out.outputs.embedding, dtype=np.float64)
+        logprobs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        for t in case["steps"][0]["top5"]:
+            assert abs(logprobs[t["id"]] - t["logprob"]) < 0.15, (case["prompt"], t)
+
+
+def test_mean_pooling_and_refusals(model):
+    mean = LLM(model, kv_cache_memory="64MiB", max_model_len=256,
+               pooler_config={"pooling_type": "MEAN"})
+    try:
+        m = mean.embed(TEXTS[0], use_tqdm=False)[0].outputs.embedding
+        assert abs(norm(m) - 1) < 1e-5
+        # Generation still works beside it.
+        assert mean.generate("Hello", use_tqdm=False)[0].outputs[0].text
+        with pytest.raises(ValueError, match="dimensions"):
+            mean.embed("x", PoolingParams(dimensions=8), use_tqdm=False)
+        with pytest.raises(TypeError, match="PoolingParams"):
+            mean.embed("x", {"normalize": False}, use_tqdm=False)
+    finally:
+        del mean
+    with pytest.raises(ValueError, match="CLS"):
+        LLM(model, kv_cache_memory="64MiB", max_model_len=256, pooler_config={"pooling_type": "CLS"})
