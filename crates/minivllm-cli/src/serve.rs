@@ -80,6 +80,9 @@ pub struct ServeArgs {
     /// normalised).
     #[arg(long, value_parser = minivllm::sampling_params::PoolingParams::from_json)]
     pub pooler_config: Option<minivllm::sampling_params::PoolingParams>,
+    /// Serve no chat page at `/` (by default a page to talk to the model in a browser).
+    #[arg(long)]
+    pub disable_frontend: bool,
     /// A Jinja chat template to use instead of the model's: a file, or the template itself
     /// (as vLLM's --chat-template).
     #[arg(long)]
@@ -159,6 +162,7 @@ pub fn run(
         tool_calls,
         reasoning_parser: engine_args.reasoning_parser,
         pooler: args.pooler_config.unwrap_or_default(),
+        frontend: !args.disable_frontend,
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
@@ -194,6 +198,9 @@ pub fn run(
                 ""
             }
         );
+        if config.frontend {
+            eprintln!("chat in a browser: http://{addr}/");
+        }
         let (first_signal, signalled) = tokio::sync::oneshot::channel();
         let in_flight = engine.clone();
         let graceful = async move {

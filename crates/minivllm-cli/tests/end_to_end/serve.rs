@@ -469,6 +469,15 @@ fn api_key_queue_limit_body_limit_and_cors() {
         (413, &json!("request_too_large"))
     );
 
+    // The chat page is open (it asks for the key itself), and says so.
+    let (status, head, page) = request_with(port, "GET", "/", &[], None).unwrap();
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.contains("text/html") && head.contains("content-security-policy"),
+        "{head}"
+    );
+    assert!(page.contains("/v1/chat/completions") && page.contains("key-panel"));
+
     let small = json!({"prompt": "hi"}).to_string();
     for path in ["/tokenize", "/detokenize"] {
         let (status, text) = request(port, "POST", path, Some(&small)).unwrap();
@@ -831,4 +840,11 @@ fn large_tokenize_requests_do_not_stall_health() {
     }
     eprintln!("two 3.3 MB prompts tokenised in {took:?}; slowest /health meanwhile {worst:?}");
     assert!(worst < Duration::from_millis(500), "/health took {worst:?}");
+}
+
+#[test]
+fn the_chat_page_can_be_turned_off() {
+    let server = start_with(&model(), &["--disable-frontend"]);
+    let (status, _) = request(server.port, "GET", "/", None).unwrap();
+    assert_eq!(status, 404);
 }

@@ -65,6 +65,8 @@ pub struct ServerConfig {
     pub reasoning_parser: Option<ReasoningParserName>,
     /// `--pooler-config`: how `/v1/embeddings` pools a prompt's hidden states.
     pub pooler: PoolingParams,
+    /// The chat page at `/` (off with `--disable-frontend`).
+    pub frontend: bool,
 }
 
 impl ServerConfig {
@@ -82,6 +84,7 @@ impl ServerConfig {
             tool_calls: ToolCallConfig::default(),
             reasoning_parser: None,
             pooler: PoolingParams::default(),
+            frontend: true,
         }
     }
 
@@ -153,6 +156,7 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
     // Layers run outside in: the key is checked before anything else is said about the
     // request (an unknown route or a wrong content type tells a stranger nothing), then
     // the body is read whole, within its size and time bounds, before any handler runs.
+    let frontend = state.config.frontend;
     let router = Router::new()
         .route("/health", get(|| async {}))
         .route("/version", get(version))
@@ -166,7 +170,13 @@ pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
+        .route("/detokenize", post(detokenize));
+    let router = if frontend {
+        router.route("/", get(chat_page))
+    } else {
+        router
+    };
+    let router = router
         .route_layer(middleware::from_fn(require_json))
         // `read_body` enforces the limit; this lifts axum's own (2 MB) to it.
         .layer(DefaultBodyLimit::max(body_limit))
@@ -448,7 +458,9 @@ async fn require_api_key(State(s): State<Shared>, req: Request, next: Next) -> R
     let Some(key) = &s.config.api_key else {
         return next.run(req).await;
     };
-    if OPEN_ROUTES.contains(&req.uri().path()) {
+    let path = req.uri().path();
+    // The chat page itself is no secret: it asks for the key before it calls the API.
+    if OPEN_ROUTES.contains(&path) || (path == "/" && s.config.frontend) {
         return next.run(req).await;
     }
     // Exactly `Bearer <key>`, as vLLM compares it: no other spacing or case; or
@@ -472,6 +484,25 @@ async fn require_api_key(State(s): State<Shared>, req: Request, next: Next) -> R
         None,
     )
     .into_response()
+}
+
+/// The chat page: plain HTML, CSS and JavaScript, built into the binary (no CDN: it works
+/// offline), talking to `/v1/chat/completions` like any client.
+const CHAT_PAGE: &str = include_str!("chat_page.html");
+
+async fn chat_page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Its own script and styles, this server as the only place it talks to.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+            ),
+        ],
+        CHAT_PAGE,
+    )
+        .into_response()
 }
 
 async fn version() -> Json<Value> {
