@@ -425,6 +425,7 @@ class LLM:
             prompt_logprobs=prompt_logprobs,
             outputs=completions,
             finished=raw["finished"],
+            num_cached_tokens=raw["num_cached_tokens"],
         )
 
     def _logprobs(self, position: Tuple[List[Tuple[int, float]], int], k: int) -> Dict[int, Logprob]:

@@ -66,3 +66,14 @@ def test_mean_pooling_and_refusals(model):
         del mean
     with pytest.raises(ValueError, match="CLS"):
         LLM(model, kv_cache_memory="64MiB", max_model_len=256, pooler_config={"pooling_type": "CLS"})
+
+
+def test_num_cached_tokens_counts_prefix_cache_hits(llm):
+    from minivllm import SamplingParams
+
+    prompt = "The history of the city begins with a small settlement on the river bank. " * 4
+    params = SamplingParams(max_tokens=1, temperature=0)
+    first = llm.generate(prompt + "One", params, use_tqdm=False)[0]
+    again = llm.generate(prompt + "Two", params, use_tqdm=False)[0]
+    assert again.num_cached_tokens >= 32 and again.num_cached_tokens % 16 == 0
+    assert again.num_cached_tokens > first.num_cached_tokens

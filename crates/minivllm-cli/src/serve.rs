@@ -83,6 +83,10 @@ pub struct ServeArgs {
     /// Serve no chat page at `/` (by default a page to talk to the model in a browser).
     #[arg(long)]
     pub disable_frontend: bool,
+    /// Report `usage.prompt_tokens_details.cached_tokens` (prompt tokens the prefix cache
+    /// held) in completions and chat replies, as vLLM's flag.
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
     /// A Jinja chat template to use instead of the model's: a file, or the template itself
     /// (as vLLM's --chat-template).
     #[arg(long)]
@@ -163,6 +167,7 @@ pub fn run(
         reasoning_parser: engine_args.reasoning_parser,
         pooler: args.pooler_config.unwrap_or_default(),
         frontend: !args.disable_frontend,
+        prompt_tokens_details: args.enable_prompt_tokens_details,
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),

@@ -60,6 +60,7 @@ pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Boun
     d.set_item("outputs", outputs)?;
     d.set_item("finished", out.finished)?;
     d.set_item("pooled", out.pooled)?;
+    d.set_item("num_cached_tokens", out.num_cached_tokens)?;
     Ok(d)
 }
 

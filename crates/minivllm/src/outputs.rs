@@ -49,6 +49,8 @@ pub struct EngineCoreOutput {
     pub stop_token: bool,
     /// An embedding request's vector: its prompt is done, and so is the request.
     pub pooled: Option<Vec<f32>>,
+    /// Its prompt tokens the prefix cache held when it was first scheduled.
+    pub num_cached_tokens: usize,
 }
 
 /// Log-probabilities at one position: the chosen (or actual) token first, then the top-k
@@ -131,6 +133,9 @@ pub struct RequestOutput {
     /// An embedding request's vector (its `outputs` are empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pooled: Option<Vec<f32>>,
+    /// Prompt tokens found in the prefix cache (vLLM's `num_cached_tokens`): computed by an
+    /// earlier request, not this one.
+    pub num_cached_tokens: usize,
 }
 
 impl RequestOutput {
@@ -158,6 +163,7 @@ impl RequestOutput {
         if next.pooled.is_some() {
             self.pooled = next.pooled;
         }
+        self.num_cached_tokens = next.num_cached_tokens;
         self.finished = next.finished;
     }
 }
@@ -234,6 +240,7 @@ mod tests {
             }],
             finished: true,
             pooled: None,
+            num_cached_tokens: 0,
         };
         let v = serde_json::to_value(&out).unwrap();
         assert_eq!(v["prompt_logprobs"][0], serde_json::Value::Null);
@@ -270,6 +277,7 @@ mod tests {
             outputs,
             finished,
             pooled: None,
+            num_cached_tokens: 0,
         }
     }
 

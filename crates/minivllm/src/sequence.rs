@@ -89,6 +89,9 @@ pub struct Sequence {
     pub spec_token_ids: Vec<TokenId>,
     /// How its recent guesses fared: sets how many it gets next.
     pub draft_acceptance: DraftAcceptance,
+    /// Prompt tokens the prefix cache held when it was first scheduled (vLLM's
+    /// `num_cached_tokens`); `None` until then.
+    pub num_cached_tokens: Option<usize>,
 }
 
 impl Sequence {
@@ -111,6 +114,7 @@ impl Sequence {
             grammar: None,
             spec_token_ids: Vec::new(),
             draft_acceptance: DraftAcceptance::default(),
+            num_cached_tokens: None,
         }
     }
 

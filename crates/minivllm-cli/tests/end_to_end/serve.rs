@@ -843,8 +843,24 @@ fn large_tokenize_requests_do_not_stall_health() {
 }
 
 #[test]
-fn the_chat_page_can_be_turned_off() {
-    let server = start_with(&model(), &["--disable-frontend"]);
+fn frontend_off_and_prompt_tokens_details_on() {
+    let server = start_with(
+        &model(),
+        &["--disable-frontend", "--enable-prompt-tokens-details"],
+    );
     let (status, _) = request(server.port, "GET", "/", None).unwrap();
     assert_eq!(status, 404);
+    // The second request finds the first's full blocks in the prefix cache.
+    let body = json!({"prompt": "word ".repeat(40), "max_tokens": 1}).to_string();
+    let cached: Vec<Value> = (0..2)
+        .map(|_| {
+            let (status, text) =
+                request(server.port, "POST", "/v1/completions", Some(&body)).unwrap();
+            assert_eq!(status, 200, "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            v["usage"]["prompt_tokens_details"]["cached_tokens"].clone()
+        })
+        .collect();
+    assert_eq!(cached[0], 0);
+    assert!(cached[1].as_u64().is_some_and(|n| n >= 32), "{cached:?}");
 }

@@ -189,6 +189,7 @@ impl Scheduler {
                     finish: Some((FinishReason::Stop, None)),
                     stop_token: false,
                     pooled: Some(vector),
+                    num_cached_tokens: seq.num_cached_tokens.unwrap_or(0),
                 });
                 self.finish_seq(s.id);
                 continue;
@@ -215,6 +216,7 @@ impl Scheduler {
                     finish: finish.clone(),
                     stop_token: finish.is_some() && seq.ends_on_stop_token(),
                     pooled: None,
+                    num_cached_tokens: seq.num_cached_tokens.unwrap_or(0),
                 });
             }
             // Drafts past the accepted ones were computed on a wrong guess: their K/V are
@@ -236,6 +238,7 @@ impl Scheduler {
                     finish: None,
                     stop_token: false,
                     pooled: None,
+                    num_cached_tokens: seq.num_cached_tokens.unwrap_or(0),
                 });
             }
             if finish.is_some() {
@@ -478,6 +481,7 @@ impl Scheduler {
             }
             let seq = self.seqs.get_mut(&id).expect("waiting seq exists");
             seq.num_computed_tokens = cached;
+            seq.num_cached_tokens.get_or_insert(cached);
             seq.status = SequenceStatus::Running;
             let key = self.cfg.policy.key(seq);
             self.waiting.pop_first();

@@ -461,6 +461,7 @@ mod tests {
             }],
             finished: finish.is_some(),
             pooled: None,
+            num_cached_tokens: 0,
         }
     }
 

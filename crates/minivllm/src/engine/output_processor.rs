@@ -45,6 +45,8 @@ struct RequestState {
     seqs: Vec<SeqState>,
     /// An embedding request's vector, once its prompt is done.
     pooled: Option<Vec<f32>>,
+    /// Its first completion's prompt tokens found in the prefix cache.
+    num_cached_tokens: usize,
 }
 
 struct SeqState {
@@ -141,6 +143,7 @@ impl OutputProcessor {
             seqs: states,
             params,
             pooled: None,
+            num_cached_tokens: 0,
         };
         self.requests.insert(id, state);
     }
@@ -180,6 +183,9 @@ impl OutputProcessor {
                 .requests
                 .get_mut(request)
                 .expect("a running sequence's request exists");
+            if index == 0 {
+                req.num_cached_tokens = o.num_cached_tokens;
+            }
             if let (Some(scored), Some(all)) = (o.prompt_logprobs, req.prompt_logprobs.as_mut()) {
                 all.extend(scored.into_iter().map(Some));
             }
@@ -281,6 +287,7 @@ impl OutputProcessor {
             outputs: outputs.into_iter().map(|(_, o)| o).collect(),
             finished,
             pooled: req.pooled.take(),
+            num_cached_tokens: req.num_cached_tokens,
         };
         if finished {
             self.requests.remove(id);

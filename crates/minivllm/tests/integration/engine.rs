@@ -180,6 +180,11 @@ fn shared_prefixes_hit_the_prefix_cache_with_identical_outputs() {
         "no prefix cache hit"
     );
     // Three prompts of 202 tokens; with 192 cached tokens each, only a handful are computed.
+    // Each output says how many it found (vLLM's `num_cached_tokens`), the first none.
+    assert_eq!(first[0].num_cached_tokens, 0);
+    for out in &rest {
+        assert_eq!(out.num_cached_tokens, 192, "{}", out.request_id);
+    }
     let computed = after.num_computed_tokens - before.num_computed_tokens;
     assert!(
         computed < 3 * 60,

@@ -32,7 +32,7 @@ pub async fn messages(
         id: format!("msg_{}", rid.0),
         model: s.config.served_model_name.clone(),
     };
-    Ok(match run_chat(&s, &rid, chat, true).await? {
+    Ok(match run_chat(&s, &rid, chat, true, false).await? {
         ChatRun::Full {
             prompt_tokens,
             body,

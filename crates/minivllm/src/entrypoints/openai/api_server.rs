@@ -67,6 +67,9 @@ pub struct ServerConfig {
     pub pooler: PoolingParams,
     /// The chat page at `/` (off with `--disable-frontend`).
     pub frontend: bool,
+    /// `--enable-prompt-tokens-details`: `usage.prompt_tokens_details.cached_tokens` in
+    /// completions and chat replies.
+    pub prompt_tokens_details: bool,
 }
 
 impl ServerConfig {
@@ -85,6 +88,7 @@ impl ServerConfig {
             reasoning_parser: None,
             pooler: PoolingParams::default(),
             frontend: true,
+            prompt_tokens_details: false,
         }
     }
 

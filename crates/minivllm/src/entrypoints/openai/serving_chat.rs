@@ -15,7 +15,7 @@ use super::protocol::{
 };
 use super::serving_engine::{
     admit, check_model, data_sse, delta, finish_reason, fold, json_response, last_output, now,
-    off_async, parse, prompt_logprobs, stop_reason, submit, token_text, top, usage, Held, Prompt,
+    off_async, parse, prompt_logprobs, stop_reason, submit, token_text, top, Held, Prompt, Usage,
 };
 use super::tool_calls::{message_fields, ReplyStream, ToolUse};
 use super::tool_parsers::ParsedOutput;
@@ -78,10 +78,13 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let req = off_async(&s, move |_| parse::<ChatCompletionRequest>(body)).await?;
     let include_usage = req.common.include_usage();
-    Ok(match run_chat(&s, &rid, req, include_usage).await? {
-        ChatRun::Full { body, .. } => off_async(&s, move |_| json_response(&body)).await,
-        ChatRun::Stream { chunks, .. } => data_sse(chunks),
-    })
+    let details = s.config.prompt_tokens_details;
+    Ok(
+        match run_chat(&s, &rid, req, include_usage, details).await? {
+            ChatRun::Full { body, .. } => off_async(&s, move |_| json_response(&body)).await,
+            ChatRun::Stream { chunks, .. } => data_sse(chunks),
+        },
+    )
 }
 
 /// A chat request under way: its reply whole (`chat.completion`), or its stream of
@@ -98,13 +101,15 @@ pub enum ChatRun {
     },
 }
 
-/// Checks, renders and runs `req`; a stream ends with a usage chunk when `include_usage`.
-/// Dropping the stream's receiver aborts the request.
+/// Checks, renders and runs `req`; a stream ends with a usage chunk when `include_usage`,
+/// the usage with `prompt_tokens_details` when `usage_details`. Dropping the stream's
+/// receiver aborts the request.
 pub async fn run_chat(
     s: &Shared,
     rid: &RequestId,
     req: ChatCompletionRequest,
     include_usage: bool,
+    usage_details: bool,
 ) -> Result<ChatRun, ApiError> {
     let (req, prompt, params, held, tools) = off_async(s, move |s| prepare(s, req)).await?;
     let reasoning = s
@@ -136,6 +141,7 @@ pub async fn run_chat(
         tok: s.engine.tokenizer().clone(),
         tools,
         reasoning,
+        prompt_tokens_details: usage_details,
     };
     if req.common.stream {
         let (tx, chunks) = mpsc::channel(64);
@@ -194,6 +200,8 @@ struct Reply {
     tools: ToolUse,
     /// `--reasoning-parser`, and where the prompt left the model's thinking.
     reasoning: Option<(ReasoningParser, PromptThinking)>,
+    /// `--enable-prompt-tokens-details`.
+    prompt_tokens_details: bool,
 }
 
 impl Reply {
@@ -235,7 +243,7 @@ impl Reply {
             })
             .collect();
         let mut body = self.body("chat.completion", Value::Array(choices));
-        body["usage"] = completion_usage(out);
+        body["usage"] = self.usage(out);
         if self.prompt_logprobs {
             body["prompt_logprobs"] = prompt_logprobs(&self.tok, out);
         }
@@ -333,14 +341,16 @@ impl Reply {
         }
         if let (true, Some(out)) = (include_usage, last) {
             let mut c = self.body(OBJECT, json!([]));
-            c["usage"] = completion_usage(&out);
+            c["usage"] = self.usage(&out);
             let _ = tx.send(c).await;
         }
     }
 }
 
-fn completion_usage(out: &RequestOutput) -> Value {
-    usage(out.prompt_token_ids.len(), out.num_generated_tokens())
+impl Reply {
+    fn usage(&self, out: &RequestOutput) -> Value {
+        Usage::of(out).json(self.prompt_tokens_details)
+    }
 }
 
 /// Chat-style logprobs: `{"content": [{token, logprob, bytes, top_logprobs}]}`.

@@ -11,7 +11,7 @@ use super::protocol::{ApiError, CompletionRequest, PromptField};
 use super::serving_engine::{
     admit, check_model, check_request_width, delta, finish_reason, fold, json_response,
     last_output, merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text,
-    top, usage, Held, Prompt, Streams,
+    top, Held, Prompt, Streams, Usage,
 };
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
@@ -38,6 +38,7 @@ pub async fn completions(
         prompt_logprobs: req.common.prompt_logprobs.is_some(),
         tok,
         prompts,
+        prompt_tokens_details: s.config.prompt_tokens_details,
     };
     if req.common.stream {
         let include_usage = req.common.include_usage();
@@ -123,6 +124,8 @@ struct Reply {
     prompt_logprobs: bool,
     tok: std::sync::Arc<Tokenizer>,
     prompts: Vec<Prompt>,
+    /// `--enable-prompt-tokens-details`.
+    prompt_tokens_details: bool,
 }
 
 impl Reply {
@@ -173,11 +176,10 @@ impl Reply {
 
     fn full(&self, outs: &[RequestOutput]) -> Value {
         let mut choices = Vec::new();
-        let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+        let mut usage = Usage::default();
         for (i, out) in outs.iter().enumerate() {
-            prompt_tokens += out.prompt_token_ids.len();
+            usage.add(out);
             for o in &out.outputs {
-                completion_tokens += o.token_ids.len();
                 let text = if self.echo {
                     format!("{}{}", self.prompts[i].text, o.text)
                 } else {
@@ -192,7 +194,7 @@ impl Reply {
             }
         }
         let mut body = self.body(Value::Array(choices));
-        body["usage"] = usage(prompt_tokens, completion_tokens);
+        body["usage"] = usage.json(self.prompt_tokens_details);
         body
     }
 
@@ -204,7 +206,7 @@ impl Reply {
     ) {
         let mut choices = vec![ChoiceStream::default(); self.prompts.len() * self.n];
         let mut merged = merge(streams);
-        let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+        let mut usage = Usage::default();
         // Each prompt's deltas folded together, so chunks can carry held-back text and
         // logprobs; folding costs what a delta holds.
         let mut outputs: Vec<Option<RequestOutput>> = vec![None; self.prompts.len()];
@@ -238,13 +240,12 @@ impl Reply {
                 }
             }
             if out.finished {
-                prompt_tokens += out.prompt_token_ids.len();
-                completion_tokens += out.num_generated_tokens();
+                usage.add(out);
             }
         }
         if include_usage {
             let mut chunk = self.body(json!([]));
-            chunk["usage"] = usage(prompt_tokens, completion_tokens);
+            chunk["usage"] = usage.json(self.prompt_tokens_details);
             let _ = tx.send(chunk).await;
         }
     }

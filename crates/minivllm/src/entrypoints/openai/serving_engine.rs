@@ -231,12 +231,42 @@ pub fn fold(acc: &mut Option<RequestOutput>, delta: RequestOutput) -> &mut Reque
     }
 }
 
-pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    })
+/// A response's token counts: OpenAI's `usage`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt: usize,
+    pub completion: usize,
+    /// Prompt tokens the prefix cache held.
+    pub cached: usize,
+}
+
+impl Usage {
+    pub fn of(out: &RequestOutput) -> Self {
+        let mut u = Usage::default();
+        u.add(out);
+        u
+    }
+
+    /// Counts one more request's prompt, cached prompt and generated tokens.
+    pub fn add(&mut self, out: &RequestOutput) {
+        self.prompt += out.prompt_token_ids.len();
+        self.completion += out.num_generated_tokens();
+        self.cached += out.num_cached_tokens;
+    }
+
+    /// With `details` (`--enable-prompt-tokens-details`, as vLLM), also
+    /// `prompt_tokens_details.cached_tokens`.
+    pub fn json(&self, details: bool) -> Value {
+        let mut v = json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+        });
+        if details {
+            v["prompt_tokens_details"] = json!({"cached_tokens": self.cached});
+        }
+        v
+    }
 }
 
 pub fn finish_reason(o: &CompletionOutput) -> Value {

@@ -26,7 +26,7 @@ pub async fn responses(
     let req = off_async(&s, move |_| parse::<ResponsesRequest>(body)).await?;
     let chat = req.to_chat()?;
     let head = Head::new(&req, &chat, &rid, &s.config.served_model_name);
-    Ok(match run_chat(&s, &rid, chat, true).await? {
+    Ok(match run_chat(&s, &rid, chat, true, true).await? {
         ChatRun::Full {
             prompt_tokens,
             body,
@@ -191,7 +191,10 @@ fn usage(prompt_tokens: usize, chat: &Value) -> Value {
     let output = chat["completion_tokens"].as_u64().unwrap_or(0) as usize;
     json!({
         "input_tokens": prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": chat["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+            "cache_write_tokens": 0,
+        },
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt_tokens + output,
