@@ -542,12 +542,17 @@ def _per_prompt(
         return [SamplingParams()] * n
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * n
+    if not isinstance(sampling_params, SequenceABC) or isinstance(sampling_params, (str, bytes)):
+        raise TypeError(
+            "sampling_params must be a SamplingParams or a list of them, got "
+            f"{type(sampling_params).__name__}"
+            + (": make it SamplingParams(**params)" if isinstance(sampling_params, dict) else ""))
     params = list(sampling_params)
     if len(params) != n:
         raise ValueError("The lengths of prompts and sampling_params must be the same.")
     for p in params:
         if not isinstance(p, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+            raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
     return params
 
 

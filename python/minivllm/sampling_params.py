@@ -50,6 +50,50 @@ _NOT_FINITE = {
 }
 
 
+# Each field's type, checked before the engine reads the fields, so a wrong one is named
+# (`seed must be an int, got str ('x')`) rather than met by the engine's JSON parser.
+_INTS = ("n", "best_of", "top_k", "seed", "max_tokens", "min_tokens", "logprobs",
+         "prompt_logprobs")
+_FLOATS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+           "top_p", "min_p")
+_BOOLS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+          "include_stop_str_in_output", "detokenize")
+_OPTIONAL = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs")
+
+
+def _type_error(name: str, want: str, value: Any) -> TypeError:
+    return TypeError(f"{name} must be {want}, got {type(value).__name__} ({value!r})")
+
+
+def _check_types(p: "SamplingParams") -> None:
+    for name in _INTS:
+        v = getattr(p, name)
+        if v is None and name in _OPTIONAL:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise _type_error(name, "an int", v)
+    for name in _FLOATS:
+        v = getattr(p, name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise _type_error(name, "a number", v)
+    for name in _BOOLS:
+        v = getattr(p, name)
+        if not isinstance(v, bool):
+            raise _type_error(name, "a bool", v)
+    stop = p.stop
+    if not isinstance(stop, (str, list, tuple)) or (
+            not isinstance(stop, str) and not all(isinstance(s, str) for s in stop)):
+        raise _type_error("stop", "a string or a list of strings", stop)
+    ids = p.stop_token_ids
+    if not isinstance(ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise _type_error("stop_token_ids", "a list of ints", ids)
+    bias = p.logit_bias
+    if bias is not None and (not isinstance(bias, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in bias.values())):
+        raise _type_error("logit_bias", "a dict of token id to a number", bias)
+
+
 @dataclass
 class StructuredOutputsParams:
     """vLLM's ``StructuredOutputsParams``: the one constraint every completion follows.
@@ -184,6 +228,8 @@ class SamplingParams:
             self.logprobs = 1
         if self.prompt_logprobs is True:
             self.prompt_logprobs = 1
+        if isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
         self.validate()
 
     def validate(self) -> None:
@@ -192,6 +238,7 @@ class SamplingParams:
 
     def _checked_json(self) -> str:
         """The fields as the engine takes them (JSON), once checked."""
+        _check_types(self)
         for name, default in _UNSUPPORTED_DEFAULTS.items():
             value = getattr(self, name)
             if value != default and not (name in ("bad_words", "allowed_token_ids") and not value):

@@ -87,6 +87,12 @@ class Tokenizer:
         """Token ids of ``text``; with ``add_special_tokens``, the model's BOS first."""
         return self._inner.encode(text, add_special_tokens)
 
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> List[str]:
+        """The tokens of ``text`` as the vocabulary spells them (``"ĠParis"``), as a
+        Hugging Face tokenizer's ``tokenize`` (no special tokens by default)."""
+        ids = self.encode(text, add_special_tokens)
+        return [t if t is not None else "" for t in self.convert_ids_to_tokens(ids)]
+
     def __call__(
         self, text: Union[str, Sequence[str]], add_special_tokens: bool = True
     ) -> Dict[str, Any]:

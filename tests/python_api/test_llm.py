@@ -252,6 +252,39 @@ def test_invalid_requests_raise_value_error_and_run_nothing(llm):
     assert llm.generate("Hi", greedy(2), use_tqdm=False)[0].finished
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"seed": "x"}, "seed must be an int, got str ('x')"),
+    ({"temperature": "hot"}, "temperature must be a number, got str"),
+    ({"n": 2.5}, "n must be an int, got float"),
+    ({"stop": 5}, "stop must be a string or a list of strings, got int"),
+    ({"max_tokens": "10"}, "max_tokens must be an int, got str"),
+    ({"ignore_eos": 1}, "ignore_eos must be a bool, got int"),
+    ({"stop_token_ids": ["2"]}, "stop_token_ids must be a list of ints"),
+])
+def test_wrong_types_are_named(fields, message):
+    with pytest.raises(TypeError) as e:
+        SamplingParams(**fields)
+    assert message in str(e.value)
+
+
+def test_a_dict_for_sampling_params_is_named(llm):
+    with pytest.raises(TypeError, match=r"SamplingParams\(\*\*params\)"):
+        llm.generate("Hi", {"temperature": 0}, use_tqdm=False)
+
+
+def test_vllm_prompt_types_and_tokenize(llm):
+    from minivllm.inputs import TextPrompt, TokensPrompt
+
+    tok = llm.get_tokenizer()
+    ids = tok.encode("The capital of France is", add_special_tokens=False)
+    assert tok.tokenize("The capital of France is") == tok.convert_ids_to_tokens(ids)
+    assert tok.tokenize(" Paris")[0].endswith("Paris")
+    by_text = llm.generate(TextPrompt(prompt="The capital of France is"), greedy(4), use_tqdm=False)
+    by_ids = llm.generate(TokensPrompt(prompt_token_ids=by_text[0].prompt_token_ids), greedy(4),
+                          use_tqdm=False)
+    assert by_ids[0].outputs[0].token_ids == by_text[0].outputs[0].token_ids
+
+
 def test_bad_engine_arguments(model, tmp_path):
     with pytest.raises(RuntimeError):
         LLM(model=str(tmp_path / "missing.gguf"))
