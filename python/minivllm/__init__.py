@@ -20,6 +20,7 @@ from minivllm.outputs import (
     Logprob,
     PoolingOutput,
     PoolingRequestOutput,
+    RequestMetrics,
     RequestOutput,
 )
 from minivllm.pooling_params import PoolingParams
@@ -31,6 +32,7 @@ __all__ = [
     "SamplingParams",
     "RequestOutputKind",
     "RequestOutput",
+    "RequestMetrics",
     "CompletionOutput",
     "Logprob",
     "PoolingParams",

@@ -21,6 +21,7 @@ from minivllm.outputs import (
     Logprob,
     PoolingOutput,
     PoolingRequestOutput,
+    RequestMetrics,
     RequestOutput,
 )
 from minivllm.pooling_params import PoolingParams, pooler_config as _pooler_config
@@ -426,6 +427,7 @@ class LLM:
             outputs=completions,
             finished=raw["finished"],
             num_cached_tokens=raw["num_cached_tokens"],
+            metrics=_metrics(raw["metrics"]),
         )
 
     def _logprobs(self, position: Tuple[List[Tuple[int, float]], int], k: int) -> Dict[int, Logprob]:
@@ -533,6 +535,15 @@ def _token_ids(ids: Any) -> List[int]:
     if not _is_token_ids(ids) or not all(0 <= t < 2**32 for t in ids):
         raise ValueError("prompt_token_ids must be a list of token ids (ints in [0, 2**32))")
     return list(ids)
+
+
+def _metrics(raw: Optional[Tuple[Any, ...]]) -> Optional[RequestMetrics]:
+    if raw is None:
+        return None
+    arrival, scheduled, first_token, last_token, finished, in_queue = raw
+    return RequestMetrics(
+        arrival_time=arrival, last_token_time=last_token, first_scheduled_time=scheduled,
+        first_token_time=first_token, time_in_queue=in_queue, finished_time=finished)
 
 
 def _per_prompt(

@@ -60,6 +60,25 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """vLLM's ``RequestMetrics``, in seconds since the Unix epoch (``time.time()``).
+
+    ``first_scheduled_time`` is when the first engine step that ran the request ended;
+    ``time_in_queue`` is that less ``arrival_time``.
+    """
+
+    arrival_time: float
+    last_token_time: Optional[float]
+    first_scheduled_time: Optional[float]
+    first_token_time: Optional[float]
+    time_in_queue: Optional[float]
+    finished_time: Optional[float] = None
+    scheduler_time: Optional[float] = None
+    model_forward_time: Optional[float] = None
+    model_execute_time: Optional[float] = None
+
+
+@dataclass
 class RequestOutput:
     """The result of one prompt.
 

@@ -77,3 +77,18 @@ def test_num_cached_tokens_counts_prefix_cache_hits(llm):
     again = llm.generate(prompt + "Two", params, use_tqdm=False)[0]
     assert again.num_cached_tokens >= 32 and again.num_cached_tokens % 16 == 0
     assert again.num_cached_tokens > first.num_cached_tokens
+
+
+def test_request_metrics_are_in_order(llm):
+    import time
+
+    from minivllm import RequestMetrics, SamplingParams
+
+    before = time.time()
+    out = llm.generate("Hello there", SamplingParams(max_tokens=5, temperature=0), use_tqdm=False)[0]
+    after = time.time()
+    m = out.metrics
+    assert isinstance(m, RequestMetrics)
+    assert before <= m.arrival_time <= m.first_scheduled_time <= m.first_token_time
+    assert m.first_token_time <= m.last_token_time <= m.finished_time <= after
+    assert abs(m.time_in_queue - (m.first_scheduled_time - m.arrival_time)) < 1e-6

@@ -61,6 +61,17 @@ pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Boun
     d.set_item("finished", out.finished)?;
     d.set_item("pooled", out.pooled)?;
     d.set_item("num_cached_tokens", out.num_cached_tokens)?;
+    let metrics = out.metrics.map(|m| {
+        (
+            m.arrival_time,
+            m.first_scheduled_time,
+            m.first_token_time,
+            m.last_token_time,
+            m.finished_time,
+            m.time_in_queue,
+        )
+    });
+    d.set_item("metrics", metrics)?;
     Ok(d)
 }
 

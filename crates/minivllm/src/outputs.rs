@@ -136,6 +136,54 @@ pub struct RequestOutput {
     /// Prompt tokens found in the prefix cache (vLLM's `num_cached_tokens`): computed by an
     /// earlier request, not this one.
     pub num_cached_tokens: usize,
+    /// When it arrived, first ran, got its first and last tokens, finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<RequestMetrics>,
+}
+
+/// vLLM's `RequestMetrics`, in seconds since the Unix epoch. `first_scheduled_time` is when
+/// the first step that ran the request ended (the engine stamps outputs, not schedules).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct RequestMetrics {
+    pub arrival_time: f64,
+    pub first_scheduled_time: Option<f64>,
+    pub first_token_time: Option<f64>,
+    pub last_token_time: Option<f64>,
+    pub finished_time: Option<f64>,
+    /// `first_scheduled_time - arrival_time`.
+    pub time_in_queue: Option<f64>,
+}
+
+impl RequestMetrics {
+    pub fn arrived_now() -> Self {
+        Self {
+            arrival_time: unix_now(),
+            ..Self::default()
+        }
+    }
+
+    /// A step gave the request outputs: `token` when one was a new token, `finished` when
+    /// the request ended.
+    pub fn stamp(&mut self, token: bool, finished: bool) {
+        let now = unix_now();
+        if self.first_scheduled_time.is_none() {
+            self.first_scheduled_time = Some(now);
+            self.time_in_queue = Some(now - self.arrival_time);
+        }
+        if token {
+            self.first_token_time.get_or_insert(now);
+            self.last_token_time = Some(now);
+        }
+        if finished {
+            self.finished_time = Some(now);
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl RequestOutput {
@@ -164,6 +212,9 @@ impl RequestOutput {
             self.pooled = next.pooled;
         }
         self.num_cached_tokens = next.num_cached_tokens;
+        if next.metrics.is_some() {
+            self.metrics = next.metrics;
+        }
         self.finished = next.finished;
     }
 }
@@ -241,6 +292,7 @@ mod tests {
             finished: true,
             pooled: None,
             num_cached_tokens: 0,
+            metrics: None,
         };
         let v = serde_json::to_value(&out).unwrap();
         assert_eq!(v["prompt_logprobs"][0], serde_json::Value::Null);
@@ -278,6 +330,7 @@ mod tests {
             finished,
             pooled: None,
             num_cached_tokens: 0,
+            metrics: None,
         }
     }
 

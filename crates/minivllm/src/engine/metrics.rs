@@ -462,6 +462,7 @@ mod tests {
             finished: finish.is_some(),
             pooled: None,
             num_cached_tokens: 0,
+            metrics: None,
         }
     }
 

@@ -14,7 +14,9 @@ use crate::engine::errors::EngineError;
 use crate::engine::input_processor::ProcessedPrompt;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::{RequestId, SeqId, TokenId};
-use crate::outputs::{CompletionOutput, EngineCoreOutput, RequestOutput, TokenLogprobs};
+use crate::outputs::{
+    CompletionOutput, EngineCoreOutput, RequestMetrics, RequestOutput, TokenLogprobs,
+};
 use crate::sampling_params::{RequestOutputKind, SamplingParams};
 use crate::sequence::{FinishReason, StopReason};
 
@@ -47,6 +49,7 @@ struct RequestState {
     pooled: Option<Vec<f32>>,
     /// Its first completion's prompt tokens found in the prefix cache.
     num_cached_tokens: usize,
+    metrics: RequestMetrics,
 }
 
 struct SeqState {
@@ -144,6 +147,7 @@ impl OutputProcessor {
             params,
             pooled: None,
             num_cached_tokens: 0,
+            metrics: RequestMetrics::arrived_now(),
         };
         self.requests.insert(id, state);
     }
@@ -186,6 +190,7 @@ impl OutputProcessor {
             if index == 0 {
                 req.num_cached_tokens = o.num_cached_tokens;
             }
+            req.metrics.stamp(o.new_token.is_some(), false);
             if let (Some(scored), Some(all)) = (o.prompt_logprobs, req.prompt_logprobs.as_mut()) {
                 all.extend(scored.into_iter().map(Some));
             }
@@ -249,6 +254,9 @@ impl OutputProcessor {
         let p = &req.params;
         let width = p.best_of_or_n().max(p.n);
         let finished = req.seqs.iter().all(|s| s.finish.is_some());
+        if finished && req.metrics.finished_time.is_none() {
+            req.metrics.stamp(false, true);
+        }
         let kind = p.output_kind;
         if kind == RequestOutputKind::FinalOnly && !finished {
             return None;
@@ -288,6 +296,7 @@ impl OutputProcessor {
             finished,
             pooled: req.pooled.take(),
             num_cached_tokens: req.num_cached_tokens,
+            metrics: Some(req.metrics),
         };
         if finished {
             self.requests.remove(id);
