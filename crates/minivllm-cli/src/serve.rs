@@ -87,6 +87,11 @@ pub struct ServeArgs {
     /// held) in completions and chat replies, as vLLM's flag.
     #[arg(long)]
     pub enable_prompt_tokens_details: bool,
+    /// Sampling defaults for fields a request leaves out, as vLLM's flag: `auto` (the
+    /// model folder's generation_config.json, when it has one), `vllm` (vLLM's own
+    /// defaults), or a folder holding a generation_config.json.
+    #[arg(long, default_value = "auto")]
+    pub generation_config: String,
     /// A Jinja chat template to use instead of the model's: a file, or the template itself
     /// (as vLLM's --chat-template).
     #[arg(long)]
@@ -168,6 +173,7 @@ pub fn run(
         pooler: args.pooler_config.unwrap_or_default(),
         frontend: !args.disable_frontend,
         prompt_tokens_details: args.enable_prompt_tokens_details,
+        generation: generation_defaults(&args.generation_config, &engine_args.model)?,
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
@@ -263,4 +269,29 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
+}
+
+/// `--generation-config`: `auto` reads the model folder's file, `vllm` none, anything else
+/// names a folder whose file must be there.
+fn generation_defaults(
+    flag: &str,
+    model: &str,
+) -> anyhow::Result<minivllm::sampling_params::GenerationDefaults> {
+    use minivllm::sampling_params::GenerationDefaults;
+    let dir = match flag {
+        "vllm" => return Ok(GenerationDefaults::default()),
+        "auto" => std::path::PathBuf::from(model),
+        folder => {
+            let dir = std::path::PathBuf::from(folder);
+            if !dir.join("generation_config.json").is_file() {
+                anyhow::bail!("--generation-config {folder}: no generation_config.json there");
+            }
+            dir
+        }
+    };
+    let d = GenerationDefaults::from_model(&dir).map_err(anyhow::Error::msg)?;
+    if !d.from_file.is_empty() {
+        tracing::info!(fields = ?d.from_file, "default sampling parameters from generation_config.json");
+    }
+    Ok(d)
 }

@@ -10,9 +10,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::ids::TokenId;
 use crate::model_executor::sampling_metadata::SamplingOptions;
 
+mod generation_config;
 mod pooling_params;
 mod structural_tag;
 mod structured_outputs;
+pub use generation_config::GenerationDefaults;
 pub use pooling_params::{PoolingParams, PoolingType};
 pub use structural_tag::{StructuralTag, Structure};
 pub use structured_outputs::{Constraint, StructuredOutputsParams, MAX_CONSTRAINT_BYTES};

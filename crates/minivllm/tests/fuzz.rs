@@ -245,7 +245,9 @@ const REQUEST_FIELDS: &[&str] = &[
 fn check_request(body: &Value) {
     if let Ok(req) = serde_json::from_value::<CompletionRequest>(body.clone()) {
         if req.common.check().is_ok() {
-            let mut p = req.common.sampling_params(req.max_tokens, req.logprobs);
+            let mut p =
+                req.common
+                    .sampling_params(&Default::default(), req.max_tokens, req.logprobs);
             if p.validate().is_ok() && p.validate_for_model(49152, 20).is_ok() {
                 let _ = p.max_tokens_for(10, 1024).map(|m| p.max_tokens = Some(m));
             }
@@ -266,7 +268,9 @@ fn check_request(body: &Value) {
         if req.check().is_ok() {
             let _ = minivllm::entrypoints::openai::protocol::chat_messages(&req.messages);
             let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
-            let p = req.common.sampling_params(req.max_tokens, logprobs);
+            let p = req
+                .common
+                .sampling_params(&Default::default(), req.max_tokens, logprobs);
             let _ = p.validate().and_then(|()| p.validate_for_model(49152, 20));
         }
     }
@@ -404,7 +408,7 @@ fn the_unmutated_inputs_are_accepted() {
         serde_json::from_value(json!({"prompt": "Hi", "max_tokens": 4})).unwrap();
     req.common.check().unwrap();
     req.common
-        .sampling_params(req.max_tokens, None)
+        .sampling_params(&Default::default(), req.max_tokens, None)
         .validate()
         .unwrap();
 }

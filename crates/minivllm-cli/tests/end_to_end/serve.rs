@@ -864,3 +864,36 @@ fn frontend_off_and_prompt_tokens_details_on() {
     assert_eq!(cached[0], 0);
     assert!(cached[1].as_u64().is_some_and(|n| n >= 32), "{cached:?}");
 }
+
+#[test]
+fn generation_config_sets_the_defaults_requests_leave_out() {
+    let dir = std::env::temp_dir().join(format!("minivllm-gencfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"temperature": 0.0, "max_new_tokens": 5}"#,
+    )
+    .unwrap();
+    let server = start_with(&model(), &["--generation-config", dir.to_str().unwrap()]);
+    let ask = |body: Value| {
+        let (status, text) = request(
+            server.port,
+            "POST",
+            "/v1/chat/completions",
+            Some(&body.to_string()),
+        )
+        .unwrap();
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    let story = json!([{"role": "user", "content": "Tell me a long story about a dragon."}]);
+    // Greedy and 5 tokens, from the file: the same reply every time.
+    let a = ask(json!({"messages": story}));
+    let b = ask(json!({"messages": story}));
+    assert_eq!(a["usage"]["completion_tokens"], 5, "{a}");
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+    // What a request sets wins.
+    let c = ask(json!({"messages": story, "max_tokens": 3}));
+    assert_eq!(c["usage"]["completion_tokens"], 3, "{c}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -39,7 +39,7 @@ use crate::engine::async_engine::AsyncEngine;
 use crate::entrypoints::anthropic::protocol::anthropic_errors;
 use crate::entrypoints::anthropic::serving_messages::{count_tokens, messages};
 use crate::reasoning::ReasoningParserName;
-use crate::sampling_params::PoolingParams;
+use crate::sampling_params::{GenerationDefaults, PoolingParams};
 
 /// How the server presents itself and whom it lets in.
 #[derive(Debug, Clone)]
@@ -70,6 +70,8 @@ pub struct ServerConfig {
     /// `--enable-prompt-tokens-details`: `usage.prompt_tokens_details.cached_tokens` in
     /// completions and chat replies.
     pub prompt_tokens_details: bool,
+    /// `--generation-config`: the sampling defaults for fields a request leaves out.
+    pub generation: GenerationDefaults,
 }
 
 impl ServerConfig {
@@ -89,6 +91,7 @@ impl ServerConfig {
             pooler: PoolingParams::default(),
             frontend: true,
             prompt_tokens_details: false,
+            generation: GenerationDefaults::default(),
         }
     }
 

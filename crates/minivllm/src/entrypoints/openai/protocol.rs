@@ -9,7 +9,7 @@ use crate::engine::chat_template::{ChatMessage, ToolCall};
 use crate::engine::llm_engine::EngineError;
 use crate::entrypoints::openai::structured_outputs::StructuredFields;
 use crate::entrypoints::openai::tool_calls::ChatTool;
-use crate::sampling_params::{SamplingParams, ValidationError};
+use crate::sampling_params::{GenerationDefaults, SamplingParams, ValidationError};
 use crate::sequence::TokenId;
 
 /// The four prompt shapes `/v1/completions` takes. Untagged, so order matters: a bare list of
@@ -98,12 +98,16 @@ pub struct CommonParams {
 }
 
 impl CommonParams {
+    /// The request's sampling parameters, `defaults` (the model's generation config, or
+    /// vLLM's) for the fields it leaves out.
     pub fn sampling_params(
         &self,
+        defaults: &GenerationDefaults,
         max_tokens: Option<usize>,
         logprobs: Option<usize>,
     ) -> SamplingParams {
-        let d = SamplingParams::default();
+        let d = &defaults.params;
+        let max_tokens = max_tokens.or(defaults.max_tokens);
         SamplingParams {
             n: self.n.unwrap_or(d.n),
             best_of: self.best_of,
@@ -134,7 +138,7 @@ impl CommonParams {
             prompt_logprobs: self.prompt_logprobs,
             // Refused by `check` when it is an error.
             structured_outputs: self.structured.params().ok().flatten(),
-            ..d
+            ..d.clone()
         }
     }
 
@@ -510,7 +514,8 @@ mod tests {
     fn defaults_and_vllm_extras() {
         let r = completion(r#"{"prompt": "a", "stop": "x", "top_k": 5, "ignore_eos": true}"#);
         assert_eq!(r.max_tokens, Some(16));
-        let p = r.common.sampling_params(r.max_tokens, r.logprobs);
+        let p =
+            (r.common).sampling_params(&GenerationDefaults::default(), r.max_tokens, r.logprobs);
         assert_eq!(
             (p.top_k, p.ignore_eos, p.stop),
             (5, true, vec!["x".to_string()])

@@ -178,7 +178,7 @@ fn prepare(
     let prompt = render_chat(s, &req.messages, &tools.template_tools, mode, false)?;
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    let mut base = req.common.sampling_params(max_tokens, logprobs);
+    let mut base = (req.common).sampling_params(&s.config.generation, max_tokens, logprobs);
     tools.adjust_params(&mut base);
     let (mut params, held) = admit(s, &base, std::slice::from_ref(&prompt), false)?;
     Ok((req, prompt, params.remove(0), held, tools))

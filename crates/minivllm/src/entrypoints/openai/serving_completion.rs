@@ -67,7 +67,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
     let req: CompletionRequest = parse(body)?;
     req.common.check()?;
     check_model(s, req.common.model.as_deref())?;
-    let mut base = req.common.sampling_params(req.max_tokens, req.logprobs);
+    let mut base = (req.common).sampling_params(&s.config.generation, req.max_tokens, req.logprobs);
     if req.echo {
         // Echoed prompts carry their tokens' logprobs too, as in OpenAI's legacy API.
         base.prompt_logprobs = base.prompt_logprobs.max(req.logprobs);
