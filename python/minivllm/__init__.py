@@ -12,6 +12,7 @@ The engine logs through Python's :mod:`logging`, under the logger ``"minivllm"``
 """
 
 from minivllm._core import __version__
+from minivllm.engine.arg_utils import EngineArgs
 from minivllm.llm import LLM
 from minivllm.outputs import (
     CompletionOutput,
@@ -29,6 +30,7 @@ from minivllm.tokenizer import Tokenizer
 
 __all__ = [
     "LLM",
+    "EngineArgs",
     "SamplingParams",
     "RequestOutputKind",
     "RequestOutput",

@@ -92,3 +92,28 @@ def test_request_metrics_are_in_order(llm):
     assert before <= m.arrival_time <= m.first_scheduled_time <= m.first_token_time
     assert m.first_token_time <= m.last_token_time <= m.finished_time <= after
     assert abs(m.time_in_queue - (m.first_scheduled_time - m.arrival_time)) < 1e-6
+
+
+def test_engine_args_from_the_command_line_as_vllms_examples(model):
+    import dataclasses
+
+    from minivllm import LLM, EngineArgs, SamplingParams
+    from minivllm.utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser = EngineArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model", model, "--max-model-len", "256",
+                              "--kv_cache_memory_bytes", str(64 << 20),
+                              "--no-enable-prefix-caching", "--speculative-config",
+                              '{"method": "ngram", "num_speculative_tokens": 2}'])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.max_model_len == 256 and engine_args.enable_prefix_caching is False
+    assert engine_args.speculative_config["method"] == "ngram"
+    llm = LLM(**dataclasses.asdict(engine_args))
+    try:
+        out = llm.generate("Hello", SamplingParams(temperature=args.temperature, max_tokens=4),
+                           use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 4
+    finally:
+        del llm

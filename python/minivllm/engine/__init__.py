@@ -1,0 +1,1 @@
+"""vLLM's ``vllm.engine`` modules that scripts import from."""
