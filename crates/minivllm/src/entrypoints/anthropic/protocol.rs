@@ -9,7 +9,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::entrypoints::openai::chat_chunks::set_present;
+use crate::entrypoints::openai::chat_chunks::{chat_request, chat_tools, set_present};
 use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
 
 /// `POST /v1/messages` (and `/v1/messages/count_tokens`, which has no `max_tokens`). Fields
@@ -68,15 +68,12 @@ impl MessagesRequest {
             ],
         );
         if let Some(tools) = &self.tools {
-            let tools: Result<Vec<Value>, ApiError> =
-                tools.iter().enumerate().map(|(i, t)| tool(t, i)).collect();
-            fields.insert("tools".into(), Value::Array(tools?));
+            fields.insert("tools".into(), chat_tools(tools, tool)?);
         }
         if let Some(choice) = &self.tool_choice {
             tool_choice(choice, fields)?;
         }
-        serde_json::from_value(chat)
-            .map_err(|e| ApiError::bad_request(format!("invalid request: {e}"), None))
+        chat_request(chat)
     }
 }
 

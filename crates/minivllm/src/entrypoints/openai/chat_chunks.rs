@@ -4,6 +4,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
+
 /// What one chunk adds to the reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Piece<'a> {
@@ -65,4 +67,22 @@ pub fn set_present<const N: usize>(fields: &mut Map<String, Value>, pairs: [(&st
             fields.insert(key.into(), value);
         }
     }
+}
+
+/// A translated request's `tools`, each converted by `tool` (with its index), for the chat
+/// request's `tools` field.
+pub fn chat_tools(
+    tools: &[Value],
+    tool: impl Fn(&Value, usize) -> Result<Value, ApiError>,
+) -> Result<Value, ApiError> {
+    let tools: Result<Vec<Value>, ApiError> =
+        tools.iter().enumerate().map(|(i, t)| tool(t, i)).collect();
+    Ok(Value::Array(tools?))
+}
+
+/// A translated request's chat JSON as the chat request it is, with the chat route's message
+/// for what does not parse.
+pub fn chat_request(chat: Value) -> Result<ChatCompletionRequest, ApiError> {
+    serde_json::from_value(chat)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}"), None))
 }

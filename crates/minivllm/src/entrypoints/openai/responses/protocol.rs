@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::entrypoints::openai::chat_chunks::set_present;
+use crate::entrypoints::openai::chat_chunks::{chat_request, chat_tools, set_present};
 use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
 
 /// `POST /v1/responses`. Stateless: nothing is stored, so `previous_response_id` is refused
@@ -87,9 +87,7 @@ impl ResponsesRequest {
             ],
         );
         if let Some(tools) = &self.tools {
-            let tools: Result<Vec<Value>, ApiError> =
-                tools.iter().enumerate().map(|(i, t)| tool(t, i)).collect();
-            fields.insert("tools".into(), Value::Array(tools?));
+            fields.insert("tools".into(), chat_tools(tools, tool)?);
         }
         if let Some(choice) = &self.tool_choice {
             fields.insert("tool_choice".into(), tool_choice(choice)?);
@@ -97,8 +95,7 @@ impl ResponsesRequest {
         if let Some(format) = self.text.as_ref().and_then(|t| t.get("format")) {
             text_format(format, fields)?;
         }
-        serde_json::from_value(chat)
-            .map_err(|e| ApiError::bad_request(format!("invalid request: {e}"), None))
+        chat_request(chat)
     }
 }
 
