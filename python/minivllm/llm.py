@@ -60,7 +60,6 @@ _IGNORED = {
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
     "generation_config": "auto",
-    "max_logprobs": 20,
 }
 
 
@@ -117,6 +116,8 @@ class LLM:
         pooler_config: How :meth:`embed` and :meth:`encode` pool a prompt, as vLLM's
             ``PoolerConfig`` (or a dict): ``pooling_type`` ``"LAST"`` (default) or
             ``"MEAN"``, ``normalize`` (default ``True``). The same ``LLM`` generates too.
+        max_logprobs: Most ``logprobs`` / ``prompt_logprobs`` a request may ask for (vLLM's
+            default 20); -1 allows the whole vocabulary, which a request asks for with -1.
     """
 
     def __init__(
@@ -144,6 +145,7 @@ class LLM:
         reasoning_parser: Optional[str] = None,
         speculative_config: Optional[Dict[str, Any]] = None,
         pooler_config: Any = None,
+        max_logprobs: int = 20,
         **kwargs: Any,
     ) -> None:
         for name, value in kwargs.items():
@@ -178,6 +180,7 @@ class LLM:
             tensor_parallel_size=tensor_parallel_size,
             reasoning_parser=reasoning_parser or None,
             speculative_config=None if not speculative_config else json.dumps(speculative_config),
+            max_logprobs=max_logprobs,
         )
         self._tokenizer = Tokenizer(self._engine.get_tokenizer())
         self._request_counter = itertools.count()
@@ -437,7 +440,8 @@ class LLM:
         of them: there are then ``k`` pairs)."""
         pairs, chosen_rank = position
         chosen, chosen_lp = pairs[0]
-        chosen_in_top = len(pairs) == k and k > 0
+        # -1 reports the whole vocabulary: the chosen token is always among it.
+        chosen_in_top = k == -1 or (len(pairs) == k and k > 0)
         ranks: Dict[int, int] = {}
         rank = 1
         placed = not chosen_in_top

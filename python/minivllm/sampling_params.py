@@ -35,9 +35,11 @@ _UNSUPPORTED_DEFAULTS = {
 # Counts that vLLM checks for negative values before anything else, with its messages.
 _NON_NEGATIVE = {
     "min_tokens": "min_tokens must be greater than or equal to 0, got {}.",
-    "logprobs": "logprobs must be non-negative, got {}.",
-    "prompt_logprobs": "prompt_logprobs must be non-negative, got {}.",
+    "logprobs": "logprobs must be non-negative or -1, got {}.",
+    "prompt_logprobs": "prompt_logprobs must be non-negative or -1, got {}.",
 }
+# Where -1 is allowed: the whole vocabulary (the engine's limit, `max_logprobs`, decides).
+_MINUS_ONE_ALLOWED = ("logprobs", "prompt_logprobs")
 
 # What vLLM says of a NaN or infinite value (JSON, the engine's input, has neither).
 _NOT_FINITE = {
@@ -171,7 +173,8 @@ class SamplingParams:
         max_tokens: Most tokens to generate; ``None``: up to the model's context length.
         min_tokens: EOS and stop tokens are banned until this many tokens are generated.
         logprobs: Log-probabilities of this many most likely tokens per generated token,
-            plus the chosen one.
+            plus the chosen one; -1 for the whole vocabulary (the ``LLM`` must allow it:
+            ``max_logprobs=-1``).
         prompt_logprobs: The same for every prompt token.
         skip_special_tokens: Leave special tokens out of the text.
         spaces_between_special_tokens: Put spaces between special tokens in the text.
@@ -245,7 +248,7 @@ class SamplingParams:
                 raise ValueError(f"{name} is not supported by minivllm (docs/python.md)")
         for name, message in _NON_NEGATIVE.items():
             value = getattr(self, name)
-            if isinstance(value, int) and value < 0:
+            if isinstance(value, int) and value < 0 and not (value == -1 and name in _MINUS_ONE_ALLOWED):
                 raise ValueError(message.format(value))
         for name, message in _NOT_FINITE.items():
             value = getattr(self, name)

@@ -163,6 +163,30 @@ def test_logprobs_and_prompt_logprobs(llm):
             assert sorted([position[token].rank, *others]) == [1, 2]
 
 
+def test_all_logprobs_where_the_llm_allows_them(model):
+    llm = LLM(model=model, max_logprobs=-1, **ENGINE)
+    try:
+        top = llm.generate("The capital of France is", greedy(2, logprobs=3, prompt_logprobs=3),
+                           use_tqdm=False)[0]
+        out = llm.generate("The capital of France is", greedy(2, logprobs=-1, prompt_logprobs=-1),
+                           use_tqdm=False)[0]
+    finally:
+        del llm
+    vocab = 49152
+    completion = out.outputs[0]
+    assert completion.token_ids == top.outputs[0].token_ids
+    positions = [*out.prompt_logprobs[1:], *completion.logprobs]
+    top_positions = [*top.prompt_logprobs[1:], *top.outputs[0].logprobs]
+    assert len(positions) == len(out.prompt_token_ids) - 1 + 2
+    for position, three in zip(positions, top_positions):
+        assert len(position) == vocab
+        assert sorted(lp.rank for lp in position.values()) == list(range(1, vocab + 1))
+        assert math.fsum(math.exp(lp.logprob) for lp in position.values()) == pytest.approx(1, abs=1e-3)
+        # The top 3 (and the actual token) as a top-3 request reports them.
+        for token, lp in three.items():
+            assert position[token] == lp
+
+
 def test_chat_uses_the_models_template(llm, binary, model):
     messages = [{"role": "user", "content": "What is the capital of Germany?"}]
     out = llm.chat(messages, greedy(16), use_tqdm=False)[0]
@@ -201,7 +225,7 @@ def test_chat_uses_the_models_template(llm, binary, model):
         ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than zero, got 0.0."),
         ({"max_tokens": 0}, "max_tokens must be at least 1, got 0."),
         ({"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1."),
-        ({"logprobs": -1}, "logprobs must be non-negative, got -1."),
+        ({"logprobs": -2}, "logprobs must be non-negative or -1, got -2."),
         ({"n": 2, "best_of": 1}, "best_of must be greater than or equal to n"),
         ({"temperature": float("nan")}, "temperature must be a finite number"),
         ({"top_p": float("nan")}, "top_p must be in (0, 1], got nan."),
@@ -242,6 +266,9 @@ def test_invalid_requests_raise_value_error_and_run_nothing(llm):
         llm.generate({"prompt_token_ids": [1, 10**7]}, greedy(4), use_tqdm=False)
     with pytest.raises(ValueError, match="greater than max allowed"):
         llm.generate("Hi", greedy(4, logprobs=10**6), use_tqdm=False)
+    # -1, the whole vocabulary, only where the LLM allows it (max_logprobs=-1).
+    with pytest.raises(ValueError, match="prompt logprobs of 49152, which is greater than max allowed: 20"):
+        llm.generate("Hi", greedy(4, prompt_logprobs=-1), use_tqdm=False)
     params = greedy(4)
     params.top_p = 2.0  # changed after it was made: checked again at submission
     with pytest.raises(ValueError, match="top_p must be in"):

@@ -119,11 +119,14 @@ struct SamplingFlags {
     stop_token_ids: Vec<u32>,
     #[arg(long)]
     ignore_eos: bool,
-    /// Top log-probabilities to return per generated token.
-    #[arg(long)]
+    /// Top log-probabilities to return per generated token (-1: the whole vocabulary,
+    /// with --max-logprobs -1).
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = minivllm::sampling_params::logprob_count::parse)]
     logprobs: Option<usize>,
-    /// Top log-probabilities to return per prompt token.
-    #[arg(long)]
+    /// Top log-probabilities to return per prompt token (-1: all, as --logprobs).
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = minivllm::sampling_params::logprob_count::parse)]
     prompt_logprobs: Option<usize>,
 }
 

@@ -139,6 +139,12 @@ pub struct EngineFlags {
     /// where the guesses are right, and guesses stop where they would not pay.
     #[arg(long, value_parser = minivllm::config::SpeculativeConfig::from_json)]
     pub speculative_config: Option<minivllm::config::SpeculativeConfig>,
+    /// Most logprobs a request may ask for per position (`logprobs`, `top_logprobs`,
+    /// `prompt_logprobs`); -1 allows the whole vocabulary, which a request asks for with
+    /// -1 (each such token then carries a vocabulary-wide list: `docs/reliability.md`).
+    #[arg(long, default_value = "20", allow_negative_numbers = true,
+          value_parser = minivllm::sampling_params::logprob_count::parse)]
+    pub max_logprobs: usize,
 }
 
 impl EngineFlags {
@@ -164,6 +170,7 @@ impl EngineFlags {
             reasoning_parser: self.reasoning_parser,
             chat_template: None,
             speculative_config: self.speculative_config.clone(),
+            max_logprobs: self.max_logprobs,
         })
     }
 }

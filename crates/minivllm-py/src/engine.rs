@@ -15,7 +15,7 @@ use minivllm::engine::async_engine::{AsyncEngine, NewRequest};
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::outputs::RequestOutput;
-use minivllm::sampling_params::{PoolingParams, RequestOutputKind, SamplingParams};
+use minivllm::sampling_params::{logprob_count, PoolingParams, RequestOutputKind, SamplingParams};
 use minivllm::utils::parse_byte_size;
 use minivllm::worker::worker_process::{start_rank, Role};
 
@@ -49,7 +49,7 @@ impl Engine {
         max_prefill_tokens = None, block_size = 16, kv_cache_memory = "1GiB", swap_space = "0",
         enable_prefix_caching = true, enable_chunked_prefill = true,
         scheduling_policy = "fcfs", threads = None, tensor_parallel_size = 1,
-        reasoning_parser = None, speculative_config = None,
+        reasoning_parser = None, speculative_config = None, max_logprobs = 20,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -72,6 +72,7 @@ impl Engine {
         tensor_parallel_size: usize,
         reasoning_parser: Option<&str>,
         speculative_config: Option<&str>,
+        max_logprobs: i64,
     ) -> PyResult<Self> {
         let named = |name: &str, e: String| value_error(format!("{name}: {e}"));
         let args = EngineArgs {
@@ -106,6 +107,8 @@ impl Engine {
                 .map(SpeculativeConfig::from_json)
                 .transpose()
                 .map_err(value_error)?,
+            max_logprobs: logprob_count::parse(&max_logprobs.to_string())
+                .map_err(|e| named("max_logprobs", e))?,
         };
         // Every process of an `mpirun` job makes this same call: rank 0 goes on to build the
         // engine, the others serve it as workers here, until it stops, and then exit.

@@ -11,10 +11,12 @@ use crate::ids::TokenId;
 use crate::model_executor::sampling_metadata::SamplingOptions;
 
 mod generation_config;
+pub mod logprob_count;
 mod pooling_params;
 mod structural_tag;
 mod structured_outputs;
 pub use generation_config::GenerationDefaults;
+pub use logprob_count::ALL_LOGPROBS;
 pub use pooling_params::{PoolingParams, PoolingType};
 pub use structural_tag::{StructuralTag, Structure};
 pub use structured_outputs::{Constraint, StructuredOutputsParams, MAX_CONSTRAINT_BYTES};
@@ -63,8 +65,9 @@ pub const MAX_STOP_STRING_BYTES: usize = 4096;
 /// few hundred at most.
 pub const MAX_STOP_TOKEN_IDS: usize = 2048;
 
-/// Most log-probabilities a request may ask for per position (vLLM's `max_logprobs`
-/// default): each costs a top-k pass over the vocabulary and a share of every output.
+/// Most log-probabilities a request may ask for per position unless the engine allows more
+/// (vLLM's `max_logprobs` default): each costs a top-k pass over the vocabulary and a share
+/// of every output.
 pub const MAX_LOGPROBS: usize = 20;
 
 /// What each `RequestOutput` of a request carries (vLLM's `RequestOutputKind`).
@@ -115,9 +118,18 @@ pub struct SamplingParams {
     pub max_tokens: Option<usize>,
     /// EOS and stop tokens are banned until this many tokens have been generated.
     pub min_tokens: usize,
-    /// Log-probabilities of this many most likely tokens per output token (plus the chosen one).
+    /// Log-probabilities of this many most likely tokens per output token (plus the chosen
+    /// one); [`ALL_LOGPROBS`] (JSON `-1`) for the whole vocabulary.
+    #[serde(
+        deserialize_with = "logprob_count::deserialize_opt",
+        serialize_with = "logprob_count::serialize_opt"
+    )]
     pub logprobs: Option<usize>,
     /// The same for every prompt token.
+    #[serde(
+        deserialize_with = "logprob_count::deserialize_opt",
+        serialize_with = "logprob_count::serialize_opt"
+    )]
     pub prompt_logprobs: Option<usize>,
     pub include_stop_str_in_output: bool,
     pub skip_special_tokens: bool,
@@ -412,10 +424,13 @@ impl SamplingParams {
                 ));
             }
         }
+        // vLLM's `_validate_logprobs`: -1 is the vocabulary, as a request and as the limit.
+        let max_logprobs = logprob_count::resolve(max_logprobs, vocab_size);
         for (name, what, requested) in [
             ("logprobs", "sample", self.logprobs),
             ("prompt_logprobs", "prompt", self.prompt_logprobs),
         ] {
+            let requested = requested.map(|n| logprob_count::resolve(n, vocab_size));
             if let Some(n) = requested.filter(|&n| n > max_logprobs) {
                 return Err(ValidationError::of(
                     name,
@@ -775,6 +790,26 @@ mod tests {
     fn sampling_params_model_checks() {
         let d = SamplingParams::default;
         d().validate_for_model(100, 20).unwrap();
+        // `--max-logprobs -1` allows up to the whole vocabulary, no more.
+        let all = SamplingParams {
+            logprobs: Some(ALL_LOGPROBS),
+            prompt_logprobs: Some(ALL_LOGPROBS),
+            ..d()
+        };
+        all.validate_for_model(100, ALL_LOGPROBS).unwrap();
+        all.validate_for_model(100, 100).unwrap();
+        let e = SamplingParams {
+            prompt_logprobs: Some(101),
+            ..d()
+        }
+        .validate_for_model(100, ALL_LOGPROBS)
+        .unwrap_err();
+        assert_eq!(
+            e.message(),
+            "Requested prompt logprobs of 101, which is greater than max allowed: 100"
+        );
+        let json: SamplingParams = serde_json::from_str(r#"{"logprobs": -1}"#).unwrap();
+        assert_eq!(json.logprobs, Some(ALL_LOGPROBS));
         let cases = [
             (
                 SamplingParams { top_k: 101, ..d() },
@@ -796,6 +831,15 @@ mod tests {
                 },
                 "prompt_logprobs",
                 "Requested prompt logprobs of 30, which is greater than max allowed: 20",
+            ),
+            (
+                // -1 is the vocabulary, refused under the default limit.
+                SamplingParams {
+                    logprobs: Some(ALL_LOGPROBS),
+                    ..d()
+                },
+                "logprobs",
+                "Requested sample logprobs of 100, which is greater than max allowed: 20",
             ),
             (
                 SamplingParams {

@@ -49,6 +49,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     reasoning_parser: Optional[str] = None
     speculative_config: Optional[Dict[str, Any]] = None
+    max_logprobs: int = 20
     # vLLM's GPU-side settings: accepted, and ignored by LLM (with a warning if changed).
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False

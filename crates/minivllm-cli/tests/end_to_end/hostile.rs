@@ -95,6 +95,12 @@ fn hostile_requests() -> Vec<(&'static str, Value, &'static [u16], &'static str)
             "--max-num-seqs",
         ),
         (
+            "logprobs -1 (the whole vocabulary)",
+            json!({"prompt": "hi", "logprobs": -1}),
+            &[400],
+            "Requested sample logprobs of 49152, which is greater than max allowed: 20",
+        ),
+        (
             "prompt_logprobs 100000",
             json!({"prompt": "hi", "prompt_logprobs": 100000}),
             &[400],

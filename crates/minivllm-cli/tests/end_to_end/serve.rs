@@ -843,10 +843,62 @@ fn large_tokenize_requests_do_not_stall_health() {
 }
 
 #[test]
-fn frontend_off_and_prompt_tokens_details_on() {
+fn frontend_off_prompt_tokens_details_on_and_all_logprobs_allowed() {
     let server = start_with(
         &model(),
-        &["--disable-frontend", "--enable-prompt-tokens-details"],
+        &[
+            "--disable-frontend",
+            "--enable-prompt-tokens-details",
+            "--max-logprobs",
+            "-1",
+        ],
+    );
+    // -1 asks for the whole vocabulary at each position, where the server allows it.
+    let (status, v) = post(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+               "logprobs": true, "top_logprobs": -1}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let top = v["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(top.len(), 49152);
+    let (status, v) = post(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "The capital of France is", "max_tokens": 1, "logprobs": -1,
+               "prompt_logprobs": -1}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["prompt_logprobs"][1].as_object().unwrap().len(), 49152);
+    let alternatives = c["logprobs"]["top_logprobs"][0].as_object().unwrap().len();
+    // Keyed by text, as OpenAI's: tokens whose text is the same (byte pieces of one
+    // character decode to "\u{fffd}") share a key (48,843 of SmolLM2's).
+    assert!((48000..=49152).contains(&alternatives), "{alternatives}");
+    // Each such token costs a vocabulary's worth of response: the request memory limit
+    // refuses long ones before any work, naming the field to lower.
+    let (status, v) = post(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "Hi", "max_tokens": 1000, "logprobs": -1}),
+    );
+    assert_eq!(status, 400, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("logprobs -1"), "{message}");
+    let (status, v) = post(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true,
+               "top_logprobs": -2}),
+    );
+    assert_eq!(status, 400, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("top_logprobs") && message.contains("-1"),
+        "{message}"
     );
     let (status, _) = request(server.port, "GET", "/", None).unwrap();
     assert_eq!(status, 404);

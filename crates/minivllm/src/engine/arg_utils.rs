@@ -8,7 +8,7 @@ use crate::core::scheduler::SchedulerConfig;
 use crate::engine::errors::EngineError;
 use crate::model_executor::loader::weights::LoadOptions;
 use crate::reasoning::ReasoningParserName;
-use crate::sampling_params::SamplingParams;
+use crate::sampling_params::{logprob_count, SamplingParams, MAX_LOGPROBS};
 use crate::worker::cache_engine::{CacheDtype, CacheEngine};
 use crate::worker::worker_config::{CacheConfig, WorkerConfig};
 
@@ -61,6 +61,19 @@ pub struct EngineArgs {
     pub chat_template: Option<String>,
     /// `--speculative-config`: tokens guessed for the model to verify several per step.
     pub speculative_config: Option<SpeculativeConfig>,
+    /// Most logprobs a request may ask for per position (`--max-logprobs`; default 20);
+    /// [`ALL_LOGPROBS`](crate::sampling_params::ALL_LOGPROBS), `-1`, allows the whole
+    /// vocabulary, which `logprobs=-1` asks for.
+    #[serde(
+        default = "default_max_logprobs",
+        serialize_with = "logprob_count::serialize",
+        deserialize_with = "logprob_count::deserialize"
+    )]
+    pub max_logprobs: usize,
+}
+
+fn default_max_logprobs() -> usize {
+    MAX_LOGPROBS
 }
 
 impl Default for EngineArgs {
@@ -84,6 +97,7 @@ impl Default for EngineArgs {
             reasoning_parser: None,
             chat_template: None,
             speculative_config: None,
+            max_logprobs: MAX_LOGPROBS,
         }
     }
 }

@@ -93,6 +93,7 @@ pub struct AsyncEngine {
     structured: Arc<StructuredOutputManager>,
     max_model_len: usize,
     max_num_seqs: usize,
+    max_logprobs: usize,
 }
 
 impl AsyncEngine {
@@ -113,6 +114,7 @@ impl AsyncEngine {
         let structured = Arc::clone(engine.structured_output_manager());
         let max_model_len = engine.max_model_len();
         let max_num_seqs = engine.max_num_seqs();
+        let max_logprobs = engine.max_logprobs();
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("minivllm-engine".into())
@@ -126,6 +128,7 @@ impl AsyncEngine {
             structured,
             max_model_len,
             max_num_seqs,
+            max_logprobs,
         }
     }
 
@@ -296,6 +299,10 @@ impl AsyncEngine {
 
     pub fn max_num_seqs(&self) -> usize {
         self.max_num_seqs
+    }
+
+    pub fn max_logprobs(&self) -> usize {
+        self.max_logprobs
     }
 }
 

@@ -1,8 +1,12 @@
-//! A request's prompt, from either of vLLM's forms to checked token ids.
+//! A request on its way in (vLLM v1's `Processor`): its prompt, from either of vLLM's forms
+//! to checked token ids, and its parameters checked against the engine's settings.
 
+use crate::core::policy::Policy;
+use crate::engine::arg_utils::check_width;
 use crate::engine::errors::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::TokenId;
+use crate::sampling_params::{SamplingParams, ValidationError};
 
 /// A prompt in either of vLLM's two forms.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,10 +39,37 @@ pub struct ProcessedPrompt {
     pub token_ids: Vec<TokenId>,
 }
 
-/// What a prompt must satisfy to run on the engine's model.
-pub struct PromptLimits {
+/// What a request must satisfy to run on the engine: its prompt, the model's context and
+/// vocabulary; its parameters, the engine's settings.
+pub struct RequestLimits {
     pub max_model_len: usize,
     pub vocab_size: usize,
+    pub max_num_seqs: usize,
+    /// `--max-logprobs` ([`ALL_LOGPROBS`](crate::sampling_params::ALL_LOGPROBS) for -1).
+    pub max_logprobs: usize,
+    pub policy: Policy,
+}
+
+/// vLLM's checks of a request's parameters, with its messages: on their own, against the
+/// tokenizer's vocabulary and `--max-logprobs`, its width against `--max-num-seqs`, and a
+/// priority only under priority scheduling (under FCFS it would be silently ignored).
+pub fn check_params(
+    tokenizer: &Tokenizer,
+    params: &SamplingParams,
+    priority: i32,
+    limits: &RequestLimits,
+) -> Result<(), EngineError> {
+    params.validate()?;
+    params.validate_for_model(tokenizer.vocab_size(), limits.max_logprobs)?;
+    check_width(params, limits.max_num_seqs)?;
+    if priority != 0 && limits.policy != Policy::Priority {
+        return Err(ValidationError::new(
+            Some("priority"),
+            format!("Got priority {priority} but Priority scheduling is not enabled."),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Tokenises a text prompt and checks the ids against the model: never empty, within the
@@ -46,7 +77,7 @@ pub struct PromptLimits {
 pub fn process_prompt(
     tokenizer: &Tokenizer,
     prompt: PromptInput,
-    limits: &PromptLimits,
+    limits: &RequestLimits,
 ) -> Result<ProcessedPrompt, EngineError> {
     let (text, token_ids) = match prompt {
         PromptInput::Text(t) => {

@@ -9,13 +9,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::core::policy::Policy;
 use crate::core::scheduler::{Scheduler, SchedulerOutput};
 use crate::engine::arg_utils::{check_kv_cache_fits, kv_cache_manager, scheduler_config};
 pub use crate::engine::arg_utils::{check_width, width, EngineArgs};
 pub use crate::engine::errors::EngineError;
 pub use crate::engine::input_processor::PromptInput;
-use crate::engine::input_processor::{process_prompt, PromptLimits};
+use crate::engine::input_processor::{check_params, process_prompt, RequestLimits};
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
@@ -24,7 +23,7 @@ use crate::engine::structured_output_manager::StructuredOutputManager;
 use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::outputs::RequestOutput;
 use crate::reasoning::ReasoningParser;
-use crate::sampling_params::{SamplingParams, ValidationError, MAX_LOGPROBS};
+use crate::sampling_params::SamplingParams;
 use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
 use crate::spec_decode::draft_length::DraftLimits;
 use crate::structured_output::StructuredOutputGrammar;
@@ -38,8 +37,7 @@ pub struct LLMEngine {
     tokenizer: Arc<Tokenizer>,
     scheduler: Scheduler,
     outputs: OutputProcessor,
-    limits: PromptLimits,
-    max_num_seqs: usize,
+    limits: RequestLimits,
     next_arrival: u64,
     next_seq_id: u64,
     eos_token_ids: Arc<[TokenId]>,
@@ -93,12 +91,14 @@ impl LLMEngine {
             eos_token_ids: Arc::from(tokenizer.eos_token_ids()),
             tokenizer,
             scheduler: Scheduler::new(sched_cfg, kv_cache_manager),
-            limits: PromptLimits {
+            limits: RequestLimits {
                 max_model_len,
                 vocab_size: executor.model().config().vocab_size,
+                max_num_seqs: args.max_num_seqs,
+                max_logprobs: args.max_logprobs,
+                policy: args.scheduling_policy,
             },
             executor,
-            max_num_seqs: args.max_num_seqs,
             next_arrival: 0,
             next_seq_id: 0,
             stats: EngineStats::default(),
@@ -133,10 +133,15 @@ impl LLMEngine {
         self.limits.max_model_len
     }
 
+    /// `--max-logprobs`, as given ([`ALL_LOGPROBS`](crate::sampling_params::ALL_LOGPROBS) for -1).
+    pub fn max_logprobs(&self) -> usize {
+        self.limits.max_logprobs
+    }
+
     /// Most sequences one step runs (`--max-num-seqs`), and so the widest a request may be
     /// (`n`, or `best_of` when larger).
     pub fn max_num_seqs(&self) -> usize {
-        self.max_num_seqs
+        self.limits.max_num_seqs
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -246,17 +251,7 @@ impl LLMEngine {
         if self.outputs.contains(&request_id) {
             return Err(EngineError::DuplicateRequest(request_id.0));
         }
-        params.validate()?;
-        params.validate_for_model(self.tokenizer.vocab_size(), MAX_LOGPROBS)?;
-        check_width(&params, self.max_num_seqs)?;
-        // vLLM refuses it too: under FCFS a priority would be silently ignored.
-        if priority != 0 && self.scheduler.config().policy != Policy::Priority {
-            return Err(ValidationError::new(
-                Some("priority"),
-                format!("Got priority {priority} but Priority scheduling is not enabled."),
-            )
-            .into());
-        }
+        check_params(&self.tokenizer, &params, priority, &self.limits)?;
         let grammar = match (grammar, &params.structured_outputs) {
             (None, Some(so)) => Some(self.structured.compile(so, &prompt)?),
             (grammar, _) => grammar,

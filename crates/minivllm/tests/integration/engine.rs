@@ -436,6 +436,69 @@ fn logprobs_and_prompt_logprobs_match_the_reference() {
     }
 }
 
+/// `logprobs = prompt_logprobs = -1` (vLLM's "all") report every token of the vocabulary,
+/// and only where the engine allows it (`max_logprobs = -1`): each position's list is a
+/// whole distribution, sorted, and begins with what a top-5 request reports.
+#[test]
+fn all_logprobs_cover_the_vocabulary_where_the_engine_allows_it() {
+    use minivllm::sampling_params::ALL_LOGPROBS;
+    let all = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(2),
+        logprobs: Some(ALL_LOGPROBS),
+        prompt_logprobs: Some(ALL_LOGPROBS),
+        ..SamplingParams::default()
+    };
+    let prompt = vec![504u32, 3575, 282, 4649, 314];
+    let err = llm(&engine_args())
+        .generate([prompt.clone()], &all, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Requested sample logprobs of 49152, which is greater than max allowed: 20"),
+        "{err}"
+    );
+    let mut llm = llm(&EngineArgs {
+        max_logprobs: ALL_LOGPROBS,
+        ..engine_args()
+    });
+    let vocab = llm.engine().tokenizer().vocab_size();
+    let out = llm
+        .generate([prompt.clone()], &all, false)
+        .unwrap()
+        .remove(0);
+    let top5 = SamplingParams {
+        logprobs: Some(5),
+        prompt_logprobs: Some(5),
+        ..all.clone()
+    };
+    let five = llm
+        .generate([prompt.clone()], &top5, false)
+        .unwrap()
+        .remove(0);
+    assert_eq!(out.outputs[0].token_ids, five.outputs[0].token_ids);
+    let positions = out.prompt_logprobs.iter().flatten().flatten();
+    let positions = positions.chain(out.outputs[0].logprobs.iter().flatten());
+    let top_positions = five.prompt_logprobs.iter().flatten().flatten();
+    let top_positions = top_positions.chain(five.outputs[0].logprobs.iter().flatten());
+    let mut n = 0;
+    for (lp, top) in positions.zip(top_positions) {
+        n += 1;
+        assert_eq!(lp.entries.len(), vocab, "every token once");
+        let mut ids: Vec<u32> = lp.entries.iter().map(|e| e.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), vocab);
+        let mass: f64 = lp.entries.iter().map(|e| (e.1 as f64).exp()).sum();
+        assert!((mass - 1.0).abs() < 1e-3, "probabilities sum to {mass}");
+        assert_eq!(lp.rank, top.rank);
+        // After the chosen (or actual) token, the others in order, as the top 5's.
+        assert!(lp.entries[1..].windows(2).all(|w| w[0].1 >= w[1].1));
+        assert_eq!(lp.entries[..top.entries.len()], top.entries[..]);
+    }
+    assert_eq!(n, prompt.len() - 1 + 2);
+}
+
 /// One request in each `RequestOutputKind`, side by side in the same batches: deltas fold
 /// into the last cumulative output, each delta carries only what is new (no history is
 /// copied), and final-only gives one output, the same.

@@ -9,7 +9,7 @@ use crate::engine::chat_template::{ChatMessage, ToolCall};
 use crate::engine::llm_engine::EngineError;
 use crate::entrypoints::openai::structured_outputs::StructuredFields;
 use crate::entrypoints::openai::tool_calls::ChatTool;
-use crate::sampling_params::{GenerationDefaults, SamplingParams, ValidationError};
+use crate::sampling_params::{logprob_count, GenerationDefaults, SamplingParams, ValidationError};
 use crate::sequence::TokenId;
 
 /// The four prompt shapes `/v1/completions` takes. Untagged, so order matters: a bare list of
@@ -88,7 +88,8 @@ pub struct CommonParams {
     pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     pub include_stop_str_in_output: Option<bool>,
     pub skip_special_tokens: Option<bool>,
-    /// vLLM's: this many alternatives per prompt token.
+    /// vLLM's: this many alternatives per prompt token (-1: the whole vocabulary).
+    #[serde(default, deserialize_with = "logprob_count::deserialize_opt")]
     pub prompt_logprobs: Option<usize>,
     #[serde(default)]
     pub priority: i32,
@@ -190,7 +191,8 @@ pub struct CompletionRequest {
     pub prompt: PromptField,
     #[serde(default = "default_max_tokens")]
     pub max_tokens: Option<usize>,
-    /// Completions-style: how many top alternatives to return per token.
+    /// Completions-style: how many top alternatives to return per token (-1: all).
+    #[serde(default, deserialize_with = "logprob_count::deserialize_opt")]
     pub logprobs: Option<usize>,
     #[serde(default)]
     pub echo: bool,
@@ -333,6 +335,7 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<usize>,
     #[serde(default)]
     pub logprobs: bool,
+    #[serde(default, deserialize_with = "logprob_count::deserialize_opt")]
     pub top_logprobs: Option<usize>,
     #[serde(default = "default_true")]
     pub add_generation_prompt: bool,

@@ -60,8 +60,10 @@ pub fn estimate(
         + BIAS_ENTRY_BYTES * params.logit_bias.len() as u64;
     let seqs = params.best_of_or_n() as u64;
     let choices = params.n as u64;
-    let logprob_width = params.logprobs.map_or(0, |k| k as u64 + 1);
-    let prompt_width = params.prompt_logprobs.map_or(0, |k| k as u64 + 1);
+    // A count past the vocabulary (-1 asks for all of it) reports the vocabulary.
+    let width = |k: Option<usize>| k.map_or(0, |k| k.min(vocab_size) as u64 + 1);
+    let logprob_width = width(params.logprobs);
+    let prompt_width = width(params.prompt_logprobs);
     let mut total = automaton;
     for p in prompts {
         let (tokens, out) = (p.tokens as u64, p.max_tokens as u64);
@@ -352,6 +354,14 @@ mod tests {
         };
         let b = estimate(&p, &[shape(1, 16); 24], false, 49152);
         assert!(b > 24 * (4 << 20) + (60 << 20), "{b}");
+        // All logprobs (-1) count the vocabulary's entries per token, no more, no overflow:
+        // 16 tokens of a 49,152-token vocabulary are about 250 MB of response.
+        let all = SamplingParams {
+            logprobs: Some(crate::sampling_params::ALL_LOGPROBS),
+            ..SamplingParams::default()
+        };
+        let b = estimate(&all, &[shape(8, 16)], false, 49152);
+        assert!((200 << 20..300 << 20).contains(&b), "{b}");
         // An ordinary request is a few hundred kilobytes at most.
         let b = estimate(&SamplingParams::default(), &[shape(200, 256)], false, 49152);
         assert!(b < 1 << 20, "{b}");

@@ -22,7 +22,7 @@ use crate::engine::llm_engine::check_width;
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
-use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
+use crate::sampling_params::{logprob_count, SamplingParams};
 use crate::sequence::TokenId;
 
 pub fn now() -> u64 {
@@ -137,7 +137,7 @@ pub fn admit(
     base.validate()?;
     // Before anything is sized by `n`: the streams' per-choice state, the engine's sibling sequences.
     check_request_width(s, base, prompts.len())?;
-    base.validate_for_model(s.engine.tokenizer().vocab_size(), MAX_LOGPROBS)?;
+    base.validate_for_model(s.engine.tokenizer().vocab_size(), s.engine.max_logprobs())?;
     let shapes = prompts
         .iter()
         .map(|p| {
@@ -153,8 +153,8 @@ pub fn admit(
         prompts.len(),
         base.best_of_or_n(),
         shapes.iter().map(|p| p.max_tokens).max().unwrap_or(0),
-        base.logprobs.unwrap_or(0),
-        base.prompt_logprobs.unwrap_or(0),
+        logprob_count::display(base.logprobs.unwrap_or(0)),
+        logprob_count::display(base.prompt_logprobs.unwrap_or(0)),
         base.stop.len()
     );
     let vocab = s.engine.tokenizer().vocab_size();
