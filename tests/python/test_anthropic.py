@@ -40,10 +40,27 @@ def test_a_message_is_the_chat_routes_reply(claude, client):
     assert m.content[0].text == choice.message.content
     assert m.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[choice.finish_reason]
     assert m.stop_sequence is None
-    assert (m.usage.input_tokens, m.usage.output_tokens) == (usage.prompt_tokens,
-                                                              usage.completion_tokens)
+    # As Anthropic counts: the prompt is input_tokens + cache reads (+ cache writes, none).
+    u = m.usage
+    assert u.input_tokens + u.cache_read_input_tokens == usage.prompt_tokens
+    assert u.cache_creation_input_tokens == 0 and u.output_tokens == usage.completion_tokens
     counted = claude.messages.count_tokens(model=MODEL, messages=ASK, system="Be brief.")
-    assert counted.input_tokens == m.usage.input_tokens
+    assert counted.input_tokens == usage.prompt_tokens
+
+
+def test_prefix_cache_hits_are_cache_reads(claude):
+    system = "You answer questions about European geography in one short sentence. " * 6
+    first = claude.messages.create(model=MODEL, max_tokens=2, messages=ASK, system=system,
+                                   extra_body=GREEDY).usage
+    # The second finds the first's full blocks in the prefix cache; the stream's final usage
+    # (its message_delta) says so too.
+    with claude.messages.stream(model=MODEL, max_tokens=2, messages=ASK, system=system,
+                                extra_body=GREEDY) as stream:
+        second = stream.get_final_message().usage
+    prompt = first.input_tokens + first.cache_read_input_tokens
+    assert prompt > 80
+    assert second.input_tokens + second.cache_read_input_tokens == prompt
+    assert second.cache_read_input_tokens >= 64, second
 
 
 def test_the_stream_adds_up_to_the_whole_message(claude):

@@ -65,6 +65,29 @@ def test_the_stream_adds_up_to_the_whole_response(strict):
         assert stream.get_final_response().output_text == "".join(texts) == whole.output_text
 
 
+def test_output_text_logprobs_when_included(strict, client):
+    kw = dict(model=MODEL, input=QUESTION, temperature=0, max_output_tokens=12)
+    r = strict.responses.create(include=["message.output_text.logprobs"], top_logprobs=2, **kw)
+    chat = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=12, logprobs=True, top_logprobs=2,
+        messages=[{"role": "user", "content": QUESTION}])
+    lps = r.output[0].content[0].logprobs
+    want = chat.choices[0].logprobs.content
+    assert [(x.token, x.logprob) for x in lps] == [(x.token, x.logprob) for x in want]
+    assert all(len(x.top_logprobs) == 2 and x.top_logprobs[0].logprob >= x.logprob for x in lps)
+    assert "".join(x.token for x in lps) == r.output_text
+    assert r.top_logprobs == 2
+    # Streamed: each delta carries its tokens', the done event all of them.
+    events = list(strict.responses.create(stream=True, include=["message.output_text.logprobs"],
+                                          top_logprobs=2, **kw))
+    streamed = [x for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in lps]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [x.token for x in done.logprobs] == [x.token for x in lps]
+    # Not asked for: none.
+    assert strict.responses.create(**kw).output[0].content[0].logprobs == []
+
+
 def test_max_output_tokens_leaves_it_incomplete(strict):
     r = strict.responses.create(model=MODEL, input=QUESTION, temperature=0, max_output_tokens=3)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"

@@ -234,6 +234,8 @@ const REQUEST_FIELDS: &[&str] = &[
     "max_output_tokens",
     "text",
     "previous_response_id",
+    "include",
+    "top_logprobs",
     "encoding_format",
     "dimensions",
     "normalize",

@@ -32,7 +32,8 @@ pub async fn messages(
         id: format!("msg_{}", rid.0),
         model: s.config.served_model_name.clone(),
     };
-    Ok(match run_chat(&s, &rid, chat, true, false).await? {
+    // With the usage details: the prefix cache's share of the prompt.
+    Ok(match run_chat(&s, &rid, chat, true, true).await? {
         ChatRun::Full {
             prompt_tokens,
             body,
@@ -81,11 +82,11 @@ struct Head {
 
 impl Head {
     /// The message object around `content` (nothing yet, when a stream starts).
-    fn object(&self, content: Value, stop: (Value, Value), usage: (usize, usize)) -> Value {
+    fn object(&self, content: Value, stop: (Value, Value), usage: Value) -> Value {
         json!({
             "id": self.id, "type": "message", "role": "assistant", "model": self.model,
             "content": content, "stop_reason": stop.0, "stop_sequence": stop.1,
-            "usage": {"input_tokens": usage.0, "output_tokens": usage.1},
+            "usage": usage,
         })
     }
 
@@ -110,11 +111,10 @@ impl Head {
                 "input": serde_json::from_str::<Value>(arguments).unwrap_or_else(|_| json!({})),
             }));
         }
-        let output_tokens = chat["usage"]["completion_tokens"].as_u64().unwrap_or(0);
         self.object(
             Value::Array(content),
             stop_reason(choice, !calls.is_empty()),
-            (prompt_tokens, output_tokens as usize),
+            usage(prompt_tokens, &chat["usage"]),
         )
     }
 
@@ -133,7 +133,12 @@ impl Head {
             blocks: 0,
             open: None,
         };
-        let start = self.object(json!([]), (Value::Null, Value::Null), (prompt_tokens, 0));
+        // What the prefix cache held is known at the end: `message_delta` says it.
+        let start = self.object(
+            json!([]),
+            (Value::Null, Value::Null),
+            json!({"input_tokens": prompt_tokens, "output_tokens": 0}),
+        );
         if !out
             .send(
                 "message_start",
@@ -143,11 +148,11 @@ impl Head {
         {
             return;
         }
-        let (mut finish, mut output_tokens, mut called) = (None, 0, false);
+        let (mut finish, mut chat_usage, mut called) = (None, Value::Null, false);
         while let Some(chunk) = chunks.recv().await {
             let read = read_chunk(&chunk);
-            if let Some(n) = read.usage.and_then(|u| u["completion_tokens"].as_u64()) {
-                output_tokens = n;
+            if let Some(u) = read.usage {
+                chat_usage = u.clone();
             }
             for piece in read.pieces {
                 let ok = match piece {
@@ -178,13 +183,29 @@ impl Head {
         let delta = json!({
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": output_tokens},
+            "usage": usage(prompt_tokens, &chat_usage),
         });
         if out.send("message_delta", delta).await {
             out.send("message_stop", json!({"type": "message_stop"}))
                 .await;
         }
     }
+}
+
+/// Anthropic's usage from the chat route's: `input_tokens` are the prompt's tokens the
+/// prefix cache did not hold and `cache_read_input_tokens` those it did, so that their sum
+/// is the prompt, as Anthropic counts (agents add the fields up for the context's size).
+/// Nothing is reported as written to a cache: the prefix cache keeps blocks unasked.
+fn usage(prompt_tokens: usize, chat: &Value) -> Value {
+    let cached = chat["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0) as usize;
+    json!({
+        "input_tokens": prompt_tokens.saturating_sub(cached),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached.min(prompt_tokens),
+        "output_tokens": chat["completion_tokens"].as_u64().unwrap_or(0),
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

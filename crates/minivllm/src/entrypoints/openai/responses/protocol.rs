@@ -6,10 +6,12 @@ use serde_json::{json, Map, Value};
 
 use crate::entrypoints::openai::chat_chunks::{chat_request, chat_tools, set_present};
 use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
+use crate::sampling_params::{logprob_count, ALL_LOGPROBS};
 
 /// `POST /v1/responses`. Stateless: nothing is stored, so `previous_response_id` is refused
 /// (send the conversation in `input`, as `store: false` clients do). Fields that change
-/// nothing here (`reasoning`, `include`, `service_tier`, ...) are accepted and ignored.
+/// nothing here (`reasoning`, `service_tier`, other `include` values, ...) are accepted and
+/// ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ResponsesRequest {
     pub model: Option<String>,
@@ -29,7 +31,15 @@ pub struct ResponsesRequest {
     pub user: Option<String>,
     pub background: Option<bool>,
     pub prompt: Option<Value>,
+    /// Extra outputs; `message.output_text.logprobs` is the one this server fills.
+    pub include: Option<Vec<String>>,
+    /// Alternatives per token with `message.output_text.logprobs` (as chat's).
+    #[serde(default, deserialize_with = "logprob_count::deserialize_opt")]
+    pub top_logprobs: Option<usize>,
 }
+
+/// The `include` value that asks for the output text's logprobs.
+const OUTPUT_LOGPROBS: &str = "message.output_text.logprobs";
 
 fn bad(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::bad_request(message, Some(param))
@@ -95,7 +105,21 @@ impl ResponsesRequest {
         if let Some(format) = self.text.as_ref().and_then(|t| t.get("format")) {
             text_format(format, fields)?;
         }
+        // As vLLM: logprobs when `include` asks for them, `top_logprobs` alternatives each
+        // (checked by the chat request as its own `top_logprobs`).
+        if self.wants_logprobs() {
+            fields.insert("logprobs".into(), json!(true));
+            let top = match self.top_logprobs {
+                Some(ALL_LOGPROBS) => json!(-1),
+                top => json!(top.unwrap_or(0)),
+            };
+            fields.insert("top_logprobs".into(), top);
+        }
         chat_request(chat)
+    }
+
+    pub fn wants_logprobs(&self) -> bool {
+        self.include.iter().flatten().any(|i| i == OUTPUT_LOGPROBS)
     }
 }
 

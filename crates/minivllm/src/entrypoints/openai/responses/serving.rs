@@ -32,7 +32,7 @@ pub async fn responses(
             body,
         } => {
             let choice = &body["choices"][0];
-            let items = output_items(&choice["message"], status(choice));
+            let items = output_items(choice, status(choice));
             let usage = usage(prompt_tokens, &body["usage"]);
             json_response(&head.response(status(choice), items, usage))
         }
@@ -81,6 +81,7 @@ impl Head {
             "store": false,
             "temperature": chat.common.temperature.unwrap_or(1.0),
             "top_p": chat.common.top_p.unwrap_or(1.0),
+            "top_logprobs": req.top_logprobs.map(|n| i64::try_from(n).unwrap_or(-1)),
             "text": req.text.clone().unwrap_or_else(|| json!({"format": {"type": "text"}})),
             "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
             "tools": req.tools.clone().unwrap_or_default(),
@@ -141,10 +142,15 @@ impl Head {
             if let Some(u) = read.usage {
                 chat_usage = u.clone();
             }
+            // The chunk's tokens' logprobs (when asked for) go with its text.
+            let mut logprobs = token_logprobs(&chunk["choices"][0]);
             for piece in read.pieces {
                 let ok = match piece {
-                    Piece::Thinking(t) => out.text(Kind::Reasoning, t).await,
-                    Piece::Text(t) => out.text(Kind::Message, t).await,
+                    Piece::Thinking(t) => out.text(Kind::Reasoning, t, Vec::new()).await,
+                    Piece::Text(t) => {
+                        out.text(Kind::Message, t, std::mem::take(&mut logprobs))
+                            .await
+                    }
                     Piece::Call { id, name } => out.start_call(id, name).await,
                     Piece::Arguments(args) => out.arguments(args).await,
                 };
@@ -205,9 +211,19 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}_{:032x}", rand::random::<u128>())
 }
 
-/// A whole chat message as output items: its thinking, its text (when there is any, or
-/// nothing else), its calls.
-fn output_items(m: &Value, status: &'static str) -> Vec<Value> {
+/// A chat choice's tokens' logprobs (chat's and the Responses API's entries are alike:
+/// token, logprob, bytes, top_logprobs); none unless asked for.
+fn token_logprobs(choice: &Value) -> Vec<Value> {
+    choice["logprobs"]["content"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A whole chat choice's message as output items: its thinking, its text (when there is
+/// any, or nothing else; with every token's logprobs, as vLLM), its calls.
+fn output_items(choice: &Value, status: &'static str) -> Vec<Value> {
+    let m = &choice["message"];
     let mut items = Vec::new();
     if let Some(t) = m["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
         items.push(Item::new(Kind::Reasoning, t.to_string()));
@@ -216,7 +232,9 @@ fn output_items(m: &Value, status: &'static str) -> Vec<Value> {
     let text = m["content"].as_str().unwrap_or_default();
     // An empty reply still has its (empty) message; one cut while thinking does not.
     if !text.is_empty() || (calls.is_empty() && items.is_empty()) {
-        items.push(Item::new(Kind::Message, text.to_string()));
+        let mut item = Item::new(Kind::Message, text.to_string());
+        item.logprobs = token_logprobs(choice);
+        items.push(item);
     }
     for c in calls {
         let f = &c["function"];
@@ -248,6 +266,8 @@ struct Item {
     /// A call's `call_id` and function name.
     call: Option<(String, String)>,
     status: &'static str,
+    /// A message's tokens' logprobs, when asked for.
+    logprobs: Vec<Value>,
 }
 
 impl Item {
@@ -263,6 +283,7 @@ impl Item {
             text,
             call: None,
             status: "in_progress",
+            logprobs: Vec::new(),
         }
     }
 
@@ -271,7 +292,7 @@ impl Item {
         match self.kind {
             Kind::Reasoning => json!({"type": "reasoning_text", "text": self.text}),
             _ => json!({"type": "output_text", "text": self.text, "annotations": [],
-                        "logprobs": []}),
+                        "logprobs": self.logprobs}),
         }
     }
 
@@ -363,12 +384,12 @@ impl Events {
         self.items[i].status = status;
         let item = &self.items[i];
         let (kind, text, done) = (item.kind, item.text.clone(), item.json());
-        let part = item.part();
+        let (part, logprobs) = (item.part(), item.logprobs.clone());
         let name = item.call.as_ref().map(|c| c.1.clone());
         let ok = match kind {
             Kind::Message => {
                 let text_done =
-                    self.with(json!({"content_index": 0, "text": text, "logprobs": []}));
+                    self.with(json!({"content_index": 0, "text": text, "logprobs": logprobs}));
                 self.send("response.output_text.done", text_done).await
                     && self
                         .send(
@@ -394,14 +415,16 @@ impl Events {
             .await
     }
 
-    /// Text or thinking, in an item of its kind (opened if the open one is another).
-    async fn text(&mut self, kind: Kind, text: &str) -> bool {
+    /// Text (with its tokens' logprobs) or thinking, in an item of its kind (opened if the
+    /// open one is another).
+    async fn text(&mut self, kind: Kind, text: &str, logprobs: Vec<Value>) -> bool {
         let same = self.open && self.items.last().is_some_and(|i| i.kind == kind);
         if !same && !self.open(Item::new(kind, String::new())).await {
             return false;
         }
         if let Some(item) = self.items.last_mut() {
             item.text.push_str(text);
+            item.logprobs.extend(logprobs.iter().cloned());
         }
         let (name, delta) = match kind {
             Kind::Reasoning => (
@@ -410,7 +433,7 @@ impl Events {
             ),
             _ => (
                 "response.output_text.delta",
-                json!({"content_index": 0, "delta": text, "logprobs": []}),
+                json!({"content_index": 0, "delta": text, "logprobs": logprobs}),
             ),
         };
         let d = self.with(delta);
