@@ -99,10 +99,15 @@ fi
 phase "the Python venv"
 .venv/bin/python -m pytest -q tests/python
 phase "the OpenAI client suite"
-# The same tests against a server split over 3 ranks (SmolLM2's 9 heads and 3 KV heads),
-# each held to one process's answers: greedy text, streams, n=2, and batch invariance.
+# The engine-facing suites again against a server split over 3 ranks (SmolLM2's 9 heads and
+# 3 KV heads), each held to one process's answers: greedy text, streams, n=2, batch
+# invariance, constrained decoding, tool calls and pooled hidden states. The Anthropic,
+# Responses, reasoning and chat-page suites translate the chat route's answers, which these
+# already hold to one process's, so they run once.
 if [ -n "$(scripts/mpi_features.sh)" ]; then
-  MINIVLLM_TENSOR_PARALLEL=3 .venv/bin/python -m pytest -q tests/python
+  MINIVLLM_TENSOR_PARALLEL=3 .venv/bin/python -m pytest -q tests/python/test_openai_client.py \
+    tests/python/test_structured_output.py tests/python/test_tool_calls.py \
+    tests/python/test_embeddings.py
   phase "the OpenAI client suite on 3 ranks"
 fi
 

@@ -115,9 +115,8 @@ fn speculative_sampling_keeps_the_target_distribution() {
             };
             engine.set_draft_proposer(Box::new(oracle), false);
         }
-        // One request at a time, each its own seed (one request of many completions would
-        // do as well: the draft length is fixed).
-        let mut counts: HashMap<Vec<TokenId>, usize> = HashMap::new();
+        // Each request its own seed, all batched together: a seeded request samples the
+        // same tokens whatever shares its batches, and the draft length is fixed.
         for r in 0..N {
             let params = SamplingParams {
                 temperature: 1.0,
@@ -128,12 +127,15 @@ fn speculative_sampling_keeps_the_target_distribution() {
                 ..SamplingParams::default()
             };
             let prompt = PromptInput::Text(prompt.into());
-            engine.add_request("s", prompt, params, 0).unwrap();
-            let out = run(engine);
-            *counts
-                .entry(out["s"].outputs[0].token_ids.clone())
-                .or_default() += 1;
+            engine
+                .add_request(format!("s{r}"), prompt, params, 0)
+                .unwrap();
         }
+        let mut counts: HashMap<Vec<TokenId>, usize> = HashMap::new();
+        for out in run(engine).into_values() {
+            *counts.entry(out.outputs[0].token_ids.clone()).or_default() += 1;
+        }
+        assert_eq!(counts.values().sum::<usize>(), N);
         let spec_stats = engine.stats().spec_decode;
         (counts, spec_stats)
     };
