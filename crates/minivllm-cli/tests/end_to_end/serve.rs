@@ -888,6 +888,29 @@ fn frontend_off_prompt_tokens_details_on_and_all_logprobs_allowed() {
     assert_eq!(status, 400, "{v}");
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.contains("logprobs -1"), "{message}");
+    // So are long prompts' vocabulary-wide prompt logprobs (even without echo), and a few
+    // Responses tokens (whose stream repeats each list in several events).
+    let (status, v) = post(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "word ".repeat(300)}], "max_tokens": 1,
+               "prompt_logprobs": -1}),
+    );
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = post(
+        &server,
+        "/v1/responses",
+        json!({"input": "Hi", "max_output_tokens": 16, "top_logprobs": -1,
+               "include": ["message.output_text.logprobs"]}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-request-memory"),
+        "{v}"
+    );
     let (status, v) = post(
         &server,
         "/v1/chat/completions",

@@ -15,7 +15,8 @@ use super::protocol::{error_body, MessagesRequest};
 use crate::entrypoints::openai::api_server::{RequestId, Shared};
 use crate::entrypoints::openai::chat_chunks::{read_chunk, Piece};
 use crate::entrypoints::openai::protocol::ApiError;
-use crate::entrypoints::openai::serving_chat::{render_chat, run_chat, ChatRun};
+use crate::entrypoints::openai::request_memory::LogprobFormat;
+use crate::entrypoints::openai::serving_chat::{render_chat, run_chat, ChatRun, RunOptions};
 use crate::entrypoints::openai::serving_engine::{
     check_model, json_response, named_sse, off_async, parse,
 };
@@ -32,8 +33,13 @@ pub async fn messages(
         id: format!("msg_{}", rid.0),
         model: s.config.served_model_name.clone(),
     };
-    // With the usage details: the prefix cache's share of the prompt.
-    Ok(match run_chat(&s, &rid, chat, true, true).await? {
+    let options = RunOptions {
+        include_usage: true,
+        // The prefix cache's share of the prompt.
+        usage_details: true,
+        logprob_format: LogprobFormat::Chat,
+    };
+    Ok(match run_chat(&s, &rid, chat, options).await? {
         ChatRun::Full {
             prompt_tokens,
             body,

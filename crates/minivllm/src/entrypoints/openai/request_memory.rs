@@ -19,10 +19,44 @@ use crate::engine::stop_strings::StopStrings;
 use crate::sampling_params::SamplingParams;
 use crate::utils::proc_kib_field;
 
-/// Bytes per logprob entry of a response (a position's alternative: the engine's entry,
-/// the JSON object's key and value while the response is built, and its text), measured
-/// on `/v1/completions` with `echo` and rounded up.
+/// Bytes per logprob entry of a completions response (a position's alternative: the
+/// engine's entry, the JSON object's key and value while the response is built, and its
+/// text), measured on `/v1/completions` with `echo` and rounded up (303 with
+/// `logprobs: -1`).
 const LOGPROB_ENTRY_BYTES: u64 = 320;
+/// The same for chat's entries (`{token, logprob, bytes, top_logprobs}` objects, the bytes
+/// a list of numbers): 2,173 bytes at the peak, measured with `top_logprobs: -1` over 8
+/// tokens (1,360 streamed).
+const CHAT_LOGPROB_ENTRY_BYTES: u64 = 2_304;
+/// The Responses route's, which reads chat's entries back and repeats them in its events
+/// (each delta's, then the text's `done`, the part's, the item's and `response.completed`):
+/// 8,667 bytes streamed, 3,731 whole, measured as above.
+const RESPONSES_LOGPROB_ENTRY_BYTES: u64 = 9_216;
+/// An entry of vLLM's `prompt_logprobs` object (`{id: {logprob, rank, decoded_token}}`),
+/// built per choice whenever `prompt_logprobs` is set: 1,332 bytes measured with -1 on
+/// completions (964 on chat).
+const PROMPT_LOGPROB_ENTRY_BYTES: u64 = 1_408;
+
+/// How a route writes logprobs into its response, for the estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogprobFormat {
+    /// `/v1/completions`: a `{text: logprob}` map per position.
+    Completions,
+    /// Chat's entries (the Anthropic route asks for none).
+    Chat,
+    /// The Responses route's `output_text.logprobs`, repeated in its stream's events.
+    Responses,
+}
+
+impl LogprobFormat {
+    fn entry_bytes(self) -> u64 {
+        match self {
+            LogprobFormat::Completions => LOGPROB_ENTRY_BYTES,
+            LogprobFormat::Chat => CHAT_LOGPROB_ENTRY_BYTES,
+            LogprobFormat::Responses => RESPONSES_LOGPROB_ENTRY_BYTES,
+        }
+    }
+}
 /// Bytes per generated token of one sequence: its id, text, and share of the response.
 const TOKEN_BYTES: u64 = 64;
 /// Bytes per prompt token held per prompt (ids, and the text echoed in each choice).
@@ -42,11 +76,13 @@ pub struct PromptShape {
 /// parameters, the stop strings' automaton (one per request), and each sequence's tokens,
 /// logprobs and share of the response. `echo_prompt` when every choice repeats its prompt
 /// (with its logprobs when `params.prompt_logprobs` is set). Prompt logprobs also need a
-/// row of `vocab_size` logits per prompt token in the step that scores them.
+/// row of `vocab_size` logits per prompt token in the step that scores them, and vLLM's
+/// `prompt_logprobs` object in each choice. `format`: how the route writes logprobs.
 pub fn estimate(
     params: &SamplingParams,
     prompts: &[PromptShape],
     echo_prompt: bool,
+    format: LogprobFormat,
     vocab_size: usize,
 ) -> u64 {
     let stop_bytes: usize = params.stop.iter().map(String::len).sum();
@@ -77,10 +113,15 @@ pub fn estimate(
             } else {
                 0
             })
+            .saturating_add(
+                choices
+                    .saturating_mul(tokens)
+                    .saturating_mul(prompt_width * PROMPT_LOGPROB_ENTRY_BYTES),
+            )
             .saturating_add(seqs.saturating_mul(out).saturating_mul(TOKEN_BYTES))
             .saturating_add(
                 seqs.saturating_mul(out)
-                    .saturating_mul(logprob_width * LOGPROB_ENTRY_BYTES),
+                    .saturating_mul(logprob_width * format.entry_bytes()),
             );
         if echo_prompt {
             total = total.saturating_add(
@@ -345,14 +386,26 @@ mod tests {
             prompt_logprobs: Some(20),
             ..SamplingParams::default()
         };
-        let b = estimate(&p, &[shape(800, 1)], true, 49152);
+        let b = estimate(
+            &p,
+            &[shape(800, 1)],
+            true,
+            LogprobFormat::Completions,
+            49152,
+        );
         assert!(b > 1 << 30, "{b}");
         // 24 prompts sharing 1,024 stop strings of 4,096 bytes.
         let p = SamplingParams {
             stop: vec!["x".repeat(4096); 1024],
             ..SamplingParams::default()
         };
-        let b = estimate(&p, &[shape(1, 16); 24], false, 49152);
+        let b = estimate(
+            &p,
+            &[shape(1, 16); 24],
+            false,
+            LogprobFormat::Completions,
+            49152,
+        );
         assert!(b > 24 * (4 << 20) + (60 << 20), "{b}");
         // All logprobs (-1) count the vocabulary's entries per token, no more, no overflow:
         // 16 tokens of a 49,152-token vocabulary are about 250 MB of response.
@@ -360,10 +413,31 @@ mod tests {
             logprobs: Some(crate::sampling_params::ALL_LOGPROBS),
             ..SamplingParams::default()
         };
-        let b = estimate(&all, &[shape(8, 16)], false, 49152);
+        let b = estimate(
+            &all,
+            &[shape(8, 16)],
+            false,
+            LogprobFormat::Completions,
+            49152,
+        );
         assert!((200 << 20..300 << 20).contains(&b), "{b}");
+        // Chat's entries cost more; prompt logprobs' objects count even without echo.
+        let chat = estimate(&all, &[shape(8, 16)], false, LogprobFormat::Chat, 49152);
+        assert!(chat > 6 * b, "{chat} vs {b}");
+        let prompt = SamplingParams {
+            prompt_logprobs: Some(crate::sampling_params::ALL_LOGPROBS),
+            ..SamplingParams::default()
+        };
+        let b = estimate(&prompt, &[shape(200, 1)], false, LogprobFormat::Chat, 49152);
+        assert!(b > 200 * 49152 * 1300, "{b}");
         // An ordinary request is a few hundred kilobytes at most.
-        let b = estimate(&SamplingParams::default(), &[shape(200, 256)], false, 49152);
+        let b = estimate(
+            &SamplingParams::default(),
+            &[shape(200, 256)],
+            false,
+            LogprobFormat::Chat,
+            49152,
+        );
         assert!(b < 1 << 20, "{b}");
     }
 

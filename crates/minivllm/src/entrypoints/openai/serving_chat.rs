@@ -13,6 +13,7 @@ use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{
     chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateMode,
 };
+use super::request_memory::LogprobFormat;
 use super::serving_engine::{
     admit, check_model, data_sse, delta, finish_reason, fold, json_response, last_output, now,
     off_async, parse, prompt_logprobs, stop_reason, submit, token_text, top, Held, Prompt, Usage,
@@ -77,14 +78,15 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req = off_async(&s, move |_| parse::<ChatCompletionRequest>(body)).await?;
-    let include_usage = req.common.include_usage();
-    let details = s.config.prompt_tokens_details;
-    Ok(
-        match run_chat(&s, &rid, req, include_usage, details).await? {
-            ChatRun::Full { body, .. } => off_async(&s, move |_| json_response(&body)).await,
-            ChatRun::Stream { chunks, .. } => data_sse(chunks),
-        },
-    )
+    let options = RunOptions {
+        include_usage: req.common.include_usage(),
+        usage_details: s.config.prompt_tokens_details,
+        logprob_format: LogprobFormat::Chat,
+    };
+    Ok(match run_chat(&s, &rid, req, options).await? {
+        ChatRun::Full { body, .. } => off_async(&s, move |_| json_response(&body)).await,
+        ChatRun::Stream { chunks, .. } => data_sse(chunks),
+    })
 }
 
 /// A chat request under way: its reply whole (`chat.completion`), or its stream of
@@ -101,17 +103,32 @@ pub enum ChatRun {
     },
 }
 
-/// Checks, renders and runs `req`; a stream ends with a usage chunk when `include_usage`,
-/// the usage with `prompt_tokens_details` when `usage_details`. Dropping the stream's
-/// receiver aborts the request.
+/// What the route running a chat request wants of it.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    /// A stream ends with a usage chunk.
+    pub include_usage: bool,
+    /// The usage has `prompt_tokens_details`.
+    pub usage_details: bool,
+    /// How the route's response will hold logprobs (for the request memory estimate).
+    pub logprob_format: LogprobFormat,
+}
+
+/// Checks, renders and runs `req` as `options` say. Dropping the stream's receiver aborts
+/// the request.
 pub async fn run_chat(
     s: &Shared,
     rid: &RequestId,
     req: ChatCompletionRequest,
-    include_usage: bool,
-    usage_details: bool,
+    options: RunOptions,
 ) -> Result<ChatRun, ApiError> {
-    let (req, prompt, params, held, tools) = off_async(s, move |s| prepare(s, req)).await?;
+    let RunOptions {
+        include_usage,
+        usage_details,
+        logprob_format,
+    } = options;
+    let (req, prompt, params, held, tools) =
+        off_async(s, move |s| prepare(s, req, logprob_format)).await?;
     let reasoning = s
         .config
         .reasoning_parser
@@ -164,6 +181,7 @@ pub async fn run_chat(
 fn prepare(
     s: &AppState,
     req: ChatCompletionRequest,
+    logprob_format: LogprobFormat,
 ) -> Result<(ChatCompletionRequest, Prompt, SamplingParams, Held, ToolUse), ApiError> {
     let mode = req.check()?;
     check_model(s, req.common.model.as_deref())?;
@@ -180,7 +198,13 @@ fn prepare(
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let mut base = (req.common).sampling_params(&s.config.generation, max_tokens, logprobs);
     tools.adjust_params(&mut base);
-    let (mut params, held) = admit(s, &base, std::slice::from_ref(&prompt), false)?;
+    let (mut params, held) = admit(
+        s,
+        &base,
+        std::slice::from_ref(&prompt),
+        false,
+        logprob_format,
+    )?;
     Ok((req, prompt, params.remove(0), held, tools))
 }
 

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, CompletionRequest, PromptField};
+use super::request_memory::LogprobFormat;
 use super::serving_engine::{
     admit, check_model, check_request_width, delta, finish_reason, fold, json_response,
     last_output, merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text,
@@ -75,7 +76,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
     // Before any prompt is tokenised or any state is sized by their number.
     check_request_width(s, &base, req.prompt.len())?;
     let prompts = prompts(s.engine.tokenizer(), req.prompt.clone(), "prompt")?;
-    let (params, held) = admit(s, &base, &prompts, req.echo)?;
+    let (params, held) = admit(s, &base, &prompts, req.echo, LogprobFormat::Completions)?;
     Ok((req, prompts, base, params, held))
 }
 

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, PromptField};
+use super::request_memory::LogprobFormat;
 use super::serving_completion::prompts;
 use super::serving_engine::{
     admit, check_model, check_request_width, json_response, merge, now, off_async, parse, submit,
@@ -110,6 +111,6 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
     };
     check_request_width(s, &base, req.input.len())?;
     let prompts = prompts(s.engine.tokenizer(), req.input.clone(), "input")?;
-    let (params, held) = admit(s, &base, &prompts, false)?;
+    let (params, held) = admit(s, &base, &prompts, false, LogprobFormat::Completions)?;
     Ok((req, prompts, params, held))
 }

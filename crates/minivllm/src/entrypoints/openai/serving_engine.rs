@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::ApiError;
-use super::request_memory::{estimate, PromptShape, Reservation};
+use super::request_memory::{estimate, LogprobFormat, PromptShape, Reservation};
 use crate::engine::async_engine::{collect, NewRequest};
 use crate::engine::llm_engine::check_width;
 use crate::engine::stop_strings::StopStrings;
@@ -133,6 +133,7 @@ pub fn admit(
     base: &SamplingParams,
     prompts: &[Prompt],
     echo: bool,
+    format: LogprobFormat,
 ) -> Result<(Vec<SamplingParams>, Held), ApiError> {
     base.validate()?;
     // Before anything is sized by `n`: the streams' per-choice state, the engine's sibling sequences.
@@ -160,7 +161,7 @@ pub fn admit(
     let vocab = s.engine.tokenizer().vocab_size();
     let memory = s
         .memory
-        .reserve(estimate(base, &shapes, echo, vocab), &what)?;
+        .reserve(estimate(base, &shapes, echo, format, vocab), &what)?;
     let held = Held {
         _memory: memory,
         _stops: StopStrings::shared(&base.stop),
@@ -379,14 +380,42 @@ pub fn prompt_logprobs(tok: &Tokenizer, out: &RequestOutput) -> Value {
     Value::Array(list.collect())
 }
 
-/// The alternatives at one position, best first, each token once.
+/// The alternatives at one position, best first, each token once. The entries are the
+/// chosen (or actual) token, then the top k best first without it
+/// ([`TokenLogprobs::with_chosen`]): the first goes in at its place, before tokens as
+/// likely. Linear, as it must be for `logprobs: -1`'s vocabulary-wide lists.
 pub fn top(lps: &TokenLogprobs) -> Vec<(TokenId, f32)> {
-    let mut v: Vec<(TokenId, f32)> = Vec::new();
-    for &(t, lp) in &lps.entries {
-        if !v.iter().any(|(u, _)| *u == t) {
-            v.push((t, lp));
-        }
-    }
-    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let Some((&first, rest)) = lps.entries.split_first() else {
+        return Vec::new();
+    };
+    let at = rest.partition_point(|e| e.1.total_cmp(&first.1).is_gt());
+    let mut v = Vec::with_capacity(lps.entries.len());
+    v.extend_from_slice(&rest[..at]);
+    v.push(first);
+    v.extend(rest[at..].iter().filter(|e| e.0 != first.0));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_puts_the_chosen_token_in_its_place() {
+        let top_k = vec![(7, -0.5), (8, -1.0), (9, -2.0)];
+        let at = |chosen: (TokenId, f32)| {
+            let lps = TokenLogprobs::with_chosen(chosen.0, chosen.1, top_k.clone(), 1);
+            top(&lps)
+        };
+        // Chosen among the top k: once, where it ranks.
+        assert_eq!(at((8, -1.0)), top_k);
+        // Outside them: last; better than all: first; as likely as one: before it.
+        assert_eq!(at((3, -5.0)).last(), Some(&(3, -5.0)));
+        assert_eq!(at((3, -0.1))[0], (3, -0.1));
+        assert_eq!(
+            at((3, -1.0)),
+            vec![(7, -0.5), (3, -1.0), (8, -1.0), (9, -2.0)]
+        );
+        assert!(top(&TokenLogprobs::default()).is_empty());
+    }
 }

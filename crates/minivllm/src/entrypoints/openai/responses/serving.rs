@@ -15,7 +15,8 @@ use super::protocol::ResponsesRequest;
 use crate::entrypoints::openai::api_server::{RequestId, Shared};
 use crate::entrypoints::openai::chat_chunks::{read_chunk, Piece};
 use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
-use crate::entrypoints::openai::serving_chat::{run_chat, ChatRun};
+use crate::entrypoints::openai::request_memory::LogprobFormat;
+use crate::entrypoints::openai::serving_chat::{run_chat, ChatRun, RunOptions};
 use crate::entrypoints::openai::serving_engine::{json_response, named_sse, now, off_async, parse};
 
 pub async fn responses(
@@ -26,15 +27,22 @@ pub async fn responses(
     let req = off_async(&s, move |_| parse::<ResponsesRequest>(body)).await?;
     let chat = req.to_chat()?;
     let head = Head::new(&req, &chat, &rid, &s.config.served_model_name);
-    Ok(match run_chat(&s, &rid, chat, true, true).await? {
+    let options = RunOptions {
+        include_usage: true,
+        usage_details: true,
+        logprob_format: LogprobFormat::Responses,
+    };
+    Ok(match run_chat(&s, &rid, chat, options).await? {
         ChatRun::Full {
             prompt_tokens,
-            body,
+            mut body,
         } => {
-            let choice = &body["choices"][0];
-            let items = output_items(choice, status(choice));
             let usage = usage(prompt_tokens, &body["usage"]);
-            json_response(&head.response(status(choice), items, usage))
+            let mut none = Value::Null;
+            let choice = body.pointer_mut("/choices/0").unwrap_or(&mut none);
+            let status = status(choice);
+            let items = output_items(choice, status);
+            json_response(&head.response(status, items, usage))
         }
         ChatRun::Stream {
             prompt_tokens,
@@ -137,13 +145,14 @@ impl Head {
             }
         }
         let (mut finish, mut chat_usage) = (None, Value::Null);
-        while let Some(chunk) = chunks.recv().await {
+        while let Some(mut chunk) = chunks.recv().await {
+            // The chunk's tokens' logprobs (when asked for) go with its text.
+            let choice = chunk.pointer_mut("/choices/0");
+            let mut logprobs = choice.map(take_logprobs).unwrap_or_default();
             let read = read_chunk(&chunk);
             if let Some(u) = read.usage {
                 chat_usage = u.clone();
             }
-            // The chunk's tokens' logprobs (when asked for) go with its text.
-            let mut logprobs = token_logprobs(&chunk["choices"][0]);
             for piece in read.pieces {
                 let ok = match piece {
                     Piece::Thinking(t) => out.text(Kind::Reasoning, t, Vec::new()).await,
@@ -211,18 +220,20 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}_{:032x}", rand::random::<u128>())
 }
 
-/// A chat choice's tokens' logprobs (chat's and the Responses API's entries are alike:
-/// token, logprob, bytes, top_logprobs); none unless asked for.
-fn token_logprobs(choice: &Value) -> Vec<Value> {
-    choice["logprobs"]["content"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
+/// A chat choice's tokens' logprobs, taken out of it (chat's and the Responses API's
+/// entries are alike: token, logprob, bytes, top_logprobs; a vocabulary-wide list each
+/// with `top_logprobs: -1`, not to be copied); none unless asked for.
+fn take_logprobs(choice: &mut Value) -> Vec<Value> {
+    match choice.pointer_mut("/logprobs/content").map(Value::take) {
+        Some(Value::Array(entries)) => entries,
+        _ => Vec::new(),
+    }
 }
 
 /// A whole chat choice's message as output items: its thinking, its text (when there is
 /// any, or nothing else; with every token's logprobs, as vLLM), its calls.
-fn output_items(choice: &Value, status: &'static str) -> Vec<Value> {
+fn output_items(choice: &mut Value, status: &'static str) -> Vec<Value> {
+    let logprobs = take_logprobs(choice);
     let m = &choice["message"];
     let mut items = Vec::new();
     if let Some(t) = m["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
@@ -233,7 +244,7 @@ fn output_items(choice: &Value, status: &'static str) -> Vec<Value> {
     // An empty reply still has its (empty) message; one cut while thinking does not.
     if !text.is_empty() || (calls.is_empty() && items.is_empty()) {
         let mut item = Item::new(Kind::Message, text.to_string());
-        item.logprobs = token_logprobs(choice);
+        item.logprobs = logprobs;
         items.push(item);
     }
     for c in calls {
