@@ -77,9 +77,19 @@ impl WeightMatrix {
                     .flatten()
             }
         };
-        let mut data = Vec::with_capacity(rows * cols);
+        // The first part's buffer grows to hold the others (a large allocation grows by
+        // remapping, not copying): a one-part matrix, most of them, is never copied, and
+        // each page is written once (first writes to fresh memory are most of a float
+        // load's time).
+        let mut data = Vec::new();
         for &(name, r) in parts {
-            data.extend(src.load(name)?.expect_shape(name, &[r, cols])?);
+            let part = src.load(name)?.expect_shape(name, &[r, cols])?;
+            if data.is_empty() {
+                data = part;
+                data.reserve_exact(rows * cols - data.len());
+            } else {
+                data.extend(part);
+            }
         }
         match opts.quantization {
             Some(q) => match q.ggml_type_for(cols) {
