@@ -72,17 +72,27 @@ pub struct PromptShape {
     pub max_tokens: usize,
 }
 
+/// What a route's response holds of a request, for the estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseShape {
+    /// Every choice repeats its prompt (completions' `echo`), with its logprobs when
+    /// `prompt_logprobs` is set.
+    pub echo: bool,
+    /// vLLM's `prompt_logprobs` objects written per prompt: one per choice (completions),
+    /// one (chat), none where the client did not ask for the field.
+    pub prompt_logprobs_objects: u64,
+    pub format: LogprobFormat,
+}
+
 /// The most a request may make the server hold: its prompts' copies of the sampling
 /// parameters, the stop strings' automaton (one per request), and each sequence's tokens,
-/// logprobs and share of the response. `echo_prompt` when every choice repeats its prompt
-/// (with its logprobs when `params.prompt_logprobs` is set). Prompt logprobs also need a
-/// row of `vocab_size` logits per prompt token in the step that scores them, and vLLM's
-/// `prompt_logprobs` object in each choice. `format`: how the route writes logprobs.
+/// logprobs and share of the response, as `shape` says the route writes them. Prompt
+/// logprobs also need a row of `vocab_size` logits per prompt token in the step that
+/// scores them.
 pub fn estimate(
     params: &SamplingParams,
     prompts: &[PromptShape],
-    echo_prompt: bool,
-    format: LogprobFormat,
+    shape: ResponseShape,
     vocab_size: usize,
 ) -> u64 {
     let stop_bytes: usize = params.stop.iter().map(String::len).sum();
@@ -114,16 +124,16 @@ pub fn estimate(
                 0
             })
             .saturating_add(
-                choices
+                (shape.prompt_logprobs_objects)
                     .saturating_mul(tokens)
                     .saturating_mul(prompt_width * PROMPT_LOGPROB_ENTRY_BYTES),
             )
             .saturating_add(seqs.saturating_mul(out).saturating_mul(TOKEN_BYTES))
             .saturating_add(
                 seqs.saturating_mul(out)
-                    .saturating_mul(logprob_width * format.entry_bytes()),
+                    .saturating_mul(logprob_width * shape.format.entry_bytes()),
             );
-        if echo_prompt {
+        if shape.echo {
             total = total.saturating_add(
                 choices
                     .saturating_mul(tokens)
@@ -377,6 +387,22 @@ mod tests {
         PromptShape { tokens, max_tokens }
     }
 
+    fn completions(echo: bool, prompt_logprobs_objects: u64) -> ResponseShape {
+        ResponseShape {
+            echo,
+            prompt_logprobs_objects,
+            format: LogprobFormat::Completions,
+        }
+    }
+
+    fn chat(prompt_logprobs_objects: u64) -> ResponseShape {
+        ResponseShape {
+            echo: false,
+            prompt_logprobs_objects,
+            format: LogprobFormat::Chat,
+        }
+    }
+
     #[test]
     fn the_probes_requests_are_estimated_above_a_small_limit() {
         // n 256 x 20 logprobs x an echoed 800-token prompt: a 113 MB response.
@@ -386,26 +412,14 @@ mod tests {
             prompt_logprobs: Some(20),
             ..SamplingParams::default()
         };
-        let b = estimate(
-            &p,
-            &[shape(800, 1)],
-            true,
-            LogprobFormat::Completions,
-            49152,
-        );
+        let b = estimate(&p, &[shape(800, 1)], completions(true, 256), 49152);
         assert!(b > 1 << 30, "{b}");
         // 24 prompts sharing 1,024 stop strings of 4,096 bytes.
         let p = SamplingParams {
             stop: vec!["x".repeat(4096); 1024],
             ..SamplingParams::default()
         };
-        let b = estimate(
-            &p,
-            &[shape(1, 16); 24],
-            false,
-            LogprobFormat::Completions,
-            49152,
-        );
+        let b = estimate(&p, &[shape(1, 16); 24], completions(false, 0), 49152);
         assert!(b > 24 * (4 << 20) + (60 << 20), "{b}");
         // All logprobs (-1) count the vocabulary's entries per token, no more, no overflow:
         // 16 tokens of a 49,152-token vocabulary are about 250 MB of response.
@@ -413,29 +427,33 @@ mod tests {
             logprobs: Some(crate::sampling_params::ALL_LOGPROBS),
             ..SamplingParams::default()
         };
-        let b = estimate(
-            &all,
-            &[shape(8, 16)],
-            false,
-            LogprobFormat::Completions,
-            49152,
-        );
+        let b = estimate(&all, &[shape(8, 16)], completions(false, 0), 49152);
         assert!((200 << 20..300 << 20).contains(&b), "{b}");
         // Chat's entries cost more; prompt logprobs' objects count even without echo.
-        let chat = estimate(&all, &[shape(8, 16)], false, LogprobFormat::Chat, 49152);
-        assert!(chat > 6 * b, "{chat} vs {b}");
+        let chat_b = estimate(&all, &[shape(8, 16)], chat(0), 49152);
+        assert!(chat_b > 6 * b, "{chat_b} vs {b}");
         let prompt = SamplingParams {
             prompt_logprobs: Some(crate::sampling_params::ALL_LOGPROBS),
             ..SamplingParams::default()
         };
-        let b = estimate(&prompt, &[shape(200, 1)], false, LogprobFormat::Chat, 49152);
+        let b = estimate(&prompt, &[shape(200, 1)], chat(1), 49152);
         assert!(b > 200 * 49152 * 1300, "{b}");
+        // Echo's own prompt logprobs (completions-style) do not count the object it
+        // does not write.
+        let echoed = SamplingParams {
+            n: 4,
+            logprobs: Some(5),
+            prompt_logprobs: Some(5),
+            ..SamplingParams::default()
+        };
+        let with = estimate(&echoed, &[shape(1000, 16)], completions(true, 4), 49152);
+        let without = estimate(&echoed, &[shape(1000, 16)], completions(true, 0), 49152);
+        assert_eq!(with - without, 4 * 1000 * 6 * PROMPT_LOGPROB_ENTRY_BYTES);
         // An ordinary request is a few hundred kilobytes at most.
         let b = estimate(
             &SamplingParams::default(),
             &[shape(200, 256)],
-            false,
-            LogprobFormat::Chat,
+            chat(0),
             49152,
         );
         assert!(b < 1 << 20, "{b}");

@@ -13,7 +13,7 @@ use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{
     chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateMode,
 };
-use super::request_memory::LogprobFormat;
+use super::request_memory::{LogprobFormat, ResponseShape};
 use super::serving_engine::{
     admit, check_model, data_sse, delta, finish_reason, fold, json_response, last_output, now,
     off_async, parse, prompt_logprobs, stop_reason, submit, token_text, top, Held, Prompt, Usage,
@@ -198,13 +198,13 @@ fn prepare(
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let mut base = (req.common).sampling_params(&s.config.generation, max_tokens, logprobs);
     tools.adjust_params(&mut base);
-    let (mut params, held) = admit(
-        s,
-        &base,
-        std::slice::from_ref(&prompt),
-        false,
-        logprob_format,
-    )?;
+    let response = ResponseShape {
+        echo: false,
+        // Once, beside the choices.
+        prompt_logprobs_objects: u64::from(base.prompt_logprobs.is_some()),
+        format: logprob_format,
+    };
+    let (mut params, held) = admit(s, &base, std::slice::from_ref(&prompt), response)?;
     Ok((req, prompt, params.remove(0), held, tools))
 }
 

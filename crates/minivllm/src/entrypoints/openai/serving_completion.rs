@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, CompletionRequest, PromptField};
-use super::request_memory::LogprobFormat;
+use super::request_memory::{LogprobFormat, ResponseShape};
 use super::serving_engine::{
     admit, check_model, check_request_width, delta, finish_reason, fold, json_response,
     last_output, merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text,
@@ -76,7 +76,18 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
     // Before any prompt is tokenised or any state is sized by their number.
     check_request_width(s, &base, req.prompt.len())?;
     let prompts = prompts(s.engine.tokenizer(), req.prompt.clone(), "prompt")?;
-    let (params, held) = admit(s, &base, &prompts, req.echo, LogprobFormat::Completions)?;
+    let response = ResponseShape {
+        echo: req.echo,
+        // vLLM's field, in every choice, only when asked for (echo's logprobs are the
+        // completions-style ones).
+        prompt_logprobs_objects: if req.common.prompt_logprobs.is_some() {
+            base.n as u64
+        } else {
+            0
+        },
+        format: LogprobFormat::Completions,
+    };
+    let (params, held) = admit(s, &base, &prompts, response)?;
     Ok((req, prompts, base, params, held))
 }
 

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, PromptField};
-use super::request_memory::LogprobFormat;
+use super::request_memory::{LogprobFormat, ResponseShape};
 use super::serving_completion::prompts;
 use super::serving_engine::{
     admit, check_model, check_request_width, json_response, merge, now, off_async, parse, submit,
@@ -111,6 +111,11 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
     };
     check_request_width(s, &base, req.input.len())?;
     let prompts = prompts(s.engine.tokenizer(), req.input.clone(), "input")?;
-    let (params, held) = admit(s, &base, &prompts, false, LogprobFormat::Completions)?;
+    let response = ResponseShape {
+        echo: false,
+        prompt_logprobs_objects: 0,
+        format: LogprobFormat::Completions,
+    };
+    let (params, held) = admit(s, &base, &prompts, response)?;
     Ok((req, prompts, params, held))
 }

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::ApiError;
-use super::request_memory::{estimate, LogprobFormat, PromptShape, Reservation};
+use super::request_memory::{estimate, PromptShape, Reservation, ResponseShape};
 use crate::engine::async_engine::{collect, NewRequest};
 use crate::engine::llm_engine::check_width;
 use crate::engine::stop_strings::StopStrings;
@@ -126,14 +126,13 @@ pub struct Held {
 
 /// Admits a request: checks `base` against the server, fixes each prompt's output budget
 /// (a prompt that fills the context is refused here with OpenAI's message), reserves the
-/// request's memory (`echo`: each choice repeats its prompt), builds its stop strings'
+/// request's memory (as `response` says the route writes it), builds its stop strings'
 /// automaton, and only then copies the parameters per prompt.
 pub fn admit(
     s: &AppState,
     base: &SamplingParams,
     prompts: &[Prompt],
-    echo: bool,
-    format: LogprobFormat,
+    response: ResponseShape,
 ) -> Result<(Vec<SamplingParams>, Held), ApiError> {
     base.validate()?;
     // Before anything is sized by `n`: the streams' per-choice state, the engine's sibling sequences.
@@ -161,7 +160,7 @@ pub fn admit(
     let vocab = s.engine.tokenizer().vocab_size();
     let memory = s
         .memory
-        .reserve(estimate(base, &shapes, echo, format, vocab), &what)?;
+        .reserve(estimate(base, &shapes, response, vocab), &what)?;
     let held = Held {
         _memory: memory,
         _stops: StopStrings::shared(&base.stop),

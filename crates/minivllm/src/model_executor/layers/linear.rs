@@ -86,7 +86,7 @@ impl WeightMatrix {
             let part = src.load(name)?.expect_shape(name, &[r, cols])?;
             if data.is_empty() {
                 data = part;
-                data.reserve_exact(rows * cols - data.len());
+                data.reserve_exact((rows * cols).saturating_sub(data.len()));
             } else {
                 data.extend(part);
             }
