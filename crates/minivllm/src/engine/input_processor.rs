@@ -2,6 +2,7 @@
 //! to checked token ids, and its parameters checked against the engine's settings.
 
 use crate::core::policy::Policy;
+use crate::core::scheduler::SchedulerConfig;
 use crate::engine::arg_utils::check_width;
 use crate::engine::errors::EngineError;
 use crate::engine::tokenizer::Tokenizer;
@@ -39,30 +40,30 @@ pub struct ProcessedPrompt {
     pub token_ids: Vec<TokenId>,
 }
 
-/// What a request must satisfy to run on the engine: its prompt, the model's context and
-/// vocabulary; its parameters, the engine's settings.
+/// What a request must satisfy to run on the engine, beyond the scheduler's settings: its
+/// prompt, the model's context and vocabulary; its logprobs, `--max-logprobs`.
 pub struct RequestLimits {
     pub max_model_len: usize,
     pub vocab_size: usize,
-    pub max_num_seqs: usize,
     /// `--max-logprobs` ([`ALL_LOGPROBS`](crate::sampling_params::ALL_LOGPROBS) for -1).
     pub max_logprobs: usize,
-    pub policy: Policy,
 }
 
 /// vLLM's checks of a request's parameters, with its messages: on their own, against the
-/// tokenizer's vocabulary and `--max-logprobs`, its width against `--max-num-seqs`, and a
-/// priority only under priority scheduling (under FCFS it would be silently ignored).
+/// tokenizer's vocabulary and `--max-logprobs`, its width against the scheduler's
+/// `--max-num-seqs`, and a priority only under its priority policy (under FCFS it would be
+/// silently ignored).
 pub fn check_params(
     tokenizer: &Tokenizer,
     params: &SamplingParams,
     priority: i32,
     limits: &RequestLimits,
+    sched: &SchedulerConfig,
 ) -> Result<(), EngineError> {
     params.validate()?;
     params.validate_for_model(tokenizer.vocab_size(), limits.max_logprobs)?;
-    check_width(params, limits.max_num_seqs)?;
-    if priority != 0 && limits.policy != Policy::Priority {
+    check_width(params, sched.max_num_seqs)?;
+    if priority != 0 && sched.policy != Policy::Priority {
         return Err(ValidationError::new(
             Some("priority"),
             format!("Got priority {priority} but Priority scheduling is not enabled."),

@@ -94,9 +94,7 @@ impl LLMEngine {
             limits: RequestLimits {
                 max_model_len,
                 vocab_size: executor.model().config().vocab_size,
-                max_num_seqs: args.max_num_seqs,
                 max_logprobs: args.max_logprobs,
-                policy: args.scheduling_policy,
             },
             executor,
             next_arrival: 0,
@@ -141,7 +139,7 @@ impl LLMEngine {
     /// Most sequences one step runs (`--max-num-seqs`), and so the widest a request may be
     /// (`n`, or `best_of` when larger).
     pub fn max_num_seqs(&self) -> usize {
-        self.limits.max_num_seqs
+        self.scheduler.config().max_num_seqs
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -251,7 +249,8 @@ impl LLMEngine {
         if self.outputs.contains(&request_id) {
             return Err(EngineError::DuplicateRequest(request_id.0));
         }
-        check_params(&self.tokenizer, &params, priority, &self.limits)?;
+        let sched = self.scheduler.config();
+        check_params(&self.tokenizer, &params, priority, &self.limits, sched)?;
         let grammar = match (grammar, &params.structured_outputs) {
             (None, Some(so)) => Some(self.structured.compile(so, &prompt)?),
             (grammar, _) => grammar,
