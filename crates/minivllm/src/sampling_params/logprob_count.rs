@@ -19,13 +19,18 @@ pub fn resolve(count: usize, vocab_size: usize) -> usize {
     }
 }
 
+/// The count as vLLM writes it: `-1` for all.
+pub fn as_i64(count: usize) -> i64 {
+    if count == ALL_LOGPROBS {
+        -1
+    } else {
+        count as i64
+    }
+}
+
 /// A count for logs and messages: `-1` for all, as it was asked.
 pub fn display(count: usize) -> String {
-    if count == ALL_LOGPROBS {
-        "-1".to_owned()
-    } else {
-        count.to_string()
-    }
+    as_i64(count).to_string()
 }
 
 /// Parses a command-line count (`--max-logprobs 20`, `--max-logprobs -1`).
@@ -56,8 +61,7 @@ pub fn deserialize_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>,
 pub fn serialize_opt<S: Serializer>(count: &Option<usize>, s: S) -> Result<S::Ok, S::Error> {
     match *count {
         None => s.serialize_none(),
-        Some(ALL_LOGPROBS) => s.serialize_i64(-1),
-        Some(n) => s.serialize_u64(n as u64),
+        Some(n) => s.serialize_i64(as_i64(n)),
     }
 }
 

@@ -18,7 +18,7 @@ use crate::entrypoints::openai::protocol::ApiError;
 use crate::entrypoints::openai::request_memory::LogprobFormat;
 use crate::entrypoints::openai::serving_chat::{render_chat, run_chat, ChatRun, RunOptions};
 use crate::entrypoints::openai::serving_engine::{
-    check_model, json_response, named_sse, off_async, parse,
+    check_model, json_response, named_sse, off_async, parse, Usage,
 };
 use crate::entrypoints::openai::tool_calls::ToolUse;
 
@@ -120,7 +120,7 @@ impl Head {
         self.object(
             Value::Array(content),
             stop_reason(choice, !calls.is_empty()),
-            usage(prompt_tokens, &chat["usage"]),
+            usage(Usage::read(prompt_tokens, &chat["usage"])),
         )
     }
 
@@ -189,7 +189,7 @@ impl Head {
         let delta = json!({
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": usage(prompt_tokens, &chat_usage),
+            "usage": usage(Usage::read(prompt_tokens, &chat_usage)),
         });
         if out.send("message_delta", delta).await {
             out.send("message_stop", json!({"type": "message_stop"}))
@@ -202,15 +202,12 @@ impl Head {
 /// prefix cache did not hold and `cache_read_input_tokens` those it did, so that their sum
 /// is the prompt, as Anthropic counts (agents add the fields up for the context's size).
 /// Nothing is reported as written to a cache: the prefix cache keeps blocks unasked.
-fn usage(prompt_tokens: usize, chat: &Value) -> Value {
-    let cached = chat["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0) as usize;
+fn usage(u: Usage) -> Value {
     json!({
-        "input_tokens": prompt_tokens.saturating_sub(cached),
+        "input_tokens": u.prompt.saturating_sub(u.cached),
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached.min(prompt_tokens),
-        "output_tokens": chat["completion_tokens"].as_u64().unwrap_or(0),
+        "cache_read_input_tokens": u.cached.min(u.prompt),
+        "output_tokens": u.completion,
     })
 }
 

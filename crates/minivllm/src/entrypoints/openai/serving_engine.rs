@@ -254,6 +254,18 @@ impl Usage {
         self.cached += out.num_cached_tokens;
     }
 
+    /// What [`json`](Self::json) wrote, read back by the routes that translate the chat
+    /// route's replies; `prompt` as the request was rendered (a stream that ended early has
+    /// no usage to read).
+    pub fn read(prompt: usize, usage: &Value) -> Self {
+        let count = |v: &Value| v.as_u64().unwrap_or(0) as usize;
+        Usage {
+            prompt,
+            completion: count(&usage["completion_tokens"]),
+            cached: count(&usage["prompt_tokens_details"]["cached_tokens"]),
+        }
+    }
+
     /// With `details` (`--enable-prompt-tokens-details`, as vLLM), also
     /// `prompt_tokens_details.cached_tokens`.
     pub fn json(&self, details: bool) -> Value {

@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use crate::entrypoints::openai::chat_chunks::{chat_request, chat_tools, set_present};
 use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
-use crate::sampling_params::{logprob_count, ALL_LOGPROBS};
+use crate::sampling_params::logprob_count;
 
 /// `POST /v1/responses`. Stateless: nothing is stored, so `previous_response_id` is refused
 /// (send the conversation in `input`, as `store: false` clients do). Fields that change
@@ -109,11 +109,8 @@ impl ResponsesRequest {
         // (checked by the chat request as its own `top_logprobs`).
         if self.wants_logprobs() {
             fields.insert("logprobs".into(), json!(true));
-            let top = match self.top_logprobs {
-                Some(ALL_LOGPROBS) => json!(-1),
-                top => json!(top.unwrap_or(0)),
-            };
-            fields.insert("top_logprobs".into(), top);
+            let top = logprob_count::as_i64(self.top_logprobs.unwrap_or(0));
+            fields.insert("top_logprobs".into(), json!(top));
         }
         chat_request(chat)
     }

@@ -17,7 +17,10 @@ use crate::entrypoints::openai::chat_chunks::{read_chunk, Piece};
 use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
 use crate::entrypoints::openai::request_memory::LogprobFormat;
 use crate::entrypoints::openai::serving_chat::{run_chat, ChatRun, RunOptions};
-use crate::entrypoints::openai::serving_engine::{json_response, named_sse, now, off_async, parse};
+use crate::entrypoints::openai::serving_engine::{
+    json_response, named_sse, now, off_async, parse, Usage,
+};
+use crate::sampling_params::logprob_count;
 
 pub async fn responses(
     State(s): State<Shared>,
@@ -37,7 +40,7 @@ pub async fn responses(
             prompt_tokens,
             mut body,
         } => {
-            let usage = usage(prompt_tokens, &body["usage"]);
+            let usage = usage(Usage::read(prompt_tokens, &body["usage"]));
             let mut none = Value::Null;
             let choice = body.pointer_mut("/choices/0").unwrap_or(&mut none);
             let status = status(choice);
@@ -89,7 +92,7 @@ impl Head {
             "store": false,
             "temperature": chat.common.temperature.unwrap_or(1.0),
             "top_p": chat.common.top_p.unwrap_or(1.0),
-            "top_logprobs": req.top_logprobs.map(|n| i64::try_from(n).unwrap_or(-1)),
+            "top_logprobs": req.top_logprobs.map(logprob_count::as_i64),
             "text": req.text.clone().unwrap_or_else(|| json!({"format": {"type": "text"}})),
             "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
             "tools": req.tools.clone().unwrap_or_default(),
@@ -183,7 +186,8 @@ impl Head {
             return;
         }
         let items = out.items.iter().map(Item::json).collect();
-        let last = self.response(status, items, usage(prompt_tokens, &chat_usage));
+        let usage = usage(Usage::read(prompt_tokens, &chat_usage));
+        let last = self.response(status, items, usage);
         let name = if status == "completed" {
             "response.completed"
         } else {
@@ -202,17 +206,13 @@ fn status(choice: &Value) -> &'static str {
     }
 }
 
-fn usage(prompt_tokens: usize, chat: &Value) -> Value {
-    let output = chat["completion_tokens"].as_u64().unwrap_or(0) as usize;
+fn usage(u: Usage) -> Value {
     json!({
-        "input_tokens": prompt_tokens,
-        "input_tokens_details": {
-            "cached_tokens": chat["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
-            "cache_write_tokens": 0,
-        },
-        "output_tokens": output,
+        "input_tokens": u.prompt,
+        "input_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": 0},
+        "output_tokens": u.completion,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt_tokens + output,
+        "total_tokens": u.prompt + u.completion,
     })
 }
 
