@@ -101,6 +101,9 @@ class LLM:
         max_num_batched_tokens: Most tokens per step.
         max_prefill_tokens: Most prompt tokens per step, decodes not counted (default 256:
             a burst's requests get their first tokens in turn).
+        long_prefill_token_threshold: A prompt with more tokens than this to prefill is
+            long, and shares the machine's time with the other requests (default:
+            ``max_prefill_tokens``; 0 turns it off).
         block_size: Tokens per KV-cache block.
         enable_prefix_caching: Reuse the KV cache of shared prompt prefixes.
         enable_chunked_prefill: Split long prompts across steps.
@@ -136,6 +139,7 @@ class LLM:
         max_num_seqs: int = 256,
         max_num_batched_tokens: Optional[int] = None,
         max_prefill_tokens: Optional[int] = None,
+        long_prefill_token_threshold: Optional[int] = None,
         block_size: int = 16,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
@@ -170,6 +174,7 @@ class LLM:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_prefill_tokens=max_prefill_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
             block_size=block_size,
             kv_cache_memory=str(kv if kv is not None else "1GiB"),
             swap_space=str(int(swap_space * (1 << 30))),

@@ -110,6 +110,12 @@ pub struct EngineFlags {
     /// whole burst's prefill).
     #[arg(long)]
     pub max_prefill_tokens: Option<usize>,
+    /// A prompt with more tokens than this to prefill is long: after each step that runs a
+    /// chunk of it, the other requests get as much time before its next chunk, so a short
+    /// request is not held up by a long prompt's prefill (default: --max-prefill-tokens;
+    /// 0 turns it off).
+    #[arg(long)]
+    pub long_prefill_token_threshold: Option<usize>,
     /// Reuse the KV of shared prompt prefixes (on by default).
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
     pub enable_prefix_caching: bool,
@@ -157,6 +163,7 @@ impl EngineFlags {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_prefill_tokens: self.max_prefill_tokens,
+            long_prefill_token_threshold: self.long_prefill_token_threshold,
             block_size: m.block_size,
             kv_cache_memory: m.kv_cache_memory,
             kv_cache_dtype: m.kv_cache_dtype,

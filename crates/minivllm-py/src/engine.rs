@@ -46,7 +46,7 @@ impl Engine {
     #[pyo3(signature = (
         model, *, dtype = "auto", quantization = None, kv_cache_dtype = "auto",
         max_model_len = None, max_num_seqs = 256, max_num_batched_tokens = None,
-        max_prefill_tokens = None, block_size = 16, kv_cache_memory = "1GiB", swap_space = "0",
+        max_prefill_tokens = None, long_prefill_token_threshold = None, block_size = 16, kv_cache_memory = "1GiB", swap_space = "0",
         enable_prefix_caching = true, enable_chunked_prefill = true,
         scheduling_policy = "fcfs", threads = None, tensor_parallel_size = 1,
         reasoning_parser = None, speculative_config = None, max_logprobs = 20,
@@ -62,6 +62,7 @@ impl Engine {
         max_num_seqs: usize,
         max_num_batched_tokens: Option<usize>,
         max_prefill_tokens: Option<usize>,
+        long_prefill_token_threshold: Option<usize>,
         block_size: usize,
         kv_cache_memory: &str,
         swap_space: &str,
@@ -81,6 +82,7 @@ impl Engine {
             max_num_seqs,
             max_num_batched_tokens,
             max_prefill_tokens,
+            long_prefill_token_threshold,
             block_size,
             kv_cache_memory: parse_byte_size(kv_cache_memory)
                 .map_err(|e| named("kv_cache_memory", e))?,

@@ -8,6 +8,7 @@ mod server;
 
 mod bench_serve;
 mod cli;
+mod fair_prefill;
 mod hostile;
 mod load;
 mod serve;

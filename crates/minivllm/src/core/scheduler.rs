@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use crate::core::kv_cache_manager::KvCacheManager;
 use crate::core::policy::Policy;
+use crate::core::prefill_share::PrefillShare;
 pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
 use crate::core::spec_decode_stats::SpecDecodingStats;
@@ -34,6 +35,9 @@ pub struct SchedulerConfig {
     /// burst each request's prompt completes, and its first token goes out, as early as
     /// its turn allows, rather than all of them together after the whole burst's prefill.
     pub max_prefill_tokens: usize,
+    /// Prompts with more tokens than this to prefill share the machine with the other
+    /// requests (`--long-prefill-token-threshold`; 0: off): `core/prefill_share.rs`.
+    pub long_prefill_token_threshold: usize,
     pub policy: Policy,
 }
 
@@ -54,6 +58,10 @@ pub struct Scheduler {
     spec_decode_stats: SpecDecodingStats,
     /// Speculative decoding's draft lengths; `None` without a proposer.
     draft_length: Option<DraftLength>,
+    /// Which prompts are long, and how long they wait for the others.
+    prefill_share: PrefillShare,
+    /// Whether the step last scheduled runs a long prompt's chunk.
+    runs_long_prefill: bool,
 }
 
 impl Scheduler {
@@ -71,6 +79,8 @@ impl Scheduler {
             grammar_stats: GrammarStats::default(),
             spec_decode_stats: SpecDecodingStats::default(),
             draft_length: None,
+            prefill_share: PrefillShare::new(cfg.long_prefill_token_threshold),
+            runs_long_prefill: false,
             cfg,
         }
     }
@@ -166,6 +176,7 @@ impl Scheduler {
             let tokens = sched.scheduled.iter().map(|s| s.num_new_tokens).sum();
             d.observe_step(tokens, out.run_seconds, out.num_guesses, out.draft_seconds);
         }
+        (self.prefill_share).observe_step(self.runs_long_prefill, out.run_seconds);
         let mut sampled = out.sampled.into_iter().peekable();
         let mut prompt_logprobs = out.prompt_logprobs.into_iter().peekable();
         let mut pooled = out.pooled.into_iter().peekable();
@@ -284,7 +295,9 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut prefill = self.cfg.max_prefill_tokens;
         self.kv_cache_manager.start_step();
-        self.schedule_running(&mut out, &mut budget, &mut prefill);
+        self.runs_long_prefill = false;
+        let long_wait = self.prefill_share.long_prompts_wait();
+        self.schedule_running(&mut out, &mut budget, &mut prefill, long_wait);
         // As vLLM: a step that had to preempt admits nobody new, or the newcomer would
         // take the blocks just freed and the preempted sequence would starve. Swapped-out
         // sequences likewise come back before anyone new starts. That also keeps swap-outs
@@ -292,7 +305,14 @@ impl Scheduler {
         if out.preempted.is_empty() {
             self.schedule_swapped(&mut out, &mut budget);
             if self.swapped.is_empty() {
-                self.schedule_waiting(&mut out, &mut budget, &mut prefill);
+                self.schedule_waiting(&mut out, &mut budget, &mut prefill, long_wait);
+            }
+        }
+        // Long prompts wait only for others' work: with none, they run.
+        if long_wait && out.scheduled.is_empty() && out.preempted.is_empty() {
+            self.schedule_running(&mut out, &mut budget, &mut prefill, false);
+            if self.swapped.is_empty() {
+                self.schedule_waiting(&mut out, &mut budget, &mut prefill, false);
             }
         }
         out.num_batched_tokens = self.cfg.max_num_batched_tokens - budget;
@@ -332,16 +352,30 @@ impl Scheduler {
         }
     }
 
+    /// Whether `seq`, prefilling, is a long prompt: by the tokens its prefill computes
+    /// (those the prefix cache did not have when it started).
+    fn is_long_prefill(&self, seq: &Sequence) -> bool {
+        let to_prefill = seq.len() - seq.num_cached_tokens.unwrap_or(0);
+        seq.num_uncomputed() > 1 && self.prefill_share.is_long(to_prefill)
+    }
+
+    /// `long_wait`: long prompts' chunks sit this step out.
     fn schedule_running(
         &mut self,
         out: &mut SchedulerOutput,
         budget: &mut usize,
         prefill: &mut usize,
+        long_wait: bool,
     ) {
         let mut i = 0;
         while let (Some(id), true) = (self.running.get(i), *budget > 0) {
             let seq = &self.seqs[&id];
             let uncomputed = seq.num_uncomputed();
+            let long = self.is_long_prefill(seq);
+            if long && long_wait {
+                i += 1;
+                continue;
+            }
             // A decode always runs, with its draft tokens when the budget has room for all
             // of them; a prompt's remainder waits for prefill budget.
             let num_drafts = match seq.num_spec_tokens() {
@@ -379,6 +413,7 @@ impl Scheduler {
                     if uncomputed > 1 {
                         *prefill -= num_new;
                     }
+                    self.runs_long_prefill |= long;
                     i += 1;
                     break;
                 }
@@ -444,13 +479,17 @@ impl Scheduler {
         }
     }
 
+    /// Admits waiting sequences in policy order while they fit; with `long_wait`, long
+    /// prompts stay waiting and the shorter ones behind them may start.
     fn schedule_waiting(
         &mut self,
         out: &mut SchedulerOutput,
         budget: &mut usize,
         prefill: &mut usize,
+        long_wait: bool,
     ) {
-        while let Some(id) = self.waiting.first() {
+        let mut i = 0;
+        while let Some(id) = self.waiting.get(i) {
             if *budget == 0 || self.running.len() >= self.cfg.max_num_seqs {
                 break;
             }
@@ -461,6 +500,11 @@ impl Scheduler {
                 self.kv_cache_manager.get_computed_tokens(&seq.token_ids)
             };
             let remaining = seq.len() - cached;
+            let long = self.prefill_share.is_long(remaining);
+            if long && long_wait {
+                i += 1;
+                continue;
+            }
             // Only the prefill budget's first prompt may overrun it: one that must run
             // whole (no chunked prefill) would otherwise never start.
             let fresh_step = *prefill == self.cfg.max_prefill_tokens;
@@ -484,8 +528,9 @@ impl Scheduler {
             seq.num_cached_tokens.get_or_insert(cached);
             seq.status = SequenceStatus::Running;
             let key = self.cfg.policy.key(seq);
-            self.waiting.pop_first();
+            self.waiting.remove(id);
             self.running.insert(key, id);
+            self.runs_long_prefill |= long;
             out.scheduled.push(ScheduledSeq {
                 id,
                 num_computed: cached,
@@ -538,6 +583,7 @@ mod tests {
             max_num_seqs: 8,
             enable_chunked_prefill: true,
             max_prefill_tokens: usize::MAX,
+            long_prefill_token_threshold: 0,
             policy: Policy::Fcfs,
         };
         let bm = KvCacheManager::new(KvCacheManagerConfig {

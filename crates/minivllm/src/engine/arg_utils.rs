@@ -37,6 +37,10 @@ pub struct EngineArgs {
     /// Most prompt tokens one step computes (`--max-prefill-tokens`), within
     /// `max_num_batched_tokens`; decodes do not count. Default: [`DEFAULT_MAX_PREFILL_TOKENS`].
     pub max_prefill_tokens: Option<usize>,
+    /// Prompts with more tokens than this to prefill share the machine's time with the
+    /// other requests (`--long-prefill-token-threshold`, vLLM's name; 0: off). Default:
+    /// the prefill budget, so prompts that take more than one step.
+    pub long_prefill_token_threshold: Option<usize>,
     pub block_size: usize,
     /// Bytes of KV cache.
     pub kv_cache_memory: u64,
@@ -84,6 +88,7 @@ impl Default for EngineArgs {
             max_num_seqs: 256,
             max_num_batched_tokens: None,
             max_prefill_tokens: None,
+            long_prefill_token_threshold: None,
             block_size: 16,
             kv_cache_memory: 1 << 30,
             kv_cache_dtype: CacheDtype::Auto,
@@ -190,6 +195,9 @@ pub(crate) fn scheduler_config(
         max_num_seqs: args.max_num_seqs,
         enable_chunked_prefill: args.enable_chunked_prefill,
         max_prefill_tokens,
+        long_prefill_token_threshold: args
+            .long_prefill_token_threshold
+            .unwrap_or(max_prefill_tokens),
         policy: args.scheduling_policy,
     })
 }

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::ids::TokenId;
 use crate::sampling_params::{Constraint, StructuredOutputsParams};
+use crate::structured_output::limits::{self, COMPILE_STACK_BYTES};
 use crate::structured_output::vocabulary::{Vocabulary, VocabularyEnv};
 use crate::structured_output::{StructuredOutputGrammar, TokenBitmask};
 
@@ -22,11 +23,17 @@ pub enum GrammarError {
     /// The tokenizer cannot be described byte by byte (an unknown decoder).
     #[error("structured output is not available for this model: {0}")]
     Unsupported(String),
+    /// The server cannot compile now (no thread could be started): not the caller's fault.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// The compiler of every request's constraint, over one model's vocabulary.
 pub struct GuidanceBackend {
     factory: ParserFactory,
+    /// Compiles running now, at most one per core: each runs on a thread of its own with a
+    /// stack of [`COMPILE_STACK_BYTES`] (address space, reserved while it runs).
+    compiling: CompileSlots,
 }
 
 impl GuidanceBackend {
@@ -39,7 +46,11 @@ impl GuidanceBackend {
             .map_err(|e| GrammarError::Unsupported(e.to_string()))?;
         // Grammar warnings go to the caller as errors or nowhere, not to the server's stderr.
         factory.quiet();
-        Ok(Self { factory })
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(Self {
+            factory,
+            compiling: CompileSlots::new(cores.min(4)),
+        })
     }
 
     /// Compiles `params`' constraint: a schema llguidance cannot take, a regex or grammar
@@ -63,14 +74,14 @@ impl GuidanceBackend {
             .constraint()
             .map_err(|e| GrammarError::Invalid(e.to_string()))?;
         let what = kind(&constraint);
-        let mut grammar = top_level_grammar(constraint, params.disable_any_whitespace);
+        let mut grammar = top_level_grammar(constraint, params.disable_any_whitespace)
+            .map_err(|e| GrammarError::Invalid(format!("{what}: {e}")))?;
         if let Some((rule, optional)) = before {
             grammar = after(grammar, rule, optional);
         }
         let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| GrammarError::Invalid(format!("{what}: {e}")))?;
+            .on_compile_thread(|| self.factory.create_parser(grammar))?
+            .map_err(|e| GrammarError::Invalid(format!("{what}: {}", without_backtrace(e))))?;
         let trie = self.factory.tok_env().tok_trie();
         Ok(Box::new(GuidanceGrammar {
             matcher: Matcher::new(Ok(parser)),
@@ -78,6 +89,80 @@ impl GuidanceBackend {
             eos: trie.eos_token(),
         }))
     }
+}
+
+impl GuidanceBackend {
+    /// Runs `compile` on a thread with a stack for the deepest constraint the limits admit
+    /// (`limits.rs`): the caller's own (a tokio worker's 2 MiB, the engine's thread) may
+    /// be far smaller, and a stack overflow aborts the whole process.
+    fn on_compile_thread<T: Send>(
+        &self,
+        compile: impl FnOnce() -> T + Send,
+    ) -> Result<T, GrammarError> {
+        let _slot = self.compiling.take();
+        std::thread::scope(|scope| {
+            let thread = std::thread::Builder::new()
+                .name("minivllm-grammar".into())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, compile)
+                .map_err(|e| {
+                    GrammarError::Unavailable(format!("cannot start a compile thread: {e}"))
+                })?;
+            thread
+                .join()
+                .map_err(|_| GrammarError::Invalid("the grammar compiler failed".into()))
+        })
+    }
+}
+
+/// A counting semaphore: compiles beyond the cores' number wait for one to end.
+struct CompileSlots {
+    free: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+struct CompileSlot<'a>(&'a CompileSlots);
+
+impl CompileSlots {
+    fn new(n: usize) -> Self {
+        Self {
+            free: std::sync::Mutex::new(n),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    fn take(&self) -> CompileSlot<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= 1;
+        CompileSlot(self)
+    }
+}
+
+impl Drop for CompileSlot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// llguidance's message, as the client gets it: without the backtrace an internal limit's
+/// assertion (a panic it catches) carries, and cut short: a message may quote the whole
+/// constraint, up to a megabyte.
+fn without_backtrace(e: impl std::fmt::Display) -> String {
+    const MAX_CHARS: usize = 1_000;
+    let text = e.to_string();
+    let mut message = match text.split_once("\n<backtrace>") {
+        Some((message, _)) => format!("{message} (the grammar is too large)"),
+        None => text,
+    };
+    if let Some((cut, _)) = message.char_indices().nth(MAX_CHARS) {
+        message.truncate(cut);
+        message.push_str(" ...");
+    }
+    message
 }
 
 fn kind(c: &Constraint) -> &'static str {
@@ -100,7 +185,7 @@ const JSON_WHITESPACE: &str = r"\x20|\r?\n[\x20\x09]{0,40}";
 
 /// `compact`: JSON without free whitespace (vLLM's `disable_any_whitespace`), an option
 /// llguidance reads from the schema's `x-guidance` object; otherwise [`JSON_WHITESPACE`].
-fn top_level_grammar(c: Constraint, compact: bool) -> TopLevelGrammar {
+fn top_level_grammar(c: Constraint, compact: bool) -> Result<TopLevelGrammar, String> {
     let json = |mut schema: Value| {
         let options = schema
             .as_object_mut()
@@ -117,8 +202,11 @@ fn top_level_grammar(c: Constraint, compact: bool) -> TopLevelGrammar {
         }
         TopLevelGrammar::from_json_schema(schema)
     };
-    match c {
-        Constraint::JsonSchema(schema) => json(schema),
+    Ok(match c {
+        Constraint::JsonSchema(schema) => {
+            limits::check_json_schema(&schema)?;
+            json(schema)
+        }
         Constraint::JsonObject => json(json!({"type": "object"})),
         Constraint::Regex(rx) => TopLevelGrammar::from_regex(&rx),
         // One alternative per choice, each a literal (a JSON string is a Lark literal).
@@ -132,9 +220,16 @@ fn top_level_grammar(c: Constraint, compact: bool) -> TopLevelGrammar {
                 alternatives.join(" | ")
             )))
         }
-        Constraint::Grammar(lark) => TopLevelGrammar::from_lark(lark),
-        Constraint::StructuralTag(tag) => TopLevelGrammar::from_lark(tag.to_lark()),
-    }
+        Constraint::Grammar(lark) => {
+            limits::check_lark(&lark)?;
+            TopLevelGrammar::from_lark(lark)
+        }
+        Constraint::StructuralTag(tag) => {
+            let lark = tag.to_lark();
+            limits::check_lark(&lark)?;
+            TopLevelGrammar::from_lark(lark)
+        }
+    })
 }
 
 /// `grammar` preceded by `rule` (named `reasoning`): a new start grammar refers to the old

@@ -14,6 +14,7 @@ fn scheduler(num_blocks: usize, budget: usize, max_seqs: usize, policy: Policy) 
             max_num_seqs: max_seqs,
             enable_chunked_prefill: true,
             max_prefill_tokens: usize::MAX,
+            long_prefill_token_threshold: 0,
             policy,
         },
     )
@@ -42,15 +43,7 @@ fn seq(id: u64, len: usize, priority: i32) -> Sequence {
 /// What a model step would do: advance the computed counts, and append a token to every
 /// sequence that reached the end of its known tokens.
 fn complete(s: &mut Scheduler, out: &SchedulerOutput) {
-    let sampled = (out.scheduled.iter())
-        .filter(|sc| sc.num_computed + sc.num_new_tokens == s.seq(sc.id).unwrap().len())
-        .map(|sc| (sc.id, minivllm::testing::sampled(7)))
-        .collect();
-    let results = ModelRunnerOutput {
-        sampled,
-        ..ModelRunnerOutput::default()
-    };
-    s.update_from_output(out, results);
+    complete_in(s, out, 0.0);
 }
 
 fn ids(out: &SchedulerOutput) -> Vec<(u64, usize)> {
@@ -204,4 +197,86 @@ fn without_chunked_prefill_a_prompt_over_the_prefill_budget_still_runs_whole() {
         .map(|x| (x.id.0, x.num_new_tokens))
         .collect();
     assert_eq!(plan, [(1, 1), (2, 5)]);
+}
+
+/// [`complete`], the step having taken `seconds`.
+fn complete_in(s: &mut Scheduler, out: &SchedulerOutput, seconds: f64) {
+    let sampled = (out.scheduled.iter())
+        .filter(|sc| sc.num_computed + sc.num_new_tokens == s.seq(sc.id).unwrap().len())
+        .map(|sc| (sc.id, minivllm::testing::sampled(7)))
+        .collect();
+    let results = ModelRunnerOutput {
+        sampled,
+        run_seconds: seconds,
+        ..ModelRunnerOutput::default()
+    };
+    s.update_from_output(out, results);
+}
+
+#[test]
+fn a_long_prompt_gives_the_others_as_much_time_as_its_last_step_took() {
+    let base = scheduler(256, 64, 8, Policy::Fcfs);
+    let mut s = with_config(
+        256,
+        SchedulerConfig {
+            max_prefill_tokens: 16,
+            long_prefill_token_threshold: 16,
+            ..base.config().clone()
+        },
+    );
+    s.add_seq(seq(1, 100, 0));
+    // Alone, the long prompt runs every step.
+    for _ in 0..2 {
+        let out = s.schedule();
+        assert_eq!(ids(&out), [(1, 16)]);
+        complete_in(&mut s, &out, 0.5);
+    }
+    // A short request arrives: it runs (prompt, then decodes) for 0.5 s without the long
+    // prompt's chunks, then both share a step, and the short one is owed 0.5 s again.
+    s.add_seq(seq(2, 10, 0));
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(2, 10)]);
+    complete_in(&mut s, &out, 0.2);
+    // A long newcomer waits too; a short one behind it starts.
+    s.add_seq(seq(3, 40, 0));
+    s.add_seq(seq(4, 5, 0));
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(2, 1), (4, 5)]);
+    complete_in(&mut s, &out, 0.2);
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(2, 1), (4, 1)]);
+    complete_in(&mut s, &out, 0.2);
+    // 0.6 s given: the long prompts run, first come first served within the budget.
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(1, 16), (2, 1), (4, 1)]);
+    complete_in(&mut s, &out, 0.4);
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(2, 1), (4, 1)]);
+    complete_in(&mut s, &out, 0.1);
+    s.finish_seq(SeqId(2));
+    s.finish_seq(SeqId(4));
+    // Nobody else has work: the long prompts need not wait out what they owe.
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(1, 16)]);
+    complete_in(&mut s, &out, 0.5);
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(1, 16)]);
+}
+
+#[test]
+fn with_the_threshold_at_zero_a_long_prompt_holds_the_prefill_budget_as_before() {
+    let base = scheduler(256, 64, 8, Policy::Fcfs);
+    let mut s = with_config(
+        256,
+        SchedulerConfig {
+            max_prefill_tokens: 16,
+            ..base.config().clone()
+        },
+    );
+    s.add_seq(seq(1, 100, 0));
+    let out = s.schedule();
+    complete_in(&mut s, &out, 0.5);
+    s.add_seq(seq(2, 10, 0));
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(1, 16)]);
 }

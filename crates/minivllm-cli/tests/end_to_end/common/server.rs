@@ -94,11 +94,14 @@ fn start_under(mut launcher: Command, model: &str, extra: &[&str], is_launcher: 
             "smol",
             "--port",
             "0",
-            "--kv-cache-memory",
-            "64MiB",
-            "--max-model-len",
-            "1024",
         ])
+        // Small defaults, unless the test gives its own.
+        .args(
+            [["--kv-cache-memory", "64MiB"], ["--max-model-len", "1024"]]
+                .into_iter()
+                .filter(|[flag, _]| !extra.contains(flag))
+                .flatten(),
+        )
         .args(extra)
         .env_remove("MINIVLLM_API_KEY")
         .stdout(Stdio::null())

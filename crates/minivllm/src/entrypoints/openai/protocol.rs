@@ -11,6 +11,7 @@ use crate::entrypoints::openai::structured_outputs::StructuredFields;
 use crate::entrypoints::openai::tool_calls::ChatTool;
 use crate::sampling_params::{logprob_count, GenerationDefaults, SamplingParams, ValidationError};
 use crate::sequence::TokenId;
+use crate::structured_output::backend_guidance::GrammarError;
 
 /// The four prompt shapes `/v1/completions` takes. Untagged, so order matters: a bare list of
 /// numbers must not be read as a list of strings.
@@ -452,6 +453,9 @@ impl From<EngineError> for ApiError {
             | EngineError::DuplicateRequest(_)
             | EngineError::Tokenizer(_) => Self::bad_request(e.to_string(), None),
             EngineError::TooManySequences { .. } => Self::bad_request(e.to_string(), Some("n")),
+            EngineError::Grammar(GrammarError::Unavailable(m)) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, m, None)
+            }
             EngineError::Grammar(_) => Self::bad_request(e.to_string(), Some("structured_outputs")),
             other => Self::internal(other.to_string()),
         }

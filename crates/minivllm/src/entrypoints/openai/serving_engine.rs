@@ -38,7 +38,7 @@ pub fn parse<T: serde::de::DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text(), None))?;
     let mut json = serde_json::Deserializer::from_slice(&body);
-    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut json).map_err(|e| {
         // Named by the field it is in (`max_tokens: invalid type: string "x", expected
         // usize`), not only by where in the body the parser was.
         let path = e.path().to_string();
@@ -48,7 +48,16 @@ pub fn parse<T: serde::de::DeserializeOwned>(
             None => format!("invalid request: {}", e.inner()),
         };
         ApiError::bad_request(message, field)
-    })
+    })?;
+    // One JSON value and nothing after it but whitespace, as vLLM (pydantic) answers: a
+    // body with something appended is not the request its sender meant.
+    json.end().map_err(|e| {
+        ApiError::bad_request(
+            format!("invalid request: the body continues after its JSON value: {e}"),
+            None,
+        )
+    })?;
+    Ok(value)
 }
 
 /// Runs a request's CPU work (parsing a large body, tokenising, rendering a chat template,
@@ -410,6 +419,25 @@ pub fn top(lps: &TokenLogprobs) -> Vec<(TokenId, f32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_is_one_json_value_and_nothing_after_it() {
+        let body = |b: &'static [u8]| parse::<Value>(Ok(Bytes::from_static(b)));
+        assert_eq!(body(b"{\"prompt\": \"x\"} \r\n\t").unwrap()["prompt"], "x");
+        for bad in [
+            &b"{\"prompt\": \"x\"}garbage"[..],
+            b"{\"prompt\": \"x\"}\0",
+            b"{} {}",
+        ] {
+            let e = body(bad).unwrap_err();
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+            assert!(
+                e.message.contains("continues after its JSON value"),
+                "{}",
+                e.message
+            );
+        }
+    }
 
     #[test]
     fn top_puts_the_chosen_token_in_its_place() {

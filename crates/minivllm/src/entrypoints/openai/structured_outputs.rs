@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::sampling_params::{StructuredOutputsParams, ValidationError};
+use crate::structured_output::strict_schema::make_strict;
 
 /// OpenAI's `response_format`.
 #[derive(Debug, Clone, Deserialize)]
@@ -29,7 +30,9 @@ pub struct JsonSchemaFormat {
     pub description: Option<String>,
     /// Absent: any JSON object.
     pub schema: Option<Value>,
-    /// Whether the schema is followed exactly: it always is here.
+    /// OpenAI's strict mode: every object of the schema closed and all its properties
+    /// required (`structured_output/strict_schema.rs`). The output follows the schema
+    /// either way; strict also keeps out the keys and the omissions it leaves open.
     pub strict: Option<bool>,
 }
 
@@ -51,7 +54,13 @@ impl StructuredFields {
             None | Some(ResponseFormat::Text) => None,
             Some(ResponseFormat::JsonObject) => Some(StructuredOutputsParams::json_object()),
             Some(ResponseFormat::JsonSchema { json_schema }) => Some(match &json_schema.schema {
-                Some(schema) => StructuredOutputsParams::json_schema(schema.clone()),
+                Some(schema) => {
+                    let mut schema = schema.clone();
+                    if json_schema.strict == Some(true) {
+                        make_strict(&mut schema);
+                    }
+                    StructuredOutputsParams::json_schema(schema)
+                }
                 None => StructuredOutputsParams::json_object(),
             }),
             Some(ResponseFormat::StructuralTag {
@@ -120,6 +129,21 @@ mod tests {
         assert_eq!(p.params().unwrap().unwrap().choice.unwrap().len(), 2);
         let p = fields(json!({"structured_outputs": {"regex": "a+"}}));
         assert_eq!(p.params().unwrap().unwrap().regex.as_deref(), Some("a+"));
+    }
+
+    #[test]
+    fn a_strict_schema_is_closed_and_all_required() {
+        let schema = json!({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["b"]});
+        let format = |strict: Value| {
+            let f = fields(json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": schema, "strict": strict}}}));
+            f.params().unwrap().unwrap().json.unwrap()
+        };
+        let strict = format(json!(true));
+        assert_eq!(strict["additionalProperties"], false);
+        assert_eq!(strict["required"], json!(["b", "a"]));
+        assert_eq!(format(json!(false)), schema);
+        assert_eq!(format(Value::Null), schema);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 use super::protocol::ApiError;
 use super::tool_parsers::{ForcedToolParser, ParsedOutput, ToolParser, ToolParserName};
 use crate::sampling_params::{SamplingParams, StructuredOutputsParams};
+use crate::structured_output::strict_schema::close_objects;
 
 /// One entry of the request's `tools`.
 #[derive(Debug, Clone, Deserialize)]
@@ -148,14 +149,10 @@ impl ToolUse {
                     // A request's own constraint wins; otherwise Hermes calls are held to
                     // the tools once the model opens one.
                     let constraint = match parser {
-                        ToolParserName::Hermes if !structured => {
-                            let mut tag = hermes_auto_tag(tools)?;
-                            close_objects(&mut tag);
-                            Some(StructuredOutputsParams {
-                                structural_tag: Some(tag),
-                                ..Default::default()
-                            })
-                        }
+                        ToolParserName::Hermes if !structured => Some(StructuredOutputsParams {
+                            structural_tag: Some(hermes_auto_tag(tools)?),
+                            ..Default::default()
+                        }),
                         _ => None,
                     };
                     (Some(parser.parser()), constraint, true)
@@ -247,21 +244,6 @@ fn forced_params(mut schema: Value) -> StructuredOutputsParams {
     }
 }
 
-/// `additionalProperties: false` on every object schema listing `properties` without
-/// saying whether others may come.
-fn close_objects(schema: &mut Value) {
-    match schema {
-        Value::Object(o) => {
-            if o.contains_key("properties") && !o.contains_key("additionalProperties") {
-                o.insert("additionalProperties".into(), Value::Bool(false));
-            }
-            o.values_mut().for_each(close_objects);
-        }
-        Value::Array(a) => a.iter_mut().for_each(close_objects),
-        _ => {}
-    }
-}
-
 /// A tool's arguments schema; no schema means an empty object, as vLLM generates `{}`.
 fn parameters_schema(tool: &ChatTool) -> Value {
     match &tool.function.parameters {
@@ -300,6 +282,7 @@ fn hermes_auto_tag(tools: &[ChatTool]) -> Result<Value, ApiError> {
     if !defs.is_empty() {
         schema["$defs"] = Value::Object(defs);
     }
+    close_objects(&mut schema);
     Ok(json!({
         "type": "structural_tag",
         "triggers": ["<tool_call>"],
