@@ -8,6 +8,7 @@ mod server;
 
 mod bench_serve;
 mod cli;
+mod constraint_corpus;
 mod fair_prefill;
 mod hostile;
 mod load;
