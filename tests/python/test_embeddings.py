@@ -16,6 +16,12 @@ from pytest_support import ROOT
 
 REFERENCE = ROOT / "tests/data/reference/smollm2_greedy_hf.json"
 TEXTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+# The Q4_1 layers (activations rounded to 8 bits per block, as llama.cpp does) move a top-5
+# log-probability by up to 0.17 here on the AVX2 and scalar kernels (under 0.15 on AVX-512
+# VNNI, which sums in another order), and by up to 0.58 over every reference step
+# (tests/integration/model_reference.rs bounds them at 1.0). The hidden state of another
+# position, or a normalised one, misses by whole units.
+QUANTISED_LOGPROB_TOL = 0.3
 
 
 def vector(item) -> np.ndarray:
@@ -56,7 +62,7 @@ def test_the_last_hidden_state_gives_transformers_next_token_logprobs(client, mo
         step = case["steps"][0]
         for t in step["top5"]:
             got = logprobs[t["id"]]
-            assert abs(got - t["logprob"]) < 0.15, (case["prompt"], t, got)
+            assert abs(got - t["logprob"]) < QUANTISED_LOGPROB_TOL, (case["prompt"], t, got)
         if step["top1_top2_logit_margin"] > 0.5:
             assert int(np.argmax(logits)) == step["chosen_id"], case["prompt"]
 

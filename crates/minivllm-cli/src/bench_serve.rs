@@ -66,6 +66,12 @@ pub struct ServeBenchArgs {
     /// includes compiling its schema. Replies end when their JSON does, `ignore_eos` or not.
     #[arg(long, value_enum)]
     structured_output: Option<BenchSchema>,
+    /// A mixed workload: one prompt of this many random tokens (one output token) is sent
+    /// alone first, then again just before the others, which therefore arrive during its
+    /// prefill. The report adds its time alone and under the load; the others' TTFT shows
+    /// what a long prompt costs everyone else.
+    #[arg(long)]
+    long_prompt_len: Option<usize>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -130,19 +136,62 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // Two of them: alone, then under the load (the prefix cache holds the first).
+    let long_prompts = match args.long_prompt_len {
+        Some(len) => {
+            let mut one = || {
+                let (prompt, prompt_len) = exact_prompt(&tok, &vocab, len, &mut rng)?;
+                anyhow::Ok(BenchRequest {
+                    prompt,
+                    prompt_len,
+                    output_len: 1,
+                    schema: None,
+                })
+            };
+            Some([one()?, one()?])
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let base = args.base_url.trim_end_matches('/').to_string();
     let lens: Vec<usize> = requests.iter().map(|r| r.prompt_len).collect();
-    let (model, outcomes, duration, prefill_rate) = rt.block_on(async {
+    let (model, outcomes, duration, prefill_rate, long_prompt) = rt.block_on(async {
         let http = client::http_client()?;
         let model = client::resolve_model(&http, &base, args.model.clone()).await?;
         let client = Client::new(http, &base, &args.endpoint, model.clone());
         let prefill_rate = probe_prefill_rate(&client, &probes).await;
+        let long = match &long_prompts {
+            Some([alone, loaded]) => {
+                let alone_s = client
+                    .send(alone)
+                    .await
+                    .map_err(anyhow::Error::msg)?
+                    .latency;
+                let (c, loaded) = (client.clone(), loaded.clone());
+                let during = tokio::spawn(async move { c.send(&loaded).await });
+                // Admitted before the others arrive.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Some((alone.prompt_len, alone_s, during))
+            }
+            None => None,
+        };
         let start = Instant::now();
         let outcomes = dispatch(client, requests, offsets, args.max_concurrency).await;
-        anyhow::Ok((model, outcomes, start.elapsed().as_secs_f64(), prefill_rate))
+        let duration = start.elapsed().as_secs_f64();
+        let long = match long {
+            Some((tokens, alone_s, during)) => {
+                let loaded = during.await?.map_err(anyhow::Error::msg)?;
+                Some(metrics::LongPrompt {
+                    tokens,
+                    alone_s,
+                    loaded_s: loaded.latency,
+                })
+            }
+            None => None,
+        };
+        anyhow::Ok((model, outcomes, duration, prefill_rate, long))
     })?;
     let settings = metrics::Settings {
         model_id: model,
@@ -153,6 +202,7 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
     };
     let count = |text: &str| tok.encode(text, false).map_or(0, |ids| ids.len());
     let mut report = metrics::Report::new(settings, &outcomes, duration, count);
+    report.long_prompt = long_prompt;
     if args.request_rate.is_infinite() {
         let burst = args.max_concurrency.unwrap_or(lens.len()).min(lens.len());
         report.prefill_bound = prefill_rate.map(|rate| metrics::PrefillBound {

@@ -56,6 +56,15 @@ pub struct PrefillBound {
     pub median_ttft_ms: f64,
 }
 
+/// The mixed workload's long prompt (`--long-prompt-len`): its latency alone and with the
+/// others arriving during its prefill.
+#[derive(Debug, Clone, Copy)]
+pub struct LongPrompt {
+    pub tokens: usize,
+    pub alone_s: f64,
+    pub loaded_s: f64,
+}
+
 pub struct Report {
     pub settings: Settings,
     pub duration: f64,
@@ -70,6 +79,7 @@ pub struct Report {
     pub e2el: Stats,
     /// For requests sent all at once, when the probe succeeded.
     pub prefill_bound: Option<PrefillBound>,
+    pub long_prompt: Option<LongPrompt>,
 }
 
 impl Report {
@@ -107,6 +117,7 @@ impl Report {
             itl: stats(&itl),
             e2el: stats(&e2el),
             prefill_bound: None,
+            long_prompt: None,
         }
     }
 
@@ -167,6 +178,11 @@ impl Report {
         if let Some(b) = self.prefill_bound {
             put("probe_prefill_throughput", json!(b.rate));
             put("prefill_bound_median_ttft_ms", json!(b.median_ttft_ms));
+        }
+        if let Some(l) = self.long_prompt {
+            put("long_prompt_len", json!(l.tokens));
+            put("long_prompt_alone_s", json!(l.alone_s));
+            put("long_prompt_under_load_s", json!(l.loaded_s));
         }
         Value::Object(m)
     }
@@ -241,6 +257,12 @@ impl Report {
         }
         if let Some(b) = self.prefill_bound {
             row(&mut t, "Prefill alone (tok/s):", format!("{:.2}", b.rate));
+        }
+        if let Some(l) = self.long_prompt {
+            t.push_str(&format!("{:-^50}\n", "Long Prompt"));
+            row(&mut t, "Long prompt (tokens):", l.tokens.to_string());
+            row(&mut t, "Alone (s):", format!("{:.2}", l.alone_s));
+            row(&mut t, "Under the load (s):", format!("{:.2}", l.loaded_s));
         }
         t.push_str(&"=".repeat(50));
         t

@@ -101,6 +101,12 @@ fn hostile_requests() -> Vec<(&'static str, Value, &'static [u16], &'static str)
             "Requested sample logprobs of 49152, which is greater than max allowed: 20",
         ),
         (
+            "a 7.8 MB prompt (the tokenizer's working memory)",
+            json!({"prompt": "a ".repeat(3_900_000), "max_tokens": 1}),
+            &[400],
+            "--max-request-memory",
+        ),
+        (
             "prompt_logprobs 100000",
             json!({"prompt": "hi", "prompt_logprobs": 100000}),
             &[400],
@@ -289,7 +295,18 @@ fn slow_bodies_oversized_declarations_and_auth_first() {
 /// `--send-timeout`: with one connection slot, the next client gets in.
 #[test]
 fn a_client_that_stops_reading_gives_its_slot_back() {
-    let server = start_with(&model(), &["--max-connections", "1", "--send-timeout", "2"]);
+    // The text is charged the tokenizer's worst case, 320 bytes per byte (1.9 GB).
+    let server = start_with(
+        &model(),
+        &[
+            "--max-connections",
+            "1",
+            "--send-timeout",
+            "2",
+            "--max-request-memory",
+            "4GiB",
+        ],
+    );
     // About 20 MB of response (each token's id and string), more than the socket buffers
     // on both ends hold.
     let body = json!({"prompt": "hello ".repeat(1_000_000), "return_token_strs": true}).to_string();

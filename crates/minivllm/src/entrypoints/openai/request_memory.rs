@@ -57,6 +57,11 @@ impl LogprobFormat {
         }
     }
 }
+/// The tokenizer's working memory at its peak, per byte of text, measured with 2 MB texts
+/// through `/tokenize` (`return_token_strs` too) on SmolLM2's tokenizer: 266 bytes for
+/// `"a "` repeated (a word per two bytes, 532 bytes per token), 128 for digits (a token per
+/// byte); rounded up.
+pub const TOKENIZE_BYTES_PER_BYTE: u64 = 320;
 /// Bytes per generated token of one sequence: its id, text, and share of the response.
 const TOKEN_BYTES: u64 = 64;
 /// Bytes per prompt token held per prompt (ids, and the text echoed in each choice).

@@ -15,12 +15,12 @@ use super::protocol::{
 };
 use super::request_memory::{LogprobFormat, ResponseShape};
 use super::serving_engine::{
-    admit, check_model, data_sse, delta, finish_reason, fold, json_response, last_output, now,
-    off_async, parse, prompt_logprobs, stop_reason, submit, token_text, top, Held, Prompt, Usage,
+    admit, check_model, data_sse, delta, encode, finish_reason, fold, json_response, last_output,
+    now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text, top, Held, Prompt,
+    Usage,
 };
 use super::tool_calls::{message_fields, ReplyStream, ToolUse};
 use super::tool_parsers::ParsedOutput;
-use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput};
 use crate::reasoning::{PromptThinking, ReasoningParser};
@@ -46,9 +46,7 @@ pub fn render_chat(
     if mode == TemplateMode::ContinueFinalMessage {
         rendered = continue_final_message(rendered, &messages)?;
     }
-    let ids = tok
-        .encode(&rendered, add_special_tokens)
-        .map_err(EngineError::from)?;
+    let ids = encode(s, &rendered, add_special_tokens)?;
     Ok(Prompt {
         text: rendered,
         ids,

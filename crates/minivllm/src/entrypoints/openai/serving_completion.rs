@@ -10,11 +10,10 @@ use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, CompletionRequest, PromptField};
 use super::request_memory::{LogprobFormat, ResponseShape};
 use super::serving_engine::{
-    admit, check_model, check_request_width, delta, finish_reason, fold, json_response,
+    admit, check_model, check_request_width, delta, encode, finish_reason, fold, json_response,
     last_output, merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text,
     top, Held, Prompt, Streams, Usage,
 };
-use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
 use crate::sampling_params::SamplingParams;
@@ -75,7 +74,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
     }
     // Before any prompt is tokenised or any state is sized by their number.
     check_request_width(s, &base, req.prompt.len())?;
-    let prompts = prompts(s.engine.tokenizer(), req.prompt.clone(), "prompt")?;
+    let prompts = prompts(s, req.prompt.clone(), "prompt")?;
     let response = ResponseShape {
         echo: req.echo,
         // vLLM's field, in every choice, only when asked for (echo's logprobs are the
@@ -92,7 +91,8 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
 }
 
 /// Each prompt of `field` (the request's `param`) tokenised, or its ids with their text.
-pub fn prompts(tok: &Tokenizer, field: PromptField, param: &str) -> Result<Vec<Prompt>, ApiError> {
+pub fn prompts(s: &AppState, field: PromptField, param: &str) -> Result<Vec<Prompt>, ApiError> {
+    let tok = s.engine.tokenizer();
     let texts_or_ids: Vec<Result<String, Vec<TokenId>>> = match field {
         PromptField::Text(t) => vec![Ok(t)],
         PromptField::Texts(v) => v.into_iter().map(Ok).collect(),
@@ -110,7 +110,7 @@ pub fn prompts(tok: &Tokenizer, field: PromptField, param: &str) -> Result<Vec<P
         .map(|p| {
             Ok(match p {
                 Ok(text) => Prompt {
-                    ids: tok.encode(&text, true).map_err(EngineError::from)?,
+                    ids: encode(s, &text, true)?,
                     text,
                 },
                 Err(ids) => Prompt {

@@ -110,7 +110,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
         ..SamplingParams::default()
     };
     check_request_width(s, &base, req.input.len())?;
-    let prompts = prompts(s.engine.tokenizer(), req.input.clone(), "input")?;
+    let prompts = prompts(s, req.input.clone(), "input")?;
     let response = ResponseShape {
         echo: false,
         prompt_logprobs_objects: 0,

@@ -16,9 +16,11 @@ use tokio::sync::mpsc;
 
 use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::ApiError;
-use super::request_memory::{estimate, PromptShape, Reservation, ResponseShape};
+use super::request_memory::{
+    estimate, PromptShape, Reservation, ResponseShape, TOKENIZE_BYTES_PER_BYTE,
+};
 use crate::engine::async_engine::{collect, NewRequest};
-use crate::engine::llm_engine::check_width;
+use crate::engine::llm_engine::{check_width, EngineError};
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
@@ -58,6 +60,19 @@ pub fn parse<T: serde::de::DeserializeOwned>(
         )
     })?;
     Ok(value)
+}
+
+/// `text` tokenised, the tokenizer's working memory held from the request pool meanwhile:
+/// Hugging Face's tokenizers keep offsets, a string and more per token while they encode
+/// ([`TOKENIZE_BYTES_PER_BYTE`] at the peak), so a multi-megabyte text is refused above
+/// `--max-request-memory` (400) and many at once wait for the pool (503), where two 7.8 MB
+/// `/tokenize` requests took 2.9 GB together.
+pub fn encode(s: &AppState, text: &str, add_special: bool) -> Result<Vec<TokenId>, ApiError> {
+    let bytes = (text.len() as u64).saturating_mul(TOKENIZE_BYTES_PER_BYTE);
+    let what = format!("tokenising {} bytes of text: send less text", text.len());
+    let _working = s.memory.reserve(bytes, &what)?;
+    let ids = s.engine.tokenizer().encode(text, add_special);
+    Ok(ids.map_err(EngineError::from)?)
 }
 
 /// Runs a request's CPU work (parsing a large body, tokenising, rendering a chat template,

@@ -11,7 +11,7 @@ use serde_json::json;
 use super::api_server::{AppState, Shared};
 use super::protocol::{ApiError, DetokenizeRequest, TemplateMode, TokenizeRequest};
 use super::serving_chat::render_chat;
-use super::serving_engine::{check_model, json_response, off_async, parse};
+use super::serving_engine::{check_model, encode, json_response, off_async, parse};
 use super::tool_calls::ToolUse;
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
@@ -29,9 +29,7 @@ fn tokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     check_model(s, req.model.as_deref())?;
     let tok = s.engine.tokenizer();
     let ids = match (&req.prompt, &req.messages) {
-        (Some(prompt), None) => tok
-            .encode(prompt, req.add_special_tokens.unwrap_or(true))
-            .map_err(EngineError::from)?,
+        (Some(prompt), None) => encode(s, prompt, req.add_special_tokens.unwrap_or(true))?,
         (None, Some(messages)) => {
             let add_special = req.add_special_tokens.unwrap_or(false);
             let mode = TemplateMode::of(req.add_generation_prompt, req.continue_final_message)?;
