@@ -12,16 +12,10 @@ import openai
 import pytest
 
 from conftest import SERVED_MODEL_NAME as MODEL, serve
-from pytest_support import ROOT
+from pytest_support import QUANTISED_LOGPROB_TOL, ROOT
 
 REFERENCE = ROOT / "tests/data/reference/smollm2_greedy_hf.json"
 TEXTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
-# The Q4_1 layers (activations rounded to 8 bits per block, as llama.cpp does) move a top-5
-# log-probability by up to 0.17 here on the AVX2 and scalar kernels (under 0.15 on AVX-512
-# VNNI, which sums in another order), and by up to 0.58 over every reference step
-# (tests/integration/model_reference.rs bounds them at 1.0). The hidden state of another
-# position, or a normalised one, misses by whole units.
-QUANTISED_LOGPROB_TOL = 0.3
 
 
 def vector(item) -> np.ndarray:
