@@ -59,6 +59,8 @@ struct Slot {
     next: u32,
     /// The cache entry (by hash) and group this block holds contents for.
     cached: Option<(u64, u32)>,
+    /// Handed out at least once: its memory has been written, so it is resident.
+    used: bool,
 }
 
 /// Hands out blocks and takes them back.
@@ -77,6 +79,7 @@ pub struct BlockPool<B: PoolBlock = BlockId> {
     by_hash: HashMap<u64, CachedBlock<B>>,
     next_entry_id: u64,
     num_groups: usize,
+    num_ever_used: usize,
 }
 
 impl<B: PoolBlock> BlockPool<B> {
@@ -93,6 +96,7 @@ impl<B: PoolBlock> BlockPool<B> {
                 prev: if i == 0 { NIL } else { i - 1 },
                 next: if i + 1 == n { NIL } else { i + 1 },
                 cached: None,
+                used: false,
             })
             .collect();
         Self {
@@ -103,11 +107,18 @@ impl<B: PoolBlock> BlockPool<B> {
             by_hash: HashMap::new(),
             next_entry_id: 0,
             num_groups: num_groups.max(1),
+            num_ever_used: 0,
         }
     }
 
     pub fn num_blocks(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Blocks handed out at least once since the pool was made: those whose memory the
+    /// engine has written, and so holds resident.
+    pub fn num_ever_used(&self) -> usize {
+        self.num_ever_used
     }
 
     /// Blocks with no references, cached or not.
@@ -267,6 +278,10 @@ impl<B: PoolBlock> BlockPool<B> {
         self.unlink(i);
         let slot = &mut self.slots[i as usize];
         slot.ref_cnt = 1;
+        if !slot.used {
+            slot.used = true;
+            self.num_ever_used += 1;
+        }
         if let Some((hash, group)) = slot.cached.take() {
             let entry = self
                 .by_hash
@@ -334,9 +349,14 @@ mod tests {
         assert_eq!(pool.num_free(), 1);
         pool.free(a);
         assert_eq!(pool.num_free(), 4);
+        // Freed uncached blocks are reused first: still three ever used.
+        let again = pool.allocate(3).unwrap();
+        pool.free(again);
+        assert_eq!(pool.num_ever_used(), 3);
         let mut all = pool.allocate(4).unwrap();
         all.sort();
         assert_eq!(all, (0..4).map(BlockId).collect::<Vec<_>>());
+        assert_eq!(pool.num_ever_used(), 4);
     }
 
     #[test]

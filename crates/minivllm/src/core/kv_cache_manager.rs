@@ -556,6 +556,11 @@ impl KvCacheManager {
         self.pool.num_blocks()
     }
 
+    /// Blocks handed out at least once (their memory is resident).
+    pub fn num_blocks_ever_used(&self) -> usize {
+        self.pool.num_ever_used()
+    }
+
     /// Fraction of blocks in use.
     pub fn usage(&self) -> f32 {
         match self.num_blocks() {

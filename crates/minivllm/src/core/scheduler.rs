@@ -296,7 +296,7 @@ impl Scheduler {
         let mut prefill = self.cfg.max_prefill_tokens;
         self.kv_cache_manager.start_step();
         self.runs_long_prefill = false;
-        let long_wait = self.prefill_share.long_prompts_wait();
+        let long_wait = self.prefill_share.long_prompts_wait() && self.has_short_request();
         self.schedule_running(&mut out, &mut budget, &mut prefill, long_wait);
         // As vLLM: a step that had to preempt admits nobody new, or the newcomer would
         // take the blocks just freed and the preempted sequence would starve. Swapped-out
@@ -357,6 +357,24 @@ impl Scheduler {
     fn is_long_prefill(&self, seq: &Sequence) -> bool {
         let to_prefill = seq.len() - seq.num_cached_tokens.unwrap_or(0);
         seq.num_uncomputed() > 1 && self.prefill_share.is_long(to_prefill)
+    }
+
+    /// Whether a request with a short prompt is waiting or running: the interactive work
+    /// long prompts make room for. Requests with long prompts of their own decode beside
+    /// the next long chunk, as without sharing: holding a queue of long prompts back for
+    /// their decodes would only move their wait from the tokens to the first one (a burst
+    /// of 1,024-token prompts: median TTFT 2.4 s -> 13.6 s, TPOT 204 -> 12 ms).
+    fn has_short_request(&self) -> bool {
+        let short = |id: SeqId| {
+            let seq = &self.seqs[&id];
+            let to_prefill = seq
+                .prompt_len
+                .saturating_sub(seq.num_cached_tokens.unwrap_or(0));
+            !self.prefill_share.is_long(to_prefill)
+        };
+        self.running.iter().any(short)
+            || self.waiting.iter().any(short)
+            || self.swapped.iter().any(short)
     }
 
     /// `long_wait`: long prompts' chunks sit this step out.

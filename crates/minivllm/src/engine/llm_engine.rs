@@ -78,6 +78,12 @@ impl LLMEngine {
         let max_model_len = executor.max_model_len();
         let cache = executor.cache();
         check_kv_cache_fits(args, cache, max_model_len)?;
+        tracing::info!(
+            mib = (cache.num_blocks() * cache.bytes_per_block()) >> 20,
+            blocks = cache.num_blocks(),
+            "KV cache reserved: its pages become resident as blocks are first written \
+             (minivllm:kv_cache_touched_bytes in /metrics)"
+        );
         let sched_cfg = scheduler_config(args, max_model_len)?;
         let kv_cache_manager = kv_cache_manager(args, cache);
         let tokenizer = Arc::new(tokenizer);
@@ -188,6 +194,8 @@ impl LLMEngine {
             num_running: self.scheduler.num_running(),
             num_waiting: self.scheduler.num_waiting(),
             kv_cache_usage: bm.usage(),
+            kv_cache_touched_bytes: (bm.num_blocks_ever_used() as u64)
+                .saturating_mul(self.executor.cache().bytes_per_block() as u64),
             prefix_cache_queries: pc.queries,
             prefix_cache_hits: pc.hits,
             num_preemptions: self.scheduler.num_preemptions(),

@@ -20,6 +20,9 @@ pub struct EngineStats {
     pub num_waiting: usize,
     /// Fraction of KV blocks in use.
     pub kv_cache_usage: f32,
+    /// Bytes of the blocks handed out at least once: the KV cache's resident memory (its
+    /// pages are allocated on first write and kept).
+    pub kv_cache_touched_bytes: u64,
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
     /// Preemptions of both kinds, swaps and recomputes.
@@ -316,6 +319,20 @@ impl RequestMetrics {
         for (name, help, v) in gauges {
             sample(&mut out, name, "gauge", help, l, v);
         }
+        sample(
+            &mut out,
+            "minivllm:kv_cache_touched_bytes",
+            "gauge",
+            "Bytes of KV-cache blocks written at least once: the cache's resident memory.",
+            l,
+            stats.kv_cache_touched_bytes as f64,
+        );
+        // Prometheus' process collector's name, which vLLM's /metrics has too.
+        if let Some(rss) = crate::utils::proc_kib_field("/proc/self/status", "VmRSS") {
+            let help = "Resident memory size in bytes.";
+            header(&mut out, "process_resident_memory_bytes", "gauge", help);
+            let _ = writeln!(out, "process_resident_memory_bytes {rss}");
+        }
         let counters: [(&str, &str, u64); 5] = [
             (
                 "vllm:prompt_tokens_total",
@@ -512,12 +529,15 @@ mod tests {
             kv_cache_usage: 0.25,
             num_prompt_tokens: 6,
             num_generation_tokens: 4,
+            kv_cache_touched_bytes: 1 << 20,
             ..EngineStats::default()
         };
         let text = RequestMetrics::default().render(&stats, "sm\"ol");
         let l = "{model_name=\"sm\\\"ol\"}";
         assert!(text.contains(&format!("vllm:num_requests_running{l} 2.0\n")));
         assert!(text.contains(&format!("vllm:kv_cache_usage_perc{l} 0.25\n")));
+        assert!(text.contains(&format!("minivllm:kv_cache_touched_bytes{l} 1048576.0\n")));
+        assert!(text.contains("process_resident_memory_bytes "));
         assert!(text.contains(&format!("vllm:prompt_tokens_total{l} 6.0\n")));
         assert!(text.contains(&format!("vllm:generation_tokens_total{l} 4.0\n")));
         assert!(text.contains("# TYPE vllm:time_to_first_token_seconds histogram\n"));

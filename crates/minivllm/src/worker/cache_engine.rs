@@ -184,7 +184,7 @@ impl CacheEngine {
 
     /// Bytes one block takes across its slots, keys and values ([`Self::block_bytes`] of
     /// this cache).
-    fn bytes_per_block(&self) -> usize {
+    pub fn bytes_per_block(&self) -> usize {
         2 * self.layers.len() * self.block_len * self.dtype.size()
     }
 

@@ -280,3 +280,30 @@ fn with_the_threshold_at_zero_a_long_prompt_holds_the_prefill_budget_as_before()
     let out = s.schedule();
     assert_eq!(ids(&out), [(1, 16)]);
 }
+
+#[test]
+fn long_prompts_do_not_wait_for_each_others_decodes() {
+    let base = scheduler(256, 64, 8, Policy::Fcfs);
+    let mut s = with_config(
+        256,
+        SchedulerConfig {
+            max_prefill_tokens: 16,
+            long_prefill_token_threshold: 16,
+            ..base.config().clone()
+        },
+    );
+    s.add_seq(seq(1, 20, 0));
+    s.add_seq(seq(2, 100, 0));
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(1, 16)]);
+    complete_in(&mut s, &out, 0.5);
+    let out = s.schedule();
+    assert_eq!(ids(&out), [(1, 4), (2, 12)]);
+    complete_in(&mut s, &out, 0.5);
+    // The first decodes beside the second's chunks: no request here has a short prompt.
+    for _ in 0..3 {
+        let out = s.schedule();
+        assert_eq!(ids(&out), [(1, 1), (2, 16)]);
+        complete_in(&mut s, &out, 0.5);
+    }
+}
