@@ -213,17 +213,22 @@ fn complete_in(s: &mut Scheduler, out: &SchedulerOutput, seconds: f64) {
     s.update_from_output(out, results);
 }
 
-#[test]
-fn a_long_prompt_gives_the_others_as_much_time_as_its_last_step_took() {
+/// 16 prompt tokens a step; prompts of more than `threshold` tokens are long (0: none).
+fn sharing_scheduler(threshold: usize) -> Scheduler {
     let base = scheduler(256, 64, 8, Policy::Fcfs);
-    let mut s = with_config(
+    with_config(
         256,
         SchedulerConfig {
             max_prefill_tokens: 16,
-            long_prefill_token_threshold: 16,
+            long_prefill_token_threshold: threshold,
             ..base.config().clone()
         },
-    );
+    )
+}
+
+#[test]
+fn a_long_prompt_gives_the_others_as_much_time_as_its_last_step_took() {
+    let mut s = sharing_scheduler(16);
     s.add_seq(seq(1, 100, 0));
     // Alone, the long prompt runs every step.
     for _ in 0..2 {
@@ -265,14 +270,7 @@ fn a_long_prompt_gives_the_others_as_much_time_as_its_last_step_took() {
 
 #[test]
 fn with_the_threshold_at_zero_a_long_prompt_holds_the_prefill_budget_as_before() {
-    let base = scheduler(256, 64, 8, Policy::Fcfs);
-    let mut s = with_config(
-        256,
-        SchedulerConfig {
-            max_prefill_tokens: 16,
-            ..base.config().clone()
-        },
-    );
+    let mut s = sharing_scheduler(0);
     s.add_seq(seq(1, 100, 0));
     let out = s.schedule();
     complete_in(&mut s, &out, 0.5);
@@ -283,15 +281,7 @@ fn with_the_threshold_at_zero_a_long_prompt_holds_the_prefill_budget_as_before()
 
 #[test]
 fn long_prompts_do_not_wait_for_each_others_decodes() {
-    let base = scheduler(256, 64, 8, Policy::Fcfs);
-    let mut s = with_config(
-        256,
-        SchedulerConfig {
-            max_prefill_tokens: 16,
-            long_prefill_token_threshold: 16,
-            ..base.config().clone()
-        },
-    );
+    let mut s = sharing_scheduler(16);
     s.add_seq(seq(1, 20, 0));
     s.add_seq(seq(2, 100, 0));
     let out = s.schedule();
