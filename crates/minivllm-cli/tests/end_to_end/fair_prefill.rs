@@ -1,5 +1,5 @@
 //! A long prompt's prefill does not hold other requests up (`core/prefill_share.rs`): a
-//! short greedy request sent while a 2,000-token completion or embedding input is being
+//! short greedy request sent while a 1,200-token completion or embedding input is being
 //! prefilled finishes within twice its idle latency plus about one step of the long
 //! prompt, where it used to wait for the whole prefill.
 
@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::common::model;
 use crate::server::{request, start_with, Server};
 
-const LONG_PROMPT_TOKENS: usize = 2_000;
+const LONG_PROMPT_TOKENS: usize = 1_200;
 /// The prefill budget per step (the default `--max-prefill-tokens`).
 const CHUNK: usize = 256;
 
