@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use crate::common::model;
+use crate::common::{model, StopOnDrop};
 use crate::server::{request, start_capped, Server};
 
 fn post(server: &Server, path: &str, body: &Value) -> (u16, Value) {
@@ -180,14 +180,6 @@ fn routes(schema: &Value) -> Vec<(&'static str, &'static str, Value)> {
                    "tools": [{"type": "function", "name": "f", "parameters": schema}]}),
         ),
     ]
-}
-
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 fn greedy(server: &Server) -> String {

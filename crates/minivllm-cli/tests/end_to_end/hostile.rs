@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::common;
 use crate::server;
-use common::model;
+use common::{model, StopOnDrop};
 use server::{request, request_with, rss_kib, start_capped, start_with, Server};
 
 const CAP: u64 = 2 << 30;
@@ -126,6 +126,7 @@ fn hostile_requests_under_a_2_gib_cap_get_4xx_and_the_memory_goes_back() {
     let (warm, warm_kv) = memory(&server);
     let done = AtomicBool::new(false);
     let (slowest_hostile, slowest) = std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&done);
         let watch = scope.spawn(|| bystander(&server, &answer, &done));
         for (what, body, allowed, names) in hostile_requests() {
             let (status, v) = post(&server, &body);
