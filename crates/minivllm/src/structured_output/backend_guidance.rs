@@ -89,9 +89,7 @@ impl GuidanceBackend {
             eos: trie.eos_token(),
         }))
     }
-}
 
-impl GuidanceBackend {
     /// Runs `compile` on a thread with a stack for the deepest constraint the limits admit
     /// (`limits.rs`): the caller's own (a tokio worker's 2 MiB, the engine's thread) may
     /// be far smaller, and a stack overflow aborts the whole process.
