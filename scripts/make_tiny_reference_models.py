@@ -16,6 +16,19 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
             on the long factors (transformers picks them per forward pass when the sequence
             is longer), sliding window 16 on every layer; plus `short_case`, a 4-token prompt
             whose last logits come from the short factors)
+  Mixture-of-Experts, 8 experts of width 32 each:
+    qwen3moe (Qwen3MoeForCausalLM: top 4 with norm_topk_prob, Qwen3's per-head q/k norms)
+    qwen2moe (Qwen2MoeForCausalLM: top 2 unnormalised, q/k/v bias, a shared expert of
+              width 48 behind a sigmoid gate, and layer 1 a dense MLP (mlp_only_layers))
+    mixtral  (MixtralForCausalLM: top 2 renormalised; weights under the hub's names,
+              `block_sparse_moe.experts.E.w1/w2/w3`)
+    olmoe    (OlmoeForCausalLM: top 2 unnormalised, RMSNorm over the whole q and k
+              projections, as many KV heads as heads as in OLMoE-1B-7B)
+  Expert weights are drawn per expert under the names the hub's checkpoints use
+  (`mlp.experts.E.gate_proj.weight`; transformers 5 keeps them stacked in 3-D parameters
+  and writes them back per expert when saving), and a seed is kept only if no token's
+  k-th and (k+1)-th router probabilities are within ROUTER_MARGIN, so that float rounding
+  cannot change which experts a token goes to.
 each holding
     config.json                      as transformers writes it
     reference.json                   what transformers computes with the weights (float32,
@@ -65,6 +78,14 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -77,6 +98,7 @@ OUT = Path(__file__).resolve().parent.parent / "crates/minivllm/tests/data/tiny_
 PROMPT_LENS = [5, 23, 40]
 MAX_NEW_TOKENS = 12
 MIN_MARGIN = 1e-3
+ROUTER_MARGIN = 1e-4
 MAX_SEED_TRIES = 100
 
 COMMON = dict(
@@ -184,6 +206,72 @@ def phi3_config():
 
 PHI3_ORIGINAL_CONTEXT = 4
 
+MOE = dict(num_experts=8, moe_intermediate_size=32)
+
+
+def qwen3moe_config():
+    return Qwen3MoeConfig(
+        **COMMON,
+        **MOE,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        head_dim=32,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        attention_bias=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def qwen2moe_config():
+    return Qwen2MoeConfig(
+        **COMMON,
+        **MOE,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        shared_expert_intermediate_size=48,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def mixtral_config():
+    cfg = dict(COMMON)
+    cfg["intermediate_size"] = MOE["moe_intermediate_size"]
+    return MixtralConfig(
+        **cfg,
+        num_local_experts=MOE["num_experts"],
+        num_experts_per_tok=2,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        sliding_window=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def olmoe_config():
+    cfg = dict(COMMON)
+    cfg["intermediate_size"] = MOE["moe_intermediate_size"]
+    # As in OLMoE-1B-7B (and llama.cpp's `olmoe` graph, whose k norm is hidden_size wide).
+    cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    return OlmoeConfig(
+        **cfg,
+        num_experts=MOE["num_experts"],
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        clip_qkv=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
 FAMILIES = {
     # name: (config factory, model class, base seed, rmsnorm weight range)
     "llama": (llama_config, LlamaForCausalLM, 1000, (0.5, 1.5)),
@@ -192,7 +280,49 @@ FAMILIES = {
     "gemma3": (gemma3_config, Gemma3ForCausalLM, 4000, (-0.5, 0.5)),
     "llama3": (llama3_config, LlamaForCausalLM, 5000, (0.5, 1.5)),
     "phi3": (phi3_config, Phi3ForCausalLM, 6000, (0.5, 1.5)),
+    "qwen3moe": (qwen3moe_config, Qwen3MoeForCausalLM, 7000, (0.5, 1.5)),
+    "qwen2moe": (qwen2moe_config, Qwen2MoeForCausalLM, 8000, (0.5, 1.5)),
+    "mixtral": (mixtral_config, MixtralForCausalLM, 9000, (0.5, 1.5)),
+    "olmoe": (olmoe_config, OlmoeForCausalLM, 10000, (0.5, 1.5)),
 }
+
+# The hub's names for each expert's projections in a 3-D parameter's place: Mixtral's
+# checkpoints name the block `block_sparse_moe` and the projections w1 (gate), w3 (up) and
+# w2 (down); the others `mlp` and gate_proj/up_proj/down_proj.
+HUB_EXPERT_NAMES = {
+    "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
+}
+
+
+def hub_name(family, name):
+    block = HUB_EXPERT_NAMES.get(family, ("mlp",))[0]
+    return name.replace(".mlp.", f".{block}.")
+
+
+def randomise_experts(family, name, module, seed):
+    """Draws each expert's gate, up and down projections from streams under their hub
+    names and writes them into the stacked 3-D parameters (`gate_up_proj`
+    [experts, 2 * width, hidden] holds gate then up; `down_proj` [experts, hidden, width])."""
+    _, gate, up, down = HUB_EXPERT_NAMES.get(family, ("mlp", "gate_proj", "up_proj", "down_proj"))
+    third = math.sqrt(3.0)
+    rules = []
+    experts, two_width, hidden = module.gate_up_proj.shape
+    width = two_width // 2
+    prefix = hub_name(family, name + ".")
+    with torch.no_grad():
+        for e in range(experts):
+            for proj, rows, cols, target in [
+                (gate, width, hidden, module.gate_up_proj[e, :width]),
+                (up, width, hidden, module.gate_up_proj[e, width:]),
+                (down, hidden, width, module.down_proj[e]),
+            ]:
+                full = f"{prefix}{e}.{proj}.weight"
+                scale = np.float32(third / math.sqrt(cols))
+                values = scale * uniform(full, seed, rows * cols)
+                target.copy_(torch.from_numpy(values).reshape(rows, cols))
+                rules.append({"name": full, "shape": [rows, cols], "offset": 0.0,
+                              "scale": float(scale)})
+    return rules
 
 
 MASK = (1 << 64) - 1
@@ -216,7 +346,7 @@ def uniform(name, seed, n):
     return out * np.float32(2.0) - np.float32(1.0)
 
 
-def randomise(model, norm_range, seed):
+def randomise(model, norm_range, seed, family):
     """Overwrite every parameter with `offset + scale * uniform(-1, 1)` in float32 and return
     those rules by tensor name (the tests regenerate the weights from them); fails if a
     parameter is left untouched."""
@@ -225,6 +355,10 @@ def randomise(model, norm_range, seed):
     with torch.no_grad():
         for name, module in model.named_modules():
             kind = type(module).__name__
+            if kind.endswith("Experts"):
+                rules.extend(randomise_experts(family, name, module, seed))
+                done.update(id(p) for p in module.parameters(recurse=False))
+                continue
             for pname, p in module.named_parameters(recurse=False):
                 if id(p) in done:  # a tied lm_head keeps the embedding's values
                     continue
@@ -238,12 +372,14 @@ def randomise(model, norm_range, seed):
                     rule = (0.0, third / math.sqrt(module.in_features))
                 elif isinstance(module, torch.nn.Linear) and pname == "bias":
                     rule = (0.0, 0.5 * third)
+                elif kind.endswith("TopKRouter") and pname == "weight":
+                    rule = (0.0, third / math.sqrt(p.shape[1]))
                 elif "RMSNorm" in kind and pname == "weight":
                     lo, hi = norm_range
                     rule = ((lo + hi) / 2, (hi - lo) / 2)
                 else:
                     raise RuntimeError(f"don't know how to randomise {name}.{pname} ({kind})")
-                full = f"{name}.{pname}"
+                full = hub_name(family, f"{name}.{pname}")
                 offset, scale = np.float32(rule[0]), np.float32(rule[1])
                 values = offset + scale * uniform(full, seed, p.numel())
                 p.copy_(torch.from_numpy(values).reshape(p.shape))
@@ -261,7 +397,7 @@ def build(family, seed):
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(config).to(torch.float32).eval()
-    rules = randomise(model, norm_range, seed)
+    rules = randomise(model, norm_range, seed, family)
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -308,14 +444,33 @@ def reference_case(model, prompt):
     }
 
 
+def router_gaps(model):
+    """Hooks every MoE router to record, over the forward passes that follow, the smallest
+    gap between a token's k-th and (k+1)-th expert probabilities."""
+    gaps = []
+
+    def hook(module, _inputs, output):
+        probs = torch.softmax(output[0].float(), dim=-1)
+        top = torch.topk(probs, module.top_k + 1, dim=-1).values
+        gaps.append(float((top[:, -2] - top[:, -1]).min()))
+
+    for module in model.modules():
+        if type(module).__name__.endswith("TopKRouter"):
+            module.register_forward_hook(hook)
+    return gaps
+
+
 def make(family):
     base_seed = FAMILIES[family][2]
     for seed in range(base_seed, base_seed + MAX_SEED_TRIES):
         model, prompts, rules = build(family, seed)
+        gaps = router_gaps(model)
         cases = [reference_case(model, p) for p in prompts]
-        if all(c["min_margin"] > MIN_MARGIN for c in cases):
+        router_ok = min(gaps, default=1.0) > ROUTER_MARGIN
+        if all(c["min_margin"] > MIN_MARGIN for c in cases) and router_ok:
             break
-        print(f"{family}: seed {seed} has a margin <= {MIN_MARGIN}, trying the next")
+        print(f"{family}: seed {seed} has a margin <= {MIN_MARGIN} or a router gap <= "
+              f"{ROUTER_MARGIN}, trying the next")
     else:
         raise RuntimeError(f"{family}: no seed in {MAX_SEED_TRIES} tries gave margins > {MIN_MARGIN}")
 

@@ -6,10 +6,12 @@ use serde_json::Value;
 use crate::distributed::share;
 
 mod kv_cache_layout;
+mod moe;
 mod rope_scaling;
 mod speculative;
 
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
+pub use moe::{MoeConfig, MAX_EXPERTS};
 use rope_scaling::parse_hf_rope_scaling;
 pub use rope_scaling::RopeScaling;
 pub use speculative::{
@@ -48,6 +50,26 @@ pub enum ModelFamily {
     /// Phi-3 and Phi-4: LLaMA with q/k/v and gate/up stored fused, LongRoPE for the 128k
     /// variants, a partial rotary dimension (Phi-4-mini) and a window on every layer.
     Phi3,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2 with routed experts and a gated
+    /// shared expert in place of the MLP.
+    Qwen2Moe,
+    /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): Qwen3 with routed experts.
+    Qwen3Moe,
+    /// Mixtral: Mistral with routed experts (top 2 of 8). llama.cpp's files call it
+    /// `llama` and say `llama.expert_count`.
+    Mixtral,
+    /// OLMoE: LLaMA with routed experts and an RMSNorm over the whole q and k projections.
+    Olmoe,
+}
+
+/// Where q and k are normalised before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Over each head's `head_dim` values (Qwen3, Gemma 3).
+    PerHead,
+    /// Over the whole q projection and the whole k projection (OLMoE).
+    Whole,
 }
 
 /// The MLP's gate activation.
@@ -79,6 +101,10 @@ const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("qwen3", "Qwen3ForCausalLM", ModelFamily::Qwen3),
     ("gemma3", "Gemma3ForCausalLM", ModelFamily::Gemma3),
     ("phi3", "Phi3ForCausalLM", ModelFamily::Phi3),
+    ("qwen2moe", "Qwen2MoeForCausalLM", ModelFamily::Qwen2Moe),
+    ("qwen3moe", "Qwen3MoeForCausalLM", ModelFamily::Qwen3Moe),
+    ("mixtral", "MixtralForCausalLM", ModelFamily::Mixtral),
+    ("olmoe", "OlmoeForCausalLM", ModelFamily::Olmoe),
 ];
 
 /// For error messages: every name [`ModelFamily::from_name`] takes, from the table.
@@ -93,11 +119,13 @@ pub fn supported_architectures() -> String {
 impl ModelFamily {
     /// The family of a GGUF architecture name or a Hugging Face class (or `model_type`).
     pub fn from_name(name: &str) -> Result<Self, ConfigError> {
-        // Gemma 3's text-only checkpoints say `model_type: gemma3_text`.
-        let name = if name == "gemma3_text" {
-            "gemma3"
-        } else {
-            name
+        // Gemma 3's text-only checkpoints say `model_type: gemma3_text`; Qwen's MoE
+        // `model_type`s have an underscore that their GGUF names lack.
+        let name = match name {
+            "gemma3_text" => "gemma3",
+            "qwen2_moe" => "qwen2moe",
+            "qwen3_moe" => "qwen3moe",
+            other => other,
         };
         ARCHITECTURES
             .iter()
@@ -116,12 +144,16 @@ impl ModelFamily {
 
     /// Whether the q, k and v projections carry a bias.
     pub fn qkv_bias(self) -> bool {
-        self == ModelFamily::Qwen2
+        matches!(self, ModelFamily::Qwen2 | ModelFamily::Qwen2Moe)
     }
 
-    /// Whether each head's q and k go through an RMSNorm before RoPE.
-    pub fn qk_norm(self) -> bool {
-        matches!(self, ModelFamily::Qwen3 | ModelFamily::Gemma3)
+    /// Where q and k go through an RMSNorm before RoPE.
+    pub fn qk_norm(self) -> QkNorm {
+        match self {
+            ModelFamily::Qwen3 | ModelFamily::Qwen3Moe | ModelFamily::Gemma3 => QkNorm::PerHead,
+            ModelFamily::Olmoe => QkNorm::Whole,
+            _ => QkNorm::None,
+        }
     }
 }
 
@@ -142,8 +174,8 @@ pub struct ModelConfig {
     pub family: ModelFamily,
     /// A bias on the q, k and v projections (Qwen2).
     pub qkv_bias: bool,
-    /// An RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3).
-    pub qk_norm: bool,
+    /// An RMSNorm over q and k before RoPE (Qwen3 and Gemma 3 per head, OLMoE whole).
+    pub qk_norm: QkNorm,
     /// Gemma's extra norms after attention and after the MLP, before each residual add (its
     /// MLP's input norm is then `pre_feedforward_layernorm`).
     pub sandwich_norms: bool,
@@ -177,6 +209,8 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
+    /// Routed experts in place of the MLP (`None`: a dense model).
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -265,6 +299,9 @@ impl ModelConfig {
                 }
             ));
         }
+        if let Some(moe) = &self.moe {
+            moe.validate(self.num_hidden_layers)?;
+        }
         self.rope_scaling.validate(self.rotary_dim)?;
         if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
             if f.len() != self.rotary_dim / 2 {
@@ -333,6 +370,10 @@ impl ModelConfig {
         if world_size <= 1 {
             return Some((heads, kv));
         }
+        // A norm over every head's q at once needs them all on one rank.
+        if self.qk_norm == QkNorm::Whole {
+            return None;
+        }
         if kv.is_multiple_of(world_size) {
             Some((heads / world_size, kv / world_size))
         } else if world_size.is_multiple_of(kv) && heads.is_multiple_of(world_size) {
@@ -354,6 +395,10 @@ impl ModelConfig {
             num_key_value_heads: kv,
             intermediate_size: share(self.intermediate_size, rank, world_size).len(),
             vocab_size: share(self.vocab_size, rank, world_size).len(),
+            moe: self
+                .moe
+                .as_ref()
+                .map(|m| m.tensor_parallel_part(rank, world_size)),
             ..self.clone()
         }
     }
@@ -407,8 +452,9 @@ impl ModelConfig {
             None if family == ModelFamily::Gemma3 => Activation::GeluTanh,
             None => Activation::Silu,
         };
-        // Gemma 2's logit soft-capping: Gemma 3's configs set none.
-        for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        // Gemma 2's logit soft-capping (Gemma 3's configs set none); OLMoE's clipping of
+        // q, k and v (its released checkpoints set none).
+        for key in ["final_logit_softcapping", "attn_logit_softcapping", "clip_qkv"] {
             if json.get(key).is_some_and(|v| !v.is_null()) {
                 return Err(ConfigError::Invalid(format!("{key} is not supported")));
             }
@@ -463,6 +509,7 @@ impl ModelConfig {
         let num_hidden_layers = req_usize(json, "num_hidden_layers")?;
         let (sliding_window, sliding_layers) =
             sliding_layers_from_hf(json, family, num_hidden_layers)?;
+        let moe = MoeConfig::from_hf(json, family, num_hidden_layers)?;
         let cfg = ModelConfig {
             architecture: family.gguf_name().to_string(),
             family,
@@ -505,6 +552,7 @@ impl ModelConfig {
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            moe,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -548,15 +596,15 @@ fn sliding_layers_from_hf(
                 .max(1);
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
-        ModelFamily::Mistral | ModelFamily::Phi3 => vec![true; layers],
-        ModelFamily::Qwen2 | ModelFamily::Qwen3 => {
+        ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => vec![true; layers],
+        ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
             if json.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok((None, Vec::new()));
             }
             let from = opt_usize(json, "max_window_layers")?.unwrap_or(layers);
             (0..layers).map(|i| i >= from).collect()
         }
-        ModelFamily::Llama => return Ok((None, Vec::new())),
+        ModelFamily::Llama | ModelFamily::Olmoe => return Ok((None, Vec::new())),
     };
     Ok(if sliding.iter().any(|&s| s) {
         (Some(window), sliding)
@@ -565,7 +613,7 @@ fn sliding_layers_from_hf(
     })
 }
 
-fn opt_usize(json: &Value, key: &str) -> Result<Option<usize>, ConfigError> {
+pub(crate) fn opt_usize(json: &Value, key: &str) -> Result<Option<usize>, ConfigError> {
     match json.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
@@ -574,7 +622,7 @@ fn opt_usize(json: &Value, key: &str) -> Result<Option<usize>, ConfigError> {
     }
 }
 
-fn req_usize(json: &Value, key: &str) -> Result<usize, ConfigError> {
+pub(crate) fn req_usize(json: &Value, key: &str) -> Result<usize, ConfigError> {
     opt_usize(json, key)?.ok_or_else(|| ConfigError::Invalid(format!("config.json lacks {key}")))
 }
 
@@ -672,7 +720,7 @@ mod tests {
             let c = ModelConfig::from_hf_json(&j).unwrap();
             assert_eq!(c.family, ModelFamily::Gemma3);
             assert_eq!(c.hidden_act, Activation::GeluTanh);
-            assert!(c.qk_norm && c.sandwich_norms && !c.qkv_bias);
+            assert!(c.qk_norm == QkNorm::PerHead && c.sandwich_norms && !c.qkv_bias);
             assert_eq!(
                 (c.embedding_multiplier, c.norm_weight_offset),
                 (Some(8.0), 1.0)

@@ -279,7 +279,7 @@ mod tests {
             architecture: "llama".into(),
             family: crate::config::ModelFamily::Llama,
             qkv_bias: false,
-            qk_norm: false,
+            qk_norm: crate::config::QkNorm::None,
             sandwich_norms: false,
             hidden_act: crate::config::Activation::Silu,
             embedding_multiplier: None,
@@ -301,6 +301,7 @@ mod tests {
             rope_theta: 10000.0,
             rope_scaling: RopeScaling::None,
             tie_word_embeddings: true,
+            moe: None,
         }
     }
 

@@ -19,7 +19,10 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma3", "llama3", "phi3"];
+const FAMILIES: [&str; 10] = [
+    "llama", "qwen2", "qwen3", "gemma3", "llama3", "phi3", "qwen3moe", "qwen2moe", "mixtral",
+    "olmoe",
+];
 const TOL: f32 = 1e-4;
 const BLOCK_SIZE: usize = 16;
 /// Blocks each sequence of a test may use: sequences of a batch get disjoint ranges.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::gguf::{GgufFile, GgufTensorInfo, GgufValue};
 use super::weights::{QuantTensor, Tensor, WeightSource};
 use super::LoadError;
-use crate::config::{Activation, ModelConfig, ModelFamily, RopeScaling};
+use crate::config::{Activation, ModelConfig, ModelFamily, MoeConfig, RopeScaling};
 use minivllm_kernels::hmatmul::HalfKind;
 use minivllm_kernels::quant::GgmlType;
 
@@ -17,7 +17,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         .and_then(GgufValue::as_str)
         .ok_or_else(|| LoadError::Config("GGUF lacks general.architecture".into()))?
         .to_string();
-    let family = ModelFamily::from_name(&arch)?;
+    let mut family = ModelFamily::from_name(&arch)?;
     let key = |k: &str| format!("{arch}.{k}");
     let uint = |k: &str| -> Result<Option<usize>, LoadError> {
         match file.get(&key(k)) {
@@ -36,6 +36,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
             .map(|f| f as f32)
     };
 
+    // llama.cpp files Mixtral under `llama`, with experts.
+    if family == ModelFamily::Llama && uint("expert_count")?.is_some_and(|n| n > 0) {
+        family = ModelFamily::Mixtral;
+    }
     let hidden_size = req("embedding_length")?;
     let num_attention_heads = req("attention.head_count")?;
     let head_dim = match uint("attention.key_length")? {
@@ -54,6 +58,36 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let rotary_dim = uint("rope.dimension_count")?.unwrap_or(head_dim);
     let rope_scaling = rope_scaling_from_gguf(file, &key, rotary_dim)?;
     let num_hidden_layers = req("block_count")?;
+    let intermediate_size = req("feed_forward_length")?;
+    let moe = match family {
+        ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Mixtral | ModelFamily::Olmoe => {
+            // llama.cpp's graphs fix whether the top-k weights are renormalised per family;
+            // newer converters may say so in the file.
+            let norm = file
+                .get(&key("expert_weights_norm"))
+                .and_then(GgufValue::as_bool)
+                .unwrap_or(matches!(family, ModelFamily::Qwen3Moe | ModelFamily::Mixtral));
+            // A layer without a router has the dense MLP.
+            let dense: Vec<bool> = (0..num_hidden_layers)
+                .map(|i| file.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_none())
+                .collect();
+            Some(MoeConfig {
+                num_experts: req("expert_count")?,
+                num_experts_per_tok: req("expert_used_count")?,
+                moe_intermediate_size: uint("expert_feed_forward_length")?
+                    .unwrap_or(intermediate_size),
+                norm_topk_prob: norm,
+                shared_expert_intermediate_size: if file.tensor("blk.0.ffn_up_shexp.weight").is_some()
+                {
+                    Some(req("expert_shared_feed_forward_length")?)
+                } else {
+                    None
+                },
+                dense_layers: if dense.iter().any(|&d| d) { dense } else { Vec::new() },
+            })
+        }
+        _ => None,
+    };
     let gemma = family == ModelFamily::Gemma3;
     // Gemma 3's sliding layers: llama.cpp reads the window from the file and fixes the rest
     // (five sliding layers to one global, a local RoPE base of 10,000). Phi-3's files name a
@@ -96,7 +130,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         rope_local_theta: gemma.then_some(10_000.0),
         vocab_size,
         hidden_size,
-        intermediate_size: req("feed_forward_length")?,
+        intermediate_size,
         num_hidden_layers,
         num_attention_heads,
         num_key_value_heads: uint("attention.head_count_kv")?.unwrap_or(num_attention_heads),
@@ -108,6 +142,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         rope_scaling,
         // GGUF files of tied models simply have no `output.weight`.
         tie_word_embeddings: file.tensor("output.weight").is_none(),
+        moe,
     };
     cfg.validate()?;
     check_layer_count(file, cfg.num_hidden_layers)?;
@@ -190,8 +225,9 @@ fn rope_scaling_from_gguf(
 /// GGUF tensors under Hugging Face names, dequantised to f32 on load.
 pub struct GgufWeights<'a> {
     file: &'a GgufFile,
-    /// Hugging Face name -> GGUF name.
-    names: HashMap<String, String>,
+    /// Hugging Face name -> the GGUF tensor, or one expert's part of a 3-D tensor of
+    /// experts (an info of its own, pointing at that part's bytes).
+    names: HashMap<String, GgufTensorInfo>,
     num_heads: usize,
     num_kv_heads: usize,
     /// llama.cpp permutes q/k rows for its `llama` graph only (Qwen2's rotary pairs are
@@ -203,8 +239,26 @@ impl<'a> GgufWeights<'a> {
     pub fn new(file: &'a GgufFile, config: &ModelConfig) -> Self {
         let mut names = HashMap::new();
         for t in &file.tensors {
-            if let Some(hf) = hf_name(&t.name, config.family) {
-                names.insert(hf, t.name.clone());
+            if let Some((layer, proj)) = merged_experts(&t.name) {
+                // llama.cpp's `ffn_{gate,up,down}_exps`: `[experts, rows, cols]`, expert
+                // after expert, each a whole matrix of whole blocks.
+                let shape = t.shape();
+                let experts = shape.first().copied().unwrap_or(0).max(1);
+                let bytes = t.n_bytes() / experts as u64;
+                for e in 0..experts {
+                    let part = GgufTensorInfo {
+                        name: format!("{}[{e}]", t.name),
+                        dims: t.dims[..t.dims.len().saturating_sub(1)].to_vec(),
+                        ggml_type: t.ggml_type,
+                        offset: t.offset + e as u64 * bytes,
+                    };
+                    names.insert(
+                        format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight"),
+                        part,
+                    );
+                }
+            } else if let Some(hf) = hf_name(&t.name, config.family) {
+                names.insert(hf, t.clone());
             }
         }
         Self {
@@ -212,9 +266,25 @@ impl<'a> GgufWeights<'a> {
             names,
             num_heads: config.num_attention_heads,
             num_kv_heads: config.num_key_value_heads,
-            permuted_qk: matches!(config.family, ModelFamily::Llama | ModelFamily::Mistral),
+            permuted_qk: matches!(
+                config.family,
+                ModelFamily::Llama | ModelFamily::Mistral | ModelFamily::Mixtral
+            ),
         }
     }
+}
+
+/// The layer and Hugging Face projection of llama.cpp's 3-D tensor of every expert's
+/// `ffn_gate`, `ffn_up` or `ffn_down` (`blk.N.ffn_gate_exps.weight`).
+fn merged_experts(gguf: &str) -> Option<(usize, &'static str)> {
+    let (layer, part) = gguf.strip_prefix("blk.")?.split_once('.')?;
+    let proj = match part {
+        "ffn_gate_exps.weight" => "gate_proj",
+        "ffn_up_exps.weight" => "up_proj",
+        "ffn_down_exps.weight" => "down_proj",
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, proj))
 }
 
 /// llama.cpp's tensor names -> transformers' names, for a model of `family`.
@@ -252,20 +322,38 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
         "ffn_gate.weight" => "mlp.gate_proj.weight",
         "ffn_up.weight" => "mlp.up_proj.weight",
         "ffn_down.weight" => "mlp.down_proj.weight",
-        _ => return None,
+        // Mixture of experts: the router, and Qwen2-MoE's shared expert and its gate.
+        "ffn_gate_inp.weight" => "mlp.gate.weight",
+        "ffn_gate_inp_shexp.weight" => "mlp.shared_expert_gate.weight",
+        "ffn_gate_shexp.weight" => "mlp.shared_expert.gate_proj.weight",
+        "ffn_up_shexp.weight" => "mlp.shared_expert.up_proj.weight",
+        "ffn_down_shexp.weight" => "mlp.shared_expert.down_proj.weight",
+        other => {
+            // Older Mixtral files hold one tensor per expert: `ffn_gate.3.weight`.
+            let (proj, rest) = other.split_once('.')?;
+            let (expert, "weight") = rest.split_once('.')? else {
+                return None;
+            };
+            let expert: usize = expert.parse().ok()?;
+            let proj = match proj {
+                "ffn_gate" => "gate_proj",
+                "ffn_up" => "up_proj",
+                "ffn_down" => "down_proj",
+                _ => return None,
+            };
+            return Some(format!(
+                "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+            ));
+        }
     };
     Some(format!("model.layers.{layer}.{hf}"))
 }
 
 impl GgufWeights<'_> {
     fn info(&self, name: &str) -> Result<&GgufTensorInfo, LoadError> {
-        let gguf_name = self
-            .names
+        self.names
             .get(name)
-            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))?;
-        self.file
-            .tensor(gguf_name)
-            .ok_or_else(|| LoadError::MissingTensor(gguf_name.clone()))
+            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))
     }
 
     /// Undoes the converter's q/k row order (see [`unpermute_rows`]) on rows of any element.
@@ -296,7 +384,7 @@ impl WeightSource for GgufWeights<'_> {
         let info = self.info(name)?;
         // ggml lists dimensions fastest-varying first; PyTorch's order is the reverse.
         let shape = info.shape();
-        let data = self.unpermuted(info, self.file.dequantize(&info.name)?);
+        let data = self.unpermuted(info, self.file.dequantize_tensor(info)?);
         self.file.release_tensor(info);
         Ok(Tensor { shape, data })
     }

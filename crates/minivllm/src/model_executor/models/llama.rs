@@ -8,17 +8,21 @@
 //!   GeGLU, embeddings scaled by √hidden, scores scaled by `query_pre_attn_scalar`, and
 //!   sliding-window layers with their own RoPE base;
 //! - Phi-3 / Phi-4: q/k/v and gate/up stored fused (split at load, `loader/fused.rs`),
-//!   LongRoPE and a partial rotary dimension (`layers/rotary.rs`).
+//!   LongRoPE and a partial rotary dimension (`layers/rotary.rs`);
+//! - Mixture-of-Experts families (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE): routed experts in
+//!   place of the MLP (`layers/fused_moe.rs`), Qwen2-MoE's shared expert, OLMoE's norms
+//!   over the whole q and k projections.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use minivllm_kernels::activation::{gelu_tanh_and_mul, silu_and_mul};
-
-use crate::config::{Activation, KvCacheLayout, ModelConfig, RopeScaling};
+use crate::config::{KvCacheLayout, ModelConfig, RopeScaling};
 use crate::distributed::{
     gather_columns, share, CommError, Communicator, GatherBuffers, SingleProcess,
 };
+use crate::model_executor::layers::fused_moe::{FusedMoe, MoeBuffers};
+use crate::model_executor::layers::mlp::{GatedMlp, MlpBuffers};
+use crate::model_executor::layers::parallel::{project_whole, sized, whole_rows};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
@@ -40,7 +44,8 @@ struct DecoderLayer {
     qkv_proj: Linear,
     /// Qwen2's q, k and v biases, stacked as the projections are (this rank's part).
     qkv_bias: Option<Vec<f32>>,
-    /// Qwen3's and Gemma's norms over each head's q and k (`[head_dim]`).
+    /// Qwen3's and Gemma's norms over each head's q and k (`[head_dim]`), or OLMoE's over
+    /// the whole q and k (`[q_size]`, `[kv_size]`).
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     o_proj: Linear,
@@ -49,14 +54,48 @@ struct DecoderLayer {
     /// The MLP's input norm (LLaMA's `post_attention_layernorm`, Gemma's
     /// `pre_feedforward_layernorm`).
     pre_mlp_layernorm: RmsNorm,
-    /// gate and up projections stacked: `[2 * intermediate, hidden]`.
-    gate_up_proj: Linear,
-    down_proj: Linear,
+    mlp: Mlp,
     /// Gemma's norm of the MLP output, before the residual add.
     post_mlp_norm: Option<RmsNorm>,
     /// A sliding-window layer's window (`None`: the whole context). Such layers use the
     /// local RoPE table where the model has one (Gemma 3's own base).
     window: Option<usize>,
+}
+
+/// A layer's MLP: dense, or routed experts.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Mlp {
+    Dense(GatedMlp),
+    Moe(FusedMoe),
+}
+
+impl Mlp {
+    fn matrices(&self) -> Box<dyn Iterator<Item = &WeightMatrix> + '_> {
+        match self {
+            Mlp::Dense(m) => Box::new(m.matrices().into_iter()),
+            Mlp::Moe(m) => Box::new(m.matrices()),
+        }
+    }
+
+    /// Bytes of weights one token reads.
+    fn bytes_per_token(&self) -> usize {
+        match self {
+            Mlp::Dense(m) => m.matrices().iter().map(|w| w.nbytes()).sum(),
+            Mlp::Moe(m) => m.bytes_per_token(),
+        }
+    }
+
+    fn flops_per_token(&self) -> f64 {
+        match self {
+            Mlp::Dense(m) => m
+                .matrices()
+                .iter()
+                .map(|w| 2.0 * (w.rows() * w.cols()) as f64)
+                .sum(),
+            Mlp::Moe(m) => m.flops_per_token(),
+        }
+    }
 }
 
 pub struct LlamaForCausalLM {
@@ -93,8 +132,9 @@ pub struct ForwardBuffers {
     k: Vec<f32>,
     v: Vec<f32>,
     attn_out: Vec<f32>,
-    gate_up: Vec<f32>,
-    act: Vec<f32>,
+    mlp: MlpBuffers,
+    moe: MoeBuffers,
+    mlp_out: Vec<f32>,
     /// Where a norm of `hidden` is written before the two are swapped.
     normed: Vec<f32>,
     last_hidden: Vec<f32>,
@@ -141,8 +181,7 @@ impl ForwardBuffers {
             &self.k,
             &self.v,
             &self.attn_out,
-            &self.gate_up,
-            &self.act,
+            &self.mlp_out,
             &self.normed,
             &self.last_hidden,
             &self.logits,
@@ -152,6 +191,8 @@ impl ForwardBuffers {
         .iter()
         .map(|v| v.capacity())
         .sum::<usize>()
+            + self.mlp.capacity()
+            + self.moe.capacity()
             + self.gather.capacity()
             + self.rope.capacity()
             + self.rope_local.capacity();
@@ -159,11 +200,6 @@ impl ForwardBuffers {
             *self = Self::default();
         }
     }
-}
-
-fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
-    &mut buf[..len]
 }
 
 impl LlamaForCausalLM {
@@ -293,8 +329,18 @@ impl LlamaForCausalLM {
 
     fn layer_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
         self.layers.iter().flat_map(|l| {
-            [&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj].map(Linear::weight)
+            [&l.qkv_proj, &l.o_proj]
+                .map(Linear::weight)
+                .into_iter()
+                .chain(l.mlp.matrices())
         })
+    }
+
+    /// The attention projections' matrices of every layer.
+    fn attention_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.qkv_proj, &l.o_proj].map(Linear::weight))
     }
 
     /// Every weight matrix (the embeddings once, even when tied).
@@ -315,21 +361,33 @@ impl LlamaForCausalLM {
         v
     }
 
-    /// Bytes one decode step reads from weight matrices: every layer's, and the LM head's.
-    /// (The embeddings are read a row per token; tied, they are the LM head.)
+    /// Bytes one token's decode step reads from weight matrices: every layer's (of a
+    /// Mixture-of-Experts layer, the router's and `k` experts'), and the LM head's. (The
+    /// embeddings are read a row per token; tied, they are the LM head.)
     pub fn weight_bytes_per_token(&self) -> usize {
-        self.layer_matrices()
+        self.attention_matrices()
             .map(WeightMatrix::nbytes)
             .sum::<usize>()
+            + self
+                .layers
+                .iter()
+                .map(|l| l.mlp.bytes_per_token())
+                .sum::<usize>()
             + self.lm_head().nbytes()
     }
 
     /// Floating-point operations (two per multiply-add) of one token through the layers'
-    /// weight matrices, LM head excluded (it runs only for the rows that are sampled).
+    /// weight matrices (a token's `k` experts), LM head excluded (it runs only for the rows
+    /// that are sampled).
     pub fn layer_flops_per_token(&self) -> f64 {
-        self.layer_matrices()
+        self.attention_matrices()
             .map(|m| 2.0 * (m.rows() * m.cols()) as f64)
-            .sum()
+            .sum::<f64>()
+            + self
+                .layers
+                .iter()
+                .map(|l| l.mlp.flops_per_token())
+                .sum::<f64>()
     }
 
     /// Floating-point operations of the LM head for one sampled row.
@@ -448,6 +506,7 @@ impl LlamaForCausalLM {
                 .pre_mlp_layernorm
                 .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             self.mlp_block(layer, t, buf)?;
+            std::mem::swap(&mut buf.hidden, &mut buf.mlp_out);
             if let Some(norm) = &layer.post_mlp_norm {
                 norm_in_place(norm, buf);
             }
@@ -554,43 +613,36 @@ impl LlamaForCausalLM {
         )
     }
 
-    /// `hidden = down(act(gate(hidden)) * up(hidden))`.
+    /// `mlp_out = mlp(hidden)`: the dense MLP or the routed experts.
     fn mlp_block(
         &self,
         layer: &DecoderLayer,
         t: usize,
         buf: &mut ForwardBuffers,
     ) -> Result<(), CommError> {
-        let inter = self.local.intermediate_size;
-        let gate_up = sized(&mut buf.gate_up, t * 2 * inter);
-        layer.gate_up_proj.forward(&buf.hidden, gate_up, t);
-        let act = sized(&mut buf.act, t * inter);
-        match self.local.hidden_act {
-            Activation::Silu => silu_and_mul(gate_up, act, inter),
-            Activation::GeluTanh => gelu_tanh_and_mul(gate_up, act, inter),
+        let (comm, h, act) = (&*self.comm, self.config.hidden_size, self.local.hidden_act);
+        match &layer.mlp {
+            Mlp::Dense(m) => m.forward(
+                &buf.hidden,
+                t,
+                h,
+                act,
+                comm,
+                &mut buf.mlp,
+                &mut buf.gather,
+                &mut buf.mlp_out,
+            ),
+            Mlp::Moe(m) => m.forward(
+                &buf.hidden,
+                t,
+                h,
+                act,
+                comm,
+                &mut buf.moe,
+                &mut buf.gather,
+                &mut buf.mlp_out,
+            ),
         }
-        let (comm, c) = (&*self.comm, &self.config);
-        let split = comm.world_size() > 1;
-        let act = whole_rows(
-            comm,
-            split,
-            act,
-            t,
-            c.intermediate_size,
-            &mut buf.gather,
-            &mut buf.whole,
-        )?;
-        let h = c.hidden_size;
-        project_whole(
-            comm,
-            &layer.down_proj,
-            act,
-            t,
-            h,
-            &mut buf.local_out,
-            &mut buf.gather,
-            &mut buf.hidden,
-        )
     }
 
     /// Projects only the `n` rows that need logits, left in `buf.last_hidden`: a prompt of
@@ -632,48 +684,6 @@ fn select_rows<'b>(indices: &[usize], h: usize, buf: &'b mut ForwardBuffers) -> 
         row.copy_from_slice(&buf.hidden[i * h..(i + 1) * h]);
     }
     last
-}
-
-/// `local`'s `t` rows whole: where `split`, `local` holds this rank's [`share`] of the
-/// `width` columns, put together with the other ranks' in `whole`; otherwise `local` itself.
-fn whole_rows<'a>(
-    comm: &dyn Communicator,
-    split: bool,
-    local: &'a [f32],
-    t: usize,
-    width: usize,
-    gather: &mut GatherBuffers,
-    whole: &'a mut Vec<f32>,
-) -> Result<&'a [f32], CommError> {
-    if !split {
-        return Ok(local);
-    }
-    let whole = sized(whole, t * width);
-    gather_columns(comm, None, local, t, width, gather, whole)?;
-    Ok(whole)
-}
-
-/// `out[t, width] = proj(input)`, where `proj` holds this rank's [`share`] of the `width`
-/// output rows: each rank computes its columns and they are gathered.
-#[allow(clippy::too_many_arguments)]
-fn project_whole(
-    comm: &dyn Communicator,
-    proj: &Linear,
-    input: &[f32],
-    t: usize,
-    width: usize,
-    local_out: &mut Vec<f32>,
-    gather: &mut GatherBuffers,
-    out: &mut Vec<f32>,
-) -> Result<(), CommError> {
-    let out = sized(out, t * width);
-    if comm.world_size() == 1 {
-        proj.forward(input, out, t);
-        return Ok(());
-    }
-    let local = sized(local_out, t * proj.out_features());
-    proj.forward(input, local, t);
-    gather_columns(comm, None, local, t, width, gather, out)
 }
 
 /// `hidden = norm(hidden)`, through `normed` (as long as `hidden`), without allocating.

@@ -1,16 +1,18 @@
 //! Reading a LLaMA-family model's weights into its layers: the config checked against the
 //! weights' shapes, each tensor's tensor-parallel split, and one decoder layer's weights.
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, QkNorm};
 use crate::distributed::share;
+use crate::model_executor::layers::fused_moe::{ExpertNames, FusedMoe};
 use crate::model_executor::layers::linear::Linear;
+use crate::model_executor::layers::mlp::GatedMlp;
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::loader::fused::UnfusedSource;
 use crate::model_executor::loader::sharded::{Rank, SplitDim};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
-use super::DecoderLayer;
+use super::{DecoderLayer, Mlp};
 
 /// Checks the sizes `config` gives against the shapes of the weights `src` holds (the whole
 /// model's, before any split), naming the field that disagrees. A configuration is text that
@@ -26,7 +28,7 @@ pub fn check_config_against_weights(
     let src = &UnfusedSource::new(src, config);
     let h = ("hidden_size", c.hidden_size);
     let layer = |i: usize, s: &str| format!("model.layers.{i}.{s}");
-    let expected = [
+    let mut expected = vec![
         (
             "model.embed_tokens.weight".to_string(),
             [("vocab_size", c.vocab_size), h],
@@ -39,11 +41,29 @@ pub fn check_config_against_weights(
             layer(0, "self_attn.k_proj.weight"),
             [("num_key_value_heads × head_dim", c.kv_size()), h],
         ),
-        (
+    ];
+    match &c.moe {
+        Some(moe) if moe.is_moe_layer(0) => {
+            let names = ExpertNames::find(src, 0);
+            let [gate, ..] = names.expert(0);
+            expected.push((names.router.clone(), [("num_experts", moe.num_experts), h]));
+            expected.push((
+                gate,
+                [("moe_intermediate_size", moe.moe_intermediate_size), h],
+            ));
+            let [last, ..] = names.expert(moe.num_experts - 1);
+            if !src.contains(&last) {
+                return Err(LoadError::Config(format!(
+                    "{origin}: num_experts {} but the weights hold no {last}",
+                    moe.num_experts
+                )));
+            }
+        }
+        _ => expected.push((
             layer(0, "mlp.gate_proj.weight"),
             [("intermediate_size", c.intermediate_size), h],
-        ),
-    ];
+        )),
+    }
     for (tensor, dims) in expected {
         let shape = src.tensor_shape(&tensor)?;
         let wrong = dims
@@ -81,13 +101,18 @@ pub(super) fn llama_split(name: &str, kv_copies: Option<usize>) -> Option<SplitD
         "v_proj.bias",
     ];
     const Q: [&str; 2] = ["q_proj.weight", "q_proj.bias"];
-    const ROWS: [&str; 6] = [
+    // Experts split as the dense MLP does (Mixtral's w1/w3 are gate/up, w2 down); the
+    // router and the shared expert's gate stay whole.
+    const ROWS: [&str; 9] = [
         "gate_proj.weight",
         "up_proj.weight",
         "o_proj.weight",
         "down_proj.weight",
         "embed_tokens.weight",
         "lm_head.weight",
+        "w1.weight",
+        "w2.weight",
+        "w3.weight",
     ];
     let ends = |names: &[&str]| names.iter().any(|s| name.ends_with(s));
     if ends(&KV) {
@@ -119,7 +144,11 @@ pub(super) fn load_layer(
         name("self_attn.k_proj.weight"),
         name("self_attn.v_proj.weight"),
     );
-    let (gate, up) = (name("mlp.gate_proj.weight"), name("mlp.up_proj.weight"));
+    let (gate, up, down) = (
+        name("mlp.gate_proj.weight"),
+        name("mlp.up_proj.weight"),
+        name("mlp.down_proj.weight"),
+    );
     let optional_norm = |on: bool, s: &str, dim: usize| -> Result<Option<RmsNorm>, LoadError> {
         on.then(|| load_norm(c, src, &name(s), dim)).transpose()
     };
@@ -138,6 +167,25 @@ pub(super) fn load_layer(
     } else {
         None
     };
+    let (q_norm_dim, k_norm_dim) = match c.qk_norm {
+        QkNorm::Whole => (c.q_size(), c.kv_size()),
+        _ => (c.head_dim, c.head_dim),
+    };
+    let qk_norm = c.qk_norm != QkNorm::None;
+    let mlp = match (&c.moe, &whole.moe) {
+        (Some(moe), Some(whole_moe)) if moe.is_moe_layer(i) => Mlp::Moe(FusedMoe::load(
+            src, i, moe, whole_moe, h, own_hidden, opts,
+        )?),
+        _ => Mlp::Dense(GatedMlp::load(
+            src,
+            [&gate, &up, &down],
+            h,
+            c.intermediate_size,
+            whole.intermediate_size,
+            own_hidden,
+            opts,
+        )?),
+    };
     Ok(DecoderLayer {
         input_layernorm: load_norm(c, src, &name("input_layernorm.weight"), h)?,
         qkv_proj: Linear::load_merged(
@@ -147,8 +195,8 @@ pub(super) fn load_layer(
             opts,
         )?,
         qkv_bias,
-        q_norm: optional_norm(c.qk_norm, "self_attn.q_norm.weight", c.head_dim)?,
-        k_norm: optional_norm(c.qk_norm, "self_attn.k_norm.weight", c.head_dim)?,
+        q_norm: optional_norm(qk_norm, "self_attn.q_norm.weight", q_norm_dim)?,
+        k_norm: optional_norm(qk_norm, "self_attn.k_norm.weight", k_norm_dim)?,
         o_proj: Linear::load(
             src,
             &name("self_attn.o_proj.weight"),
@@ -160,19 +208,7 @@ pub(super) fn load_layer(
         pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
         post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
         window: c.layer_window(i),
-        gate_up_proj: Linear::load_merged(
-            src,
-            &[(&gate, c.intermediate_size), (&up, c.intermediate_size)],
-            h,
-            opts,
-        )?,
-        down_proj: Linear::load(
-            src,
-            &name("mlp.down_proj.weight"),
-            whole.intermediate_size,
-            own_hidden,
-            opts,
-        )?,
+        mlp,
     })
 }
 

@@ -1,0 +1,159 @@
+//! Mixture-of-Experts hyper-parameters: how many experts a layer holds, how many each token
+//! goes to, their width, and which layers keep a dense MLP instead.
+
+use serde_json::Value;
+
+use super::{opt_usize, req_usize, ConfigError, ModelFamily, MAX_DIMENSION};
+use crate::distributed::share;
+
+/// A layer of routed experts in place of the MLP (vLLM's `FusedMoE`): a router picks
+/// `num_experts_per_tok` of `num_experts` gated MLPs per token and sums their outputs,
+/// weighted by the router's softmax probabilities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    /// Each routed expert's MLP width (this rank's part with tensor parallelism).
+    pub moe_intermediate_size: usize,
+    /// Whether the top-k probabilities are divided by their sum (Qwen3-MoE, Mixtral) or
+    /// used as the softmax over all experts gave them (Qwen2-MoE, OLMoE).
+    pub norm_topk_prob: bool,
+    /// Qwen2-MoE's shared expert: a dense MLP of this width that every token runs, its
+    /// output scaled by a sigmoid gate of its own (this rank's part).
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Layers whose MLP is dense, `[num_hidden_layers]` (Qwen's `mlp_only_layers` and
+    /// `decoder_sparse_step`); empty when every layer has experts.
+    pub dense_layers: Vec<bool>,
+}
+
+/// The most experts a layer may hold and a token may use: today's largest models have 512
+/// and use 10; more would only size buffers from a hostile configuration.
+pub const MAX_EXPERTS: usize = 4096;
+
+impl MoeConfig {
+    /// Whether layer `i` routes its tokens to experts (else it has the dense MLP).
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        !self.dense_layers.get(i).copied().unwrap_or(false)
+    }
+
+    pub(super) fn validate(&self, num_hidden_layers: usize) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !(1..=MAX_EXPERTS).contains(&self.num_experts) {
+            return bad(format!(
+                "num_experts must be between 1 and {MAX_EXPERTS}, got {}",
+                self.num_experts
+            ));
+        }
+        if !(1..=self.num_experts).contains(&self.num_experts_per_tok) {
+            return bad(format!(
+                "num_experts_per_tok must be between 1 and num_experts ({}), got {}",
+                self.num_experts, self.num_experts_per_tok
+            ));
+        }
+        let widths = [
+            ("moe_intermediate_size", Some(self.moe_intermediate_size)),
+            (
+                "shared_expert_intermediate_size",
+                self.shared_expert_intermediate_size,
+            ),
+        ];
+        for (name, width) in widths {
+            if let Some(w) = width {
+                if w == 0 || w > MAX_DIMENSION {
+                    return bad(format!(
+                        "{name} must be between 1 and {MAX_DIMENSION}, got {w}"
+                    ));
+                }
+            }
+        }
+        if !self.dense_layers.is_empty() && self.dense_layers.len() != num_hidden_layers {
+            return bad(format!(
+                "{} dense-layer flags for {num_hidden_layers} layers",
+                self.dense_layers.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rank `rank`'s part out of `world_size`: each expert (and the shared one) split by
+    /// its width, as vLLM's tensor parallelism splits experts.
+    pub fn tensor_parallel_part(&self, rank: usize, world_size: usize) -> MoeConfig {
+        MoeConfig {
+            moe_intermediate_size: share(self.moe_intermediate_size, rank, world_size).len(),
+            shared_expert_intermediate_size: self
+                .shared_expert_intermediate_size
+                .map(|w| share(w, rank, world_size).len()),
+            ..self.clone()
+        }
+    }
+
+    /// The experts of a Hugging Face `config.json`, `None` for a dense family.
+    pub(super) fn from_hf(
+        json: &Value,
+        family: ModelFamily,
+        num_hidden_layers: usize,
+    ) -> Result<Option<Self>, ConfigError> {
+        let flag = |key: &str, default: bool| json.get(key).and_then(Value::as_bool).unwrap_or(default);
+        let cfg = match family {
+            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
+                let step = opt_usize(json, "decoder_sparse_step")?.unwrap_or(1);
+                if step == 0 {
+                    return Err(ConfigError::Invalid(
+                        "decoder_sparse_step must be positive".into(),
+                    ));
+                }
+                let mlp_only = json
+                    .get("mlp_only_layers")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_u64).collect::<Vec<_>>())
+                    .unwrap_or_default();
+                // transformers: experts where the layer is not listed and (i + 1) is a
+                // multiple of the step.
+                let dense: Vec<bool> = (0..num_hidden_layers)
+                    .map(|i| mlp_only.contains(&(i as u64)) || !(i + 1).is_multiple_of(step))
+                    .collect();
+                let shared = if family == ModelFamily::Qwen2Moe {
+                    opt_usize(json, "shared_expert_intermediate_size")?.filter(|&w| w > 0)
+                } else {
+                    None
+                };
+                MoeConfig {
+                    num_experts: num_experts(json)?,
+                    num_experts_per_tok: req_usize(json, "num_experts_per_tok")?,
+                    moe_intermediate_size: req_usize(json, "moe_intermediate_size")?,
+                    norm_topk_prob: flag("norm_topk_prob", false),
+                    shared_expert_intermediate_size: shared,
+                    dense_layers: if dense.iter().any(|&d| d) { dense } else { Vec::new() },
+                }
+            }
+            // Mixtral always renormalises; its experts are `intermediate_size` wide.
+            ModelFamily::Mixtral => MoeConfig {
+                num_experts: num_experts(json)?,
+                num_experts_per_tok: req_usize(json, "num_experts_per_tok")?,
+                moe_intermediate_size: req_usize(json, "intermediate_size")?,
+                norm_topk_prob: true,
+                shared_expert_intermediate_size: None,
+                dense_layers: Vec::new(),
+            },
+            ModelFamily::Olmoe => MoeConfig {
+                num_experts: num_experts(json)?,
+                num_experts_per_tok: req_usize(json, "num_experts_per_tok")?,
+                moe_intermediate_size: req_usize(json, "intermediate_size")?,
+                norm_topk_prob: flag("norm_topk_prob", false),
+                shared_expert_intermediate_size: None,
+                dense_layers: Vec::new(),
+            },
+            _ => return Ok(None),
+        };
+        Ok(Some(cfg))
+    }
+}
+
+/// The hub's configs say `num_experts` (Mixtral's `num_local_experts`); transformers 5
+/// writes `num_local_experts` for every family.
+fn num_experts(json: &Value) -> Result<usize, ConfigError> {
+    match opt_usize(json, "num_experts")? {
+        Some(n) => Ok(n),
+        None => req_usize(json, "num_local_experts"),
+    }
+}

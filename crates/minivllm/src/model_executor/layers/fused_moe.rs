@@ -1,0 +1,545 @@
+//! A Mixture-of-Experts MLP, vLLM's `FusedMoE` idea on a CPU: a router scores every expert
+//! per token, each token goes to its top `k`, and the step's tokens are grouped by expert so
+//! that each chosen expert's weights are read once for all the tokens routed to it (one
+//! matrix product per expert over its rows, threaded over the expert's weight rows as any
+//! projection is), while a one-token decode reads only its `k` experts. The outputs are
+//! summed per token, weighted by the router's probabilities.
+//!
+//! Each token's sum runs over its experts in ascending order and every expert's product
+//! computes each row on its own, so a token's output does not depend on what else is in
+//! the batch. With tensor parallelism each expert is split by its width (gate/up rows) and
+//! by the hidden rows of down, the router is whole on every rank, and the ranks gather the
+//! activations and outputs of all the step's experts at once: two gathers per layer, as a
+//! dense MLP needs, and one process's result to the bit.
+
+use crate::config::{Activation, MoeConfig};
+use crate::distributed::{CommError, Communicator, GatherBuffers};
+use crate::model_executor::layers::linear::{Linear, WeightMatrix};
+use crate::model_executor::layers::mlp::{activate, GatedMlp, MlpBuffers};
+use crate::model_executor::layers::parallel::{sized, whole_rows};
+use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
+use crate::model_executor::loader::LoadError;
+
+/// Qwen2-MoE's shared expert: a gated MLP every token runs, scaled by `sigmoid(gate · x)`.
+pub struct SharedExpert {
+    pub mlp: GatedMlp,
+    /// `[hidden]`.
+    pub gate: Vec<f32>,
+}
+
+pub struct FusedMoe {
+    /// `[num_experts, hidden]`, whole on every rank and kept in f32 (as vLLM and llama.cpp
+    /// keep it): routing must not change with the experts' format or the rank.
+    router: Linear,
+    experts: Vec<GatedMlp>,
+    top_k: usize,
+    norm_topk_prob: bool,
+    shared: Option<SharedExpert>,
+}
+
+/// The step's routing and the experts' activations, kept between forward passes so that
+/// decoding allocates nothing.
+#[derive(Default)]
+pub struct MoeBuffers {
+    router_logits: Vec<f32>,
+    /// Per token, its `k` experts and their weights.
+    topk_ids: Vec<u32>,
+    topk_weights: Vec<f32>,
+    /// Where each expert's rows start among the step's `t * k` routed rows (experts in
+    /// order, tokens ascending within each), and each routed row's token and weight.
+    offsets: Vec<usize>,
+    /// The next free row of each expert while rows are placed.
+    cursor: Vec<usize>,
+    row_token: Vec<u32>,
+    row_weight: Vec<f32>,
+    /// Routed rows: inputs, gate/up outputs, activations (whole with tensor parallelism),
+    /// outputs (this rank's columns, then whole).
+    x: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    act_whole: Vec<f32>,
+    y: Vec<f32>,
+    y_whole: Vec<f32>,
+    /// The shared expert's output and its MLP's scratch.
+    shared_out: Vec<f32>,
+    shared: MlpBuffers,
+}
+
+impl MoeBuffers {
+    pub fn capacity(&self) -> usize {
+        let f32s = [
+            &self.router_logits,
+            &self.topk_weights,
+            &self.row_weight,
+            &self.x,
+            &self.gate_up,
+            &self.act,
+            &self.act_whole,
+            &self.y,
+            &self.y_whole,
+            &self.shared_out,
+        ];
+        f32s.iter().map(|v| v.capacity()).sum::<usize>()
+            + self.topk_ids.capacity()
+            + self.row_token.capacity()
+            + self.offsets.capacity()
+            + self.cursor.capacity()
+            + self.shared.capacity()
+    }
+}
+
+impl FusedMoe {
+    /// Layer `layer`'s experts under the Hugging Face names (`mlp.gate.weight`,
+    /// `mlp.experts.E.{gate,up,down}_proj.weight`, Qwen2-MoE's `mlp.shared_expert.*` and
+    /// `mlp.shared_expert_gate.weight`; Mixtral's `block_sparse_moe` names are read too).
+    /// `moe` is this rank's part, `whole` the model's; `own_hidden` this rank's rows of
+    /// each down projection.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        src: &dyn WeightSource,
+        layer: usize,
+        moe: &MoeConfig,
+        whole: &MoeConfig,
+        hidden: usize,
+        own_hidden: usize,
+        opts: &LoadOptions,
+    ) -> Result<Self, LoadError> {
+        let names = ExpertNames::find(src, layer);
+        let router = Linear::load(
+            src,
+            &names.router,
+            hidden,
+            moe.num_experts,
+            &LoadOptions::FLOAT32,
+        )?;
+        let experts = (0..moe.num_experts)
+            .map(|e| {
+                let [g, u, d] = names.expert(e);
+                GatedMlp::load(
+                    src,
+                    [&g, &u, &d],
+                    hidden,
+                    moe.moe_intermediate_size,
+                    whole.moe_intermediate_size,
+                    own_hidden,
+                    opts,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let shared = match (
+            moe.shared_expert_intermediate_size,
+            whole.shared_expert_intermediate_size,
+        ) {
+            (Some(width), Some(whole_width)) => {
+                let p = format!("model.layers.{layer}.mlp.shared_expert");
+                let gate_name = format!("model.layers.{layer}.mlp.shared_expert_gate.weight");
+                // `[1, hidden]` in transformers, `[hidden]` in llama.cpp's files.
+                let gate = src.load(&gate_name)?;
+                if gate.data.len() != hidden {
+                    return Err(LoadError::ShapeMismatch {
+                        tensor: gate_name,
+                        found: gate.shape,
+                        expected: vec![1, hidden],
+                    });
+                }
+                Some(SharedExpert {
+                    mlp: GatedMlp::load(
+                        src,
+                        [
+                            &format!("{p}.gate_proj.weight"),
+                            &format!("{p}.up_proj.weight"),
+                            &format!("{p}.down_proj.weight"),
+                        ],
+                        hidden,
+                        width,
+                        whole_width,
+                        own_hidden,
+                        opts,
+                    )?,
+                    gate: gate.data,
+                })
+            }
+            _ => None,
+        };
+        Ok(Self {
+            router,
+            experts,
+            top_k: moe.num_experts_per_tok,
+            norm_topk_prob: moe.norm_topk_prob,
+            shared,
+        })
+    }
+
+    /// Every weight matrix: the router's, every expert's, the shared expert's.
+    pub fn matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
+        std::iter::once(self.router.weight())
+            .chain(self.experts.iter().flat_map(GatedMlp::matrices))
+            .chain(self.shared.iter().flat_map(|s| s.mlp.matrices()))
+    }
+
+    /// Bytes one token reads: the router's, `k` experts' (all experts are the same size)
+    /// and the shared expert's.
+    pub fn bytes_per_token(&self) -> usize {
+        let expert: usize = self.experts[0].matrices().iter().map(|m| m.nbytes()).sum();
+        let shared: usize = self
+            .shared
+            .iter()
+            .flat_map(|s| s.mlp.matrices())
+            .map(WeightMatrix::nbytes)
+            .sum();
+        self.router.weight().nbytes() + self.top_k * expert + shared
+    }
+
+    /// Multiply-adds times two of one token through the router and its experts.
+    pub fn flops_per_token(&self) -> f64 {
+        let flops = |m: &WeightMatrix| 2.0 * (m.rows() * m.cols()) as f64;
+        let expert: f64 = self.experts[0].matrices().iter().map(|m| flops(m)).sum();
+        let shared: f64 = self
+            .shared
+            .iter()
+            .flat_map(|s| s.mlp.matrices())
+            .map(flops)
+            .sum();
+        flops(self.router.weight()) + self.top_k as f64 * expert + shared
+    }
+
+    /// `out[t, hidden]` = the weighted sum of each token's `k` experts (plus the shared
+    /// expert), from the normed `x[t, hidden]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        x: &[f32],
+        t: usize,
+        hidden: usize,
+        act_fn: Activation,
+        comm: &dyn Communicator,
+        buf: &mut MoeBuffers,
+        gather: &mut GatherBuffers,
+        out: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        let num_experts = self.experts.len();
+        let logits = sized(&mut buf.router_logits, t * num_experts);
+        self.router.forward(x, logits, t);
+        self.route(t, buf);
+        let rows = t * self.top_k;
+
+        let xs = sized(&mut buf.x, rows * hidden);
+        for (dst, &tok) in xs.chunks_exact_mut(hidden).zip(&buf.row_token) {
+            let tok = tok as usize;
+            dst.copy_from_slice(&x[tok * hidden..(tok + 1) * hidden]);
+        }
+        let width = self.experts[0].width;
+        let whole_width = self.experts[0].whole_width;
+        let gate_up = sized(&mut buf.gate_up, rows * 2 * width);
+        let act = sized(&mut buf.act, rows * width);
+        for (e, expert) in self.experts.iter().enumerate() {
+            let (r0, r1) = (buf.offsets[e], buf.offsets[e + 1]);
+            if r0 == r1 {
+                continue;
+            }
+            let n = r1 - r0;
+            let gu = &mut gate_up[r0 * 2 * width..r1 * 2 * width];
+            expert
+                .gate_up_proj
+                .forward(&xs[r0 * hidden..r1 * hidden], gu, n);
+            activate(act_fn, gu, &mut act[r0 * width..r1 * width], width);
+        }
+        let split = comm.world_size() > 1;
+        let act = whole_rows(comm, split, act, rows, whole_width, gather, &mut buf.act_whole)?;
+        let own_hidden = self.experts[0].down_proj.out_features();
+        let y = sized(&mut buf.y, rows * own_hidden);
+        for (e, expert) in self.experts.iter().enumerate() {
+            let (r0, r1) = (buf.offsets[e], buf.offsets[e + 1]);
+            if r0 == r1 {
+                continue;
+            }
+            expert.down_proj.forward(
+                &act[r0 * whole_width..r1 * whole_width],
+                &mut y[r0 * own_hidden..r1 * own_hidden],
+                r1 - r0,
+            );
+        }
+        let y = whole_rows(comm, split, y, rows, hidden, gather, &mut buf.y_whole)?;
+
+        // Rows are in expert order, so each token's sum runs over its experts in order.
+        let out = sized(out, t * hidden);
+        out.fill(0.0);
+        for ((row, &tok), &w) in y.chunks_exact(hidden).zip(&buf.row_token).zip(&buf.row_weight) {
+            let tok = tok as usize;
+            let dst = &mut out[tok * hidden..(tok + 1) * hidden];
+            dst.iter_mut().zip(row).for_each(|(o, &v)| *o += w * v);
+        }
+
+        if let Some(shared) = &self.shared {
+            let mut shared_out = std::mem::take(&mut buf.shared_out);
+            shared.mlp.forward(
+                x,
+                t,
+                hidden,
+                act_fn,
+                comm,
+                &mut buf.shared,
+                gather,
+                &mut shared_out,
+            )?;
+            for ((o, s), xr) in out
+                .chunks_exact_mut(hidden)
+                .zip(shared_out.chunks_exact(hidden))
+                .zip(x.chunks_exact(hidden))
+            {
+                let g: f32 = xr.iter().zip(&shared.gate).map(|(a, b)| a * b).sum();
+                let g = 1.0 / (1.0 + (-g).exp());
+                o.iter_mut().zip(s).for_each(|(o, &s)| *o += g * s);
+            }
+            buf.shared_out = shared_out;
+        }
+        Ok(())
+    }
+
+    /// Each token's top `k` experts by softmax probability (ties to the lower index) and
+    /// their weights, then the routed rows grouped by expert.
+    fn route(&self, t: usize, buf: &mut MoeBuffers) {
+        let (e_count, k) = (self.experts.len(), self.top_k);
+        buf.topk_ids.resize(t * k, 0);
+        buf.topk_weights.resize(t * k, 0.0);
+        for ((logits, ids), weights) in buf
+            .router_logits
+            .chunks_exact_mut(e_count)
+            .zip(buf.topk_ids.chunks_exact_mut(k))
+            .zip(buf.topk_weights.chunks_exact_mut(k))
+        {
+            softmax_in_place(logits);
+            top_k(logits, ids, weights);
+            if self.norm_topk_prob {
+                let sum: f32 = weights.iter().sum();
+                weights.iter_mut().for_each(|w| *w /= sum);
+            }
+        }
+        // A counting sort of the routed rows by expert.
+        buf.offsets.clear();
+        buf.offsets.resize(e_count + 1, 0);
+        for &e in &buf.topk_ids {
+            buf.offsets[e as usize + 1] += 1;
+        }
+        for e in 0..e_count {
+            buf.offsets[e + 1] += buf.offsets[e];
+        }
+        buf.row_token.resize(t * k, 0);
+        buf.row_weight.resize(t * k, 0.0);
+        buf.cursor.clear();
+        buf.cursor.extend_from_slice(&buf.offsets[..e_count]);
+        for (tok, (ids, weights)) in buf
+            .topk_ids
+            .chunks_exact(k)
+            .zip(buf.topk_weights.chunks_exact(k))
+            .enumerate()
+        {
+            for (&e, &w) in ids.iter().zip(weights) {
+                let at = &mut buf.cursor[e as usize];
+                buf.row_token[*at] = tok as u32;
+                buf.row_weight[*at] = w;
+                *at += 1;
+            }
+        }
+    }
+}
+
+/// `x = softmax(x)` in place, as PyTorch computes it in f32: `exp(x - max) / sum`.
+fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    x.iter_mut().for_each(|v| *v /= sum);
+}
+
+/// The `ids.len()` largest of `probs`, largest first (the lower index first among equals),
+/// into `ids` and `weights`.
+fn top_k(probs: &[f32], ids: &mut [u32], weights: &mut [f32]) {
+    let k = ids.len();
+    let mut n = 0;
+    for (i, &p) in probs.iter().enumerate() {
+        // Insertion into the sorted top list; k is small (2-10).
+        let mut at = n;
+        while at > 0 && weights[at - 1] < p {
+            at -= 1;
+        }
+        if at >= k {
+            continue;
+        }
+        let end = (n + 1).min(k);
+        for j in (at + 1..end).rev() {
+            ids[j] = ids[j - 1];
+            weights[j] = weights[j - 1];
+        }
+        ids[at] = i as u32;
+        weights[at] = p;
+        n = end;
+    }
+}
+
+/// The names a checkpoint gives a layer's router and experts: transformers' and Qwen's
+/// (`mlp.gate`, `mlp.experts.E.gate_proj`), which llama.cpp's files map to, or Mixtral's
+/// hub names (`block_sparse_moe.gate`, `block_sparse_moe.experts.E.w1` (gate), `w3` (up),
+/// `w2` (down)).
+pub(crate) struct ExpertNames {
+    pub router: String,
+    prefix: String,
+    mixtral: bool,
+}
+
+impl ExpertNames {
+    pub fn find(src: &dyn WeightSource, layer: usize) -> Self {
+        let mixtral = format!("model.layers.{layer}.block_sparse_moe");
+        if src.contains(&format!("{mixtral}.gate.weight")) {
+            return Self {
+                router: format!("{mixtral}.gate.weight"),
+                prefix: format!("{mixtral}.experts"),
+                mixtral: true,
+            };
+        }
+        Self {
+            router: format!("model.layers.{layer}.mlp.gate.weight"),
+            prefix: format!("model.layers.{layer}.mlp.experts"),
+            mixtral: false,
+        }
+    }
+
+    /// Expert `e`'s gate, up and down projections.
+    pub fn expert(&self, e: usize) -> [String; 3] {
+        let names = if self.mixtral {
+            ["w1", "w3", "w2"]
+        } else {
+            ["gate_proj", "up_proj", "down_proj"]
+        };
+        names.map(|n| format!("{}.{e}.{n}.weight", self.prefix))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::distributed::SingleProcess;
+
+    #[test]
+    fn top_k_keeps_the_largest_in_order_lower_index_first_among_equals() {
+        let probs = [0.1, 0.3, 0.05, 0.3, 0.25];
+        let (mut ids, mut w) = ([0u32; 3], [0f32; 3]);
+        top_k(&probs, &mut ids, &mut w);
+        assert_eq!(ids, [1, 3, 4]);
+        assert_eq!(w, [0.3, 0.3, 0.25]);
+        let (mut ids, mut w) = ([0u32; 1], [0f32; 1]);
+        top_k(&probs, &mut ids, &mut w);
+        assert_eq!((ids, w), ([1], [0.3]));
+    }
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5
+            })
+            .collect()
+    }
+
+    fn mlp(hidden: usize, width: usize, seed: u64) -> GatedMlp {
+        GatedMlp {
+            gate_up_proj: Linear::from_weight(values(2 * width * hidden, seed), hidden, 2 * width),
+            down_proj: Linear::from_weight(values(hidden * width, seed + 1), width, hidden),
+            width,
+            whole_width: width,
+        }
+    }
+
+    fn moe(norm: bool, shared: bool) -> FusedMoe {
+        let (hidden, width, experts) = (16, 8, 6);
+        FusedMoe {
+            router: Linear::from_weight(values(experts * hidden, 7), hidden, experts),
+            experts: (0..experts).map(|e| mlp(hidden, width, 100 + 2 * e as u64)).collect(),
+            top_k: 2,
+            norm_topk_prob: norm,
+            shared: shared.then(|| SharedExpert {
+                mlp: mlp(hidden, 12, 50),
+                gate: values(hidden, 60),
+            }),
+        }
+    }
+
+    /// One token the plain way: every probability, its top two, each expert's MLP alone.
+    fn reference(m: &FusedMoe, x: &[f32]) -> Vec<f32> {
+        let h = x.len();
+        let mut logits = vec![0.0; m.experts.len()];
+        m.router.forward(x, &mut logits, 1);
+        softmax_in_place(&mut logits);
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let chosen = &order[..m.top_k];
+        let sum: f32 = chosen.iter().map(|&e| logits[e]).sum();
+        let mut out = vec![0.0; h];
+        let mut chosen = chosen.to_vec();
+        chosen.sort();
+        let run = |mlp: &GatedMlp| {
+            let mut gu = vec![0.0; 2 * mlp.width];
+            mlp.gate_up_proj.forward(x, &mut gu, 1);
+            let act: Vec<f32> = (0..mlp.width)
+                .map(|i| {
+                    let g = gu[i];
+                    g / (1.0 + (-g).exp()) * gu[mlp.width + i]
+                })
+                .collect();
+            let mut y = vec![0.0; h];
+            mlp.down_proj.forward(&act, &mut y, 1);
+            y
+        };
+        for e in chosen {
+            let w = if m.norm_topk_prob {
+                logits[e] / sum
+            } else {
+                logits[e]
+            };
+            for (o, v) in out.iter_mut().zip(run(&m.experts[e])) {
+                *o += w * v;
+            }
+        }
+        if let Some(s) = &m.shared {
+            let g: f32 = x.iter().zip(&s.gate).map(|(a, b)| a * b).sum();
+            let g = 1.0 / (1.0 + (-g).exp());
+            for (o, v) in out.iter_mut().zip(run(&s.mlp)) {
+                *o += g * v;
+            }
+        }
+        out
+    }
+
+    /// A batch grouped by expert computes what each token computes alone, to the bit, and
+    /// what the plain per-token reference computes.
+    #[test]
+    fn grouped_batch_is_each_token_alone_and_the_reference() {
+        for (norm, shared) in [(false, false), (true, false), (false, true)] {
+            let m = moe(norm, shared);
+            let (t, h) = (9, 16);
+            let x = values(t * h, 3);
+            let mut buf = MoeBuffers::default();
+            let mut gather = GatherBuffers::default();
+            let mut out = Vec::new();
+            m.forward(&x, t, h, Activation::Silu, &SingleProcess, &mut buf, &mut gather, &mut out)
+                .unwrap();
+            let batched = out.clone();
+            for i in 0..t {
+                let row = &x[i * h..(i + 1) * h];
+                m.forward(row, 1, h, Activation::Silu, &SingleProcess, &mut buf, &mut gather, &mut out)
+                    .unwrap();
+                assert_eq!(&out[..h], &batched[i * h..(i + 1) * h], "token {i} alone");
+                let want = reference(&m, row);
+                for (a, b) in out.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-5, "token {i}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}

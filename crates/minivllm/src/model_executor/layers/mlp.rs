@@ -1,0 +1,106 @@
+//! The gated MLP, `down(act(gate(x)) * up(x))`: a dense layer's, a shared expert's, and
+//! (its weights only) each routed expert's.
+
+use minivllm_kernels::activation::{gelu_tanh_and_mul, silu_and_mul};
+
+use crate::config::Activation;
+use crate::distributed::{CommError, Communicator, GatherBuffers};
+use crate::model_executor::layers::linear::{Linear, WeightMatrix};
+use crate::model_executor::layers::parallel::{project_whole, sized, whole_rows};
+use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
+use crate::model_executor::loader::LoadError;
+
+/// A gated MLP's weights: gate and up stacked (`[2 * width, hidden]`, this rank's rows of
+/// each with tensor parallelism) and down (`[hidden, whole width]`, this rank's rows).
+pub struct GatedMlp {
+    pub gate_up_proj: Linear,
+    pub down_proj: Linear,
+    /// This rank's part of the width, and the whole of it.
+    pub width: usize,
+    pub whole_width: usize,
+}
+
+/// Activations of an MLP, kept between forward passes.
+#[derive(Default)]
+pub struct MlpBuffers {
+    pub gate_up: Vec<f32>,
+    pub act: Vec<f32>,
+    /// With tensor parallelism: the activations put together from every rank's columns,
+    /// and this rank's columns of the output.
+    pub whole: Vec<f32>,
+    pub local_out: Vec<f32>,
+}
+
+impl MlpBuffers {
+    pub fn capacity(&self) -> usize {
+        [&self.gate_up, &self.act, &self.whole, &self.local_out]
+            .iter()
+            .map(|v| v.capacity())
+            .sum()
+    }
+}
+
+impl GatedMlp {
+    /// Loads `gate`, `up` and `down` (full tensor names): `width` and `own_hidden` are this
+    /// rank's rows of gate/up and of down, `whole_width` down's columns.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        src: &dyn WeightSource,
+        [gate, up, down]: [&str; 3],
+        hidden: usize,
+        width: usize,
+        whole_width: usize,
+        own_hidden: usize,
+        opts: &LoadOptions,
+    ) -> Result<Self, LoadError> {
+        Ok(Self {
+            gate_up_proj: Linear::load_merged(src, &[(gate, width), (up, width)], hidden, opts)?,
+            down_proj: Linear::load(src, down, whole_width, own_hidden, opts)?,
+            width,
+            whole_width,
+        })
+    }
+
+    pub fn matrices(&self) -> [&WeightMatrix; 2] {
+        [self.gate_up_proj.weight(), self.down_proj.weight()]
+    }
+
+    /// `out[t, hidden] = down(act(gate(x)) * up(x))`, gathered over the ranks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        x: &[f32],
+        t: usize,
+        hidden: usize,
+        act_fn: Activation,
+        comm: &dyn Communicator,
+        buf: &mut MlpBuffers,
+        gather: &mut GatherBuffers,
+        out: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        let gate_up = sized(&mut buf.gate_up, t * 2 * self.width);
+        self.gate_up_proj.forward(x, gate_up, t);
+        let act = sized(&mut buf.act, t * self.width);
+        activate(act_fn, gate_up, act, self.width);
+        let split = comm.world_size() > 1;
+        let act = whole_rows(comm, split, act, t, self.whole_width, gather, &mut buf.whole)?;
+        project_whole(
+            comm,
+            &self.down_proj,
+            act,
+            t,
+            hidden,
+            &mut buf.local_out,
+            gather,
+            out,
+        )
+    }
+}
+
+/// `act = f(gate) * up` for rows laid out `[gate(width) | up(width)]`.
+pub fn activate(act_fn: Activation, gate_up: &[f32], act: &mut [f32], width: usize) {
+    match act_fn {
+        Activation::Silu => silu_and_mul(gate_up, act, width),
+        Activation::GeluTanh => gelu_tanh_and_mul(gate_up, act, width),
+    }
+}
