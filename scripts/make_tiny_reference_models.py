@@ -23,7 +23,8 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
     mixtral  (MixtralForCausalLM: top 2 renormalised; weights under the hub's names,
               `block_sparse_moe.experts.E.w1/w2/w3`)
     olmoe    (OlmoeForCausalLM: top 2 unnormalised, RMSNorm over the whole q and k
-              projections, as many KV heads as heads as in OLMoE-1B-7B)
+              projections, as many KV heads as heads and an epsilon of 1e-5 as in
+              OLMoE-1B-7B)
   Expert weights are drawn per expert under the names the hub's checkpoints use
   (`mlp.experts.E.gate_proj.weight`; transformers 5 keeps them stacked in 3-D parameters
   and writes them back per expert when saving), and a seed is kept only if no token's
@@ -259,8 +260,10 @@ def mixtral_config():
 def olmoe_config():
     cfg = dict(COMMON)
     cfg["intermediate_size"] = MOE["moe_intermediate_size"]
-    # As in OLMoE-1B-7B (and llama.cpp's `olmoe` graph, whose k norm is hidden_size wide).
+    # As in OLMoE-1B-7B (and llama.cpp's `olmoe` graph, whose k norm is hidden_size wide,
+    # and its converter, which writes OLMoE's epsilon of 1e-5 whatever the config says).
     cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    cfg["rms_norm_eps"] = 1e-5
     return OlmoeConfig(
         **cfg,
         num_experts=MOE["num_experts"],

@@ -16,6 +16,7 @@ mod hf_folder;
 mod layers;
 mod model_families;
 mod model_reference;
+mod moe_gguf;
 mod real_models;
 mod scheduler;
 mod speculative;

@@ -24,18 +24,18 @@ const FAMILIES: [&str; 10] = [
     "olmoe",
 ];
 const TOL: f32 = 1e-4;
-const BLOCK_SIZE: usize = 16;
+pub(crate) const BLOCK_SIZE: usize = 16;
 /// Blocks each sequence of a test may use: sequences of a batch get disjoint ranges.
 const BLOCKS_PER_SEQ: u32 = 8;
 
-struct Case {
-    prompt: Vec<u32>,
-    greedy: Vec<u32>,
-    logprobs: Vec<f32>,
-    last_logits: Vec<f32>,
+pub(crate) struct Case {
+    pub prompt: Vec<u32>,
+    pub greedy: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub last_logits: Vec<f32>,
 }
 
-fn cases(family: &str) -> Vec<Case> {
+pub(crate) fn cases(family: &str) -> Vec<Case> {
     let json = reference(family);
     let ids = crate::common::ids;
     let floats = |v: &Value| -> Vec<f32> {
@@ -93,10 +93,10 @@ fn blocks(seq: u32) -> Vec<BlockId> {
 
 /// One sequence of a step: its tokens, how many are cached, how many are new, its slot in
 /// the KV cache, and whether its prompt positions are scored.
-type StepSeq<'a> = (&'a [u32], usize, usize, u32, bool);
+pub(crate) type StepSeq<'a> = (&'a [u32], usize, usize, u32, bool);
 
 /// A sequence's logits rows in a step, and the row it samples from (empty if none).
-type SeqRows = (LogitsRows, Vec<f32>);
+pub(crate) type SeqRows = (LogitsRows, Vec<f32>);
 
 /// One step over `seqs`: each one's rows and sampled row, all the step's logits, and the
 /// vocabulary size.
@@ -139,7 +139,7 @@ fn step_all(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> (Vec<SeqRows>, Ve
 }
 
 /// One step: each sequence's rows and sampled row.
-fn step(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> Vec<SeqRows> {
+pub(crate) fn step(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> Vec<SeqRows> {
     step_all(runner, seqs).0
 }
 
@@ -158,7 +158,7 @@ fn argmax(row: &[f32]) -> u32 {
         .unwrap() as u32
 }
 
-fn assert_close(ours: &[f32], theirs: &[f32], what: &str) -> f32 {
+pub(crate) fn assert_close(ours: &[f32], theirs: &[f32], what: &str) -> f32 {
     assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
     let mut worst = 0.0f32;
     for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
