@@ -390,6 +390,19 @@ fn every_family_decodes_alike_on_one_to_four_ranks() {
     }
 }
 
+/// The Mixture-of-Experts families split as vLLM splits experts: each expert's width over
+/// the ranks (8 experts of 32 rows: 11, 11 and 10 at 3 ranks), the router whole on every
+/// rank; OLMoE's norm over the whole q keeps every head on every rank.
+#[test]
+fn moe_families_decode_alike_on_one_to_four_ranks() {
+    minivllm::kernels::threading::init_threads(2);
+    for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe"] {
+        let config = super::tiny_models::config(family);
+        let weights = super::tiny_models::TinyWeights::of(family);
+        decodes_alike_on_one_to_four_ranks(family, &config, &weights);
+    }
+}
+
 /// Qwen2's q/k/v biases change what the model computes: the same weights with and without
 /// them give other logits (a loader that dropped them would pass the test above).
 #[test]
