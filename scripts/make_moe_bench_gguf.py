@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Writes a GGUF file with a real Mixture-of-Experts model's shape and random weights, for
+speed and memory measurements on models whose weights never reach this machine.
+
+    --shape qwen3-30b-a3b   Qwen3-30B-A3B: hidden 2048, 48 layers, 32 q / 4 KV heads of
+                            128, 128 experts of 768 (top 8, renormalised), vocabulary
+                            151,936; llama.cpp's Q4_K_M formats: q, k, o and the experts'
+                            gate and up in Q4_K, v and the experts' down in Q6_K, the
+                            router in f32, embeddings Q4_K, output Q6_K.
+
+Weights are random blocks (scales chosen so that each row's dot products stay near unit
+size), so the text is noise but every kernel reads and computes what the real file makes
+it read and compute; random router weights spread tokens over the experts about evenly,
+as real traffic does. The tokenizer (and chat template) comes from another GGUF file with
+the same vocabulary (Qwen2.5's 151,936 tokens: `minivllm download-model
+qwen2.5-coder-0.5b`). Tensors are written one at a time, so a file larger than memory
+can be made.
+
+    .venv/bin/python scripts/make_moe_bench_gguf.py --layers 12 \\
+        --tokenizer-from models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf \\
+        --out models/bench/qwen3-30b-a3b-shape-12l.Q4_K_M.gguf
+
+Needs numpy and gguf (both in tests/python/requirements.txt, so `.venv` has them).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as T
+
+SHAPES = {
+    "qwen3-30b-a3b": dict(
+        arch="qwen3moe",
+        hidden=2048,
+        layers=48,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        experts=128,
+        experts_used=8,
+        expert_ffn=768,
+        ffn=6144,
+        vocab=151936,
+        context=40960,
+        rope_theta=1_000_000.0,
+        eps=1e-6,
+    ),
+}
+
+BLOCK_BYTES = {T.Q4_K: 144, T.Q6_K: 210}
+
+
+def random_blocks(rng, ty, rows, cols):
+    """`rows` rows of `cols` values as random `ty` blocks whose dequantised rows have
+    entries of about 1/sqrt(cols) (so a dot product with a unit-RMS input is about 1)."""
+    nb = rows * cols // 256
+    blocks = rng.integers(0, 256, size=(nb, BLOCK_BYTES[ty]), dtype=np.uint8)
+    target = 1.0 / np.sqrt(cols)
+    if ty == T.Q4_K:
+        # w = d * scale * q - dmin * min, scale and min 6-bit, q 4-bit: about d * 32 * 8.
+        d = (rng.uniform(0.5, 1.5, nb) * target / 256).astype(np.float16)
+        blocks[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+        blocks[:, 2:4] = d.view(np.uint8).reshape(nb, 2)
+    else:
+        # Q6_K: ql[128] qh[64] scales[16] (int8) d: w = d * scale * (q - 32).
+        blocks[:, 192:208] = rng.integers(-16, 17, size=(nb, 16), dtype=np.int8).view(np.uint8)
+        d = (rng.uniform(0.5, 1.5, nb) * target / (8 * 16)).astype(np.float16)
+        blocks[:, 208:210] = d.view(np.uint8).reshape(nb, 2)
+    return blocks
+
+
+def tensors(s, layers):
+    """(name, PyTorch-order shape, type) of every tensor, in llama.cpp's order."""
+    h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    e, f = s["experts"], s["expert_ffn"]
+    yield "token_embd.weight", (s["vocab"], h), T.Q4_K
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (h,), T.F32
+        yield b + "attn_q.weight", (q, h), T.Q4_K
+        yield b + "attn_k.weight", (kv, h), T.Q4_K
+        yield b + "attn_v.weight", (kv, h), T.Q6_K
+        yield b + "attn_output.weight", (h, q), T.Q4_K
+        yield b + "attn_q_norm.weight", (s["head_dim"],), T.F32
+        yield b + "attn_k_norm.weight", (s["head_dim"],), T.F32
+        yield b + "ffn_norm.weight", (h,), T.F32
+        yield b + "ffn_gate_inp.weight", (e, h), T.F32
+        yield b + "ffn_gate_exps.weight", (e, f, h), T.Q4_K
+        yield b + "ffn_up_exps.weight", (e, f, h), T.Q4_K
+        yield b + "ffn_down_exps.weight", (e, h, f), T.Q6_K
+    yield "output_norm.weight", (h,), T.F32
+    yield "output.weight", (s["vocab"], h), T.Q6_K
+
+
+def data(rng, name, shape, ty):
+    if ty == T.F32:
+        if len(shape) == 1:  # norms: around 1
+            return rng.uniform(0.8, 1.2, shape).astype(np.float32)
+        return (rng.uniform(-1, 1, shape) * np.sqrt(3.0 / shape[-1])).astype(np.float32)
+    rows = int(np.prod(shape[:-1]))
+    return random_blocks(rng, ty, rows, shape[-1])
+
+
+def copy_tokenizer(writer, path):
+    reader = gguf.GGUFReader(path)
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, value, vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, value, vtype)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
+    ap.add_argument("--layers", type=int, help="layers to write (default: the model's)")
+    ap.add_argument("--tokenizer-from", required=True, help="a GGUF with the same vocabulary")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    s = SHAPES[args.shape]
+    layers = args.layers or s["layers"]
+    rng = np.random.default_rng(args.seed)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    w = gguf.GGUFWriter(out, s["arch"])
+    a = s["arch"]
+    w.add_name(f"random {args.shape} shape, {layers} layers")
+    w.add_context_length(s["context"])
+    w.add_embedding_length(s["hidden"])
+    w.add_feed_forward_length(s["ffn"])
+    w.add_block_count(layers)
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_rope_freq_base(s["rope_theta"])
+    w.add_layer_norm_rms_eps(s["eps"])
+    w.add_expert_count(s["experts"])
+    w.add_expert_used_count(s["experts_used"])
+    w.add_expert_feed_forward_length(s["expert_ffn"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    copy_tokenizer(w, args.tokenizer_from)
+
+    specs = list(tensors(s, layers))
+    for name, shape, ty in specs:
+        if ty == T.F32:
+            w.add_tensor_info(name, shape, np.float32, int(np.prod(shape)) * 4, raw_dtype=ty)
+        else:
+            # gguf-py takes a quantised tensor's shape in bytes per row.
+            byte_shape = (*shape[:-1], shape[-1] // 256 * BLOCK_BYTES[ty])
+            nbytes = int(np.prod(byte_shape))
+            w.add_tensor_info(name, byte_shape, np.uint8, nbytes, raw_dtype=ty)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    total = 0
+    for i, (name, shape, ty) in enumerate(specs):
+        t = data(rng, name, shape, ty)
+        w.write_tensor_data(t)
+        total += t.nbytes
+        print(f"\r{i + 1}/{len(specs)} tensors, {total / 1e9:.2f} GB", end="", file=sys.stderr)
+    w.close()
+    print(f"\nwrote {out} ({out.stat().st_size / 1e9:.2f} GB)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
