@@ -76,6 +76,95 @@ pub fn matmul_quant(x: &[f32], w: &QuantMatrix, out: &mut [f32], m: usize) {
     XQ.set(xq);
 }
 
+/// One parallel task of [`matmul_quant_grouped`]: a group, and a run of its weight rows.
+#[derive(Clone, Copy)]
+struct GroupTask {
+    group: usize,
+    j0: usize,
+    nj: usize,
+    out: SendPtr,
+}
+
+thread_local! {
+    /// Each group's quantised rows and the tasks of [`matmul_quant_grouped`], kept between
+    /// calls.
+    static GROUPED: RefCell<(Vec<Q8Rows>, Vec<GroupTask>)> = RefCell::new(Default::default());
+}
+
+/// Several products in one parallel loop, as a Mixture-of-Experts layer runs its experts:
+/// rows `offsets[g]..offsets[g + 1]` of `x` (`[rows, cols]`) times `weight(g)`'s
+/// transpose into the same rows of `out` (`[rows, out_cols]`), for every group `g`
+/// (`offsets.len() - 1` of them; a group without rows is skipped and its weight not read).
+/// Every weight is `[out_cols, cols]`.
+///
+/// One fork and join for all the groups instead of one per group (a decode step's 8
+/// experts would otherwise take 8 per projection), and the threads share every group's
+/// weight rows, so a group with more rows does not leave a core idle while others wait.
+/// Each output is what [`matmul_quant`] computes for it, to the bit.
+pub fn matmul_quant_grouped<'w>(
+    x: &[f32],
+    out: &mut [f32],
+    offsets: &[usize],
+    cols: usize,
+    out_cols: usize,
+    weight: &(dyn Fn(usize) -> &'w QuantMatrix + Sync),
+) {
+    let groups = offsets.len().saturating_sub(1);
+    let rows = offsets.last().copied().unwrap_or(0);
+    assert!(
+        offsets.windows(2).all(|w| w[0] <= w[1]),
+        "matmul_quant_grouped: offsets must not decrease"
+    );
+    assert_eq!(x.len(), rows * cols, "matmul_quant_grouped: x must be [{rows}, {cols}]");
+    assert_eq!(
+        out.len(),
+        rows * out_cols,
+        "matmul_quant_grouped: out must be [{rows}, {out_cols}]"
+    );
+    let (mut xqs, mut tasks) = GROUPED.take();
+    if xqs.len() < groups {
+        xqs.resize_with(groups, Q8Rows::default);
+    }
+    tasks.clear();
+    let threads = rayon::current_num_threads();
+    for g in 0..groups {
+        let (r0, r1) = (offsets[g], offsets[g + 1]);
+        if r0 == r1 {
+            continue;
+        }
+        let w = weight(g);
+        assert_eq!(
+            (w.rows, w.cols),
+            (out_cols, cols),
+            "matmul_quant_grouped: group {g}'s weight must be [{out_cols}, {cols}]"
+        );
+        let m = r1 - r0;
+        xqs[g].quantize(&x[r0 * cols..r1 * cols], m, w.nb);
+        let per_task = rows_per_task(m, cols, out_cols, threads);
+        // SAFETY (of the pointer's later use): rows r0..r1 of `out` are this group's alone.
+        let group_out = SendPtr(out[r0 * out_cols..].as_mut_ptr());
+        for j0 in (0..out_cols).step_by(per_task.max(1)) {
+            tasks.push(GroupTask {
+                group: g,
+                j0,
+                nj: per_task.min(out_cols - j0),
+                out: group_out,
+            });
+        }
+    }
+    let kernel = QKernel::best();
+    let run = |t: &GroupTask| {
+        let (w, m) = (weight(t.group), offsets[t.group + 1] - offsets[t.group]);
+        dot_rows(&xqs[t.group], w, t.out, m, t.j0, t.nj, kernel);
+    };
+    if tasks.len() == 1 {
+        run(&tasks[0]);
+    } else {
+        tasks.par_iter().for_each(run);
+    }
+    GROUPED.set((xqs, tasks));
+}
+
 fn check_shapes(x: &[f32], w: &QuantMatrix, out: &[f32], m: usize) {
     assert_eq!(
         x.len(),

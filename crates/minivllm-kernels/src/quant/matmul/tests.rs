@@ -512,3 +512,36 @@ fn a_source_consumed_in_runs_gives_the_same_matrix() {
         }
     }
 }
+
+/// Groups of rows against their own weights in one parallel loop give, to the bit, what
+/// each group's own `matmul_quant` gives; empty groups are skipped. Weights of different
+/// formats in one call, as a layer's experts may be stored.
+#[test]
+fn grouped_products_equal_each_groups_own_product() {
+    let mut r = rng(6);
+    let (k, n) = (256, 300);
+    let types = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_K];
+    let weights: Vec<QuantMatrix> = types.iter().map(|&ty| random_matrix(&mut r, ty, n, k)).collect();
+    for sizes in [[3, 0, 1, 9, 2], [0, 0, 1, 0, 0], [70, 1, 0, 0, 5]] {
+        let offsets: Vec<usize> = std::iter::once(0)
+            .chain(sizes.iter().scan(0, |acc, &s| {
+                *acc += s;
+                Some(*acc)
+            }))
+            .collect();
+        let rows = offsets[sizes.len()];
+        let x = rand_vec(&mut r, rows * k);
+        let mut got = vec![f32::NAN; rows * n];
+        matmul_quant_grouped(&x, &mut got, &offsets, k, n, &|g| &weights[g]);
+        for (g, w) in weights.iter().enumerate() {
+            let (r0, r1) = (offsets[g], offsets[g + 1]);
+            let mut want = vec![0.0; (r1 - r0) * n];
+            matmul_quant(&x[r0 * k..r1 * k], w, &mut want, r1 - r0);
+            let same = want
+                .iter()
+                .zip(&got[r0 * n..r1 * n])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "group {g} ({}) of {sizes:?}", types[g]);
+        }
+    }
+}

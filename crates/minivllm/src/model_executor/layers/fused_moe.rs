@@ -12,6 +12,8 @@
 //! activations and outputs of all the step's experts at once: two gathers per layer, as a
 //! dense MLP needs, and one process's result to the bit.
 
+use minivllm_kernels::qmatmul::matmul_quant_grouped;
+
 use crate::config::{Activation, MoeConfig};
 use crate::distributed::{CommError, Communicator, GatherBuffers};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
@@ -35,6 +37,9 @@ pub struct FusedMoe {
     top_k: usize,
     norm_topk_prob: bool,
     shared: Option<SharedExpert>,
+    /// Whether every expert's projections are single quantised matrices, which the
+    /// grouped kernel runs all at once.
+    grouped: bool,
 }
 
 /// The step's routing and the experts' activations, kept between forward passes so that
@@ -161,13 +166,33 @@ impl FusedMoe {
             }
             _ => None,
         };
-        Ok(Self {
+        Ok(Self::new(
             router,
             experts,
-            top_k: moe.num_experts_per_tok,
-            norm_topk_prob: moe.norm_topk_prob,
+            moe.num_experts_per_tok,
+            moe.norm_topk_prob,
             shared,
-        })
+        ))
+    }
+
+    fn new(
+        router: Linear,
+        experts: Vec<GatedMlp>,
+        top_k: usize,
+        norm_topk_prob: bool,
+        shared: Option<SharedExpert>,
+    ) -> Self {
+        let grouped = experts
+            .iter()
+            .all(|e| e.matrices().iter().all(|m| m.as_quant().is_some()));
+        Self {
+            router,
+            experts,
+            top_k,
+            norm_topk_prob,
+            shared,
+            grouped,
+        }
     }
 
     /// Every weight matrix: the router's, every expert's, the shared expert's.
@@ -231,34 +256,14 @@ impl FusedMoe {
         let width = self.experts[0].width;
         let whole_width = self.experts[0].whole_width;
         let gate_up = sized(&mut buf.gate_up, rows * 2 * width);
+        self.project(|e| &e.gate_up_proj, xs, gate_up, &buf.offsets);
         let act = sized(&mut buf.act, rows * width);
-        for (e, expert) in self.experts.iter().enumerate() {
-            let (r0, r1) = (buf.offsets[e], buf.offsets[e + 1]);
-            if r0 == r1 {
-                continue;
-            }
-            let n = r1 - r0;
-            let gu = &mut gate_up[r0 * 2 * width..r1 * 2 * width];
-            expert
-                .gate_up_proj
-                .forward(&xs[r0 * hidden..r1 * hidden], gu, n);
-            activate(act_fn, gu, &mut act[r0 * width..r1 * width], width);
-        }
+        activate(act_fn, gate_up, act, width);
         let split = comm.world_size() > 1;
         let act = whole_rows(comm, split, act, rows, whole_width, gather, &mut buf.act_whole)?;
         let own_hidden = self.experts[0].down_proj.out_features();
         let y = sized(&mut buf.y, rows * own_hidden);
-        for (e, expert) in self.experts.iter().enumerate() {
-            let (r0, r1) = (buf.offsets[e], buf.offsets[e + 1]);
-            if r0 == r1 {
-                continue;
-            }
-            expert.down_proj.forward(
-                &act[r0 * whole_width..r1 * whole_width],
-                &mut y[r0 * own_hidden..r1 * own_hidden],
-                r1 - r0,
-            );
-        }
+        self.project(|e| &e.down_proj, act, y, &buf.offsets);
         let y = whole_rows(comm, split, y, rows, hidden, gather, &mut buf.y_whole)?;
 
         // Rows are in expert order, so each token's sum runs over its experts in order.
@@ -294,6 +299,38 @@ impl FusedMoe {
             buf.shared_out = shared_out;
         }
         Ok(())
+    }
+
+    /// `out = x · Wᵀ` for each expert's rows (`offsets`) and its projection `pick`: the
+    /// quantised experts in one parallel loop, others one product per expert.
+    fn project(
+        &self,
+        pick: impl Fn(&GatedMlp) -> &Linear + Sync,
+        x: &[f32],
+        out: &mut [f32],
+        offsets: &[usize],
+    ) {
+        let first = pick(&self.experts[0]);
+        let (cols, out_cols) = (first.in_features(), first.out_features());
+        if self.grouped {
+            let weight = |e: usize| {
+                pick(&self.experts[e])
+                    .weight()
+                    .as_quant()
+                    .expect("grouped experts are quantised")
+            };
+            return matmul_quant_grouped(x, out, offsets, cols, out_cols, &weight);
+        }
+        for (e, expert) in self.experts.iter().enumerate() {
+            let (r0, r1) = (offsets[e], offsets[e + 1]);
+            if r0 < r1 {
+                pick(expert).forward(
+                    &x[r0 * cols..r1 * cols],
+                    &mut out[r0 * out_cols..r1 * out_cols],
+                    r1 - r0,
+                );
+            }
+        }
     }
 
     /// Each token's top `k` experts by softmax probability (ties to the lower index) and
@@ -447,27 +484,43 @@ mod tests {
             .collect()
     }
 
-    fn mlp(hidden: usize, width: usize, seed: u64) -> GatedMlp {
+    /// `[rows, cols]` random weights, in f32 or as Q8_0 blocks.
+    fn linear(rows: usize, cols: usize, seed: u64, quantised: bool) -> Linear {
+        let data = values(rows * cols, seed);
+        if !quantised {
+            return Linear::from_weight(data, cols, rows);
+        }
+        let ty = minivllm_kernels::quant::GgmlType::Q8_0;
+        let blocks = minivllm_kernels::qdot::quantize_to(ty, &data).unwrap();
+        let q = minivllm_kernels::qmatmul::QuantMatrix::new(ty, rows, cols, blocks).unwrap();
+        Linear::new(WeightMatrix::Quant(q))
+    }
+
+    fn mlp(hidden: usize, width: usize, seed: u64, quantised: bool) -> GatedMlp {
         GatedMlp {
-            gate_up_proj: Linear::from_weight(values(2 * width * hidden, seed), hidden, 2 * width),
-            down_proj: Linear::from_weight(values(hidden * width, seed + 1), width, hidden),
+            gate_up_proj: linear(2 * width, hidden, seed, quantised),
+            down_proj: linear(hidden, width, seed + 1, quantised),
             width,
             whole_width: width,
         }
     }
 
-    fn moe(norm: bool, shared: bool) -> FusedMoe {
-        let (hidden, width, experts) = (16, 8, 6);
-        FusedMoe {
-            router: Linear::from_weight(values(experts * hidden, 7), hidden, experts),
-            experts: (0..experts).map(|e| mlp(hidden, width, 100 + 2 * e as u64)).collect(),
-            top_k: 2,
-            norm_topk_prob: norm,
-            shared: shared.then(|| SharedExpert {
-                mlp: mlp(hidden, 12, 50),
+    const HIDDEN: usize = 64;
+
+    fn moe(norm: bool, shared: bool, quantised: bool) -> FusedMoe {
+        let (hidden, width, experts) = (HIDDEN, 32, 6);
+        FusedMoe::new(
+            Linear::from_weight(values(experts * hidden, 7), hidden, experts),
+            (0..experts)
+                .map(|e| mlp(hidden, width, 100 + 2 * e as u64, quantised))
+                .collect(),
+            2,
+            norm,
+            shared.then(|| SharedExpert {
+                mlp: mlp(hidden, 96, 50, quantised),
                 gate: values(hidden, 60),
             }),
-        }
+        )
     }
 
     /// One token the plain way: every probability, its top two, each expert's MLP alone.
@@ -517,12 +570,19 @@ mod tests {
     }
 
     /// A batch grouped by expert computes what each token computes alone, to the bit, and
-    /// what the plain per-token reference computes.
+    /// what the plain per-token reference (each expert's own product) computes: in f32,
+    /// and with quantised experts, which run in one grouped product.
     #[test]
     fn grouped_batch_is_each_token_alone_and_the_reference() {
-        for (norm, shared) in [(false, false), (true, false), (false, true)] {
-            let m = moe(norm, shared);
-            let (t, h) = (9, 16);
+        for (norm, shared, quantised) in [
+            (false, false, false),
+            (true, false, false),
+            (false, true, false),
+            (true, true, true),
+        ] {
+            let m = moe(norm, shared, quantised);
+            assert_eq!(m.grouped, quantised);
+            let (t, h) = (9, HIDDEN);
             let x = values(t * h, 3);
             let mut buf = MoeBuffers::default();
             let mut gather = GatherBuffers::default();
@@ -538,6 +598,11 @@ mod tests {
                 let want = reference(&m, row);
                 for (a, b) in out.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-5, "token {i}: {a} vs {b}");
+                    if quantised {
+                        // The experts' products are each other's to the bit; the sums of
+                        // their outputs differ only in rounding.
+                        assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "token {i}");
+                    }
                 }
             }
         }

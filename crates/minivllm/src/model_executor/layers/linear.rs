@@ -136,6 +136,14 @@ impl WeightMatrix {
         }
     }
 
+    /// The blocks, when the matrix is one quantised matrix.
+    pub fn as_quant(&self) -> Option<&QuantMatrix> {
+        match self {
+            WeightMatrix::Quant(q) => Some(q),
+            _ => None,
+        }
+    }
+
     /// The matrices that hold the data: the parts of a stack, or this one.
     pub fn leaves(&self) -> &[WeightMatrix] {
         match self {
