@@ -61,14 +61,14 @@ impl Rank {
 pub struct ShardedSource<'a> {
     inner: &'a dyn WeightSource,
     rank: Rank,
-    split: &'a dyn Fn(&str) -> Option<SplitDim>,
+    split: &'a (dyn Fn(&str) -> Option<SplitDim> + Sync),
 }
 
 impl<'a> ShardedSource<'a> {
     pub fn new(
         inner: &'a dyn WeightSource,
         rank: Rank,
-        split: &'a dyn Fn(&str) -> Option<SplitDim>,
+        split: &'a (dyn Fn(&str) -> Option<SplitDim> + Sync),
     ) -> Self {
         Self { inner, rank, split }
     }

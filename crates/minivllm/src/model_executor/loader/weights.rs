@@ -28,7 +28,7 @@ impl Tensor {
 
 /// Weights addressed by their Hugging Face names (`model.layers.0.self_attn.q_proj.weight`);
 /// each format's loader maps its own naming and layout onto these.
-pub trait WeightSource {
+pub trait WeightSource: Sync {
     /// The tensor dequantised to f32.
     fn load(&self, name: &str) -> Result<Tensor, LoadError>;
     fn contains(&self, name: &str) -> bool;
