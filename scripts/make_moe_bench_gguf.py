@@ -7,6 +7,10 @@ speed and memory measurements on models whose weights never reach this machine.
                             151,936; llama.cpp's Q4_K_M formats: q, k, o and the experts'
                             gate and up in Q4_K, v and the experts' down in Q6_K, the
                             router in f32, embeddings Q4_K, output Q6_K.
+    --shape tiny            a 2-layer Qwen3-MoE of hidden 256 with 8 experts of 256 (top
+                            2) in the same formats, with the vocabulary of whatever file
+                            the tokenizer comes from: what the Python tests run through
+                            every entry point (tests/python/test_moe.py).
 
 Weights are random blocks (scales chosen so that each row's dot products stay near unit
 size), so the text is noise but every kernel reads and computes what the real file makes
@@ -45,6 +49,22 @@ SHAPES = {
         ffn=6144,
         vocab=151936,
         context=40960,
+        rope_theta=1_000_000.0,
+        eps=1e-6,
+    ),
+    "tiny": dict(
+        arch="qwen3moe",
+        hidden=256,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        experts=8,
+        experts_used=2,
+        expert_ffn=256,
+        ffn=512,
+        vocab=None,  # the tokenizer's
+        context=4096,
         rope_theta=1_000_000.0,
         eps=1e-6,
     ),
@@ -104,8 +124,7 @@ def data(rng, name, shape, ty):
     return random_blocks(rng, ty, rows, shape[-1])
 
 
-def copy_tokenizer(writer, path):
-    reader = gguf.GGUFReader(path)
+def copy_tokenizer(writer, reader):
     for name, field in reader.fields.items():
         if not name.startswith("tokenizer."):
             continue
@@ -117,23 +136,22 @@ def copy_tokenizer(writer, path):
             writer.add_key_value(name, value, vtype)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
-    ap.add_argument("--layers", type=int, help="layers to write (default: the model's)")
-    ap.add_argument("--tokenizer-from", required=True, help="a GGUF with the same vocabulary")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    s = SHAPES[args.shape]
-    layers = args.layers or s["layers"]
-    rng = np.random.default_rng(args.seed)
-    out = Path(args.out)
+def write(shape, layers, tokenizer_from, out, seed=0, progress=False):
+    """Writes the file; `layers` None for the model's own count."""
+    s = dict(SHAPES[shape])
+    layers = layers or s["layers"]
+    tokenizer = gguf.GGUFReader(tokenizer_from)
+    vocab = len(tokenizer.fields["tokenizer.ggml.tokens"].contents())
+    if s["vocab"] is None:
+        s["vocab"] = vocab
+    elif s["vocab"] != vocab:
+        sys.exit(f"{tokenizer_from} has {vocab} tokens, {shape} needs {s['vocab']}")
+    rng = np.random.default_rng(seed)
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     w = gguf.GGUFWriter(out, s["arch"])
-    a = s["arch"]
-    w.add_name(f"random {args.shape} shape, {layers} layers")
+    w.add_name(f"random {shape} shape, {layers} layers")
     w.add_context_length(s["context"])
     w.add_embedding_length(s["hidden"])
     w.add_feed_forward_length(s["ffn"])
@@ -148,27 +166,40 @@ def main():
     w.add_expert_used_count(s["experts_used"])
     w.add_expert_feed_forward_length(s["expert_ffn"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    copy_tokenizer(w, args.tokenizer_from)
+    copy_tokenizer(w, tokenizer)
 
     specs = list(tensors(s, layers))
-    for name, shape, ty in specs:
+    for name, shape_, ty in specs:
         if ty == T.F32:
-            w.add_tensor_info(name, shape, np.float32, int(np.prod(shape)) * 4, raw_dtype=ty)
+            w.add_tensor_info(name, shape_, np.float32, int(np.prod(shape_)) * 4, raw_dtype=ty)
         else:
             # gguf-py takes a quantised tensor's shape in bytes per row.
-            byte_shape = (*shape[:-1], shape[-1] // 256 * BLOCK_BYTES[ty])
+            byte_shape = (*shape_[:-1], shape_[-1] // 256 * BLOCK_BYTES[ty])
             nbytes = int(np.prod(byte_shape))
             w.add_tensor_info(name, byte_shape, np.uint8, nbytes, raw_dtype=ty)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     total = 0
-    for i, (name, shape, ty) in enumerate(specs):
-        t = data(rng, name, shape, ty)
+    for i, (name, shape_, ty) in enumerate(specs):
+        t = data(rng, name, shape_, ty)
         w.write_tensor_data(t)
         total += t.nbytes
-        print(f"\r{i + 1}/{len(specs)} tensors, {total / 1e9:.2f} GB", end="", file=sys.stderr)
+        if progress:
+            print(f"\r{i + 1}/{len(specs)} tensors, {total / 1e9:.2f} GB", end="", file=sys.stderr)
     w.close()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
+    ap.add_argument("--layers", type=int, help="layers to write (default: the model's)")
+    ap.add_argument("--tokenizer-from", required=True, help="a GGUF with the same vocabulary")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    out = write(args.shape, args.layers, args.tokenizer_from, args.out, args.seed, progress=True)
     print(f"\nwrote {out} ({out.stat().st_size / 1e9:.2f} GB)", file=sys.stderr)
 
 

@@ -7,6 +7,12 @@ conftest.py puts tests/ on sys.path and imports the fixtures from here.
 """
 
 import os
+import re
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # 0.58 over every reference step (tests/integration/model_reference.rs bounds them at 1.0).
 # The hidden state of another position, or a normalised one, misses by whole units.
 QUANTISED_LOGPROB_TOL = 0.3
+STARTUP_TIMEOUT_S = 120
 
 
 def path_from_env(var: str, default: str) -> str:
@@ -41,3 +48,50 @@ def model() -> str:
     if not os.path.exists(path):
         pytest.fail(f"no test model at {path}: run `minivllm download-default-model`")
     return path
+
+
+def _bound_url(logs: str):
+    # `serving <name> on http://127.0.0.1:PORT`: with --port 0 the server picks a free port
+    # itself and says which, so no other process can take it first.
+    m = re.search(r" on (http://[0-9.]+:[0-9]+)", logs)
+    return m.group(1) if m else None
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def serve(cmd):
+    """Runs `cmd` (a `minivllm serve --port 0`), yields its base url once healthy, stops it
+    after."""
+    # stderr goes to a file, not a pipe nobody reads, so the server never blocks on its logs;
+    # we read it through a descriptor of our own, so reading never moves the server's writes.
+    with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "serve.log", "a") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+
+        def logs() -> str:
+            return (Path(tmp) / "serve.log").read_text(errors="replace")
+
+        try:
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            url = None
+            while url is None or not _healthy(url):
+                url = url or _bound_url(logs())
+                if proc.poll() is not None:
+                    pytest.fail(f"minivllm serve exited with {proc.returncode}:\n{logs()}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"minivllm serve not healthy in {STARTUP_TIMEOUT_S} s:\n{logs()}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            # A signal mpirun can pass on: killed outright, it would leave its ranks behind.
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
