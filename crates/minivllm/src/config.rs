@@ -454,7 +454,11 @@ impl ModelConfig {
         };
         // Gemma 2's logit soft-capping (Gemma 3's configs set none); OLMoE's clipping of
         // q, k and v (its released checkpoints set none).
-        for key in ["final_logit_softcapping", "attn_logit_softcapping", "clip_qkv"] {
+        for key in [
+            "final_logit_softcapping",
+            "attn_logit_softcapping",
+            "clip_qkv",
+        ] {
             if json.get(key).is_some_and(|v| !v.is_null()) {
                 return Err(ConfigError::Invalid(format!("{key} is not supported")));
             }

@@ -115,7 +115,11 @@ pub fn matmul_quant_grouped<'w>(
         offsets.windows(2).all(|w| w[0] <= w[1]),
         "matmul_quant_grouped: offsets must not decrease"
     );
-    assert_eq!(x.len(), rows * cols, "matmul_quant_grouped: x must be [{rows}, {cols}]");
+    assert_eq!(
+        x.len(),
+        rows * cols,
+        "matmul_quant_grouped: x must be [{rows}, {cols}]"
+    );
     assert_eq!(
         out.len(),
         rows * out_cols,

@@ -93,7 +93,8 @@ impl MoeConfig {
         family: ModelFamily,
         num_hidden_layers: usize,
     ) -> Result<Option<Self>, ConfigError> {
-        let flag = |key: &str, default: bool| json.get(key).and_then(Value::as_bool).unwrap_or(default);
+        let flag =
+            |key: &str, default: bool| json.get(key).and_then(Value::as_bool).unwrap_or(default);
         let cfg = match family {
             ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
                 let step = opt_usize(json, "decoder_sparse_step")?.unwrap_or(1);
@@ -123,7 +124,11 @@ impl MoeConfig {
                     moe_intermediate_size: req_usize(json, "moe_intermediate_size")?,
                     norm_topk_prob: flag("norm_topk_prob", false),
                     shared_expert_intermediate_size: shared,
-                    dense_layers: if dense.iter().any(|&d| d) { dense } else { Vec::new() },
+                    dense_layers: if dense.iter().any(|&d| d) {
+                        dense
+                    } else {
+                        Vec::new()
+                    },
                 }
             }
             // Mixtral always renormalises; its experts are `intermediate_size` wide.

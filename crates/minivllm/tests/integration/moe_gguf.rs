@@ -125,7 +125,10 @@ fn gguf_tensors(family: &str, c: &ModelConfig) -> Vec<Out> {
         } else {
             ("mlp", ["gate_proj", "up_proj", "down_proj"])
         };
-        for (proj, gguf) in projs.iter().zip(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]) {
+        for (proj, gguf) in projs
+            .iter()
+            .zip(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"])
+        {
             let mut shape = Vec::new();
             let mut data = Vec::new();
             for e in 0..moe.num_experts {
@@ -156,7 +159,10 @@ fn metadata(family: &str, c: &ModelConfig) -> BTreeMap<String, GgufValue> {
         ("block_count", u32_(c.num_hidden_layers)),
         ("attention.head_count", u32_(c.num_attention_heads)),
         ("attention.head_count_kv", u32_(c.num_key_value_heads)),
-        ("attention.layer_norm_rms_epsilon", GgufValue::F32(c.rms_norm_eps)),
+        (
+            "attention.layer_norm_rms_epsilon",
+            GgufValue::F32(c.rms_norm_eps),
+        ),
         ("rope.freq_base", GgufValue::F32(c.rope_theta)),
         ("expert_count", u32_(moe.num_experts)),
         ("expert_used_count", u32_(moe.num_experts_per_tok)),
@@ -230,8 +236,11 @@ fn write(family: &str, ty: &dyn Fn(&str, &[usize]) -> GgmlType) -> tempfile::Tem
         } else {
             "q4_0"
         };
-        std::fs::copy(&path, std::path::Path::new(&dir).join(format!("{family}-{kind}.gguf")))
-            .unwrap();
+        std::fs::copy(
+            &path,
+            std::path::Path::new(&dir).join(format!("{family}-{kind}.gguf")),
+        )
+        .unwrap();
     }
     path
 }
@@ -243,7 +252,9 @@ fn runner(config: &ModelConfig, model: LlamaForCausalLM) -> ModelRunner {
 }
 
 fn last_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Vec<f32> {
-    step(runner, &[(prompt, 0, prompt.len(), 0, false)])[0].1.clone()
+    step(runner, &[(prompt, 0, prompt.len(), 0, false)])[0]
+        .1
+        .clone()
 }
 
 #[test]

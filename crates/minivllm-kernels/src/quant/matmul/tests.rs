@@ -520,8 +520,17 @@ fn a_source_consumed_in_runs_gives_the_same_matrix() {
 fn grouped_products_equal_each_groups_own_product() {
     let mut r = rng(6);
     let (k, n) = (256, 300);
-    let types = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_K];
-    let weights: Vec<QuantMatrix> = types.iter().map(|&ty| random_matrix(&mut r, ty, n, k)).collect();
+    let types = [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_K,
+    ];
+    let weights: Vec<QuantMatrix> = types
+        .iter()
+        .map(|&ty| random_matrix(&mut r, ty, n, k))
+        .collect();
     for sizes in [[3, 0, 1, 9, 2], [0, 0, 1, 0, 0], [70, 1, 0, 0, 5]] {
         let offsets: Vec<usize> = std::iter::once(0)
             .chain(sizes.iter().scan(0, |acc, &s| {

@@ -265,7 +265,15 @@ impl FusedMoe {
         let act = sized(&mut buf.act, rows * width);
         activate(act_fn, gate_up, act, width);
         let split = comm.world_size() > 1;
-        let act = whole_rows(comm, split, act, rows, whole_width, gather, &mut buf.act_whole)?;
+        let act = whole_rows(
+            comm,
+            split,
+            act,
+            rows,
+            whole_width,
+            gather,
+            &mut buf.act_whole,
+        )?;
         let own_hidden = self.experts[0].down_proj.out_features();
         let y = sized(&mut buf.y, rows * own_hidden);
         self.project(|e| &e.down_proj, act, y, &buf.offsets);
@@ -274,7 +282,11 @@ impl FusedMoe {
         // Rows are in expert order, so each token's sum runs over its experts in order.
         let out = sized(out, t * hidden);
         out.fill(0.0);
-        for ((row, &tok), &w) in y.chunks_exact(hidden).zip(&buf.row_token).zip(&buf.row_weight) {
+        for ((row, &tok), &w) in y
+            .chunks_exact(hidden)
+            .zip(&buf.row_token)
+            .zip(&buf.row_weight)
+        {
             let tok = tok as usize;
             let dst = &mut out[tok * hidden..(tok + 1) * hidden];
             dst.iter_mut().zip(row).for_each(|(o, &v)| *o += w * v);
@@ -592,13 +604,31 @@ mod tests {
             let mut buf = MoeBuffers::default();
             let mut gather = GatherBuffers::default();
             let mut out = Vec::new();
-            m.forward(&x, t, h, Activation::Silu, &SingleProcess, &mut buf, &mut gather, &mut out)
-                .unwrap();
+            m.forward(
+                &x,
+                t,
+                h,
+                Activation::Silu,
+                &SingleProcess,
+                &mut buf,
+                &mut gather,
+                &mut out,
+            )
+            .unwrap();
             let batched = out.clone();
             for i in 0..t {
                 let row = &x[i * h..(i + 1) * h];
-                m.forward(row, 1, h, Activation::Silu, &SingleProcess, &mut buf, &mut gather, &mut out)
-                    .unwrap();
+                m.forward(
+                    row,
+                    1,
+                    h,
+                    Activation::Silu,
+                    &SingleProcess,
+                    &mut buf,
+                    &mut gather,
+                    &mut out,
+                )
+                .unwrap();
                 assert_eq!(&out[..h], &batched[i * h..(i + 1) * h], "token {i} alone");
                 let want = reference(&m, row);
                 for (a, b) in out.iter().zip(&want) {

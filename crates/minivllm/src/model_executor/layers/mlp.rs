@@ -83,7 +83,15 @@ impl GatedMlp {
         let act = sized(&mut buf.act, t * self.width);
         activate(act_fn, gate_up, act, self.width);
         let split = comm.world_size() > 1;
-        let act = whole_rows(comm, split, act, t, self.whole_width, gather, &mut buf.whole)?;
+        let act = whole_rows(
+            comm,
+            split,
+            act,
+            t,
+            self.whole_width,
+            gather,
+            &mut buf.whole,
+        )?;
         project_whole(
             comm,
             &self.down_proj,

@@ -60,16 +60,25 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let num_hidden_layers = req("block_count")?;
     let intermediate_size = req("feed_forward_length")?;
     let moe = match family {
-        ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Mixtral | ModelFamily::Olmoe => {
+        ModelFamily::Qwen2Moe
+        | ModelFamily::Qwen3Moe
+        | ModelFamily::Mixtral
+        | ModelFamily::Olmoe => {
             // llama.cpp's graphs fix whether the top-k weights are renormalised per family;
             // newer converters may say so in the file.
             let norm = file
                 .get(&key("expert_weights_norm"))
                 .and_then(GgufValue::as_bool)
-                .unwrap_or(matches!(family, ModelFamily::Qwen3Moe | ModelFamily::Mixtral));
+                .unwrap_or(matches!(
+                    family,
+                    ModelFamily::Qwen3Moe | ModelFamily::Mixtral
+                ));
             // A layer without a router has the dense MLP.
             let dense: Vec<bool> = (0..num_hidden_layers)
-                .map(|i| file.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_none())
+                .map(|i| {
+                    file.tensor(&format!("blk.{i}.ffn_gate_inp.weight"))
+                        .is_none()
+                })
                 .collect();
             Some(MoeConfig {
                 num_experts: req("expert_count")?,
@@ -77,13 +86,19 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
                 moe_intermediate_size: uint("expert_feed_forward_length")?
                     .unwrap_or(intermediate_size),
                 norm_topk_prob: norm,
-                shared_expert_intermediate_size: if file.tensor("blk.0.ffn_up_shexp.weight").is_some()
+                shared_expert_intermediate_size: if file
+                    .tensor("blk.0.ffn_up_shexp.weight")
+                    .is_some()
                 {
                     Some(req("expert_shared_feed_forward_length")?)
                 } else {
                     None
                 },
-                dense_layers: if dense.iter().any(|&d| d) { dense } else { Vec::new() },
+                dense_layers: if dense.iter().any(|&d| d) {
+                    dense
+                } else {
+                    Vec::new()
+                },
             })
         }
         _ => None,

@@ -20,13 +20,13 @@ use crate::config::{KvCacheLayout, ModelConfig, RopeScaling};
 use crate::distributed::{
     gather_columns, share, CommError, Communicator, GatherBuffers, SingleProcess,
 };
-use crate::model_executor::layers::fused_moe::{FusedMoe, MoeBuffers};
-use crate::model_executor::layers::mlp::{GatedMlp, MlpBuffers};
-use crate::model_executor::layers::parallel::{project_whole, sized, whole_rows};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
+use crate::model_executor::layers::fused_moe::{FusedMoe, MoeBuffers};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
+use crate::model_executor::layers::mlp::{GatedMlp, MlpBuffers};
 use crate::model_executor::layers::norm::RmsNorm;
+use crate::model_executor::layers::parallel::{project_whole, sized, whole_rows};
 use crate::model_executor::layers::rotary::{RotaryEmbedding, StepRope};
 use crate::model_executor::loader::fused::UnfusedSource;
 use crate::model_executor::loader::sharded::{Rank, ShardedSource};

@@ -173,9 +173,9 @@ pub(super) fn load_layer(
     };
     let qk_norm = c.qk_norm != QkNorm::None;
     let mlp = match (&c.moe, &whole.moe) {
-        (Some(moe), Some(whole_moe)) if moe.is_moe_layer(i) => Mlp::Moe(FusedMoe::load(
-            src, i, moe, whole_moe, h, own_hidden, opts,
-        )?),
+        (Some(moe), Some(whole_moe)) if moe.is_moe_layer(i) => {
+            Mlp::Moe(FusedMoe::load(src, i, moe, whole_moe, h, own_hidden, opts)?)
+        }
         _ => Mlp::Dense(GatedMlp::load(
             src,
             [&gate, &up, &down],
