@@ -16,6 +16,10 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
             on the long factors (transformers picks them per forward pass when the sequence
             is longer), sliding window 16 on every layer; plus `short_case`, a 4-token prompt
             whose last logits come from the short factors)
+    qwen3yarn (Qwen3ForCausalLM with YaRN: factor 4 over an original context of 64, base
+            10,000, so that of head_dim 32's 16 frequencies the first is kept, the next four
+            blended on the ramp and the rest divided; cosines and sines scaled by
+            0.1 ln 4 + 1)
   Mixture-of-Experts, 8 experts of width 32 each:
     qwen3moe (Qwen3MoeForCausalLM: top 4 with norm_topk_prob, Qwen3's per-head q/k norms)
     qwen2moe (Qwen2MoeForCausalLM: top 2 unnormalised, q/k/v bias, a shared expert of
@@ -207,6 +211,17 @@ def phi3_config():
 
 PHI3_ORIGINAL_CONTEXT = 4
 
+
+def qwen3yarn_config():
+    cfg = qwen3_config()
+    cfg.rope_parameters = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    return cfg
+
 MOE = dict(num_experts=8, moe_intermediate_size=32)
 
 
@@ -283,6 +298,7 @@ FAMILIES = {
     "gemma3": (gemma3_config, Gemma3ForCausalLM, 4000, (-0.5, 0.5)),
     "llama3": (llama3_config, LlamaForCausalLM, 5000, (0.5, 1.5)),
     "phi3": (phi3_config, Phi3ForCausalLM, 6000, (0.5, 1.5)),
+    "qwen3yarn": (qwen3yarn_config, Qwen3ForCausalLM, 11000, (0.5, 1.5)),
     "qwen3moe": (qwen3moe_config, Qwen3MoeForCausalLM, 7000, (0.5, 1.5)),
     "qwen2moe": (qwen2moe_config, Qwen2MoeForCausalLM, 8000, (0.5, 1.5)),
     "mixtral": (mixtral_config, MixtralForCausalLM, 9000, (0.5, 1.5)),

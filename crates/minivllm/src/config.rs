@@ -13,7 +13,7 @@ mod speculative;
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
 pub use moe::{MoeConfig, MAX_EXPERTS};
 use rope_scaling::parse_hf_rope_scaling;
-pub use rope_scaling::RopeScaling;
+pub use rope_scaling::{yarn_mscale, RopeScaling};
 pub use speculative::{
     DraftModelConfig, NgramConfig, SpeculativeConfig, SpeculativeMethod, SpeculativeMethodConfig,
     MAX_SPECULATIVE_TOKENS,
@@ -862,9 +862,59 @@ mod tests {
     #[test]
     fn rejects_unknown_rope_scaling() {
         let mut j = base();
+        j["rope_scaling"] = json!({"type": "dynamic", "factor": 4.0});
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("dynamic"), "{e}");
+        // YaRN needs the context it stretches.
         j["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
         let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
-        assert!(e.contains("yarn"), "{e}");
+        assert!(
+            e.contains("yarn scaling needs original_max_position_embeddings"),
+            "{e}"
+        );
+    }
+
+    /// Qwen2.5's documented way to 128k (`rope_scaling` of type yarn, factor 4 over 32,768)
+    /// and DeepSeek's attention factor from `mscale` and `mscale_all_dim`.
+    #[test]
+    fn reads_yarn_scaling() {
+        let mut j = base();
+        j["rope_scaling"] = json!({"type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 32768});
+        let c = ModelConfig::from_hf_json(&j).unwrap();
+        let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } = c.rope_scaling
+        else {
+            panic!("{:?}", c.rope_scaling);
+        };
+        assert_eq!(
+            (
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate
+            ),
+            (4.0, 32768, 32.0, 1.0, true)
+        );
+        assert!((attention_factor - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+        j["rope_scaling"] = json!({"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "truncate": false});
+        let c = ModelConfig::from_hf_json(&j).unwrap();
+        assert_eq!(c.rope_scaling.attention_factor(), Some(1.0));
+        assert!(matches!(
+            c.rope_scaling,
+            RopeScaling::Yarn {
+                truncate: false,
+                ..
+            }
+        ));
     }
 
     /// Phi-3-mini-128k's layout in transformers 4: `rope_scaling` of type `su` (LongRoPE's

@@ -162,3 +162,110 @@ fn num_experts(json: &Value) -> Result<usize, ConfigError> {
         None => req_usize(json, "num_local_experts"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::config::{ModelConfig, ModelFamily, QkNorm};
+
+    fn qwen2_moe() -> serde_json::Value {
+        json!({
+            "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 256, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+            "decoder_sparse_step": 2, "mlp_only_layers": [3]
+        })
+    }
+
+    #[test]
+    fn dense_layers_follow_the_step_and_the_list() {
+        let c = ModelConfig::from_hf_json(&qwen2_moe()).unwrap();
+        assert_eq!(c.family, ModelFamily::Qwen2Moe);
+        assert!(c.qkv_bias);
+        let moe = c.moe.unwrap();
+        // Experts where (i + 1) is a multiple of 2 and i is not listed: layer 1 only.
+        let sparse: Vec<bool> = (0..4).map(|i| moe.is_moe_layer(i)).collect();
+        assert_eq!(sparse, [false, true, false, false]);
+        assert_eq!(moe.shared_expert_intermediate_size, Some(48));
+        assert!(!moe.norm_topk_prob);
+    }
+
+    #[test]
+    fn each_family_names_its_experts_its_own_way() {
+        // Mixtral: num_local_experts, experts as wide as intermediate_size, always
+        // renormalised; transformers 5 also writes Qwen's count as num_local_experts.
+        let mixtral = json!({
+            "architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 256, "num_local_experts": 8, "num_experts_per_tok": 2
+        });
+        let moe = ModelConfig::from_hf_json(&mixtral).unwrap().moe.unwrap();
+        assert_eq!((moe.num_experts, moe.moe_intermediate_size), (8, 32));
+        assert!(moe.norm_topk_prob && moe.dense_layers.is_empty());
+        let mut qwen3 = qwen2_moe();
+        qwen3["architectures"] = json!(["Qwen3MoeForCausalLM"]);
+        qwen3["norm_topk_prob"] = json!(true);
+        let o = qwen3.as_object_mut().unwrap();
+        o.remove("num_experts");
+        o.insert("num_local_experts".into(), json!(16));
+        let c = ModelConfig::from_hf_json(&qwen3).unwrap();
+        assert_eq!(c.qk_norm, QkNorm::PerHead);
+        let moe = c.moe.unwrap();
+        assert_eq!(moe.num_experts, 16);
+        // Qwen3-MoE has no shared expert, whatever the config says.
+        assert_eq!(moe.shared_expert_intermediate_size, None);
+        assert!(moe.norm_topk_prob);
+        let olmoe = json!({
+            "model_type": "olmoe", "hidden_size": 64, "intermediate_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+            "num_experts": 8, "num_experts_per_tok": 2
+        });
+        let c = ModelConfig::from_hf_json(&olmoe).unwrap();
+        assert_eq!((c.family, c.qk_norm), (ModelFamily::Olmoe, QkNorm::Whole));
+        // A norm over every head's q at once keeps the heads whole on every rank.
+        assert_eq!(c.attention_split(2), None);
+    }
+
+    #[test]
+    fn impossible_expert_counts_are_refused() {
+        for (key, value, needle) in [
+            (
+                "num_experts_per_tok",
+                9,
+                "num_experts_per_tok must be between 1 and num_experts (8)",
+            ),
+            (
+                "num_experts_per_tok",
+                0,
+                "num_experts_per_tok must be between",
+            ),
+            ("num_experts", 0, "num_experts must be between 1 and 4096"),
+            (
+                "num_experts",
+                1 << 20,
+                "num_experts must be between 1 and 4096",
+            ),
+            (
+                "moe_intermediate_size",
+                0,
+                "moe_intermediate_size must be between",
+            ),
+            (
+                "decoder_sparse_step",
+                0,
+                "decoder_sparse_step must be positive",
+            ),
+        ] {
+            let mut j = qwen2_moe();
+            j[key] = json!(value);
+            let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+            assert!(e.contains(needle), "{key} = {value}: {e}");
+        }
+        let mut j = qwen2_moe();
+        j.as_object_mut().unwrap().remove("moe_intermediate_size");
+        let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+        assert!(e.contains("config.json lacks moe_intermediate_size"), "{e}");
+    }
+}

@@ -30,9 +30,44 @@ pub enum RopeScaling {
     },
     /// One divisor per rotary frequency, as GGUF files store Llama 3 scaling (`rope_freqs.weight`).
     FreqFactors(Vec<f32>),
+    /// YaRN (Qwen2.5 and Qwen3 past their 32k, gpt-oss, DeepSeek): frequencies that turn
+    /// fewer than `beta_slow` times over the original context are divided by `factor`,
+    /// those that turn more than `beta_fast` times are kept, with a linear ramp over the
+    /// dims between (their bounds rounded outwards where `truncate`); cosines and sines
+    /// scaled by `attention_factor` (`0.1 ln(factor) + 1` unless the config says).
+    Yarn {
+        factor: f32,
+        original_max_position_embeddings: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        attention_factor: f32,
+        truncate: bool,
+    },
+}
+
+/// YaRN's scale of cosines and sines for a context stretched `factor` times.
+pub fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * factor.ln() + 1.0
+    }
 }
 
 impl RopeScaling {
+    /// What cosines and sines are multiplied by (LongRoPE's and YaRN's attention factor).
+    pub fn attention_factor(&self) -> Option<f32> {
+        match *self {
+            Self::LongRope {
+                attention_factor, ..
+            }
+            | Self::Yarn {
+                attention_factor, ..
+            } => Some(attention_factor),
+            _ => None,
+        }
+    }
+
     /// Checks the factors are usable for `rotary_dim` rotated dims (NaN fails too: such
     /// values load fine and then yield NaN logits).
     pub fn validate(&self, rotary_dim: usize) -> Result<(), ConfigError> {
@@ -68,6 +103,29 @@ impl RopeScaling {
                          positive original_max_position_embeddings, got {high_freq_factor}, \
                          {low_freq_factor}, {original_max_position_embeddings}"
                     )));
+                }
+                Ok(())
+            }
+            Self::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                ..
+            } => {
+                for (what, v) in [
+                    ("factor", *factor),
+                    ("beta_fast", *beta_fast),
+                    ("beta_slow", *beta_slow),
+                    ("attention_factor", *attention_factor),
+                ] {
+                    if !positive_finite(v) {
+                        return bad(what, v);
+                    }
+                }
+                if *original_max_position_embeddings == 0 {
+                    return bad("original_max_position_embeddings", 0.0);
                 }
                 Ok(())
             }
@@ -182,9 +240,48 @@ pub(super) fn parse_hf_rope_scaling(
                 attention_factor: attention_factor as f32,
             })
         }
+        "yarn" => {
+            let original = opt_usize(s, "original_max_position_embeddings")?
+                .or(opt_usize(json, "original_max_position_embeddings")?)
+                .ok_or_else(|| {
+                    ConfigError::Invalid(
+                        "yarn scaling needs original_max_position_embeddings".into(),
+                    )
+                })?;
+            let opt = |k: &str| s.get(k).and_then(Value::as_f64);
+            // As transformers: without a factor, the context over the original one.
+            let factor = match opt("factor") {
+                Some(f) => f,
+                None => {
+                    opt_usize(json, "max_position_embeddings")?.unwrap_or(original) as f64
+                        / original as f64
+                }
+            };
+            let attention_factor = match (
+                opt("attention_factor"),
+                opt("mscale"),
+                opt("mscale_all_dim"),
+            ) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    yarn_mscale(factor, m) / yarn_mscale(factor, all)
+                }
+                _ => yarn_mscale(factor, 1.0),
+            };
+            // A zero or null beta takes the paper's value, as transformers' `or` does.
+            let beta = |k: &str, default: f64| opt(k).filter(|&b| b != 0.0).unwrap_or(default);
+            Ok(RopeScaling::Yarn {
+                factor: factor as f32,
+                original_max_position_embeddings: original,
+                beta_fast: beta("beta_fast", 32.0) as f32,
+                beta_slow: beta("beta_slow", 1.0) as f32,
+                attention_factor: attention_factor as f32,
+                truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            })
+        }
         other => Err(ConfigError::Invalid(format!(
             "unsupported rope scaling type {other:?} (supported: default, linear, llama3, \
-             longrope)"
+             longrope, yarn)"
         ))),
     }
 }

@@ -19,8 +19,17 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 10] = [
-    "llama", "qwen2", "qwen3", "gemma3", "llama3", "phi3", "qwen3moe", "qwen2moe", "mixtral",
+const FAMILIES: [&str; 11] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "llama3",
+    "phi3",
+    "qwen3yarn",
+    "qwen3moe",
+    "qwen2moe",
+    "mixtral",
     "olmoe",
 ];
 const TOL: f32 = 1e-4;

@@ -71,11 +71,8 @@ impl RotaryEmbedding {
         let rot = self.rotary_dim;
         step.rows.resize(positions.len() * rot, 0.0);
         fill_cos_sin_rows(&mut step.rows, rot, &self.inv_freq, positions);
-        if let RopeScaling::LongRope {
-            attention_factor, ..
-        } = self.scaling
-        {
-            step.rows.iter_mut().for_each(|x| *x *= attention_factor);
+        if let Some(factor) = self.scaling.attention_factor() {
+            step.rows.iter_mut().for_each(|x| *x *= factor);
         }
         let have = step.index.len();
         step.index.extend(have..positions.len());
@@ -122,6 +119,42 @@ pub fn inverse_frequencies(
         } else {
             short_factor
         }),
+        &RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => {
+            // transformers' `_compute_yarn_parameters`: the dims where `rotations` turns fit
+            // the original context, in f64; the ramp and the blend in f32.
+            let dim = rotary_dim as f64;
+            let ln_base = 2.0 * (theta as f64).ln();
+            let correction_dim = |rotations: f32| {
+                dim * (original_max_position_embeddings as f64
+                    / (rotations as f64 * 2.0 * std::f64::consts::PI))
+                    .ln()
+                    / ln_base
+            };
+            let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0) as f32, high.min(dim - 1.0) as f32);
+            if low == high {
+                high += 0.001;
+            }
+            (0..rotary_dim / 2)
+                .map(|i| {
+                    let pos_freq = theta.powf((2 * i) as f32 / rotary_dim as f32);
+                    let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolation = 1.0 - ramp;
+                    let interpolation = 1.0 / (factor * pos_freq);
+                    interpolation * (1.0 - extrapolation) + (1.0 / pos_freq) * extrapolation
+                })
+                .collect()
+        }
         &RopeScaling::Llama3 {
             factor,
             low_freq_factor,

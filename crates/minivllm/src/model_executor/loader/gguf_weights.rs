@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::gguf::{GgufFile, GgufTensorInfo, GgufValue};
 use super::weights::{QuantTensor, Tensor, WeightSource};
 use super::LoadError;
-use crate::config::{Activation, ModelConfig, ModelFamily, MoeConfig, RopeScaling};
+use crate::config::{Activation, ModelConfig, ModelFamily, MoeConfig, RopeScaling, MAX_EXPERTS};
 use minivllm_kernels::hmatmul::HalfKind;
 use minivllm_kernels::quant::GgmlType;
 
@@ -228,11 +228,30 @@ fn rope_scaling_from_gguf(
         .get(&key("rope.scaling.factor"))
         .and_then(GgufValue::as_f64)
         .map(|f| f as f32);
+    let num = |k: &str| file.get(&key(k)).and_then(GgufValue::as_f64);
     match (kind, factor) {
         (None | Some("none"), _) => Ok(RopeScaling::None),
         (Some("linear"), Some(factor)) if factor > 0.0 => Ok(RopeScaling::Linear { factor }),
+        // llama.cpp's YaRN: its `yarn_attn_factor` (1 unless the converter says) times the
+        // paper's `0.1 ln(factor) + 1`, bounds rounded outwards.
+        (Some("yarn"), Some(factor)) => Ok(RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: num("rope.scaling.original_context_length")
+                .ok_or_else(|| {
+                    LoadError::Config(format!(
+                        "GGUF yarn rope scaling lacks {}",
+                        key("rope.scaling.original_context_length")
+                    ))
+                })? as usize,
+            beta_fast: num("rope.scaling.yarn_beta_fast").unwrap_or(32.0) as f32,
+            beta_slow: num("rope.scaling.yarn_beta_slow").unwrap_or(1.0) as f32,
+            attention_factor: (num("rope.scaling.yarn_attn_factor").unwrap_or(1.0)
+                * crate::config::yarn_mscale(factor as f64, 1.0))
+                as f32,
+            truncate: true,
+        }),
         (Some(other), _) => Err(LoadError::Config(format!(
-            "unsupported GGUF rope scaling {other:?} (supported: none, linear, rope_freqs)"
+            "unsupported GGUF rope scaling {other:?} (supported: none, linear, yarn, rope_freqs)"
         ))),
     }
 }
@@ -258,7 +277,13 @@ impl<'a> GgufWeights<'a> {
                 // llama.cpp's `ffn_{gate,up,down}_exps`: `[experts, rows, cols]`, expert
                 // after expert, each a whole matrix of whole blocks.
                 let shape = t.shape();
+                // A count past what any configuration may name is not mapped (the load
+                // then names the missing expert) rather than filling the map from a
+                // hostile file's dimension.
                 let experts = shape.first().copied().unwrap_or(0).max(1);
+                if shape.len() != 3 || experts > MAX_EXPERTS {
+                    continue;
+                }
                 let bytes = t.n_bytes() / experts as u64;
                 for e in 0..experts {
                     let part = GgufTensorInfo {
@@ -511,6 +536,36 @@ mod tests {
         );
         assert_eq!(hf_name("blk.x.attn_q.weight", ModelFamily::Llama), None);
         assert_eq!(hf_name("rope_freqs.weight", ModelFamily::Llama), None);
+    }
+
+    #[test]
+    fn maps_expert_names() {
+        let name = |n: &str| hf_name(n, ModelFamily::Qwen2Moe);
+        assert_eq!(
+            name("blk.3.ffn_gate_inp.weight").unwrap(),
+            "model.layers.3.mlp.gate.weight"
+        );
+        assert_eq!(
+            name("blk.3.ffn_gate_inp_shexp.weight").unwrap(),
+            "model.layers.3.mlp.shared_expert_gate.weight"
+        );
+        assert_eq!(
+            name("blk.3.ffn_down_shexp.weight").unwrap(),
+            "model.layers.3.mlp.shared_expert.down_proj.weight"
+        );
+        // Older Mixtral files: one tensor per expert.
+        assert_eq!(
+            hf_name("blk.0.ffn_up.7.weight", ModelFamily::Mixtral).unwrap(),
+            "model.layers.0.mlp.experts.7.up_proj.weight"
+        );
+        assert_eq!(hf_name("blk.0.ffn_up.x.weight", ModelFamily::Mixtral), None);
+        assert_eq!(hf_name("blk.0.ffn_up.7.bias", ModelFamily::Mixtral), None);
+        // The 3-D tensors are split into experts by `GgufWeights::new`, not named here.
+        assert_eq!(name("blk.0.ffn_gate_exps.weight"), None);
+        assert_eq!(
+            merged_experts("blk.12.ffn_down_exps.weight"),
+            Some((12, "down_proj"))
+        );
     }
 
     #[test]
