@@ -6,7 +6,7 @@ dequantize_row_*). For every GGML type we dequantise it holds `<TYPE>.q`, a smal
 of that type, and `<TYPE>.expected`, the F32 values gguf-py decodes it to.
 crates/minivllm/tests/gguf_dequant.rs compares the two through our GGUF reader.
 
-Types gguf-py can quantize get quantized random normal data. For the K-quants, which it
+Types gguf-py can quantize get quantized random normal data (MXFP4: gpt-oss's experts). For the K-quants, which it
 cannot, the blocks are random bytes with their f16 scale fields replaced by finite values,
 so every bit of the quant fields is exercised. Q8_K has no dequantizer in gguf-py; its
 expected values are computed here from ggml's definition (f32 d times each i8 quant).
@@ -34,7 +34,7 @@ K_SCALE_OFFSETS = {
     T.Q5_K: [0, 2],
     T.Q6_K: [208],
 }
-QUANTIZABLE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+QUANTIZABLE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4]
 ROWS = 2
 
 

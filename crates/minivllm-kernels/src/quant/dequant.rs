@@ -82,9 +82,35 @@ fn dequantize_with(
         Q5_K => b.run(bytes, out, block_q5_k),
         Q6_K => b.run(bytes, out, block_q6_k),
         Q8_K => b.run(bytes, out, block_q8_k),
+        MXFP4 => b.run(bytes, out, block_mxfp4),
         _ => return Err(QuantError::Unsupported(ty)),
     }
     Ok(())
+}
+
+/// MXFP4's E2M1 values, doubled (ggml's `kvalues_mxfp4`): the block scale is then half
+/// its power of two.
+const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of 2^(e - 127), ggml's `ggml_e8m0_to_fp32_half` (exact for every byte: the two
+/// smallest are subnormal).
+fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// MXFP4 (gpt-oss's experts): an E8M0 scale byte, then 32 E2M1 values as nibbles,
+/// elements 0-15 in the low nibbles and 16-31 in the high ones.
+fn block_mxfp4(b: &[u8; 17], y: &mut [f32; 32]) {
+    let d = e8m0_to_f32_half(b[0]);
+    for (j, &q) in b[1..].iter().enumerate() {
+        y[j] = d * f32::from(KVALUES_MXFP4[usize::from(q & 0x0F)]);
+        y[j + 16] = d * f32::from(KVALUES_MXFP4[usize::from(q >> 4)]);
+    }
 }
 
 /// Inputs below this size are not worth waking the pool for.

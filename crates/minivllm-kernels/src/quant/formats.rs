@@ -157,6 +157,7 @@ impl GgmlType {
                 | Q5_K
                 | Q6_K
                 | Q8_K
+                | MXFP4
         )
     }
 }
