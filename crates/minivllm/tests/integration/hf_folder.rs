@@ -156,3 +156,55 @@ fn float_weights_round_to_the_asked_half_precision() {
         assert!(worst > 0.0, "{format}: rounding should show");
     }
 }
+
+/// The Mixture-of-Experts tiny models as Hugging Face folders (their `config.json` and a
+/// `model.safetensors` of the hub's per-expert tensors, Mixtral's under
+/// `block_sparse_moe.experts.E.w1/w2/w3`) load through `load_model` and give
+/// transformers' logits.
+#[test]
+fn moe_folders_give_transformers_logits() {
+    use super::model_families::{assert_close, cases, step};
+    use super::tiny_models::{self, TinyWeights};
+
+    minivllm::kernels::threading::init_threads(2);
+    for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe"] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            tiny_models::folder(family).join("config.json"),
+            dir.path().join("config.json"),
+        )
+        .unwrap();
+        let weights = TinyWeights::of(family);
+        let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = weights
+            .names()
+            .map(|name| {
+                let t = weights.load(name).unwrap();
+                let bytes = t.data.iter().flat_map(|f| f.to_le_bytes()).collect();
+                (name.to_string(), t.shape, bytes)
+            })
+            .collect();
+        let views: Vec<(String, TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, shape, bytes)| {
+                let view = TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes);
+                (n.clone(), view.unwrap())
+            })
+            .collect();
+        safetensors::tensor::serialize_to_file(views, None, &dir.path().join("model.safetensors"))
+            .unwrap();
+        let m = load_model(dir.path().to_str().unwrap(), &LoadOptions::FLOAT32)
+            .unwrap_or_else(|e| panic!("{family}: {e}"));
+        let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 32));
+        for (n, case) in cases(family).iter().enumerate() {
+            let got = step(
+                &mut runner,
+                &[(&case.prompt, 0, case.prompt.len(), 0, false)],
+            );
+            assert_close(
+                &got[0].1,
+                &case.last_logits,
+                &format!("{family} folder, prompt {n}"),
+            );
+        }
+    }
+}
