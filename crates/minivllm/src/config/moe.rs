@@ -31,6 +31,15 @@ pub struct MoeConfig {
 pub const MAX_EXPERTS: usize = 4096;
 
 impl MoeConfig {
+    /// [`Self::dense_layers`] from a flag per layer: empty when no layer is dense.
+    pub(crate) fn dense_layers_from(dense: Vec<bool>) -> Vec<bool> {
+        if dense.iter().any(|&d| d) {
+            dense
+        } else {
+            Vec::new()
+        }
+    }
+
     /// Whether layer `i` routes its tokens to experts (else it has the dense MLP).
     pub fn is_moe_layer(&self, i: usize) -> bool {
         !self.dense_layers.get(i).copied().unwrap_or(false)
@@ -124,11 +133,7 @@ impl MoeConfig {
                     moe_intermediate_size: req_usize(json, "moe_intermediate_size")?,
                     norm_topk_prob: flag("norm_topk_prob", false),
                     shared_expert_intermediate_size: shared,
-                    dense_layers: if dense.iter().any(|&d| d) {
-                        dense
-                    } else {
-                        Vec::new()
-                    },
+                    dense_layers: MoeConfig::dense_layers_from(dense),
                 }
             }
             // Mixtral always renormalises; its experts are `intermediate_size` wide.

@@ -212,22 +212,8 @@ pub(super) fn parse_hf_rope_scaling(
                     })
                     .collect()
             };
-            let original = opt_usize(s, "original_max_position_embeddings")?
-                .or(opt_usize(json, "original_max_position_embeddings")?)
-                .ok_or_else(|| {
-                    ConfigError::Invalid(
-                        "longrope scaling needs original_max_position_embeddings".into(),
-                    )
-                })?;
-            // As transformers: the stretch is the context over the original one unless the
-            // config gives it, and cosines and sines grow with its log.
-            let factor = match s.get("factor").and_then(Value::as_f64) {
-                Some(f) => f,
-                None => {
-                    opt_usize(json, "max_position_embeddings")?.unwrap_or(original) as f64
-                        / original.max(1) as f64
-                }
-            };
+            let (original, factor) = stretch(s, json, "longrope")?;
+            // As transformers: cosines and sines grow with the log of the stretch.
             let attention_factor = match s.get("attention_factor").and_then(Value::as_f64) {
                 Some(a) => a,
                 None if factor <= 1.0 => 1.0,
@@ -241,22 +227,8 @@ pub(super) fn parse_hf_rope_scaling(
             })
         }
         "yarn" => {
-            let original = opt_usize(s, "original_max_position_embeddings")?
-                .or(opt_usize(json, "original_max_position_embeddings")?)
-                .ok_or_else(|| {
-                    ConfigError::Invalid(
-                        "yarn scaling needs original_max_position_embeddings".into(),
-                    )
-                })?;
+            let (original, factor) = stretch(s, json, "yarn")?;
             let opt = |k: &str| s.get(k).and_then(Value::as_f64);
-            // As transformers: without a factor, the context over the original one.
-            let factor = match opt("factor") {
-                Some(f) => f,
-                None => {
-                    opt_usize(json, "max_position_embeddings")?.unwrap_or(original) as f64
-                        / original as f64
-                }
-            };
             let attention_factor = match (
                 opt("attention_factor"),
                 opt("mscale"),
@@ -284,4 +256,25 @@ pub(super) fn parse_hf_rope_scaling(
              longrope, yarn)"
         ))),
     }
+}
+
+/// The context a LongRoPE or YaRN config stretches (`original_max_position_embeddings`, in
+/// the scaling parameters or at the config's top level) and by how much: its `factor`, or
+/// as transformers takes it without one, the model's context over the original.
+fn stretch(s: &Value, json: &Value, kind: &str) -> Result<(usize, f64), ConfigError> {
+    let original = opt_usize(s, "original_max_position_embeddings")?
+        .or(opt_usize(json, "original_max_position_embeddings")?)
+        .ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "{kind} scaling needs original_max_position_embeddings"
+            ))
+        })?;
+    let factor = match s.get("factor").and_then(Value::as_f64) {
+        Some(f) => f,
+        None => {
+            opt_usize(json, "max_position_embeddings")?.unwrap_or(original) as f64
+                / original.max(1) as f64
+        }
+    };
+    Ok((original, factor))
 }

@@ -210,27 +210,16 @@ impl FusedMoe {
     /// Bytes one token reads: the router's, `k` experts' (all experts are the same size)
     /// and the shared expert's.
     pub fn bytes_per_token(&self) -> usize {
-        let expert: usize = self.experts[0].matrices().iter().map(|m| m.nbytes()).sum();
-        let shared: usize = self
-            .shared
-            .iter()
-            .flat_map(|s| s.mlp.matrices())
-            .map(WeightMatrix::nbytes)
-            .sum();
-        self.router.weight().nbytes() + self.top_k * expert + shared
+        let shared = self.shared.as_ref().map_or(0, |s| s.mlp.nbytes());
+        self.router.weight().nbytes() + self.top_k * self.experts[0].nbytes() + shared
     }
 
     /// Multiply-adds times two of one token through the router and its experts.
     pub fn flops_per_token(&self) -> f64 {
-        let flops = |m: &WeightMatrix| 2.0 * (m.rows() * m.cols()) as f64;
-        let expert: f64 = self.experts[0].matrices().iter().map(|m| flops(m)).sum();
-        let shared: f64 = self
-            .shared
-            .iter()
-            .flat_map(|s| s.mlp.matrices())
-            .map(flops)
-            .sum();
-        flops(self.router.weight()) + self.top_k as f64 * expert + shared
+        let shared = self.shared.as_ref().map_or(0.0, |s| s.mlp.flops_per_row());
+        self.router.weight().flops_per_row()
+            + self.top_k as f64 * self.experts[0].flops_per_row()
+            + shared
     }
 
     /// `out[t, hidden]` = the weighted sum of each token's `k` experts (plus the shared
@@ -601,34 +590,18 @@ mod tests {
             assert_eq!(m.grouped, quantised);
             let (t, h) = (9, HIDDEN);
             let x = values(t * h, 3);
-            let mut buf = MoeBuffers::default();
-            let mut gather = GatherBuffers::default();
+            let (mut buf, mut gather) = (MoeBuffers::default(), GatherBuffers::default());
+            let mut run = |x: &[f32], t: usize, out: &mut Vec<f32>| {
+                let comm = &SingleProcess;
+                m.forward(x, t, h, Activation::Silu, comm, &mut buf, &mut gather, out)
+                    .unwrap()
+            };
             let mut out = Vec::new();
-            m.forward(
-                &x,
-                t,
-                h,
-                Activation::Silu,
-                &SingleProcess,
-                &mut buf,
-                &mut gather,
-                &mut out,
-            )
-            .unwrap();
+            run(&x, t, &mut out);
             let batched = out.clone();
             for i in 0..t {
                 let row = &x[i * h..(i + 1) * h];
-                m.forward(
-                    row,
-                    1,
-                    h,
-                    Activation::Silu,
-                    &SingleProcess,
-                    &mut buf,
-                    &mut gather,
-                    &mut out,
-                )
-                .unwrap();
+                run(row, 1, &mut out);
                 assert_eq!(&out[..h], &batched[i * h..(i + 1) * h], "token {i} alone");
                 let want = reference(&m, row);
                 for (a, b) in out.iter().zip(&want) {

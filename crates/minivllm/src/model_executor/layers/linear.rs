@@ -172,6 +172,11 @@ impl WeightMatrix {
         }
     }
 
+    /// Floating-point operations (two per multiply-add) of one input row through it.
+    pub fn flops_per_row(&self) -> f64 {
+        2.0 * (self.rows() * self.cols()) as f64
+    }
+
     /// Row `r` in f32 (an embedding lookup).
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
         match self {

@@ -65,6 +65,16 @@ impl GatedMlp {
         [self.gate_up_proj.weight(), self.down_proj.weight()]
     }
 
+    /// Bytes of its weights: what one token reads through it.
+    pub fn nbytes(&self) -> usize {
+        self.matrices().iter().map(|m| m.nbytes()).sum()
+    }
+
+    /// Floating-point operations of one token through it.
+    pub fn flops_per_row(&self) -> f64 {
+        self.matrices().iter().map(|m| m.flops_per_row()).sum()
+    }
+
     /// `out[t, hidden] = down(act(gate(x)) * up(x))`, gathered over the ranks.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(

@@ -94,11 +94,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
                 } else {
                     None
                 },
-                dense_layers: if dense.iter().any(|&d| d) {
-                    dense
-                } else {
-                    Vec::new()
-                },
+                dense_layers: MoeConfig::dense_layers_from(dense),
             })
         }
         _ => None,

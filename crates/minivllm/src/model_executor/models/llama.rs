@@ -81,18 +81,14 @@ impl Mlp {
     /// Bytes of weights one token reads.
     fn bytes_per_token(&self) -> usize {
         match self {
-            Mlp::Dense(m) => m.matrices().iter().map(|w| w.nbytes()).sum(),
+            Mlp::Dense(m) => m.nbytes(),
             Mlp::Moe(m) => m.bytes_per_token(),
         }
     }
 
     fn flops_per_token(&self) -> f64 {
         match self {
-            Mlp::Dense(m) => m
-                .matrices()
-                .iter()
-                .map(|w| 2.0 * (w.rows() * w.cols()) as f64)
-                .sum(),
+            Mlp::Dense(m) => m.flops_per_row(),
             Mlp::Moe(m) => m.flops_per_token(),
         }
     }
@@ -381,7 +377,7 @@ impl LlamaForCausalLM {
     /// that are sampled).
     pub fn layer_flops_per_token(&self) -> f64 {
         self.attention_matrices()
-            .map(|m| 2.0 * (m.rows() * m.cols()) as f64)
+            .map(WeightMatrix::flops_per_row)
             .sum::<f64>()
             + self
                 .layers
