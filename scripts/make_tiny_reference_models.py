@@ -29,6 +29,14 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
     olmoe    (OlmoeForCausalLM: top 2 unnormalised, RMSNorm over the whole q and k
               projections, as many KV heads as heads and an epsilon of 1e-5 as in
               OLMoE-1B-7B)
+    gptoss   (GptOssForCausalLM: top 4 by router logit (the router has a bias), softmax over
+              those four; experts with biases and the clamped SwiGLU (limit 7, alpha 1.702)
+              on gate/up interleaved in one [experts, hidden, 2 * width] parameter, the
+              gate/up biases drawn wide (|b| up to 8) so that both clamps bite; q/k/v/o
+              biases; heads of 24 (q 96 wide, the hidden 64, as gpt-oss's 4096 and 2880); a
+              learned attention sink per head; layers 0 and 2 sliding (window 8);
+              YaRN as gpt-oss has it (factor 32, beta 32/1, no truncation) over an original
+              context of 64)
   Expert weights are drawn per expert under the names the hub's checkpoints use
   (`mlp.experts.E.gate_proj.weight`; transformers 5 keeps them stacked in 3-D parameters
   and writes them back per expert when saving), and a seed is kept only if no token's
@@ -85,6 +93,8 @@ from transformers import (
     LlamaForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     OlmoeConfig,
     OlmoeForCausalLM,
     Qwen2MoeConfig,
@@ -290,6 +300,34 @@ def olmoe_config():
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
 
+
+def gptoss_config():
+    cfg = dict(COMMON)
+    cfg["intermediate_size"] = MOE["moe_intermediate_size"]
+    cfg["rms_norm_eps"] = 1e-5
+    return GptOssConfig(
+        **cfg,
+        num_local_experts=MOE["num_experts"],
+        num_experts_per_tok=4,
+        head_dim=24,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        attention_bias=True,
+        swiglu_limit=7.0,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        },
+    )
+
+
 FAMILIES = {
     # name: (config factory, model class, base seed, rmsnorm weight range)
     "llama": (llama_config, LlamaForCausalLM, 1000, (0.5, 1.5)),
@@ -303,6 +341,18 @@ FAMILIES = {
     "qwen2moe": (qwen2moe_config, Qwen2MoeForCausalLM, 8000, (0.5, 1.5)),
     "mixtral": (mixtral_config, MixtralForCausalLM, 9000, (0.5, 1.5)),
     "olmoe": (olmoe_config, OlmoeForCausalLM, 10000, (0.5, 1.5)),
+    "gptoss": (gptoss_config, GptOssForCausalLM, 12000, (0.5, 1.5)),
+}
+
+# gpt-oss's checkpoints keep each layer's experts stacked under these names (the bf16
+# copies as they are; the MXFP4 originals as `_blocks`/`_scales` of the same): gate and up
+# interleaved along the last axis of `gate_up_proj` [experts, hidden, 2 * width]. The
+# gate/up biases are drawn wide so that the clamps at the SwiGLU limit (7) bite.
+STACKED_EXPERT_RULES = {
+    "gate_up_proj": lambda p: (0.0, math.sqrt(3.0) / math.sqrt(p.shape[1])),
+    "gate_up_proj_bias": lambda p: (0.0, 8.0),
+    "down_proj": lambda p: (0.0, math.sqrt(3.0) / math.sqrt(p.shape[1])),
+    "down_proj_bias": lambda p: (0.0, 0.5 * math.sqrt(3.0)),
 }
 
 # The hub's names for each expert's projections in a 3-D parameter's place: Mixtral's
@@ -374,7 +424,9 @@ def randomise(model, norm_range, seed, family):
     with torch.no_grad():
         for name, module in model.named_modules():
             kind = type(module).__name__
-            if kind.endswith("Experts"):
+            if kind.endswith("Experts") and family == "gptoss":
+                pass  # stacked under the hub's own names: drawn by the loop below
+            elif kind.endswith("Experts"):
                 rules.extend(randomise_experts(family, name, module, seed))
                 done.update(id(p) for p in module.parameters(recurse=False))
                 continue
@@ -393,6 +445,12 @@ def randomise(model, norm_range, seed, family):
                     rule = (0.0, 0.5 * third)
                 elif kind.endswith("TopKRouter") and pname == "weight":
                     rule = (0.0, third / math.sqrt(p.shape[1]))
+                elif kind.endswith("TopKRouter") and pname == "bias":
+                    rule = (0.0, 0.5 * third)
+                elif kind.endswith("Experts") and pname in STACKED_EXPERT_RULES:
+                    rule = STACKED_EXPERT_RULES[pname](p)
+                elif kind.endswith("Attention") and pname == "sinks":
+                    rule = (0.0, 2.0)
                 elif "RMSNorm" in kind and pname == "weight":
                     lo, hi = norm_range
                     rule = ((lo + hi) / 2, (hi - lo) / 2)

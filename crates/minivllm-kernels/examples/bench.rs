@@ -91,6 +91,7 @@ fn bench_attention(label: &str, lens: &[(usize, usize)]) {
         block_size: 16,
         scale: 0.125,
         sliding_window: None,
+        sinks: None,
     };
     let blocks: Vec<usize> = lens
         .iter()

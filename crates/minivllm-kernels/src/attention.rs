@@ -28,7 +28,7 @@ const PAR_MIN_WORK: usize = 1 << 15;
 
 /// Shapes shared by the attention kernels of one layer.
 #[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
+pub struct AttnShape<'s> {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -38,9 +38,12 @@ pub struct AttnShape {
     /// A query at position `p` sees only positions `p + 1 - w ..= p` (Mistral's and Gemma's
     /// sliding-window layers); `None` sees the whole context.
     pub sliding_window: Option<usize>,
+    /// gpt-oss's attention sinks, one logit per query head: each joins its head's softmax as
+    /// one more score that has no value, so a head may attend to nothing much.
+    pub sinks: Option<&'s [f32]>,
 }
 
-impl AttnShape {
+impl AttnShape<'_> {
     /// Query heads sharing one kv head.
     fn group(&self) -> usize {
         self.num_heads / self.num_kv_heads
@@ -84,6 +87,13 @@ impl AttnShape {
             self.sliding_window != Some(0),
             "attention: a sliding window must hold at least one position"
         );
+        if let Some(sinks) = self.sinks {
+            assert_eq!(
+                sinks.len(),
+                self.num_heads,
+                "attention: one sink per query head"
+            );
+        }
     }
 
     /// The first position a query that sees up to `limit` (exclusive) attends to.
@@ -132,7 +142,7 @@ pub fn reshape_and_cache<'c>(
     key_cache: impl Into<KvSliceMut<'c>>,
     value_cache: impl Into<KvSliceMut<'c>>,
     slot_mapping: &[usize],
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
 ) {
     use KvSliceMut as M;
     match (key_cache.into(), value_cache.into()) {
@@ -149,7 +159,7 @@ fn write_cache<T: KvElem>(
     key_cache: &mut [T],
     value_cache: &mut [T],
     slot_mapping: &[usize],
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
 ) {
     shape.check();
     let row = shape.num_kv_heads * shape.head_dim;
@@ -205,7 +215,7 @@ pub fn paged_attention<'c>(
     key_cache: impl Into<KvSlice<'c>>,
     value_cache: impl Into<KvSlice<'c>>,
     seqs: &[SeqAttn<'_>],
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
 ) {
     paged_attention_with(
         kernel::run_task,
@@ -226,7 +236,7 @@ fn paged_attention_with(
     key_cache: KvSlice<'_>,
     value_cache: KvSlice<'_>,
     seqs: &[SeqAttn<'_>],
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
 ) {
     check_batch(out, query, key_cache, value_cache, seqs, shape);
     let row = shape.num_heads * shape.head_dim;
@@ -385,7 +395,7 @@ fn check_batch(
     key_cache: KvSlice<'_>,
     value_cache: KvSlice<'_>,
     seqs: &[SeqAttn<'_>],
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
 ) {
     shape.check();
     let row = shape.num_heads * shape.head_dim;
@@ -438,7 +448,7 @@ pub fn paged_attention_scalar<'c>(
     key_cache: impl Into<KvSlice<'c>>,
     value_cache: impl Into<KvSlice<'c>>,
     seqs: &[SeqAttn<'_>],
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
 ) {
     let (key_cache, value_cache) = (key_cache.into(), value_cache.into());
     check_batch(out, query, key_cache, value_cache, seqs, shape);
@@ -459,7 +469,14 @@ pub fn paged_attention_scalar<'c>(
                     let dot: f32 = (0..hd).map(|d| q[d] * key_cache.get(at + d * bs)).sum();
                     scores.push(dot * shape.scale);
                 }
+                // A sink is one more score whose probability is dropped.
+                if let Some(sinks) = shape.sinks {
+                    scores.push(sinks[h]);
+                }
                 crate::softmax::softmax_inplace_scalar(&mut scores);
+                if shape.sinks.is_some() {
+                    scores.pop();
+                }
                 let o = &mut out[(t * shape.num_heads + h) * hd..][..hd];
                 o.fill(0.0);
                 for (pos, &p) in (first..).zip(&scores) {

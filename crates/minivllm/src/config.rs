@@ -11,7 +11,7 @@ mod rope_scaling;
 mod speculative;
 
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
-pub use moe::{MoeConfig, MAX_EXPERTS};
+pub use moe::{MoeConfig, RouterScoring, MAX_EXPERTS};
 use rope_scaling::parse_hf_rope_scaling;
 pub use rope_scaling::{yarn_mscale, RopeScaling};
 pub use speculative::{
@@ -60,6 +60,10 @@ pub enum ModelFamily {
     Mixtral,
     /// OLMoE: LLaMA with routed experts and an RMSNorm over the whole q and k projections.
     Olmoe,
+    /// gpt-oss (20b, 120b): routed experts with biases and a clamped SwiGLU, picked by the
+    /// top router logits; biases on q, k, v and o; a learned attention sink per head;
+    /// every other layer sliding (window 128); YaRN.
+    GptOss,
 }
 
 /// Where q and k are normalised before RoPE.
@@ -73,13 +77,23 @@ pub enum QkNorm {
 }
 
 /// The MLP's gate activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// SwiGLU (`silu`).
     Silu,
     /// GeGLU with the tanh approximation (`gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's experts: `(clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)`, `g` the gate
+    /// clamped above at `limit` (llama.cpp's `swiglu_oai`).
+    SwigluOai { alpha: f32, limit: f32 },
 }
+
+/// gpt-oss's SwiGLU as its configs and llama.cpp's graph (which reads neither from the
+/// file) fix it.
+pub const GPT_OSS_SWIGLU: Activation = Activation::SwigluOai {
+    alpha: 1.702,
+    limit: 7.0,
+};
 
 impl Activation {
     fn from_hf(name: &str) -> Result<Self, ConfigError> {
@@ -105,6 +119,7 @@ const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("qwen3moe", "Qwen3MoeForCausalLM", ModelFamily::Qwen3Moe),
     ("mixtral", "MixtralForCausalLM", ModelFamily::Mixtral),
     ("olmoe", "OlmoeForCausalLM", ModelFamily::Olmoe),
+    ("gpt-oss", "GptOssForCausalLM", ModelFamily::GptOss),
 ];
 
 /// For error messages: every name [`ModelFamily::from_name`] takes, from the table.
@@ -125,6 +140,7 @@ impl ModelFamily {
             "gemma3_text" => "gemma3",
             "qwen2_moe" => "qwen2moe",
             "qwen3_moe" => "qwen3moe",
+            "gpt_oss" => "gpt-oss",
             other => other,
         };
         ARCHITECTURES
@@ -144,7 +160,15 @@ impl ModelFamily {
 
     /// Whether the q, k and v projections carry a bias.
     pub fn qkv_bias(self) -> bool {
-        matches!(self, ModelFamily::Qwen2 | ModelFamily::Qwen2Moe)
+        matches!(
+            self,
+            ModelFamily::Qwen2 | ModelFamily::Qwen2Moe | ModelFamily::GptOss
+        )
+    }
+
+    /// Whether the attention's output projection carries a bias, and each head a sink.
+    pub fn o_bias_and_sinks(self) -> bool {
+        self == ModelFamily::GptOss
     }
 
     /// Where q and k go through an RMSNorm before RoPE.
@@ -172,8 +196,11 @@ pub struct ModelConfig {
     /// The family's GGUF name (`llama`, `mistral`, `qwen2`): see [`ModelFamily`].
     pub architecture: String,
     pub family: ModelFamily,
-    /// A bias on the q, k and v projections (Qwen2).
+    /// A bias on the q, k and v projections (Qwen2, gpt-oss).
     pub qkv_bias: bool,
+    /// A bias on the output projection, and a learned sink logit per head that joins each
+    /// head's softmax (gpt-oss).
+    pub o_bias_and_sinks: bool,
     /// An RMSNorm over q and k before RoPE (Qwen3 and Gemma 3 per head, OLMoE whole).
     pub qk_norm: QkNorm,
     /// Gemma's extra norms after attention and after the MLP, before each residual add (its
@@ -436,7 +463,9 @@ impl ModelConfig {
         let family = ModelFamily::from_name(arch)?;
         // Llama's `attention_bias` puts a bias on the output projection too, which the
         // shared decoder does not hold: refused rather than run without it.
-        if json.get("attention_bias").and_then(Value::as_bool) == Some(true) && !family.qkv_bias() {
+        if json.get("attention_bias").and_then(Value::as_bool) == Some(true)
+            && !family.o_bias_and_sinks()
+        {
             return Err(ConfigError::Invalid(
                 "attention_bias: true is not supported for this architecture".into(),
             ));
@@ -448,6 +477,8 @@ impl ModelConfig {
             .or_else(|| json.get("hidden_act"))
             .and_then(Value::as_str)
         {
+            // gpt-oss says `silu` but its experts run their own clamped SwiGLU.
+            _ if family == ModelFamily::GptOss => gpt_oss_swiglu(json)?,
             Some(name) => Activation::from_hf(name)?,
             None if family == ModelFamily::Gemma3 => Activation::GeluTanh,
             None => Activation::Silu,
@@ -518,6 +549,7 @@ impl ModelConfig {
             architecture: family.gguf_name().to_string(),
             family,
             qkv_bias: family.qkv_bias(),
+            o_bias_and_sinks: family.o_bias_and_sinks(),
             qk_norm: family.qk_norm(),
             sandwich_norms: gemma,
             hidden_act,
@@ -563,6 +595,26 @@ impl ModelConfig {
     }
 }
 
+/// gpt-oss's `swiglu_alpha` (transformers 5; 1.702 before) and `swiglu_limit`.
+fn gpt_oss_swiglu(json: &Value) -> Result<Activation, ConfigError> {
+    let Activation::SwigluOai { alpha, limit } = GPT_OSS_SWIGLU else {
+        unreachable!()
+    };
+    let get = |key: &str, default: f32| match json.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_f64() {
+            Some(x) if x.is_finite() && x > 0.0 => Ok(x as f32),
+            _ => Err(ConfigError::Invalid(format!(
+                "{key} must be a positive number, got {v}"
+            ))),
+        },
+    };
+    Ok(Activation::SwigluOai {
+        alpha: get("swiglu_alpha", alpha)?,
+        limit: get("swiglu_limit", limit)?,
+    })
+}
+
 /// The sliding window and which layers use it, as transformers decides: `layer_types` where
 /// the config lists them, else the family's rule (Gemma 3: five sliding layers to one
 /// global; Mistral: every layer; Qwen: layers from `max_window_layers` on, only with
@@ -601,6 +653,8 @@ fn sliding_layers_from_hf(
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
         ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => vec![true; layers],
+        // transformers' default `layer_types`: sliding first, then every other layer.
+        ModelFamily::GptOss => (0..layers).map(|i| i % 2 == 0).collect(),
         ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
             if json.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok((None, Vec::new()));

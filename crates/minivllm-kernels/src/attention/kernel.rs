@@ -19,7 +19,7 @@ pub(super) struct Ctx<'a> {
     pub query: &'a [f32],
     pub key_cache: KvSlice<'a>,
     pub value_cache: KvSlice<'a>,
-    pub shape: &'a AttnShape,
+    pub shape: &'a AttnShape<'a>,
     /// Positions per chunk: a whole number of blocks.
     pub chunk_len: usize,
 }
@@ -198,8 +198,9 @@ fn tile<S: Simd>(
             }
         }
         for r in 0..rows {
-            let o = ((r / g) * nh + kvh * g + r % g) * hd;
-            finish(s, &mut out[o..o + hd], &run, r);
+            let head = kvh * g + r % g;
+            let o = ((r / g) * nh + head) * hd;
+            finish(s, &mut out[o..o + hd], &run, r, sh.sinks.map(|z| z[head]));
         }
     }
 }
@@ -400,11 +401,16 @@ fn merge<S: Simd>(s: S, run: &mut States<'_>, r: usize, (pacc, pm, ps): (&[f32],
     simd::axpy(s, acc, b, pacc);
 }
 
-/// The attention output of row `r`'s finished state.
+/// The attention output of row `r`'s finished state; a `sink` logit adds its weight to the
+/// softmax's sum (and nothing to the values').
 #[inline(always)]
-fn finish<S: Simd>(s: S, out: &mut [f32], st: &States<'_>, r: usize) {
+fn finish<S: Simd>(s: S, out: &mut [f32], st: &States<'_>, r: usize, sink: Option<f32>) {
     out.copy_from_slice(&st.acc[r * st.hd..(r + 1) * st.hd]);
-    simd::scale(s, out, 1.0 / st.sum[r]);
+    let sum = match sink {
+        Some(z) => st.sum[r] + (z - st.max[r]).exp(),
+        None => st.sum[r],
+    };
+    simd::scale(s, out, 1.0 / sum);
 }
 
 #[inline(always)]
@@ -431,6 +437,6 @@ fn merge_decode<S: Simd>(
                 state_row(&states[at..at + g * sl], g, hd, r),
             );
         }
-        finish(s, o, &run, 0);
+        finish(s, o, &run, 0, cx.shape.sinks.map(|z| z[head]));
     }
 }

@@ -4,7 +4,7 @@ use rand::seq::SliceRandom;
 
 /// A batch with its logical (un-paged) keys/values, for the reference.
 struct Batch {
-    shape: AttnShape,
+    shape: AttnShape<'static>,
     query: Vec<f32>,
     key_cache: Vec<f32>,
     value_cache: Vec<f32>,
@@ -37,7 +37,7 @@ impl Batch {
 
 /// Builds a batch of `(query_len, context_len)` sequences whose blocks are shuffled
 /// over the cache, filled through `reshape_and_cache`.
-fn make_batch(seed: u64, shape: AttnShape, lens: &[(usize, usize)]) -> Batch {
+fn make_batch(seed: u64, shape: AttnShape<'static>, lens: &[(usize, usize)]) -> Batch {
     let mut r = rng(seed);
     let bs = shape.block_size;
     let total_blocks: usize = lens.iter().map(|&(_, c)| c.div_ceil(bs)).sum::<usize>() + 3;
@@ -85,6 +85,7 @@ fn reference(b: &Batch) -> Vec<f32> {
         head_dim: hd,
         scale,
         sliding_window,
+        sinks,
         ..
     } = b.shape;
     let mut out = vec![0.0; b.query.len()];
@@ -113,9 +114,16 @@ fn reference(b: &Batch) -> Vec<f32> {
                             * scale as f64
                     })
                     .collect();
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                // transformers' gpt-oss: the sink joins the scores, and its probability is
+                // dropped.
+                let sink = sinks.map(|z| f64::from(z[h]));
+                let m = s
+                    .iter()
+                    .chain(&sink)
+                    .copied()
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
+                let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |z| (z - m).exp());
                 for d in 0..hd {
                     let acc: f64 = (first..=last)
                         .map(|p| e[p - first] * v[(p * nkv + kvh) * hd + d] as f64)
@@ -128,14 +136,26 @@ fn reference(b: &Batch) -> Vec<f32> {
     out
 }
 
-fn windowed(shape: AttnShape, window: usize) -> AttnShape {
+fn windowed(shape: AttnShape<'static>, window: usize) -> AttnShape<'static> {
     AttnShape {
         sliding_window: Some(window),
         ..shape
     }
 }
 
-fn shapes() -> Vec<(AttnShape, Vec<(usize, usize)>)> {
+/// `shape` with a sink per head, drawn in ±4 (some above every score, some below).
+fn sinked(shape: AttnShape<'static>, seed: u64) -> AttnShape<'static> {
+    let sinks: Vec<f32> = rand_vec(&mut rng(seed), shape.num_heads)
+        .iter()
+        .map(|v| 4.0 * v)
+        .collect();
+    AttnShape {
+        sinks: Some(Box::leak(sinks.into_boxed_slice())),
+        ..shape
+    }
+}
+
+fn shapes() -> Vec<(AttnShape<'static>, Vec<(usize, usize)>)> {
     let s = |nh, nkv, hd: usize, bs| AttnShape {
         num_heads: nh,
         num_kv_heads: nkv,
@@ -143,6 +163,7 @@ fn shapes() -> Vec<(AttnShape, Vec<(usize, usize)>)> {
         block_size: bs,
         scale: 1.0 / (hd as f32).sqrt(),
         sliding_window: None,
+        sinks: None,
     };
     vec![
         // SmolLM2: GQA 9/3, mixed prefill (with and without a cached prefix) and decodes.
@@ -167,6 +188,15 @@ fn shapes() -> Vec<(AttnShape, Vec<(usize, usize)>)> {
         ),
         (windowed(s(4, 1, 13, 3), 5), vec![(1, 10), (9, 9), (2, 9)]),
         (windowed(s(2, 2, 8, 4), 1), vec![(6, 6), (1, 7)]),
+        // gpt-oss's sinks: on full layers, and on sliding ones (window 128 there).
+        (
+            sinked(s(8, 2, 16, 16), 5),
+            vec![(40, 600), (1, 513), (1, 37), (9, 9)],
+        ),
+        (
+            sinked(windowed(s(8, 2, 16, 16), 20), 6),
+            vec![(40, 300), (1, 257), (1, 7), (30, 30)],
+        ),
     ]
 }
 
@@ -298,6 +328,7 @@ fn reshape_and_cache_rounds_to_the_cache_type() {
         block_size: 2,
         scale: 1.0,
         sliding_window: None,
+        sinks: None,
     };
     let mut kc = KvBuffer::zeros(KvCacheDtype::BFloat16, shape.block_len());
     let mut vc = KvBuffer::zeros(KvCacheDtype::BFloat16, shape.block_len());
@@ -345,6 +376,7 @@ fn reshape_and_cache_places_rows() {
         block_size: 4,
         scale: 1.0,
         sliding_window: None,
+        sinks: None,
     };
     let mut kc = vec![0.0; 3 * shape.block_len()];
     let mut vc = kc.clone();
@@ -374,6 +406,7 @@ fn empty_batch_is_noop() {
         block_size: 2,
         scale: 0.5,
         sliding_window: None,
+        sinks: None,
     };
     let none: &[f32] = &[];
     paged_attention(&mut [], &[], none, none, &[], &shape);

@@ -15,8 +15,11 @@ pub struct MoeConfig {
     pub num_experts_per_tok: usize,
     /// Each routed expert's MLP width (this rank's part with tensor parallelism).
     pub moe_intermediate_size: usize,
+    /// How router logits become the chosen experts' weights.
+    pub scoring: RouterScoring,
     /// Whether the top-k probabilities are divided by their sum (Qwen3-MoE, Mixtral) or
-    /// used as the softmax over all experts gave them (Qwen2-MoE, OLMoE).
+    /// used as the softmax over all experts gave them (Qwen2-MoE, OLMoE). Only for
+    /// [`RouterScoring::SoftmaxThenTopK`]: the other's weights sum to one already.
     pub norm_topk_prob: bool,
     /// Qwen2-MoE's shared expert: a dense MLP of this width that every token runs, its
     /// output scaled by a sigmoid gate of its own (this rank's part).
@@ -24,6 +27,16 @@ pub struct MoeConfig {
     /// Layers whose MLP is dense, `[num_hidden_layers]` (Qwen's `mlp_only_layers` and
     /// `decoder_sparse_step`); empty when every layer has experts.
     pub dense_layers: Vec<bool>,
+}
+
+/// How a router's logits pick a token's experts and weigh them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterScoring {
+    /// A softmax over every expert, then its `k` largest (Qwen-MoE, Mixtral, OLMoE).
+    SoftmaxThenTopK,
+    /// The `k` largest logits, then a softmax over those `k` (gpt-oss; llama.cpp's
+    /// `SOFTMAX_WEIGHT` gating).
+    TopKThenSoftmax,
 }
 
 /// The most experts a layer may hold and a token may use: today's largest models have 512
@@ -131,6 +144,7 @@ impl MoeConfig {
                     num_experts: num_experts(json)?,
                     num_experts_per_tok: req_usize(json, "num_experts_per_tok")?,
                     moe_intermediate_size: req_usize(json, "moe_intermediate_size")?,
+                    scoring: RouterScoring::SoftmaxThenTopK,
                     norm_topk_prob: flag("norm_topk_prob", false),
                     shared_expert_intermediate_size: shared,
                     dense_layers: MoeConfig::dense_layers_from(dense),
@@ -141,6 +155,7 @@ impl MoeConfig {
                 num_experts: num_experts(json)?,
                 num_experts_per_tok: req_usize(json, "num_experts_per_tok")?,
                 moe_intermediate_size: req_usize(json, "intermediate_size")?,
+                scoring: RouterScoring::SoftmaxThenTopK,
                 norm_topk_prob: true,
                 shared_expert_intermediate_size: None,
                 dense_layers: Vec::new(),
@@ -149,7 +164,17 @@ impl MoeConfig {
                 num_experts: num_experts(json)?,
                 num_experts_per_tok: req_usize(json, "num_experts_per_tok")?,
                 moe_intermediate_size: req_usize(json, "intermediate_size")?,
+                scoring: RouterScoring::SoftmaxThenTopK,
                 norm_topk_prob: flag("norm_topk_prob", false),
+                shared_expert_intermediate_size: None,
+                dense_layers: Vec::new(),
+            },
+            ModelFamily::GptOss => MoeConfig {
+                num_experts: num_experts(json)?,
+                num_experts_per_tok: req_usize(json, "num_experts_per_tok")?,
+                moe_intermediate_size: req_usize(json, "intermediate_size")?,
+                scoring: RouterScoring::TopKThenSoftmax,
+                norm_topk_prob: false,
                 shared_expert_intermediate_size: None,
                 dense_layers: Vec::new(),
             },

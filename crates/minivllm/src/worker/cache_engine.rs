@@ -279,6 +279,7 @@ mod tests {
             architecture: "llama".into(),
             family: crate::config::ModelFamily::Llama,
             qkv_bias: false,
+            o_bias_and_sinks: false,
             qk_norm: crate::config::QkNorm::None,
             sandwich_norms: false,
             hidden_act: crate::config::Activation::Silu,

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 11] = [
+const FAMILIES: [&str; 12] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -31,6 +31,7 @@ const FAMILIES: [&str; 11] = [
     "qwen2moe",
     "mixtral",
     "olmoe",
+    "gptoss",
 ];
 const TOL: f32 = 1e-4;
 pub(crate) const BLOCK_SIZE: usize = 16;

@@ -34,11 +34,11 @@ pub struct LayerKvCache {
 
 /// Multi-head attention with grouped KV heads over a paged cache.
 #[derive(Clone, Copy)]
-pub struct PagedAttention {
-    shape: AttnShape,
+pub struct PagedAttention<'s> {
+    shape: AttnShape<'s>,
 }
 
-impl PagedAttention {
+impl<'s> PagedAttention<'s> {
     pub fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize, block_size: usize) -> Self {
         Self {
             shape: AttnShape {
@@ -48,6 +48,7 @@ impl PagedAttention {
                 block_size,
                 scale: 1.0 / (head_dim as f32).sqrt(),
                 sliding_window: None,
+                sinks: None,
             },
         }
     }
@@ -62,6 +63,12 @@ impl PagedAttention {
     /// Each query sees only the last `window` positions, its own included.
     pub fn with_sliding_window(mut self, window: Option<usize>) -> Self {
         self.shape.sliding_window = window;
+        self
+    }
+
+    /// gpt-oss's sinks: a logit per query head (this rank's heads) joining each softmax.
+    pub fn with_sinks(mut self, sinks: Option<&'s [f32]>) -> Self {
+        self.shape.sinks = sinks;
         self
     }
 

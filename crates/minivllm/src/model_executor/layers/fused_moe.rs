@@ -15,10 +15,10 @@
 use minivllm_kernels::qmatmul::matmul_quant_grouped;
 use rayon::prelude::*;
 
-use crate::config::{Activation, MoeConfig};
+use crate::config::{Activation, MoeConfig, RouterScoring};
 use crate::distributed::{CommError, Communicator, GatherBuffers};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
-use crate::model_executor::layers::mlp::{activate, GatedMlp, MlpBuffers};
+use crate::model_executor::layers::mlp::{activate, add_bias, GatedMlp, MlpBuffers};
 use crate::model_executor::layers::parallel::{sized, whole_rows};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
@@ -34,8 +34,11 @@ pub struct FusedMoe {
     /// `[num_experts, hidden]`, whole on every rank and kept in f32 (as vLLM and llama.cpp
     /// keep it): routing must not change with the experts' format or the rank.
     router: Linear,
+    /// gpt-oss's router bias, `[num_experts]`.
+    router_bias: Option<Vec<f32>>,
     experts: Vec<GatedMlp>,
     top_k: usize,
+    scoring: RouterScoring,
     norm_topk_prob: bool,
     shared: Option<SharedExpert>,
     /// Whether every expert's projections are single quantised matrices, which the
@@ -118,6 +121,15 @@ impl FusedMoe {
             moe.num_experts,
             &LoadOptions::FLOAT32,
         )?;
+        let bias_name = names.router.replace(".weight", ".bias");
+        let router_bias = if src.contains(&bias_name) {
+            Some(
+                src.load(&bias_name)?
+                    .expect_shape(&bias_name, &[moe.num_experts])?,
+            )
+        } else {
+            None
+        };
         // Experts load side by side: each is read and laid out for the kernels on its own
         // (a 30B-A3B file holds 6,144 of them), and laying out quantised blocks, not
         // reading the file, is most of a load's time.
@@ -171,20 +183,15 @@ impl FusedMoe {
             }
             _ => None,
         };
-        Ok(Self::new(
-            router,
-            experts,
-            moe.num_experts_per_tok,
-            moe.norm_topk_prob,
-            shared,
-        ))
+        let mut moe_layer = Self::new(router, experts, moe, shared);
+        moe_layer.router_bias = router_bias;
+        Ok(moe_layer)
     }
 
     fn new(
         router: Linear,
         experts: Vec<GatedMlp>,
-        top_k: usize,
-        norm_topk_prob: bool,
+        moe: &MoeConfig,
         shared: Option<SharedExpert>,
     ) -> Self {
         let grouped = experts
@@ -192,9 +199,11 @@ impl FusedMoe {
             .all(|e| e.matrices().iter().all(|m| m.as_quant().is_some()));
         Self {
             router,
+            router_bias: None,
             experts,
-            top_k,
-            norm_topk_prob,
+            top_k: moe.num_experts_per_tok,
+            scoring: moe.scoring,
+            norm_topk_prob: moe.norm_topk_prob,
             shared,
             grouped,
         }
@@ -239,6 +248,7 @@ impl FusedMoe {
         let num_experts = self.experts.len();
         let logits = sized(&mut buf.router_logits, t * num_experts);
         self.router.forward(x, logits, t);
+        add_bias(logits, self.router_bias.as_deref());
         self.route(t, buf);
         let rows = t * self.top_k;
 
@@ -251,6 +261,7 @@ impl FusedMoe {
         let whole_width = self.experts[0].whole_width;
         let gate_up = sized(&mut buf.gate_up, rows * 2 * width);
         self.project(|e| &e.gate_up_proj, xs, gate_up, &buf.offsets);
+        self.add_biases(|e| e.gate_up_bias.as_deref(), gate_up, &buf.offsets);
         let act = sized(&mut buf.act, rows * width);
         activate(act_fn, gate_up, act, width);
         let split = comm.world_size() > 1;
@@ -267,6 +278,14 @@ impl FusedMoe {
         let y = sized(&mut buf.y, rows * own_hidden);
         self.project(|e| &e.down_proj, act, y, &buf.offsets);
         let y = whole_rows(comm, split, y, rows, hidden, gather, &mut buf.y_whole)?;
+        let y_len = y.len();
+        // The down biases go on whole rows: they are not split over the ranks.
+        let y = if split {
+            &mut buf.y_whole[..y_len]
+        } else {
+            &mut buf.y[..y_len]
+        };
+        self.add_biases(|e| e.down_bias.as_deref(), y, &buf.offsets);
 
         // Rows are in expert order, so each token's sum runs over its experts in order.
         let out = sized(out, t * hidden);
@@ -339,8 +358,23 @@ impl FusedMoe {
         }
     }
 
-    /// Each token's top `k` experts by softmax probability (ties to the lower index) and
-    /// their weights, then the routed rows grouped by expert.
+    /// Each expert's bias (`pick`), if they have them, added to its rows of `out`.
+    fn add_biases(
+        &self,
+        pick: impl Fn(&GatedMlp) -> Option<&[f32]>,
+        out: &mut [f32],
+        offsets: &[usize],
+    ) {
+        for (e, expert) in self.experts.iter().enumerate() {
+            if let Some(bias) = pick(expert) {
+                let n = bias.len();
+                add_bias(&mut out[offsets[e] * n..offsets[e + 1] * n], Some(bias));
+            }
+        }
+    }
+
+    /// Each token's top `k` experts (ties to the lower index) and their weights, as the
+    /// router's scoring has them, then the routed rows grouped by expert.
     fn route(&self, t: usize, buf: &mut MoeBuffers) {
         let (e_count, k) = (self.experts.len(), self.top_k);
         buf.topk_ids.resize(t * k, 0);
@@ -351,11 +385,19 @@ impl FusedMoe {
             .zip(buf.topk_ids.chunks_exact_mut(k))
             .zip(buf.topk_weights.chunks_exact_mut(k))
         {
-            softmax_in_place(logits);
-            top_k(logits, ids, weights);
-            if self.norm_topk_prob {
-                let sum: f32 = weights.iter().sum();
-                weights.iter_mut().for_each(|w| *w /= sum);
+            match self.scoring {
+                RouterScoring::SoftmaxThenTopK => {
+                    softmax_in_place(logits);
+                    top_k(logits, ids, weights);
+                    if self.norm_topk_prob {
+                        let sum: f32 = weights.iter().sum();
+                        weights.iter_mut().for_each(|w| *w /= sum);
+                    }
+                }
+                RouterScoring::TopKThenSoftmax => {
+                    top_k(logits, ids, weights);
+                    softmax_in_place(weights);
+                }
             }
         }
         // A counting sort of the routed rows by expert.
@@ -435,6 +477,14 @@ pub(crate) struct ExpertNames {
 
 impl ExpertNames {
     pub fn find(src: &dyn WeightSource, layer: usize) -> Self {
+        let gpt_oss = format!("model.layers.{layer}.mlp.router.weight");
+        if src.contains(&gpt_oss) {
+            return Self {
+                router: gpt_oss,
+                prefix: format!("model.layers.{layer}.mlp.experts"),
+                mixtral: false,
+            };
+        }
         let mixtral = format!("model.layers.{layer}.block_sparse_moe");
         if src.contains(&format!("{mixtral}.gate.weight")) {
             return Self {
@@ -506,22 +556,50 @@ mod tests {
         GatedMlp {
             gate_up_proj: linear(2 * width, hidden, seed, quantised),
             down_proj: linear(hidden, width, seed + 1, quantised),
+            gate_up_bias: None,
+            down_bias: None,
             width,
             whole_width: width,
         }
     }
 
+    /// gpt-oss's layer: a router bias, the top logits' softmax, experts with biases.
+    fn gpt_oss_moe(quantised: bool) -> FusedMoe {
+        let mut m = moe(false, false, quantised);
+        m.scoring = RouterScoring::TopKThenSoftmax;
+        m.router_bias = Some(values(m.experts.len(), 70));
+        for (e, expert) in m.experts.iter_mut().enumerate() {
+            expert.gate_up_bias = Some(values(2 * expert.width, 80 + e as u64));
+            expert.down_bias = Some(values(HIDDEN, 90 + e as u64));
+        }
+        m
+    }
+
+    /// A small limit, so that the clamps bite on these weights.
+    const GPT_OSS_ACT: Activation = Activation::SwigluOai {
+        alpha: 1.702,
+        limit: 0.05,
+    };
+
     const HIDDEN: usize = 64;
 
     fn moe(norm: bool, shared: bool, quantised: bool) -> FusedMoe {
         let (hidden, width, experts) = (HIDDEN, 32, 6);
+        let config = MoeConfig {
+            num_experts: experts,
+            num_experts_per_tok: 2,
+            moe_intermediate_size: width,
+            scoring: RouterScoring::SoftmaxThenTopK,
+            norm_topk_prob: norm,
+            shared_expert_intermediate_size: shared.then_some(96),
+            dense_layers: Vec::new(),
+        };
         FusedMoe::new(
             Linear::from_weight(values(experts * hidden, 7), hidden, experts),
             (0..experts)
                 .map(|e| mlp(hidden, width, 100 + 2 * e as u64, quantised))
                 .collect(),
-            2,
-            norm,
+            &config,
             shared.then(|| SharedExpert {
                 mlp: mlp(hidden, 96, 50, quantised),
                 gate: values(hidden, 60),
@@ -529,38 +607,63 @@ mod tests {
         )
     }
 
-    /// One token the plain way: every probability, its top two, each expert's MLP alone.
-    fn reference(m: &FusedMoe, x: &[f32]) -> Vec<f32> {
+    /// One token the plain way: every probability (or gpt-oss's biased logits), its top
+    /// two, each expert's MLP alone.
+    fn reference(m: &FusedMoe, x: &[f32], act_fn: Activation) -> Vec<f32> {
         let h = x.len();
         let mut logits = vec![0.0; m.experts.len()];
         m.router.forward(x, &mut logits, 1);
-        softmax_in_place(&mut logits);
+        let gpt_oss = m.scoring == RouterScoring::TopKThenSoftmax;
+        if let Some(b) = &m.router_bias {
+            logits.iter_mut().zip(b).for_each(|(l, b)| *l += b);
+        }
+        if !gpt_oss {
+            softmax_in_place(&mut logits);
+        }
         let mut order: Vec<usize> = (0..logits.len()).collect();
         order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
         let chosen = &order[..m.top_k];
-        let sum: f32 = chosen.iter().map(|&e| logits[e]).sum();
+        let weight = |e: usize| -> f32 {
+            if gpt_oss {
+                let max = logits[chosen[0]];
+                let sum: f32 = chosen.iter().map(|&c| (logits[c] - max).exp()).sum();
+                (logits[e] - max).exp() / sum
+            } else if m.norm_topk_prob {
+                logits[e] / chosen.iter().map(|&c| logits[c]).sum::<f32>()
+            } else {
+                logits[e]
+            }
+        };
         let mut out = vec![0.0; h];
         let mut chosen = chosen.to_vec();
         chosen.sort();
         let run = |mlp: &GatedMlp| {
             let mut gu = vec![0.0; 2 * mlp.width];
             mlp.gate_up_proj.forward(x, &mut gu, 1);
+            if let Some(b) = &mlp.gate_up_bias {
+                gu.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
             let act: Vec<f32> = (0..mlp.width)
                 .map(|i| {
-                    let g = gu[i];
-                    g / (1.0 + (-g).exp()) * gu[mlp.width + i]
+                    let (g, u) = (gu[i], gu[mlp.width + i]);
+                    match act_fn {
+                        Activation::SwigluOai { alpha, limit } => {
+                            let g = g.min(limit);
+                            (u.clamp(-limit, limit) + 1.0) * g / (1.0 + (-alpha * g).exp())
+                        }
+                        _ => g / (1.0 + (-g).exp()) * u,
+                    }
                 })
                 .collect();
             let mut y = vec![0.0; h];
             mlp.down_proj.forward(&act, &mut y, 1);
+            if let Some(b) = &mlp.down_bias {
+                y.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
             y
         };
         for e in chosen {
-            let w = if m.norm_topk_prob {
-                logits[e] / sum
-            } else {
-                logits[e]
-            };
+            let w = weight(e);
             for (o, v) in out.iter_mut().zip(run(&m.experts[e])) {
                 *o += w * v;
             }
@@ -580,20 +683,26 @@ mod tests {
     /// and with quantised experts, which run in one grouped product.
     #[test]
     fn grouped_batch_is_each_token_alone_and_the_reference() {
-        for (norm, shared, quantised) in [
-            (false, false, false),
-            (true, false, false),
-            (false, true, false),
-            (true, true, true),
+        for (norm, shared, quantised, gpt_oss) in [
+            (false, false, false, false),
+            (true, false, false, false),
+            (false, true, false, false),
+            (true, true, true, false),
+            (false, false, false, true),
+            (false, false, true, true),
         ] {
-            let m = moe(norm, shared, quantised);
+            let (m, act) = if gpt_oss {
+                (gpt_oss_moe(quantised), GPT_OSS_ACT)
+            } else {
+                (moe(norm, shared, quantised), Activation::Silu)
+            };
             assert_eq!(m.grouped, quantised);
             let (t, h) = (9, HIDDEN);
             let x = values(t * h, 3);
             let (mut buf, mut gather) = (MoeBuffers::default(), GatherBuffers::default());
             let mut run = |x: &[f32], t: usize, out: &mut Vec<f32>| {
                 let comm = &SingleProcess;
-                m.forward(x, t, h, Activation::Silu, comm, &mut buf, &mut gather, out)
+                m.forward(x, t, h, act, comm, &mut buf, &mut gather, out)
                     .unwrap()
             };
             let mut out = Vec::new();
@@ -603,7 +712,7 @@ mod tests {
                 let row = &x[i * h..(i + 1) * h];
                 run(row, 1, &mut out);
                 assert_eq!(&out[..h], &batched[i * h..(i + 1) * h], "token {i} alone");
-                let want = reference(&m, row);
+                let want = reference(&m, row, act);
                 for (a, b) in out.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-5, "token {i}: {a} vs {b}");
                     if quantised {

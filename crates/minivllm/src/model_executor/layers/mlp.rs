@@ -1,7 +1,7 @@
 //! The gated MLP, `down(act(gate(x)) * up(x))`: a dense layer's, a shared expert's, and
 //! (its weights only) each routed expert's.
 
-use minivllm_kernels::activation::{gelu_tanh_and_mul, silu_and_mul};
+use minivllm_kernels::activation::{gelu_tanh_and_mul, silu_and_mul, swiglu_oai_and_mul};
 
 use crate::config::Activation;
 use crate::distributed::{CommError, Communicator, GatherBuffers};
@@ -15,6 +15,10 @@ use crate::model_executor::loader::LoadError;
 pub struct GatedMlp {
     pub gate_up_proj: Linear,
     pub down_proj: Linear,
+    /// gpt-oss's expert biases: gate's then up's (this rank's part of each, as the rows),
+    /// and down's, whole (added once its output is gathered).
+    pub gate_up_bias: Option<Vec<f32>>,
+    pub down_bias: Option<Vec<f32>>,
     /// This rank's part of the width, and the whole of it.
     pub width: usize,
     pub whole_width: usize,
@@ -53,9 +57,31 @@ impl GatedMlp {
         own_hidden: usize,
         opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
+        let bias = |weight: &str, len: usize| -> Result<Option<Vec<f32>>, LoadError> {
+            let name = weight.replace(".weight", ".bias");
+            if !src.contains(&name) {
+                return Ok(None);
+            }
+            src.load(&name)?.expect_shape(&name, &[len]).map(Some)
+        };
+        let gate_up_bias = match (bias(gate, width)?, bias(up, width)?) {
+            (Some(mut g), Some(u)) => {
+                g.extend(u);
+                Some(g)
+            }
+            (None, None) => None,
+            _ => {
+                return Err(LoadError::Config(format!(
+                    "{gate} and {up}: one has a bias and the other none"
+                )))
+            }
+        };
         Ok(Self {
             gate_up_proj: Linear::load_merged(src, &[(gate, width), (up, width)], hidden, opts)?,
             down_proj: Linear::load(src, down, whole_width, own_hidden, opts)?,
+            gate_up_bias,
+            // Whole on every rank: tensor parallelism leaves `.bias` of down unsplit.
+            down_bias: bias(down, hidden)?,
             width,
             whole_width,
         })
@@ -90,6 +116,7 @@ impl GatedMlp {
     ) -> Result<(), CommError> {
         let gate_up = sized(&mut buf.gate_up, t * 2 * self.width);
         self.gate_up_proj.forward(x, gate_up, t);
+        add_bias(gate_up, self.gate_up_bias.as_deref());
         let act = sized(&mut buf.act, t * self.width);
         activate(act_fn, gate_up, act, self.width);
         let split = comm.world_size() > 1;
@@ -111,7 +138,18 @@ impl GatedMlp {
             &mut buf.local_out,
             gather,
             out,
-        )
+        )?;
+        add_bias(&mut out[..t * hidden], self.down_bias.as_deref());
+        Ok(())
+    }
+}
+
+/// Adds `bias` to each of `rows`' rows (of its length), if there is one.
+pub fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(bias) = bias {
+        for row in rows.chunks_exact_mut(bias.len()) {
+            row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+        }
     }
 }
 
@@ -120,5 +158,8 @@ pub fn activate(act_fn: Activation, gate_up: &[f32], act: &mut [f32], width: usi
     match act_fn {
         Activation::Silu => silu_and_mul(gate_up, act, width),
         Activation::GeluTanh => gelu_tanh_and_mul(gate_up, act, width),
+        Activation::SwigluOai { alpha, limit } => {
+            swiglu_oai_and_mul(gate_up, act, width, alpha, limit)
+        }
     }
 }

@@ -3,6 +3,14 @@
 //! part is a run of the fused tensor's rows, cut as it is read: a row is a run of whole
 //! blocks, so a quantised file keeps its blocks, and tensor parallelism then cuts each part
 //! as it cuts any other tensor (vLLM's `MergedColumnParallelLinear` split at load).
+//!
+//! gpt-oss's checkpoints stack a layer's experts in four tensors, `mlp.experts.gate_up_proj`
+//! `[experts, hidden, 2 * width]` (transposed, gate and up interleaved along the last axis:
+//! gate row `j` is column `2j`, up row `j` column `2j + 1`), `gate_up_proj_bias`
+//! `[experts, 2 * width]` (interleaved the same way), `down_proj` `[experts, width, hidden]`
+//! (transposed) and `down_proj_bias` `[experts, hidden]`: each expert's projections and
+//! biases are answered under the per-expert names the other families use
+//! (`mlp.experts.E.gate_proj.weight`, `.bias`), one expert's slice read at a time.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -19,6 +27,77 @@ pub struct UnfusedSource<'a> {
     /// A part's name -> the fused tensor's name, the part's rows of it, and the rows of
     /// all its parts together (what the fused tensor must have).
     parts: HashMap<String, (String, Range<usize>, usize)>,
+    /// An expert's tensor -> the stacked tensor, the expert, and which part of it.
+    experts: HashMap<String, (String, usize, StackedPart)>,
+}
+
+/// One expert's tensor within gpt-oss's stacked ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StackedPart {
+    /// Gate (`0`) or up (`1`) rows of `gate_up_proj`: its columns of that parity, transposed.
+    GateUp(usize),
+    /// Gate or up of `gate_up_proj_bias`: its values of that parity.
+    GateUpBias(usize),
+    /// `down_proj`, transposed.
+    Down,
+    /// `down_proj_bias` as it is.
+    DownBias,
+}
+
+impl StackedPart {
+    /// The expert's tensor from its slice of the stacked one (shape without the experts).
+    fn cut(self, name: &str, t: Tensor) -> Result<Tensor, LoadError> {
+        let bad = || {
+            LoadError::Config(format!(
+                "{name}: the stacked tensor's slice has shape {:?}",
+                t.shape
+            ))
+        };
+        Ok(match (self, t.shape.as_slice()) {
+            (StackedPart::GateUp(parity), &[hidden, two_width]) if two_width % 2 == 0 => {
+                let width = two_width / 2;
+                let mut data = vec![0.0; width * hidden];
+                for (h, row) in t.data.chunks_exact(two_width).enumerate() {
+                    for j in 0..width {
+                        data[j * hidden + h] = row[2 * j + parity];
+                    }
+                }
+                Tensor {
+                    shape: vec![width, hidden],
+                    data,
+                }
+            }
+            (StackedPart::GateUpBias(parity), &[two_width]) if two_width % 2 == 0 => Tensor {
+                shape: vec![two_width / 2],
+                data: t.data.iter().skip(parity).step_by(2).copied().collect(),
+            },
+            (StackedPart::Down, &[width, hidden]) => {
+                let mut data = vec![0.0; width * hidden];
+                for (j, row) in t.data.chunks_exact(hidden).enumerate() {
+                    for (h, &x) in row.iter().enumerate() {
+                        data[h * width + j] = x;
+                    }
+                }
+                Tensor {
+                    shape: vec![hidden, width],
+                    data,
+                }
+            }
+            (StackedPart::DownBias, &[_]) => t,
+            _ => return Err(bad()),
+        })
+    }
+
+    /// The expert's tensor's shape from the stacked tensor's.
+    fn shape(self, stacked: &[usize]) -> Option<Vec<usize>> {
+        Some(match (self, stacked) {
+            (StackedPart::GateUp(_), &[_, hidden, two_width]) => vec![two_width / 2, hidden],
+            (StackedPart::GateUpBias(_), &[_, two_width]) => vec![two_width / 2],
+            (StackedPart::Down, &[_, width, hidden]) => vec![hidden, width],
+            (StackedPart::DownBias, &[_, hidden]) => vec![hidden],
+            _ => return None,
+        })
+    }
 }
 
 impl<'a> UnfusedSource<'a> {
@@ -57,7 +136,56 @@ impl<'a> UnfusedSource<'a> {
                 }
             }
         }
-        Self { inner, parts }
+        let mut experts = HashMap::new();
+        let num_experts = config.moe.as_ref().map_or(0, |m| m.num_experts);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}.mlp.experts");
+            if !inner.contains(&format!("{p}.gate_up_proj")) {
+                continue;
+            }
+            let stacked = [
+                ("gate_up_proj", "gate_proj.weight", StackedPart::GateUp(0)),
+                ("gate_up_proj", "up_proj.weight", StackedPart::GateUp(1)),
+                (
+                    "gate_up_proj_bias",
+                    "gate_proj.bias",
+                    StackedPart::GateUpBias(0),
+                ),
+                (
+                    "gate_up_proj_bias",
+                    "up_proj.bias",
+                    StackedPart::GateUpBias(1),
+                ),
+                ("down_proj", "down_proj.weight", StackedPart::Down),
+                ("down_proj_bias", "down_proj.bias", StackedPart::DownBias),
+            ];
+            for (from, to, part) in stacked {
+                let from = format!("{p}.{from}");
+                if !inner.contains(&from) {
+                    continue;
+                }
+                for e in 0..num_experts {
+                    experts.insert(format!("{p}.{e}.{to}"), (from.clone(), e, part));
+                }
+            }
+        }
+        Self {
+            inner,
+            parts,
+            experts,
+        }
+    }
+
+    /// The stacked shape's checks: as many experts as the config says.
+    fn stacked_shape(&self, name: &str) -> Result<Vec<usize>, LoadError> {
+        let (stacked, e, part) = &self.experts[name];
+        let shape = self.inner.tensor_shape(stacked)?;
+        match part.shape(&shape) {
+            Some(s) if shape.first().is_some_and(|&n| *e < n) => Ok(s),
+            _ => Err(LoadError::Config(format!(
+                "{stacked} has shape {shape:?}: no expert {e} in the layout gpt-oss stacks"
+            ))),
+        }
     }
 
     /// The fused tensor, the rows of `name` and of all the parts, when `name` is a part.
@@ -87,6 +215,10 @@ fn rows_of(
 
 impl WeightSource for UnfusedSource<'_> {
     fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+        if let Some((stacked, e, part)) = self.experts.get(name) {
+            self.stacked_shape(name)?;
+            return part.cut(name, self.inner.load_index(stacked, *e)?);
+        }
         let Some((fused, rows, total)) = self.part(name) else {
             return self.inner.load(name);
         };
@@ -99,10 +231,13 @@ impl WeightSource for UnfusedSource<'_> {
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.part(name).is_some() || self.inner.contains(name)
+        self.part(name).is_some() || self.experts.contains_key(name) || self.inner.contains(name)
     }
 
     fn tensor_shape(&self, name: &str) -> Result<Vec<usize>, LoadError> {
+        if self.experts.contains_key(name) {
+            return self.stacked_shape(name);
+        }
         let Some((fused, rows, total)) = self.part(name) else {
             return self.inner.tensor_shape(name);
         };
@@ -112,6 +247,9 @@ impl WeightSource for UnfusedSource<'_> {
     }
 
     fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {
+        if self.experts.contains_key(name) {
+            return Ok(None);
+        }
         let Some((fused, rows, total)) = self.part(name) else {
             return self.inner.load_quantized(name);
         };
@@ -128,6 +266,9 @@ impl WeightSource for UnfusedSource<'_> {
     }
 
     fn stored_half(&self, name: &str) -> Option<HalfKind> {
+        if let Some((stacked, ..)) = self.experts.get(name) {
+            return self.inner.stored_half(stacked);
+        }
         match self.part(name) {
             Some((fused, ..)) => self.inner.stored_half(fused),
             None => self.inner.stored_half(name),

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use super::gguf::{GgufFile, GgufTensorInfo, GgufValue};
 use super::weights::{QuantTensor, Tensor, WeightSource};
 use super::LoadError;
-use crate::config::{Activation, ModelConfig, ModelFamily, MoeConfig, RopeScaling, MAX_EXPERTS};
+use crate::config::{
+    Activation, ModelConfig, ModelFamily, MoeConfig, RopeScaling, RouterScoring, GPT_OSS_SWIGLU,
+    MAX_EXPERTS,
+};
 use minivllm_kernels::hmatmul::HalfKind;
 use minivllm_kernels::quant::GgmlType;
 
@@ -59,11 +62,13 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let rope_scaling = rope_scaling_from_gguf(file, &key, rotary_dim)?;
     let num_hidden_layers = req("block_count")?;
     let intermediate_size = req("feed_forward_length")?;
+    let gpt_oss = family == ModelFamily::GptOss;
     let moe = match family {
         ModelFamily::Qwen2Moe
         | ModelFamily::Qwen3Moe
         | ModelFamily::Mixtral
-        | ModelFamily::Olmoe => {
+        | ModelFamily::Olmoe
+        | ModelFamily::GptOss => {
             // llama.cpp's graphs fix whether the top-k weights are renormalised per family;
             // newer converters may say so in the file.
             let norm = file
@@ -85,6 +90,12 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
                 num_experts_per_tok: req("expert_used_count")?,
                 moe_intermediate_size: uint("expert_feed_forward_length")?
                     .unwrap_or(intermediate_size),
+                // llama.cpp's gpt-oss graph: a softmax over the top logits.
+                scoring: if gpt_oss {
+                    RouterScoring::TopKThenSoftmax
+                } else {
+                    RouterScoring::SoftmaxThenTopK
+                },
                 norm_topk_prob: norm,
                 shared_expert_intermediate_size: if file
                     .tensor("blk.0.ffn_up_shexp.weight")
@@ -103,13 +114,17 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     // Gemma 3's sliding layers: llama.cpp reads the window from the file and fixes the rest
     // (five sliding layers to one global, a local RoPE base of 10,000). Phi-3's files name a
     // window too, which llama.cpp ignores ("Phi SWA is currently disabled"), as we do.
-    let sliding_window = if gemma {
+    // gpt-oss's: every other layer from the first (llama.cpp's default pattern of 2).
+    let sliding_window = if gemma || gpt_oss {
         uint("attention.sliding_window")?
     } else {
         None
     };
+    let pattern = if gpt_oss { 2 } else { 6 };
     let sliding_layers = match sliding_window {
-        Some(_) => (0..num_hidden_layers).map(|i| (i + 1) % 6 != 0).collect(),
+        Some(_) => (0..num_hidden_layers)
+            .map(|i| (i + 1) % pattern != 0)
+            .collect(),
         None => Vec::new(),
     };
     let cfg = ModelConfig {
@@ -117,10 +132,13 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         family,
         // llama.cpp's qwen2 graph adds the biases where the file has them.
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
+        o_bias_and_sinks: family.o_bias_and_sinks(),
         qk_norm: family.qk_norm(),
         sandwich_norms: gemma,
         hidden_act: if gemma {
             Activation::GeluTanh
+        } else if gpt_oss {
+            GPT_OSS_SWIGLU
         } else {
             Activation::Silu
         },
@@ -269,15 +287,17 @@ impl<'a> GgufWeights<'a> {
     pub fn new(file: &'a GgufFile, config: &ModelConfig) -> Self {
         let mut names = HashMap::new();
         for t in &file.tensors {
-            if let Some((layer, proj)) = merged_experts(&t.name) {
+            if let Some((layer, proj, kind)) = merged_experts(&t.name) {
                 // llama.cpp's `ffn_{gate,up,down}_exps`: `[experts, rows, cols]`, expert
-                // after expert, each a whole matrix of whole blocks.
+                // after expert, each a whole matrix of whole blocks (gpt-oss's biases:
+                // `[experts, rows]`).
                 let shape = t.shape();
                 // A count past what any configuration may name is not mapped (the load
                 // then names the missing expert) rather than filling the map from a
                 // hostile file's dimension.
                 let experts = shape.first().copied().unwrap_or(0).max(1);
-                if shape.len() != 3 || experts > MAX_EXPERTS {
+                let dims = if kind == "weight" { 3 } else { 2 };
+                if shape.len() != dims || experts > MAX_EXPERTS {
                     continue;
                 }
                 let bytes = t.n_bytes() / experts as u64;
@@ -289,7 +309,7 @@ impl<'a> GgufWeights<'a> {
                         offset: t.offset + e as u64 * bytes,
                     };
                     names.insert(
-                        format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight"),
+                        format!("model.layers.{layer}.mlp.experts.{e}.{proj}.{kind}"),
                         part,
                     );
                 }
@@ -310,17 +330,23 @@ impl<'a> GgufWeights<'a> {
     }
 }
 
-/// The layer and Hugging Face projection of llama.cpp's 3-D tensor of every expert's
-/// `ffn_gate`, `ffn_up` or `ffn_down` (`blk.N.ffn_gate_exps.weight`).
-fn merged_experts(gguf: &str) -> Option<(usize, &'static str)> {
+/// The layer, Hugging Face projection and `weight` or `bias` of llama.cpp's tensor of
+/// every expert's `ffn_gate`, `ffn_up` or `ffn_down` (`blk.N.ffn_gate_exps.weight`).
+fn merged_experts(gguf: &str) -> Option<(usize, &'static str, &'static str)> {
     let (layer, part) = gguf.strip_prefix("blk.")?.split_once('.')?;
-    let proj = match part {
-        "ffn_gate_exps.weight" => "gate_proj",
-        "ffn_up_exps.weight" => "up_proj",
-        "ffn_down_exps.weight" => "down_proj",
+    let (proj, kind) = part.split_once('.')?;
+    let proj = match proj {
+        "ffn_gate_exps" => "gate_proj",
+        "ffn_up_exps" => "up_proj",
+        "ffn_down_exps" => "down_proj",
         _ => return None,
     };
-    Some((layer.parse().ok()?, proj))
+    let kind = match kind {
+        "weight" => "weight",
+        "bias" => "bias",
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, proj, kind))
 }
 
 /// llama.cpp's tensor names -> transformers' names, for a model of `family`.
@@ -338,11 +364,13 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
     // Gemma calls `pre_feedforward_layernorm`. Phi-3's `ffn_up` holds gate and up fused.
     let gemma = family == ModelFamily::Gemma3;
     let phi3 = family == ModelFamily::Phi3;
+    // gpt-oss's MLP norm is written under Gemma's name for the norm after attention.
+    let gpt_oss = family == ModelFamily::GptOss;
     let hf = match part {
         "attn_norm.weight" => "input_layernorm.weight",
         "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "post_attention_norm.weight" if gemma => "post_attention_layernorm.weight",
+        "post_attention_norm.weight" if gemma || gpt_oss => "post_attention_layernorm.weight",
         "post_ffw_norm.weight" if gemma => "post_feedforward_layernorm.weight",
         "attn_q_norm.weight" => "self_attn.q_norm.weight",
         "attn_k_norm.weight" => "self_attn.k_norm.weight",
@@ -354,12 +382,15 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
         "attn_v.bias" => "self_attn.v_proj.bias",
         "attn_qkv.weight" => "self_attn.qkv_proj.weight",
         "attn_output.weight" => "self_attn.o_proj.weight",
+        "attn_output.bias" => "self_attn.o_proj.bias",
+        "attn_sinks.weight" => "self_attn.sinks",
         "ffn_up.weight" if phi3 => "mlp.gate_up_proj.weight",
         "ffn_gate.weight" => "mlp.gate_proj.weight",
         "ffn_up.weight" => "mlp.up_proj.weight",
         "ffn_down.weight" => "mlp.down_proj.weight",
         // Mixture of experts: the router, and Qwen2-MoE's shared expert and its gate.
         "ffn_gate_inp.weight" => "mlp.gate.weight",
+        "ffn_gate_inp.bias" => "mlp.gate.bias",
         "ffn_gate_inp_shexp.weight" => "mlp.shared_expert_gate.weight",
         "ffn_gate_shexp.weight" => "mlp.shared_expert.gate_proj.weight",
         "ffn_up_shexp.weight" => "mlp.shared_expert.up_proj.weight",
@@ -560,7 +591,30 @@ mod tests {
         assert_eq!(name("blk.0.ffn_gate_exps.weight"), None);
         assert_eq!(
             merged_experts("blk.12.ffn_down_exps.weight"),
-            Some((12, "down_proj"))
+            Some((12, "down_proj", "weight"))
+        );
+        // gpt-oss's expert biases, and its names for the rest.
+        assert_eq!(
+            merged_experts("blk.3.ffn_gate_exps.bias"),
+            Some((3, "gate_proj", "bias"))
+        );
+        assert_eq!(merged_experts("blk.3.ffn_gate_exps.scale"), None);
+        let oss = |n: &str| hf_name(n, ModelFamily::GptOss).unwrap();
+        assert_eq!(
+            oss("blk.1.attn_sinks.weight"),
+            "model.layers.1.self_attn.sinks"
+        );
+        assert_eq!(
+            oss("blk.1.attn_output.bias"),
+            "model.layers.1.self_attn.o_proj.bias"
+        );
+        assert_eq!(
+            oss("blk.1.ffn_gate_inp.bias"),
+            "model.layers.1.mlp.gate.bias"
+        );
+        assert_eq!(
+            oss("blk.1.post_attention_norm.weight"),
+            "model.layers.1.post_attention_layernorm.weight"
         );
     }
 

@@ -144,32 +144,58 @@ impl WeightSource for SafetensorsWeights {
 
     fn load(&self, name: &str) -> Result<Tensor, LoadError> {
         let view = self.view(name)?;
-        let bytes = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(LoadError::UnsupportedTensorType {
-                    tensor: name.to_string(),
-                    type_name: format!("{other:?}"),
-                })
-            }
-        };
+        let data = to_f32(name, view.dtype(), view.data())?;
         Ok(Tensor {
             shape: view.shape().to_vec(),
             data,
         })
     }
+
+    /// Only the slice's bytes are read (and paged in): a stacked tensor of every expert is
+    /// several GB.
+    fn load_index(&self, name: &str, index: usize) -> Result<Tensor, LoadError> {
+        let view = self.view(name)?;
+        let Some((&n, rest)) = view.shape().split_first() else {
+            return Err(LoadError::Config(format!("{name} is a scalar")));
+        };
+        if index >= n {
+            return Err(LoadError::Config(format!(
+                "{name} has shape {:?}: no slice {index} of its first dimension",
+                view.shape()
+            )));
+        }
+        let bytes = view.data();
+        let len = bytes.len() / n;
+        let data = to_f32(name, view.dtype(), &bytes[index * len..(index + 1) * len])?;
+        Ok(Tensor {
+            shape: rest.to_vec(),
+            data,
+        })
+    }
+}
+
+/// Little-endian f32, f16 or bf16 values as f32.
+fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, LoadError> {
+    Ok(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(LoadError::UnsupportedTensorType {
+                tensor: name.to_string(),
+                type_name: format!("{other:?}"),
+            })
+        }
+    })
 }
 
 #[cfg(test)]

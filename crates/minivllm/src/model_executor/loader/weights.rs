@@ -48,6 +48,29 @@ pub trait WeightSource: Sync {
         let _ = name;
         None
     }
+    /// Slice `index` of the tensor's first dimension (one expert of a stacked tensor), in
+    /// f32: sources that can read a slice alone override this, which reads the whole.
+    fn load_index(&self, name: &str, index: usize) -> Result<Tensor, LoadError> {
+        let t = self.load(name)?;
+        slice_first(name, t, index)
+    }
+}
+
+/// Slice `index` of `t`'s first dimension.
+pub fn slice_first(name: &str, t: Tensor, index: usize) -> Result<Tensor, LoadError> {
+    match t.shape.split_first() {
+        Some((&n, rest)) if index < n => {
+            let len: usize = rest.iter().product();
+            Ok(Tensor {
+                shape: rest.to_vec(),
+                data: t.data[index * len..(index + 1) * len].to_vec(),
+            })
+        }
+        _ => Err(LoadError::Config(format!(
+            "{name} has shape {:?}: no slice {index} of its first dimension",
+            t.shape
+        ))),
+    }
 }
 
 /// A tensor in a GGML block format the kernels compute on directly, shape in PyTorch order.

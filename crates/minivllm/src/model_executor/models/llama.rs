@@ -11,7 +11,10 @@
 //!   LongRoPE and a partial rotary dimension (`layers/rotary.rs`);
 //! - Mixture-of-Experts families (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE): routed experts in
 //!   place of the MLP (`layers/fused_moe.rs`), Qwen2-MoE's shared expert, OLMoE's norms
-//!   over the whole q and k projections.
+//!   over the whole q and k projections;
+//! - gpt-oss: experts with biases and a clamped SwiGLU picked by the top router logits,
+//!   biases on q, k, v and o, a learned sink per head in each softmax, every other layer
+//!   sliding.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
 use crate::model_executor::layers::fused_moe::{FusedMoe, MoeBuffers};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
-use crate::model_executor::layers::mlp::{GatedMlp, MlpBuffers};
+use crate::model_executor::layers::mlp::{add_bias, GatedMlp, MlpBuffers};
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::parallel::{project_whole, sized, whole_rows};
 use crate::model_executor::layers::rotary::{RotaryEmbedding, StepRope};
@@ -49,6 +52,10 @@ struct DecoderLayer {
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     o_proj: Linear,
+    /// gpt-oss's output bias (whole: added once the ranks' columns are gathered) and its
+    /// sink logit per head (this rank's heads).
+    o_bias: Option<Vec<f32>>,
+    sinks: Option<Vec<f32>>,
     /// Gemma's norm of the attention output, before the residual add.
     post_attention_norm: Option<RmsNorm>,
     /// The MLP's input norm (LLaMA's `post_attention_layernorm`, Gemma's
@@ -491,7 +498,9 @@ impl LlamaForCausalLM {
                     .input_layernorm
                     .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             }
-            let attn = attn.with_sliding_window(layer.window);
+            let attn = attn
+                .with_sliding_window(layer.window)
+                .with_sinks(layer.sinks.as_deref());
             let at = layout.place(i);
             let kv = &mut kv_caches[at.slot];
             self.attention_block(layer, input, &meta[at.group], &attn, kv, buf)?;
@@ -606,7 +615,9 @@ impl LlamaForCausalLM {
             &mut buf.local_out,
             &mut buf.gather,
             &mut buf.hidden,
-        )
+        )?;
+        add_bias(&mut buf.hidden[..t * h], layer.o_bias.as_deref());
+        Ok(())
     }
 
     /// `mlp_out = mlp(hidden)`: the dense MLP or the routed experts.

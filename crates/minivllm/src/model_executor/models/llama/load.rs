@@ -100,12 +100,16 @@ pub(super) fn llama_split(name: &str, kv_copies: Option<usize>) -> Option<SplitD
         "k_proj.bias",
         "v_proj.bias",
     ];
-    const Q: [&str; 2] = ["q_proj.weight", "q_proj.bias"];
+    // gpt-oss's sinks go with their heads.
+    const Q: [&str; 3] = ["q_proj.weight", "q_proj.bias", "self_attn.sinks"];
     // Experts split as the dense MLP does (Mixtral's w1/w3 are gate/up, w2 down); the
-    // router and the shared expert's gate stay whole.
-    const ROWS: [&str; 9] = [
+    // router and the shared expert's gate stay whole, and so do the biases of the
+    // projections whose outputs are gathered before they are added (o, down).
+    const ROWS: [&str; 11] = [
         "gate_proj.weight",
         "up_proj.weight",
+        "gate_proj.bias",
+        "up_proj.bias",
         "o_proj.weight",
         "down_proj.weight",
         "embed_tokens.weight",
@@ -172,6 +176,18 @@ pub(super) fn load_layer(
         _ => (c.head_dim, c.head_dim),
     };
     let qk_norm = c.qk_norm != QkNorm::None;
+    let (o_bias, sinks) = if c.o_bias_and_sinks {
+        let (o, sinks) = (name("self_attn.o_proj.bias"), name("self_attn.sinks"));
+        (
+            Some(src.load(&o)?.expect_shape(&o, &[whole.hidden_size])?),
+            Some(
+                src.load(&sinks)?
+                    .expect_shape(&sinks, &[c.num_attention_heads])?,
+            ),
+        )
+    } else {
+        (None, None)
+    };
     let mlp = match (&c.moe, &whole.moe) {
         (Some(moe), Some(whole_moe)) if moe.is_moe_layer(i) => {
             Mlp::Moe(FusedMoe::load(src, i, moe, whole_moe, h, own_hidden, opts)?)
@@ -204,6 +220,8 @@ pub(super) fn load_layer(
             own_hidden,
             opts,
         )?,
+        o_bias,
+        sinks,
         post_attention_norm: optional_norm(c.sandwich_norms, "post_attention_layernorm.weight", h)?,
         pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
         post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
