@@ -3,7 +3,7 @@
 are laid out as llama.cpp's own converter writes the same models: same tensor names, shapes
 and values, and the same `<arch>.*` keys with the same values.
 
-For each tiny MoE model (qwen3moe, qwen2moe, mixtral, olmoe) it rebuilds the transformers
+For each tiny MoE model (qwen3moe, qwen2moe, mixtral, olmoe, gptoss) it rebuilds the transformers
 model from its reference.json (scripts/make_tiny_reference_models.py: same seed, same
 weights), saves it as a Hugging Face folder, converts that with llama.cpp's
 `convert_hf_to_gguf.py --outtype f32` (the tiny models have no tokenizer: the converter is
@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_tiny_reference_models as tiny  # noqa: E402
 
-FAMILIES = ["qwen3moe", "qwen2moe", "mixtral", "olmoe"]
+FAMILIES = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"]
 # Keys about what the test's files leave out (names, file type) or what the tiny models
 # have none of (a tokenizer: the converter then writes no vocabulary size either).
 IGNORED_KEYS = ("general.", "tokenizer.", "GGUF.")
@@ -104,6 +104,9 @@ def check(family, ours_dir, work):
             print(f"  {family}: llama.cpp also writes {key} = {vb}")
         elif vb is None:
             problems.append(f"{key}: ours {va}, llama.cpp writes none")
+        elif isinstance(va, str) or isinstance(vb, str):
+            if va != vb:
+                problems.append(f"{key}: ours {va!r}, llama.cpp's {vb!r}")
         elif not np.allclose(np.asarray(va, dtype=float), np.asarray(vb, dtype=float)):
             problems.append(f"{key}: ours {va}, llama.cpp's {vb}")
     status = "same layout" if not problems else "DIFFERENT:\n    " + "\n    ".join(problems)

@@ -159,15 +159,16 @@ fn float_weights_round_to_the_asked_half_precision() {
 
 /// The Mixture-of-Experts tiny models as Hugging Face folders (their `config.json` and a
 /// `model.safetensors` of the hub's per-expert tensors, Mixtral's under
-/// `block_sparse_moe.experts.E.w1/w2/w3`) load through `load_model` and give
-/// transformers' logits.
+/// `block_sparse_moe.experts.E.w1/w2/w3`, gpt-oss's stacked `mlp.experts.gate_up_proj`
+/// read an expert's slice at a time) load through `load_model` and give transformers'
+/// logits.
 #[test]
 fn moe_folders_give_transformers_logits() {
     use super::model_families::{assert_close, cases, step};
     use super::tiny_models::{self, TinyWeights};
 
     minivllm::kernels::threading::init_threads(2);
-    for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe"] {
+    for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::copy(
             tiny_models::folder(family).join("config.json"),

@@ -4,14 +4,16 @@
 //! stacked in one 3-D tensor per layer (`ffn_gate_exps` `[experts, width, hidden]`), the
 //! router as `ffn_gate_inp`, Qwen2-MoE's shared expert as `ffn_*_shexp` with its gate
 //! `ffn_gate_inp_shexp` `[1, hidden]`, the `<arch>.expert_*` keys, Mixtral under `llama` with
-//! its q/k rows permuted. In f32 the file gives transformers' logits; with the experts in
+//! its q/k rows permuted; gpt-oss's expert biases as `ffn_*_exps.bias` `[experts, rows]`,
+//! its sinks as `attn_sinks`, its MLP norm as `post_attention_norm`. In f32 the file gives transformers' logits; with the experts in
 //! Q4_0 (and the rest in llama.cpp's formats) it gives, to the bit, what the same weights
 //! re-quantised from the Hugging Face names give: so each expert's slice of a 3-D quantised
 //! tensor is that expert's rows.
 
 use std::collections::BTreeMap;
 
-use minivllm::config::{KvCacheLayout, ModelConfig, ModelFamily};
+use minivllm::config::{KvCacheLayout, ModelConfig, ModelFamily, RopeScaling};
+use minivllm::model_executor::loader::fused::UnfusedSource;
 use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
 use minivllm::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
 use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
@@ -26,7 +28,7 @@ use minivllm_kernels::quant::GgmlType;
 use super::model_families::{assert_close, cases, step, BLOCK_SIZE};
 use super::tiny_models::{self, TinyWeights};
 
-const MOE_FAMILIES: [&str; 4] = ["qwen3moe", "qwen2moe", "mixtral", "olmoe"];
+const MOE_FAMILIES: [&str; 5] = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"];
 
 /// A tensor to write: its GGUF name, PyTorch-order shape, f32 values.
 struct Out {
@@ -37,10 +39,15 @@ struct Out {
 
 /// llama.cpp's name for a per-layer tensor of the Hugging Face checkpoint; `None` for the
 /// experts, which go into the 3-D tensors.
-fn gguf_part(part: &str) -> Option<&'static str> {
+fn gguf_part(family: &str, part: &str) -> Option<&'static str> {
     Some(match part {
         "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" if family == "gptoss" => "post_attention_norm.weight",
         "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "self_attn.o_proj.bias" => "attn_output.bias",
+        "self_attn.sinks" => "attn_sinks.weight",
+        "mlp.router.weight" => "ffn_gate_inp.weight",
+        "mlp.router.bias" => "ffn_gate_inp.bias",
         "self_attn.q_proj.weight" => "attn_q.weight",
         "self_attn.k_proj.weight" => "attn_k.weight",
         "self_attn.v_proj.weight" => "attn_v.weight",
@@ -83,8 +90,10 @@ fn permute_rows(data: &[f32], rows: usize, heads: usize) -> Vec<f32> {
 /// The tiny model's tensors under llama.cpp's names and layout.
 fn gguf_tensors(family: &str, c: &ModelConfig) -> Vec<Out> {
     let hf = TinyWeights::of(family);
+    // gpt-oss's stacked experts seen per expert, as the converter cuts them.
+    let per_expert = UnfusedSource::new(&hf, c);
     let moe = c.moe.as_ref().unwrap();
-    let load = |name: &str| hf.load(name).unwrap();
+    let load = |name: &str| per_expert.load(name).unwrap();
     let mut out = Vec::new();
     for (name, gguf) in [
         ("model.embed_tokens.weight", "token_embd.weight"),
@@ -101,7 +110,7 @@ fn gguf_tensors(family: &str, c: &ModelConfig) -> Vec<Out> {
     for layer in 0..c.num_hidden_layers {
         let prefix = format!("model.layers.{layer}.");
         for name in hf.names().filter(|n| n.starts_with(&prefix)) {
-            let Some(part) = gguf_part(&name[prefix.len()..]) else {
+            let Some(part) = gguf_part(family, &name[prefix.len()..]) else {
                 continue;
             };
             let t = load(name);
@@ -125,23 +134,30 @@ fn gguf_tensors(family: &str, c: &ModelConfig) -> Vec<Out> {
         } else {
             ("mlp", ["gate_proj", "up_proj", "down_proj"])
         };
+        let kinds: &[&str] = if family == "gptoss" {
+            &["weight", "bias"]
+        } else {
+            &["weight"]
+        };
         for (proj, gguf) in projs
             .iter()
             .zip(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"])
         {
-            let mut shape = Vec::new();
-            let mut data = Vec::new();
-            for e in 0..moe.num_experts {
-                let t = load(&format!("{prefix}{block}.experts.{e}.{proj}.weight"));
-                shape = t.shape;
-                data.extend(t.data);
+            for kind in kinds {
+                let mut shape = Vec::new();
+                let mut data = Vec::new();
+                for e in 0..moe.num_experts {
+                    let t = load(&format!("{prefix}{block}.experts.{e}.{proj}.{kind}"));
+                    shape = t.shape;
+                    data.extend(t.data);
+                }
+                shape.insert(0, moe.num_experts);
+                out.push(Out {
+                    name: format!("blk.{layer}.{gguf}.{kind}"),
+                    shape,
+                    data,
+                });
             }
-            shape.insert(0, moe.num_experts);
-            out.push(Out {
-                name: format!("blk.{layer}.{gguf}.weight"),
-                shape,
-                data,
-            });
         }
     }
     out
@@ -150,7 +166,11 @@ fn gguf_tensors(family: &str, c: &ModelConfig) -> Vec<Out> {
 /// The `<arch>.*` keys llama.cpp's converter writes for the tiny model.
 fn metadata(family: &str, c: &ModelConfig) -> BTreeMap<String, GgufValue> {
     let moe = c.moe.as_ref().unwrap();
-    let arch = if family == "mixtral" { "llama" } else { family };
+    let arch = match family {
+        "mixtral" => "llama",
+        "gptoss" => "gpt-oss",
+        _ => family,
+    };
     let u32_ = |v: usize| GgufValue::U32(v as u32);
     let mut kv = vec![
         ("context_length", u32_(c.max_position_embeddings)),
@@ -175,7 +195,30 @@ fn metadata(family: &str, c: &ModelConfig) -> BTreeMap<String, GgufValue> {
     if family == "mixtral" {
         kv.push(("rope.dimension_count", u32_(c.rotary_dim)));
     }
-    if matches!(family, "qwen2moe" | "qwen3moe") {
+    if family == "gptoss" {
+        let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            ..
+        } = c.rope_scaling
+        else {
+            panic!("gpt-oss without YaRN")
+        };
+        kv.extend([
+            ("attention.sliding_window", u32_(c.sliding_window.unwrap())),
+            ("rope.scaling.type", GgufValue::String("yarn".into())),
+            ("rope.scaling.factor", GgufValue::F32(factor)),
+            (
+                "rope.scaling.original_context_length",
+                u32_(original_max_position_embeddings),
+            ),
+            ("rope.scaling.yarn_beta_fast", GgufValue::F32(beta_fast)),
+            ("rope.scaling.yarn_beta_slow", GgufValue::F32(beta_slow)),
+        ]);
+    }
+    if matches!(family, "qwen2moe" | "qwen3moe" | "gptoss") {
         kv.push((
             "expert_feed_forward_length",
             u32_(moe.moe_intermediate_size),
@@ -195,11 +238,16 @@ fn metadata(family: &str, c: &ModelConfig) -> BTreeMap<String, GgufValue> {
 
 /// llama.cpp's formats for a `Q4_0` file of the tiny model: the layers' matrices and
 /// experts in Q4_0, the embeddings and output in Q8_0 (Q6_K's fallback for 64-wide
-/// rows), norms, the router and rows that are not whole blocks (the shared expert's
+/// rows), norms, biases, the router and rows that are not whole blocks (the shared expert's
 /// 48-wide down projection) in f32.
 fn q4_0_type(name: &str, shape: &[usize]) -> GgmlType {
     let cols = shape.last().copied().unwrap_or(0);
-    if shape.len() == 1 || name.contains("ffn_gate_inp") || !cols.is_multiple_of(32) {
+    // llama-quantize quantises only `.weight` tensors (gpt-oss's expert biases are 2-D).
+    if shape.len() == 1
+        || name.contains("ffn_gate_inp")
+        || name.ends_with(".bias")
+        || !cols.is_multiple_of(32)
+    {
         GgmlType::F32
     } else if name.starts_with("token_embd") || name.starts_with("output") {
         GgmlType::Q8_0
@@ -257,6 +305,30 @@ fn last_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Vec<f32> {
         .clone()
 }
 
+/// `config` (read from the tiny model's GGUF file) as transformers ran the reference: for
+/// gpt-oss, with YaRN's ramp unrounded. llama.cpp's YaRN always rounds the ramp's bounds
+/// outwards, so GGUF files load that way; gpt-oss's transformers config does not
+/// (`truncate: false`).
+fn as_transformers_ran_it(family: &str, mut config: ModelConfig) -> ModelConfig {
+    if family != "gptoss" {
+        return config;
+    }
+    let hf = tiny_models::config(family);
+    assert_eq!(
+        (config.sliding_window, &config.sliding_layers),
+        (hf.sliding_window, &hf.sliding_layers)
+    );
+    assert_eq!(config.hidden_act, hf.hidden_act);
+    assert!(config.qkv_bias && config.o_bias_and_sinks);
+    let RopeScaling::Yarn { truncate, .. } = &mut config.rope_scaling else {
+        panic!("gpt-oss from GGUF without YaRN: {:?}", config.rope_scaling)
+    };
+    assert!(*truncate, "GGUF YaRN truncates, as llama.cpp does");
+    *truncate = false;
+    assert_eq!(config.rope_scaling, hf.rope_scaling);
+    config
+}
+
 #[test]
 fn moe_families_from_gguf_files_match_transformers() {
     for family in MOE_FAMILIES {
@@ -268,12 +340,14 @@ fn moe_families_from_gguf_files_match_transformers() {
             "qwen3moe" => ModelFamily::Qwen3Moe,
             "qwen2moe" => ModelFamily::Qwen2Moe,
             "mixtral" => ModelFamily::Mixtral,
+            "gptoss" => ModelFamily::GptOss,
             _ => ModelFamily::Olmoe,
         };
         assert_eq!(config.family, want_family, "{family}");
         // The file names no dense layers (llama.cpp's qwen2moe graph has none): they are
         // the layers without a router.
         assert_eq!(config.moe, hf.moe, "{family}: experts from the file");
+        let config = as_transformers_ran_it(family, config);
         let weights = GgufWeights::new(&file, &config);
         let model = LlamaForCausalLM::load(&config, &weights, &LoadOptions::FLOAT32).unwrap();
         let mut runner = runner(&config, model);
@@ -296,7 +370,7 @@ fn quantised_experts_slice_into_each_experts_rows() {
     for family in MOE_FAMILIES {
         let path = write(family, &q4_0_type);
         let file = GgufFile::open(&path).unwrap();
-        let config = config_from_gguf(&file).unwrap();
+        let config = as_transformers_ran_it(family, config_from_gguf(&file).unwrap());
         let weights = GgufWeights::new(&file, &config);
         let from_file = LlamaForCausalLM::load(&config, &weights, &LoadOptions::default()).unwrap();
         let formats = from_file.weight_formats();

@@ -392,11 +392,13 @@ fn every_family_decodes_alike_on_one_to_four_ranks() {
 
 /// The Mixture-of-Experts families split as vLLM splits experts: each expert's width over
 /// the ranks (8 experts of 32 rows: 11, 11 and 10 at 3 ranks), the router whole on every
-/// rank; OLMoE's norm over the whole q keeps every head on every rank.
+/// rank; OLMoE's norm over the whole q keeps every head on every rank. gpt-oss's sinks go
+/// with their heads (split at 2 and 4 ranks, whole at 3), its o and down biases are added
+/// whole after the gathers, its gate/up biases split with their rows.
 #[test]
 fn moe_families_decode_alike_on_one_to_four_ranks() {
     minivllm::kernels::threading::init_threads(2);
-    for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe"] {
+    for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"] {
         let config = super::tiny_models::config(family);
         let weights = super::tiny_models::TinyWeights::of(family);
         decodes_alike_on_one_to_four_ranks(family, &config, &weights);
