@@ -90,11 +90,12 @@ fn dequantize_with(
 
 /// MXFP4's E2M1 values, doubled (ggml's `kvalues_mxfp4`): the block scale is then half
 /// its power of two.
-const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_MXFP4: [i8; 16] =
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// Half of 2^(e - 127), ggml's `ggml_e8m0_to_fp32_half` (exact for every byte: the two
 /// smallest are subnormal).
-fn e8m0_to_f32_half(e: u8) -> f32 {
+pub(crate) fn e8m0_to_f32_half(e: u8) -> f32 {
     let bits = if e < 2 {
         0x0020_0000u32 << e
     } else {

@@ -205,6 +205,9 @@ pub(crate) trait QuantFormat {
     const KQUANT: bool = matches!(Self::SCALES, Scales::SubMin | Scales::SubSigned);
     /// Whether a minimum is stored beside each scale.
     const MINS: bool = matches!(Self::SCALES, Scales::Min | Scales::SubMin);
+    /// A table the nibbles index to give the unsigned quants (MXFP4's E2M1 codes, whose
+    /// values are not evenly spaced); `None`: the nibbles are the quants.
+    const LUT: Option<[u8; 16]> = None;
 }
 
 macro_rules! formats {
@@ -220,6 +223,27 @@ macro_rules! formats {
         }
     )*};
 }
+
+/// MXFP4 (gpt-oss's experts): E2M1 codes looked up as ggml's doubled values
+/// (`kvalues_mxfp4`: 0, 1, 2, 3, 4, 6, 8, 12 and their negatives) plus 12, so that they are
+/// unsigned (0 to 24) with an offset of -12 as Q4_0's -8, times the block's E8M0 scale
+/// halved (held as an f16: [`super::layout`] checks it is exact).
+#[allow(non_camel_case_types)]
+pub(crate) struct MXFP4;
+
+impl QuantFormat for MXFP4 {
+    const TYPE: GgmlType = GgmlType::MXFP4;
+    const BITS: u32 = 4;
+    const SCALES: Scales = Scales::Offset(-MXFP4_OFFSET);
+    const LUT: Option<[u8; 16]> = Some(MXFP4_UNSIGNED);
+}
+
+/// What MXFP4's offset lifts its doubled E2M1 values by: the largest magnitude, 12.
+pub(crate) const MXFP4_OFFSET: f32 = 12.0;
+
+/// MXFP4's doubled E2M1 values plus [`MXFP4_OFFSET`], by code.
+pub(crate) const MXFP4_UNSIGNED: [u8; 16] =
+    [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
 formats! {
     Q4_0: 4, Scales::Offset(-8.0);

@@ -15,6 +15,7 @@
 
 use half::f16;
 
+use super::dequant::{e8m0_to_f32_half, KVALUES_MXFP4};
 use super::formats::{GgmlType, QK, QK_K};
 use super::kquants::{self, KBlock};
 use super::reference;
@@ -85,8 +86,12 @@ pub(crate) const VEC_BYTES: usize = 4 * GROUP;
 /// Why a [`QuantMatrix`] could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantMatrixError {
-    #[error("no quantised matrix product for {0} weights (supported: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)")]
+    #[error("no quantised matrix product for {0} weights (supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)")]
     Unsupported(GgmlType),
+    /// An MXFP4 block's scale outside what the kernels hold exactly (an f16: 2^-24 to
+    /// 2^15); such a matrix computes in floats instead.
+    #[error("MXFP4: row {row} has a block scale of 2^{exponent}, beyond the f16 the kernels keep scales in")]
+    ScaleRange { row: usize, exponent: i32 },
     #[error("{ty}: rows of {cols} values are not a whole number of {block}-value blocks", block = .ty.block_size())]
     PartialRow { ty: GgmlType, cols: usize },
     #[error("{ty}: {bytes} bytes, but {rows} × {cols} needs {expected}")]
@@ -173,7 +178,7 @@ impl QuantMatrix {
             if kq {
                 m.fill_k(chunk, start);
             } else {
-                m.fill(chunk, start);
+                m.fill(chunk, start)?;
             }
             if chunk_rows < rows {
                 data.truncate(start * row_bytes);
@@ -186,11 +191,19 @@ impl QuantMatrix {
 
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: each block's scale (and offset) and quants into their
     /// places.
-    fn fill(&mut self, data: &[u8], first_row: usize) {
+    fn fill(&mut self, data: &[u8], first_row: usize) -> Result<(), QuantMatrixError> {
         let (ty, nb) = (self.ty, self.nb.max(1));
         for (blk, b) in data.chunks_exact(ty.type_size()).enumerate() {
             let (r, bi) = (first_row + blk / nb, blk % nb);
             let at = self.scale_index(r, bi);
+            if ty == GgmlType::MXFP4 {
+                self.d[at] = mxfp4_scale(b).ok_or(QuantMatrixError::ScaleRange {
+                    row: r,
+                    exponent: i32::from(b[0]) - 128,
+                })?;
+                self.put_quants(r, bi, &block_quants(ty, b));
+                continue;
+            }
             self.d[at] = f16::from_le_bytes([b[0], b[1]]);
             if let Some(m) = self.mins.get_mut(at) {
                 *m = f16::from_le_bytes([b[2], b[3]]);
@@ -204,6 +217,7 @@ impl QuantMatrix {
                 self.put_quants(r, bi, &block_quants(ty, b));
             }
         }
+        Ok(())
     }
 
     /// 4-6-bit formats: the unsigned quants of block `b` of row `r`, low nibbles into `qs`
@@ -381,6 +395,19 @@ impl QuantMatrix {
         }
         for b in 0..self.nb {
             let at = self.scale_index(r, b);
+            if self.ty == GgmlType::MXFP4 {
+                // The scale's exponent back as E8M0 (2^(e - 128)); a block of zeros held
+                // its scale as 0 and gets e = 0.
+                let d = self.d[at].to_f32();
+                out.push(if d == 0.0 {
+                    0
+                } else {
+                    ((d.to_bits() >> 23) + 1) as u8
+                });
+                let q = self.block(r, b).2;
+                out.extend((0..QK / 2).map(|i| (q[i] & 0x0F) | ((q[i + QK / 2] & 0x0F) << 4)));
+                continue;
+            }
             out.extend_from_slice(&self.d[at].to_le_bytes());
             if let Some(m) = self.mins.get(at) {
                 out.extend_from_slice(&m.to_le_bytes());
@@ -418,11 +445,35 @@ impl QuantMatrix {
                     GgmlType::Q4_0 => (q as i32 - 8) as f32 * d,
                     GgmlType::Q5_0 => (q as i32 - 16) as f32 * d,
                     GgmlType::Q4_1 | GgmlType::Q5_1 => q as f32 * d + m,
+                    GgmlType::MXFP4 => f32::from(KVALUES_MXFP4[usize::from(q)]) * d,
                     _ => q as i8 as f32 * d,
                 };
             }
         }
     }
+}
+
+/// Whether every block of these MXFP4 blocks has a scale [`QuantMatrix`] holds exactly
+/// (else it refuses them with [`QuantMatrixError::ScaleRange`]).
+pub fn mxfp4_scales_fit(blocks: &[u8]) -> bool {
+    blocks
+        .chunks_exact(GgmlType::MXFP4.type_size())
+        .all(|b| mxfp4_scale(b).is_some())
+}
+
+/// An MXFP4 block's scale, ggml's E8M0 halved (2^(e - 128)), as an f16 when that is exact;
+/// a block whose every value is zero needs none (0). `None`: the scale has no exact f16.
+fn mxfp4_scale(b: &[u8]) -> Option<f16> {
+    let d = e8m0_to_f32_half(b[0]);
+    let h = f16::from_f32(d);
+    if h.to_f32() == d {
+        return Some(h);
+    }
+    let zero = |n: u8| KVALUES_MXFP4[usize::from(n)] == 0;
+    b[1..]
+        .iter()
+        .all(|&q| zero(q & 0x0F) && zero(q >> 4))
+        .then_some(f16::ZERO)
 }
 
 /// Where value `i` (0..32) of a block of row `r % GROUP == row` sits in the groups layout:

@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::activations::Q8Rows;
-use super::formats::{GgmlType, QK};
+use super::formats::{GgmlType, MXFP4_OFFSET, MXFP4_UNSIGNED, QK};
 use super::kquants;
 use super::layout::{GROUP, KSUB, LANES};
 use super::reference::{self, BlockQ8};
@@ -28,7 +28,7 @@ use super::tiles::{avx2, avx512};
 use crate::matmul::{rows_per_task, TASK_ALIGN};
 
 pub use super::kernel::QKernel;
-pub use super::layout::{QuantMatrix, QuantMatrixError};
+pub use super::layout::{mxfp4_scales_fit, QuantMatrix, QuantMatrixError};
 
 /// Activation rows per 256-bit tile (each against `LANES` weight rows).
 const TILE_R: usize = 4;
@@ -337,10 +337,14 @@ impl PortableRow {
                 continue;
             }
             let (d, m, q) = w.block(j, b);
-            self.q.push(q);
+            self.q.push(match w.ty {
+                GgmlType::MXFP4 => q.map(|n| MXFP4_UNSIGNED[usize::from(n)]),
+                _ => q,
+            });
             self.scales.push([d; 2]);
             self.offset.push(match w.ty {
                 GgmlType::Q4_0 => -8.0 * d,
+                GgmlType::MXFP4 => -MXFP4_OFFSET * d,
                 GgmlType::Q5_0 => -16.0 * d,
                 GgmlType::Q4_1 | GgmlType::Q5_1 => m,
                 _ => 0.0,

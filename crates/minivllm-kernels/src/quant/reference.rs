@@ -7,6 +7,7 @@
 
 use half::f16;
 
+use super::dequant::{e8m0_to_f32_half, KVALUES_MXFP4};
 pub use super::formats::QK;
 use super::formats::{f16_at, GgmlType};
 use super::kquants;
@@ -38,7 +39,12 @@ impl Default for BlockQ8 {
 pub fn has_dot(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::MXFP4
     ) || kquants::is_kquant(ty)
 }
 
@@ -104,12 +110,36 @@ pub fn quantize_to(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
             Some(out)
         }
         _ if kquants::is_kquant(ty) => Some(kquants::quantize(ty, x)),
+        GgmlType::MXFP4 => Some(x.chunks_exact(QK).flat_map(quantize_block_mxfp4).collect()),
         _ => None,
     }
 }
 
 /// One block as ggml's `quantize_row_q{4,5}_0_ref` (the value of largest magnitude maps to
 /// -8 or -16) or `quantize_row_q{4,5}_1_ref` (minimum to maximum in 15 or 31 steps).
+/// ggml's `quantize_row_mxfp4_ref` for one block: the scale from the largest magnitude's
+/// power of two (6 = 1.5·2^2 is E2M1's largest value), each value to its nearest code (the
+/// first of equals).
+fn quantize_block_mxfp4(xb: &[f32]) -> [u8; 1 + QK / 2] {
+    let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let e = if amax > 0.0 {
+        (amax.log2().floor() - 2.0 + 127.0) as u8
+    } else {
+        0
+    };
+    let d = e8m0_to_f32_half(e);
+    let best = |v: f32| -> u8 {
+        let err = |i: usize| (f32::from(KVALUES_MXFP4[i]) * d - v).abs();
+        (1..16).fold(0, |best, i| if err(i) < err(best) { i } else { best }) as u8
+    };
+    let mut out = [0u8; 1 + QK / 2];
+    out[0] = e;
+    for j in 0..QK / 2 {
+        out[1 + j] = best(xb[j]) | (best(xb[j + QK / 2]) << 4);
+    }
+    out
+}
+
 fn quantize_block_q4_q5(ty: GgmlType, xb: &[f32], out: &mut Vec<u8>) {
     let five = matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1);
     let nmax: i32 = if five { 31 } else { 15 };
@@ -204,6 +234,17 @@ pub fn vec_dot_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
                     .map(|j| wb[2 + j] as i8 as i32 * xb.qs[j] as i32)
                     .sum();
                 sumi as f32 * (f16_at(wb, 0) * xb.d)
+            }
+            // ggml's `ggml_vec_dot_mxfp4_q8_0`: doubled E2M1 values, the scale halved.
+            GgmlType::MXFP4 => {
+                let mut sumi = 0i32;
+                for j in 0..QK / 2 {
+                    let q = wb[1 + j];
+                    sumi += i32::from(KVALUES_MXFP4[usize::from(q & 0x0F)]) * xb.qs[j] as i32;
+                    sumi +=
+                        i32::from(KVALUES_MXFP4[usize::from(q >> 4)]) * xb.qs[j + QK / 2] as i32;
+                }
+                sumi as f32 * (e8m0_to_f32_half(wb[0]) * xb.d)
             }
             other => panic!("vec_dot: no quantised dot product for {other}"),
         };

@@ -46,6 +46,10 @@ pub(super) trait Width {
     /// `4 · ROWS` bytes from `p`.
     unsafe fn load(p: *const u8) -> Self::I;
     unsafe fn and(a: Self::I, b: Self::I) -> Self::I;
+    /// The 16 bytes of `t` in every 128-bit lane, for [`Width::lookup`].
+    unsafe fn table(t: &[u8; 16]) -> Self::I;
+    /// Each byte of `v` (0-15) replaced by that byte of its lane's `table` (`pshufb`).
+    unsafe fn lookup(table: Self::I, v: Self::I) -> Self::I;
     unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
     /// 16-bit lanes shifted left by `N` (1-4).
     unsafe fn shl16<const N: i32>(v: Self::I) -> Self::I;
@@ -105,6 +109,7 @@ pub(super) unsafe fn tile<const R: usize, W: Width>(
             GgmlType::Q4_K => tile_nibbles::<R, W, formats::Q4_K>(w, u, x, i),
             GgmlType::Q5_K => tile_nibbles::<R, W, formats::Q5_K>(w, u, x, i),
             GgmlType::Q6_K => tile_nibbles::<R, W, formats::Q6_K>(w, u, x, i),
+            GgmlType::MXFP4 => tile_nibbles::<R, W, formats::MXFP4>(w, u, x, i),
             _ => W::tile_q8_0::<R>(w, u, x, i),
         }
     }
@@ -152,6 +157,7 @@ unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
     // features, which the caller's contract provides.
     unsafe {
         let low = W::splat_i8(0x0F);
+        let lut = W::table(&F::LUT.unwrap_or([0; 16]));
         let mut acc = [W::zero_f(); R];
         let (mut dsup, mut msup) = (W::zero_f(), W::zero_f());
         for b in 0..nb {
@@ -173,6 +179,11 @@ unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
                 v[4 + j] = W::and(W::shr16::<4>(raw), low);
             }
             merge_high_bits::<W, F>(&mut v, wh.wrapping_add(b * hb));
+            if F::LUT.is_some() {
+                for n in &mut v {
+                    *n = W::lookup(lut, *n);
+                }
+            }
             let (dlo, dhi, mlo) =
                 block_scales::<W, F>(dsup, msup, wsub.wrapping_add(b * SUB_BYTES));
             for r in 0..R {
@@ -189,7 +200,8 @@ unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
                     acc[r] = W::fmadd(W::cvt(hi), W::mul(dhi, dx), acc[r]);
                     continue;
                 }
-                let isum = if F::BITS == 5 {
+                // MXFP4's looked-up quants reach 24: 5-bit range.
+                let isum = if F::BITS == 5 || F::LUT.is_some() {
                     W::quad_dot::<8, 4>(&v, y)
                 } else {
                     W::quad_dot::<8, 8>(&v, y)

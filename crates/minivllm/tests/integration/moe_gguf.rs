@@ -390,3 +390,47 @@ fn quantised_experts_slice_into_each_experts_rows() {
         }
     }
 }
+
+/// llama.cpp's `MXFP4_MOE` for the tiny gpt-oss: the experts in MXFP4, the other matrices
+/// in Q8_0, norms, biases, sinks and the router in f32.
+fn mxfp4_moe_type(name: &str, shape: &[usize]) -> GgmlType {
+    if name.contains("_exps.weight") {
+        GgmlType::MXFP4
+    } else if shape.len() == 2 && !name.contains("ffn_gate_inp") && !name.ends_with(".bias") {
+        GgmlType::Q8_0
+    } else {
+        GgmlType::F32
+    }
+}
+
+/// A gpt-oss file's MXFP4 experts stay MXFP4 and run on the integer kernels: its logits are
+/// those of the same file computed in f32 (every weight dequantised) but for the
+/// activations' rounding to 8 bits, and a wrong code table or scale would be far off.
+#[test]
+fn gpt_oss_mxfp4_experts_run_as_mxfp4() {
+    let path = write("gptoss", &mxfp4_moe_type);
+    let file = GgufFile::open(&path).unwrap();
+    let config = config_from_gguf(&file).unwrap();
+    let weights = GgufWeights::new(&file, &config);
+    let quantised = LlamaForCausalLM::load(&config, &weights, &LoadOptions::default()).unwrap();
+    let formats = quantised.weight_formats();
+    assert!(formats.iter().any(|&(f, _)| f == "MXFP4"), "{formats:?}");
+    let float = LlamaForCausalLM::load(&config, &weights, &LoadOptions::FLOAT32).unwrap();
+    assert!(float.weight_formats().iter().all(|&(f, _)| f == "F32"));
+    let (mut q, mut f) = (runner(&config, quantised), runner(&config, float));
+    let mut worst = 0.0f32;
+    for case in cases("gptoss") {
+        let (a, b) = (
+            last_logits(&mut q, &case.prompt),
+            last_logits(&mut f, &case.prompt),
+        );
+        let d = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        worst = worst.max(d);
+    }
+    eprintln!("gpt-oss MXFP4 experts: max |logit difference| from f32 {worst:.4}");
+    assert!(worst > 0.0 && worst < 0.1, "{worst}");
+}

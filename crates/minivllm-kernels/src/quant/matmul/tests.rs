@@ -8,7 +8,7 @@ use crate::quant::activations::{self, RowSums};
 use crate::quant::reference as qdot;
 use crate::testutil::*;
 
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 9] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -17,6 +17,7 @@ const TYPES: [GgmlType; 8] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::MXFP4,
 ];
 
 /// `rows × cols` random weights of `ty`: random scales and quants, as a file could hold.
@@ -41,6 +42,14 @@ fn random_bytes(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec
                 b[at..at + 2].copy_from_slice(&v.to_le_bytes());
             }
             data.extend(b);
+        }
+        return data;
+    }
+    if ty == GgmlType::MXFP4 {
+        // E8M0 scales around gpt-oss's (2^-18 to 2^-3), random codes.
+        for _ in 0..rows * cols / QK {
+            data.push(rng.random_range(110u8..=125));
+            data.extend((0..QK / 2).map(|_| rng.random::<u8>()));
         }
         return data;
     }
@@ -204,6 +213,51 @@ fn four_and_five_bit_quantisers_round_trip_within_half_a_step() {
     }
     assert_eq!(qdot::quantize_to(GgmlType::Q4_0, &x[..40]), None);
     assert_eq!(qdot::quantize_to(GgmlType::Q3_K, &[0.0; 256]), None);
+}
+
+/// MXFP4's scales are kept as f16s where that is exact (2^-24 to 2^15); a block of zeros
+/// needs none, whatever its byte says; any other scale is refused, naming the row.
+#[test]
+fn mxfp4_scales_beyond_f16_are_refused() {
+    let block = |e: u8, q: u8| [[e].as_slice(), &[q; QK / 2]].concat();
+    // Codes 0 and 8 are +0 and -0.
+    let zeros = [block(0, 0x80), block(104, 0x71), block(143, 0x17)].concat();
+    let w = QuantMatrix::new(GgmlType::MXFP4, 1, 3 * QK, zeros).unwrap();
+    let mut row = vec![1.0; 3 * QK];
+    w.dequantize_row(0, &mut row);
+    assert!(row[..QK].iter().all(|&v| v == 0.0));
+    // Code 1 is 0.5: doubled, times the halved scale 2^(e - 128).
+    assert_eq!(row[QK], 2f32.powi(-24));
+    assert_eq!(row[2 * QK + QK / 2], 2f32.powi(15));
+    for (e, exponent) in [(103u8, -25), (144, 16), (255, 127)] {
+        let bad = [block(120, 0x11), block(e, 0x11)].concat();
+        let err = QuantMatrix::new(GgmlType::MXFP4, 2, QK, bad).unwrap_err();
+        assert_eq!(err, QuantMatrixError::ScaleRange { row: 1, exponent });
+    }
+}
+
+/// ggml's MXFP4 quantiser: each block's scale from its largest magnitude, each value the
+/// nearest code, so a value lands within half a gap of the grid (the largest gap, 8 to 12,
+/// is 4 steps of the halved scale) or is clipped to ±12 steps (at most 4 beyond).
+#[test]
+fn mxfp4_quantiser_picks_the_nearest_code() {
+    let mut r = rng(9);
+    let x: Vec<f32> = rand_vec(&mut r, 8 * QK).iter().map(|v| v * 0.05).collect();
+    let bytes = qdot::quantize_to(GgmlType::MXFP4, &x).unwrap();
+    assert_eq!(bytes.len(), 8 * 17);
+    let mut back = vec![0.0; x.len()];
+    quant::dequantize(GgmlType::MXFP4, &bytes, &mut back).unwrap();
+    for (b, (xb, yb)) in x.chunks(QK).zip(back.chunks(QK)).enumerate() {
+        let d = 2f32.powi(i32::from(bytes[b * 17]) - 128);
+        for (&v, &y) in xb.iter().zip(yb) {
+            let nearest = [0.0f32, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]
+                .iter()
+                .flat_map(|&k| [k * d, -k * d])
+                .map(|g| (g - v).abs())
+                .fold(f32::INFINITY, f32::min);
+            assert_eq!((y - v).abs(), nearest, "block {b}: {v} -> {y}");
+        }
+    }
 }
 
 #[test]

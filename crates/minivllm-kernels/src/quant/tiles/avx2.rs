@@ -109,6 +109,16 @@ impl<D: IntDot> Width for Ymm<D> {
         unsafe { _mm256_and_si256(a, b) }
     }
     #[inline(always)]
+    unsafe fn table(t: &[u8; 16]) -> __m256i {
+        // SAFETY: see the impl; `t` is 16 readable bytes.
+        unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn lookup(table: __m256i, v: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_shuffle_epi8(table, v) }
+    }
+    #[inline(always)]
     unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: see the impl.
         unsafe { _mm256_or_si256(a, b) }

@@ -75,6 +75,16 @@ impl Width for Zmm {
         unsafe { _mm512_loadu_si512(p as *const __m512i) }
     }
     #[inline(always)]
+    unsafe fn table(t: &[u8; 16]) -> __m512i {
+        // SAFETY: see the impl; `t` is 16 readable bytes.
+        unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn lookup(table: __m512i, v: __m512i) -> __m512i {
+        // SAFETY: see the impl (AVX512BW).
+        unsafe { _mm512_shuffle_epi8(table, v) }
+    }
+    #[inline(always)]
     unsafe fn and(a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_and_si512(a, b) }

@@ -1,7 +1,8 @@
 use minivllm_kernels::hmatmul::{matmul_half, HalfKind, HalfMatrix};
 use minivllm_kernels::matmul::matmul;
 use minivllm_kernels::qdot::{has_dot, quantize_to};
-use minivllm_kernels::qmatmul::{matmul_quant, QuantMatrix};
+use minivllm_kernels::qmatmul::{matmul_quant, mxfp4_scales_fit, QuantMatrix};
+use minivllm_kernels::quant::GgmlType;
 
 use crate::model_executor::loader::weights::{DType, LoadOptions, QuantTensor, WeightSource};
 use crate::model_executor::loader::LoadError;
@@ -320,6 +321,17 @@ fn quant_matrix(
     cols: usize,
     data: Vec<u8>,
 ) -> Result<WeightMatrix, LoadError> {
+    // An MXFP4 scale the kernels cannot hold exactly: the matrix computes in f32 instead.
+    if ty == GgmlType::MXFP4 && !mxfp4_scales_fit(&data) {
+        tracing::warn!(
+            tensor = name,
+            "MXFP4 block scales beyond an f16's range: dequantised to f32"
+        );
+        let mut values = vec![0.0; rows * cols];
+        minivllm_kernels::quant::dequantize(ty, &data, &mut values)
+            .map_err(|e| LoadError::Config(format!("tensor {name}: {e}")))?;
+        return Ok(WeightMatrix::f32(values, rows, cols));
+    }
     QuantMatrix::new(ty, rows, cols, data)
         .map(WeightMatrix::Quant)
         .map_err(|e| LoadError::Config(format!("tensor {name}: {e}")))

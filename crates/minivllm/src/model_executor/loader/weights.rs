@@ -85,8 +85,8 @@ pub struct QuantTensor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum DType {
     /// What the file holds: quantised blocks stay quantised (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-    /// Q4_K, Q5_K, Q6_K), f16 and bf16 tensors stay f16 and bf16; other formats (Q2_K, Q3_K,
-    /// MXFP4) are dequantised to f32 until they get kernels of their own.
+    /// Q4_K, Q5_K, Q6_K, MXFP4), f16 and bf16 tensors stay f16 and bf16; other formats
+    /// (Q2_K, Q3_K, the IQ types) are dequantised to f32 until they get kernels of their own.
     #[default]
     Auto,
     /// Everything dequantised to f32: the reference path.
