@@ -107,6 +107,7 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.into())
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
@@ -135,6 +136,82 @@ impl ChatTemplate {
         };
         template.render(ctx).map_err(|e| classify(&e))
     }
+}
+
+/// transformers' `strftime_now`: the current UTC time in a C `strftime` format (the codes
+/// templates use: `%Y %m %d %H %M %S %b %B %a %A %%`; others are kept as written).
+fn strftime_now(format: &str) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    strftime(format, secs)
+}
+
+fn strftime(format: &str, unix_secs: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = unix_secs / 86_400;
+    let secs = unix_secs % 86_400;
+    // Howard Hinnant's days-to-civil, for days since 1970-01-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let month_name = MONTHS[(month - 1) as usize];
+        let day_name = DAYS[(days % 7) as usize];
+        match chars.next() {
+            Some('Y') => out += &year.to_string(),
+            Some('m') => out += &format!("{month:02}"),
+            Some('d') => out += &format!("{day:02}"),
+            Some('H') => out += &format!("{:02}", secs / 3600),
+            Some('M') => out += &format!("{:02}", secs / 60 % 60),
+            Some('S') => out += &format!("{:02}", secs % 60),
+            Some('B') => out += month_name,
+            Some('b') => out += &month_name[..3],
+            Some('A') => out += day_name,
+            Some('a') => out += &day_name[..3],
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 fn message_value(message: &ChatMessage) -> Value {
@@ -285,6 +362,76 @@ mod tests {
                 eos_token: Some("</s>"),
             },
         )
+    }
+
+    #[test]
+    fn strftime_writes_the_codes_templates_use() {
+        // 2026-12-05 14:07:38 UTC, a Saturday.
+        let t = 1_796_479_658;
+        assert_eq!(strftime("%Y-%m-%d %H:%M:%S", t), "2026-12-05 14:07:38");
+        assert_eq!(
+            strftime("%d %b %Y, %A (%a) %B 100%%", t),
+            "05 Dec 2026, Saturday (Sat) December 100%"
+        );
+        assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
+        assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
+    }
+
+    /// gpt-oss's harmony template (llama.cpp's copy of OpenAI's, `tests/data/templates`):
+    /// the system message with today's date and the reasoning effort, the developer message
+    /// with the tools as a TypeScript namespace, a past tool call and its result, and the
+    /// generation prompt the reply's first header follows.
+    #[test]
+    fn gpt_oss_harmony_template_renders() {
+        let src = include_str!("../../../../tests/data/templates/openai-gpt-oss.jinja");
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = vec![ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: serde_json::json!({"location": "Tokyo"}),
+        }];
+        let mut result = ChatMessage::new("tool", "{\"temp\": 21}");
+        result.tool_call_id = Some("call_1".into());
+        let tools = [serde_json::json!({"type": "function", "function": {
+            "name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object", "properties": {"location": {"type": "string"}},
+                           "required": ["location"]}}})];
+        let out = ChatTemplate::new(src)
+            .unwrap()
+            .render(
+                &[ChatMessage::new("user", "Weather in Tokyo?"), call, result],
+                &tools,
+                true,
+                TemplateTokens {
+                    bos_token: None,
+                    eos_token: Some("<|return|>"),
+                },
+            )
+            .unwrap();
+        let today = strftime_now("%Y-%m-%d");
+        assert!(
+            out.starts_with("<|start|>system<|message|>You are ChatGPT"),
+            "{out}"
+        );
+        assert!(out.contains(&format!("Current date: {today}")), "{out}");
+        assert!(out.contains("Reasoning: medium"), "{out}");
+        assert!(out.contains("namespace functions {"), "{out}");
+        assert!(out.contains("type get_weather = (_: {"), "{out}");
+        assert!(
+            out.contains("<|start|>user<|message|>Weather in Tokyo?<|end|>"),
+            "{out}"
+        );
+        assert!(
+            out.contains("to=functions.get_weather<|channel|>commentary json<|message|>{\"location\": \"Tokyo\"}<|call|>"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+            ),
+            "{out}"
+        );
+        assert!(out.ends_with("<|start|>assistant"), "{out}");
     }
 
     #[test]

@@ -36,6 +36,9 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 /// Llama 3's pre-tokenizer split (llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3`, the `Split` in
 /// Meta's `tokenizer.json`): numbers in groups of up to three digits.
 const LLAMA3_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// OpenAI's o200k split (gpt-oss; GGUF `tokenizer.ggml.pre` `gpt-4o`), as its
+/// tokenizer.json writes it: words cut where the case changes up, digits in threes.
+const O200K_SPLIT_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's: like Llama 3's but every digit on its own.
 const QWEN2_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -378,6 +381,7 @@ impl Tokenizer {
                 eos_token_ids.push(eot);
             }
         }
+        harmony_stops(&inner, &mut eos_token_ids);
         Ok(Tokenizer {
             inner,
             bos_token_id,
@@ -514,6 +518,26 @@ impl Tokenizer {
     }
 }
 
+/// gpt-oss's o200k_harmony vocabulary: a reply ends with `<|return|>` or, calling a tool,
+/// `<|call|>`; `<|end|>` only ends a message within it (llama.cpp decides the same, for
+/// files whose end-of-turn token is `<|end|>`).
+fn harmony_stops(inner: &tokenizers::Tokenizer, eos_token_ids: &mut Vec<u32>) {
+    let (Some(ret), Some(call)) = (
+        inner.token_to_id("<|return|>"),
+        inner.token_to_id("<|call|>"),
+    ) else {
+        return;
+    };
+    if let Some(end) = inner.token_to_id("<|end|>") {
+        eos_token_ids.retain(|&id| id != end);
+    }
+    for id in [ret, call] {
+        if !eos_token_ids.contains(&id) {
+            eos_token_ids.push(id);
+        }
+    }
+}
+
 /// GPT-2 style byte-level BPE from the GGUF vocabulary and merge list.
 fn build_byte_level_bpe(
     spec: &GgufTokenizerSpec,
@@ -543,6 +567,8 @@ fn build_byte_level_bpe(
             Some(NormalizerWrapper::from(NFC)),
             false,
         ),
+        // llama.cpp keeps the merges for o200k (gpt-oss), as for Qwen2.
+        "gpt-4o" | "llama4" => (Some(O200K_SPLIT_REGEX), None, false),
         "default" | "gpt2" | "smollm" => (None, None, false),
         other => {
             tracing::warn!(

@@ -12,6 +12,12 @@
 //! Whether the prompt left the model thinking is read from its text: templates that turn
 //! thinking off write an empty `<think></think>` into the prompt, and then the reply is all
 //! answer.
+//!
+//! - `openai_gptoss`: gpt-oss's harmony messages ([`harmony`]): the `analysis` channel is
+//!   thinking, the `final` channel (and preambles to tool calls) the answer. Their markers
+//!   are special tokens, which such requests keep in their text.
+
+pub mod harmony;
 
 const START: &str = "<think>";
 const END: &str = "</think>";
@@ -23,16 +29,30 @@ pub enum ReasoningParserName {
     #[serde(rename = "deepseek_r1")]
     DeepSeekR1,
     Qwen3,
+    #[serde(rename = "openai_gptoss")]
+    OpenAiGptOss,
 }
 
 impl ReasoningParserName {
-    pub const ALL: [ReasoningParserName; 2] =
-        [ReasoningParserName::DeepSeekR1, ReasoningParserName::Qwen3];
+    pub const ALL: [ReasoningParserName; 3] = [
+        ReasoningParserName::DeepSeekR1,
+        ReasoningParserName::Qwen3,
+        ReasoningParserName::OpenAiGptOss,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ReasoningParserName::DeepSeekR1 => "deepseek_r1",
             ReasoningParserName::Qwen3 => "qwen3",
+            ReasoningParserName::OpenAiGptOss => "openai_gptoss",
+        }
+    }
+
+    /// Request settings the format needs: harmony's markers are special tokens, kept in
+    /// the text for the parser to read.
+    pub fn adjust_params(self, params: &mut crate::sampling_params::SamplingParams) {
+        if self == ReasoningParserName::OpenAiGptOss {
+            params.skip_special_tokens = false;
         }
     }
 }
@@ -98,6 +118,8 @@ impl ReasoningParser {
     /// constraint waits for `</think>`); `None` when the reply decides (may open `<think>`).
     fn starts_thinking(&self, prompt: PromptThinking) -> Option<bool> {
         match (self.name, prompt) {
+            // Harmony decides by channel, not by tags.
+            (ReasoningParserName::OpenAiGptOss, _) => None,
             (_, PromptThinking::Closed) => Some(false),
             (_, PromptThinking::Open) | (ReasoningParserName::DeepSeekR1, _) => Some(true),
             (ReasoningParserName::Qwen3, PromptThinking::Absent) => None,
@@ -108,6 +130,10 @@ impl ReasoningParser {
     /// (a possible `</think>` or `<think>` being written is held back); the answer's leading
     /// whitespace (the blank line after `</think>`) is dropped.
     pub fn split(&self, prompt: PromptThinking, text: &str, finished: bool) -> (String, String) {
+        if self.name == ReasoningParserName::OpenAiGptOss {
+            let reply = harmony::read(text, finished);
+            return (reply.reasoning, reply.content);
+        }
         let (body, thinking) = match self.starts_thinking(prompt) {
             Some(false) => return (String::new(), text.to_string()),
             Some(true) if !finished && !text.is_empty() && START.starts_with(text) => {
@@ -152,6 +178,12 @@ impl ReasoningParser {
     /// `None` when the reply is all answer. The rule is named `reasoning`; `optional` says
     /// whether the reply may skip it.
     pub fn grammar_prefix(&self, prompt: PromptThinking) -> Option<(&'static str, bool)> {
+        if self.name == ReasoningParserName::OpenAiGptOss {
+            // The answer's channel opens with special tokens, which a grammar over text
+            // does not see: the constraint covers the whole reply, which is then read as a
+            // plain answer (`harmony::parse` reads a reply with no header so).
+            return None;
+        }
         match self.starts_thinking(prompt) {
             Some(false) => None,
             // Thinking, possibly with its own `<think>`, up to the first `</think>`.

@@ -424,6 +424,22 @@ fn tiny_gpt2_spec(pre: &str) -> GgufTokenizerSpec {
     }
 }
 
+/// o200k (gpt-oss, GGUF `gpt-4o`) also cuts words where the case changes up: "aB" is two
+/// pre-tokens, so the merge "a B" cannot join them, where GPT-2's split keeps it one.
+#[test]
+fn o200k_cuts_words_at_upper_case() {
+    for (pre, expected) in [("gpt2", &["aB"][..]), ("gpt-4o", &["a", "B"][..])] {
+        let mut spec = tiny_gpt2_spec(pre);
+        spec.tokens.insert(256, "aB".into());
+        spec.token_types.insert(256, 1);
+        spec.eos_token_id = Some(260);
+        spec.merges.push("a B".into());
+        let tok = Tokenizer::from_gguf_spec(&spec).unwrap();
+        let ids = tok.encode("aB", false).unwrap();
+        assert_eq!(ids, ids_of(&tok, expected), "pre {pre}");
+    }
+}
+
 #[test]
 fn gpt2_pre_tokenizer_follows_gguf_pre() {
     let cases: &[(&str, &[&str])] = &[
@@ -435,6 +451,8 @@ fn gpt2_pre_tokenizer_follows_gguf_pre() {
         ("llama-bpe", &["123", "4"]),
         // Qwen2 cuts every digit.
         ("qwen2", &["1", "2", "3", "4"]),
+        // gpt-oss's o200k, as Llama 3.
+        ("gpt-4o", &["123", "4"]),
     ];
     for (pre, expected) in cases {
         let tok = Tokenizer::from_gguf_spec(&tiny_gpt2_spec(pre)).unwrap();

@@ -20,7 +20,7 @@ use super::serving_engine::{
     Usage,
 };
 use super::tool_calls::{message_fields, ReplyStream, ToolUse};
-use super::tool_parsers::ParsedOutput;
+use super::tool_parsers::{ParsedOutput, ToolParser};
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput};
 use crate::reasoning::{PromptThinking, ReasoningParser};
@@ -196,6 +196,9 @@ fn prepare(
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let mut base = (req.common).sampling_params(&s.config.generation, max_tokens, logprobs);
     tools.adjust_params(&mut base);
+    if let Some(name) = s.config.reasoning_parser {
+        name.adjust_params(&mut base);
+    }
     let response = ResponseShape {
         echo: false,
         // Once, beside the choices.
@@ -275,19 +278,12 @@ impl Reply {
     /// The reply as the reasoning and tool-call parsers read it; `None` without them (the
     /// text is all content).
     fn read(&self, text: &str, finished: bool) -> Option<ParsedOutput> {
-        if self.tools.parser.is_none() && self.reasoning.is_none() {
-            return None;
-        }
-        let (reasoning, answer) = match &self.reasoning {
-            Some((parser, prompt)) => parser.split(*prompt, text, finished),
-            None => (String::new(), text.to_string()),
-        };
-        let mut parsed = match &self.tools.parser {
-            Some(parser) => parser.parse(&answer, finished),
-            None => ParsedOutput::content(answer),
-        };
-        parsed.reasoning = reasoning;
-        Some(parsed)
+        read_reply(
+            self.reasoning.as_ref(),
+            self.tools.parser.as_deref(),
+            text,
+            finished,
+        )
     }
 
     /// `tool_calls` for a reply that stopped after calling tools, as OpenAI says it.
@@ -400,4 +396,215 @@ fn chat_logprobs(tok: &Tokenizer, o: &CompletionOutput, from: usize, k: usize) -
         })
         .collect();
     json!({"content": content})
+}
+
+/// The reply as a reasoning parser (and where the prompt left the thinking) and a tool-call
+/// parser read it; `None` without either (the text is all content).
+fn read_reply(
+    reasoning: Option<&(ReasoningParser, PromptThinking)>,
+    tools: Option<&dyn ToolParser>,
+    text: &str,
+    finished: bool,
+) -> Option<ParsedOutput> {
+    if tools.is_none() && reasoning.is_none() {
+        return None;
+    }
+    let (thought, answer) = match reasoning {
+        Some((parser, prompt)) => parser.split(*prompt, text, finished),
+        None => (String::new(), text.to_string()),
+    };
+    let mut parsed = match tools {
+        Some(parser) if parser.reads_whole_reply() => parser.parse(text, finished),
+        Some(parser) => parser.parse(&answer, finished),
+        None => ParsedOutput::content(answer),
+    };
+    // The reasoning parser's thinking where there is one (a whole-reply parser read the
+    // same).
+    if reasoning.is_some() {
+        parsed.reasoning = thought;
+    }
+    Some(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entrypoints::openai::tool_parsers::{OpenAiToolParser, ToolParserName};
+    use crate::reasoning::ReasoningParserName;
+
+    /// gpt-oss replies as the detokenizer hands them over with special tokens kept, one
+    /// token's text at a time, written from the harmony format's description: thinking then
+    /// an answer; thinking, a preamble and a call (its end-of-generation `<|call|>` left out,
+    /// as stop tokens are); a call whose recipient is in the role part.
+    const REPLIES: [&[&str]; 3] = [
+        &[
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "The",
+            " user",
+            " wants",
+            " 2",
+            "+",
+            "2",
+            ".",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "final",
+            "<|message|>",
+            "2",
+            " +",
+            " 2",
+            " =",
+            " 4",
+            ".",
+        ],
+        &[
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "Need",
+            " weather",
+            ".",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "commentary",
+            "<|message|>",
+            "Checking",
+            "…",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "commentary",
+            " to",
+            "=functions",
+            ".get",
+            "_weather",
+            " ",
+            "<|constrain|>",
+            "json",
+            "<|message|>",
+            "{\"",
+            "location",
+            "\":",
+            " \"",
+            "Tokyo",
+            "\"}",
+        ],
+        &[
+            " to",
+            "=functions",
+            ".lookup",
+            "<|channel|>",
+            "commentary",
+            " json",
+            "<|message|>",
+            "{}",
+        ],
+    ];
+
+    #[test]
+    fn harmony_replies_read_alike_streamed_and_whole() {
+        let reasoning = (
+            ReasoningParser::new(ReasoningParserName::OpenAiGptOss),
+            PromptThinking::Absent,
+        );
+        let tools = OpenAiToolParser;
+        let mut whole_replies = Vec::new();
+        for tokens in REPLIES {
+            let text: String = tokens.concat();
+            let whole = read_reply(Some(&reasoning), Some(&tools), &text, true).unwrap();
+            // A stream: the deltas of each token's read, folded.
+            let mut stream = ReplyStream::default();
+            let (mut thought, mut content) = (String::new(), String::new());
+            let mut calls: Vec<(String, String)> = Vec::new();
+            for n in 1..=tokens.len() {
+                let so_far = tokens[..n].concat();
+                let parsed =
+                    read_reply(Some(&reasoning), Some(&tools), &so_far, n == tokens.len()).unwrap();
+                let Some(d) = stream.delta(&parsed) else {
+                    continue;
+                };
+                let text_of = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("");
+                thought += text_of("reasoning_content");
+                content += text_of("content");
+                for piece in d
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let i = piece["index"].as_u64().unwrap() as usize;
+                    if i == calls.len() {
+                        calls.push((
+                            piece["function"]["name"].as_str().unwrap().into(),
+                            String::new(),
+                        ));
+                    }
+                    calls[i].1 += piece["function"]["arguments"].as_str().unwrap();
+                }
+                assert!(
+                    !content.contains("<|") && !thought.contains("<|"),
+                    "{so_far:?}"
+                );
+            }
+            let want: Vec<(String, String)> = whole
+                .tool_calls
+                .iter()
+                .map(|c| (c.name.clone(), c.arguments.clone()))
+                .collect();
+            assert_eq!(
+                (&thought, &content, &calls),
+                (&whole.reasoning, &whole.content, &want)
+            );
+            whole_replies.push(message_fields(&whole, true));
+        }
+        let [answer, call, role_call] = &whole_replies[..] else {
+            unreachable!()
+        };
+        assert_eq!(answer["reasoning_content"], "The user wants 2+2.");
+        assert_eq!(answer["content"], "2 + 2 = 4.");
+        assert!(answer.get("tool_calls").is_none());
+        assert_eq!(call["reasoning_content"], "Need weather.");
+        assert_eq!(call["content"], "Checking…");
+        assert_eq!(call["tool_calls"][0]["function"]["name"], "get_weather");
+        assert_eq!(
+            call["tool_calls"][0]["function"]["arguments"],
+            "{\"location\": \"Tokyo\"}"
+        );
+        assert_eq!(role_call["reasoning_content"], Value::Null);
+        assert_eq!(role_call["content"], Value::Null);
+        assert_eq!(role_call["tool_calls"][0]["function"]["name"], "lookup");
+        assert_eq!(role_call["tool_calls"][0]["function"]["arguments"], "{}");
+    }
+
+    /// Without a tool parser the reasoning parser alone gives thinking and answer; both keep
+    /// the special tokens the format is written in.
+    #[test]
+    fn harmony_without_tools_and_the_settings_it_needs() {
+        let reasoning = (
+            ReasoningParser::new(ReasoningParserName::OpenAiGptOss),
+            PromptThinking::Absent,
+        );
+        let text = REPLIES[0].concat();
+        let parsed = read_reply(Some(&reasoning), None, &text, true).unwrap();
+        assert_eq!(parsed.reasoning, "The user wants 2+2.");
+        assert_eq!(parsed.content, "2 + 2 = 4.");
+        let mut params = SamplingParams::default();
+        ReasoningParserName::OpenAiGptOss.adjust_params(&mut params);
+        assert!(!params.skip_special_tokens);
+        let mut params = SamplingParams::default();
+        OpenAiToolParser.adjust_params(&mut params);
+        assert!(!params.skip_special_tokens);
+        assert_eq!("openai".parse(), Ok(ToolParserName::OpenAi));
+        assert_eq!(
+            ToolParserName::detect("<|start|>{{ role }}<|channel|>"),
+            Some(ToolParserName::OpenAi)
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! Tool calls read out of generated text, as vLLM's `--tool-call-parser` does: each model
 //! family writes its calls in its own format (Hermes' `<tool_call>{json}</tool_call>`,
-//! Llama 3's bare JSON, Mistral's `[TOOL_CALLS][...]`, Python call syntax).
+//! Llama 3's bare JSON, Mistral's `[TOOL_CALLS][...]`, Python call syntax, gpt-oss's
+//! harmony messages to `functions.NAME`).
 //!
 //! A parser reads the whole text generated so far, so a stream and a complete reply are read
 //! the same way. While the text grows, what a parser returns only grows too (content and
@@ -11,6 +12,7 @@ mod hermes;
 pub mod json_scan;
 mod llama3_json;
 mod mistral;
+mod openai;
 mod pythonic;
 
 use std::fmt::Debug;
@@ -21,6 +23,7 @@ use json_scan::{object_members, object_sequence};
 pub use hermes::HermesToolParser;
 pub use llama3_json::Llama3JsonToolParser;
 pub use mistral::MistralToolParser;
+pub use openai::OpenAiToolParser;
 pub use pythonic::PythonicToolParser;
 
 /// One call as read so far.
@@ -59,6 +62,12 @@ pub trait ToolParser: Send + Sync + Debug {
     /// Request settings the format needs (e.g. special tokens kept in the text when the
     /// format's markers are special tokens).
     fn adjust_params(&self, _params: &mut SamplingParams) {}
+
+    /// Whether it reads the whole reply, thinking included (harmony's calls are messages
+    /// beside the thinking), rather than the answer a reasoning parser leaves.
+    fn reads_whole_reply(&self) -> bool {
+        false
+    }
 }
 
 /// vLLM's `--tool-call-parser` names.
@@ -68,14 +77,16 @@ pub enum ToolParserName {
     Llama3Json,
     Mistral,
     Pythonic,
+    OpenAi,
 }
 
 impl ToolParserName {
-    pub const ALL: [ToolParserName; 4] = [
+    pub const ALL: [ToolParserName; 5] = [
         ToolParserName::Hermes,
         ToolParserName::Llama3Json,
         ToolParserName::Mistral,
         ToolParserName::Pythonic,
+        ToolParserName::OpenAi,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +95,7 @@ impl ToolParserName {
             ToolParserName::Llama3Json => "llama3_json",
             ToolParserName::Mistral => "mistral",
             ToolParserName::Pythonic => "pythonic",
+            ToolParserName::OpenAi => "openai",
         }
     }
 
@@ -93,13 +105,16 @@ impl ToolParserName {
             ToolParserName::Llama3Json => Box::new(Llama3JsonToolParser),
             ToolParserName::Mistral => Box::new(MistralToolParser),
             ToolParserName::Pythonic => Box::new(PythonicToolParser),
+            ToolParserName::OpenAi => Box::new(OpenAiToolParser),
         }
     }
 
     /// The format a chat template teaches its model, read from the markers it writes;
     /// `None` when it shows none of them (no tools in the template, or a format not here).
     pub fn detect(chat_template: &str) -> Option<Self> {
-        if chat_template.contains("<tool_call>") {
+        if chat_template.contains("<|channel|>") {
+            Some(ToolParserName::OpenAi)
+        } else if chat_template.contains("<tool_call>") {
             Some(ToolParserName::Hermes)
         } else if chat_template.contains("[TOOL_CALLS]") {
             Some(ToolParserName::Mistral)
