@@ -7,6 +7,15 @@ speed and memory measurements on models whose weights never reach this machine.
                             151,936; llama.cpp's Q4_K_M formats: q, k, o and the experts'
                             gate and up in Q4_K, v and the experts' down in Q6_K, the
                             router in f32, embeddings Q4_K, output Q6_K.
+    --shape gpt-oss-20b     gpt-oss-20b: hidden 2880, 24 layers, 64 q / 8 KV heads of 64,
+                            32 experts of 2880 (top 4, softmax over the top logits) with
+                            biases, attention sinks, every other layer sliding (window
+                            128), YaRN (factor 32 over 4,096); llama.cpp's MXFP4_MOE
+                            formats: the experts MXFP4, the other matrices Q8_0, norms,
+                            biases, sinks and the router f32. The vocabulary is the
+                            tokenizer file's (o200k's 201,088 tokens do not reach this
+                            machine: with Qwen2.5's 151,936 the embeddings and output are
+                            a quarter smaller than the real model's).
     --shape tiny            a 2-layer Qwen3-MoE of hidden 256 with 8 experts of 256 (top
                             2) in the same formats, with the vocabulary of whatever file
                             the tokenizer comes from: what the Python tests run through
@@ -52,6 +61,24 @@ SHAPES = {
         rope_theta=1_000_000.0,
         eps=1e-6,
     ),
+    "gpt-oss-20b": dict(
+        arch="gpt-oss",
+        hidden=2880,
+        layers=24,
+        heads=64,
+        kv_heads=8,
+        head_dim=64,
+        experts=32,
+        experts_used=4,
+        expert_ffn=2880,
+        ffn=2880,
+        vocab=None,  # the tokenizer's (see above)
+        context=131072,
+        rope_theta=150_000.0,
+        eps=1e-5,
+        sliding_window=128,
+        yarn=(32.0, 4096),
+    ),
     "tiny": dict(
         arch="qwen3moe",
         hidden=256,
@@ -70,16 +97,25 @@ SHAPES = {
     ),
 }
 
-BLOCK_BYTES = {T.Q4_K: 144, T.Q6_K: 210}
+BLOCK_BYTES = {T.Q4_K: 144, T.Q6_K: 210, T.Q8_0: 34, T.MXFP4: 17}
+BLOCK_VALUES = {T.Q4_K: 256, T.Q6_K: 256, T.Q8_0: 32, T.MXFP4: 32}
 
 
 def random_blocks(rng, ty, rows, cols):
     """`rows` rows of `cols` values as random `ty` blocks whose dequantised rows have
     entries of about 1/sqrt(cols) (so a dot product with a unit-RMS input is about 1)."""
-    nb = rows * cols // 256
+    nb = rows * cols // BLOCK_VALUES[ty]
     blocks = rng.integers(0, 256, size=(nb, BLOCK_BYTES[ty]), dtype=np.uint8)
     target = 1.0 / np.sqrt(cols)
-    if ty == T.Q4_K:
+    if ty == T.MXFP4:
+        # w = 2^(e - 128) * code, codes 0-12 in magnitude (about 5 on average).
+        e = np.round(128 + np.log2(target / 5)).astype(np.int64)
+        blocks[:, 0] = rng.integers(e - 1, e + 2, nb).astype(np.uint8)
+    elif ty == T.Q8_0:
+        # w = d * q, q uniform in ±127 (RMS about 73).
+        d = (rng.uniform(0.5, 1.5, nb) * target / 73).astype(np.float16)
+        blocks[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+    elif ty == T.Q4_K:
         # w = d * scale * q - dmin * min, scale and min 6-bit, q 4-bit: about d * 32 * 8.
         d = (rng.uniform(0.5, 1.5, nb) * target / 256).astype(np.float16)
         blocks[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
@@ -96,6 +132,9 @@ def tensors(s, layers):
     """(name, PyTorch-order shape, type) of every tensor, in llama.cpp's order."""
     h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
     e, f = s["experts"], s["expert_ffn"]
+    if s["arch"] == "gpt-oss":
+        yield from gpt_oss_tensors(s, layers)
+        return
     yield "token_embd.weight", (s["vocab"], h), T.Q4_K
     for i in range(layers):
         b = f"blk.{i}."
@@ -115,8 +154,34 @@ def tensors(s, layers):
     yield "output.weight", (s["vocab"], h), T.Q6_K
 
 
+def gpt_oss_tensors(s, layers):
+    """gpt-oss's tensors (`convert_hf_to_gguf.py`'s names) in MXFP4_MOE's formats."""
+    h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    e, f = s["experts"], s["expert_ffn"]
+    yield "token_embd.weight", (s["vocab"], h), T.Q8_0
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (h,), T.F32
+        for name, rows in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)]:
+            yield b + name + ".weight", (rows, h), T.Q8_0
+            yield b + name + ".bias", (rows,), T.F32
+        yield b + "attn_output.weight", (h, q), T.Q8_0
+        yield b + "attn_output.bias", (h,), T.F32
+        yield b + "attn_sinks.weight", (s["heads"],), T.F32
+        yield b + "post_attention_norm.weight", (h,), T.F32
+        yield b + "ffn_gate_inp.weight", (e, h), T.F32
+        yield b + "ffn_gate_inp.bias", (e,), T.F32
+        for name, rows, cols in [("ffn_gate_exps", f, h), ("ffn_up_exps", f, h), ("ffn_down_exps", h, f)]:
+            yield b + name + ".weight", (e, rows, cols), T.MXFP4
+            yield b + name + ".bias", (e, rows), T.F32
+    yield "output_norm.weight", (h,), T.F32
+    yield "output.weight", (s["vocab"], h), T.Q8_0
+
+
 def data(rng, name, shape, ty):
     if ty == T.F32:
+        if name.endswith(".bias") or "sinks" in name:  # small offsets
+            return rng.uniform(-0.1, 0.1, shape).astype(np.float32)
         if len(shape) == 1:  # norms: around 1
             return rng.uniform(0.8, 1.2, shape).astype(np.float32)
         return (rng.uniform(-1, 1, shape) * np.sqrt(3.0 / shape[-1])).astype(np.float32)
@@ -165,7 +230,16 @@ def write(shape, layers, tokenizer_from, out, seed=0, progress=False):
     w.add_expert_count(s["experts"])
     w.add_expert_used_count(s["experts_used"])
     w.add_expert_feed_forward_length(s["expert_ffn"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    if "sliding_window" in s:
+        w.add_sliding_window(s["sliding_window"])
+    if "yarn" in s:
+        factor, original = s["yarn"]
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+    else:
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     copy_tokenizer(w, tokenizer)
 
     specs = list(tensors(s, layers))
@@ -174,7 +248,7 @@ def write(shape, layers, tokenizer_from, out, seed=0, progress=False):
             w.add_tensor_info(name, shape_, np.float32, int(np.prod(shape_)) * 4, raw_dtype=ty)
         else:
             # gguf-py takes a quantised tensor's shape in bytes per row.
-            byte_shape = (*shape_[:-1], shape_[-1] // 256 * BLOCK_BYTES[ty])
+            byte_shape = (*shape_[:-1], shape_[-1] // BLOCK_VALUES[ty] * BLOCK_BYTES[ty])
             nbytes = int(np.prod(byte_shape))
             w.add_tensor_info(name, byte_shape, np.uint8, nbytes, raw_dtype=ty)
     w.write_header_to_file()

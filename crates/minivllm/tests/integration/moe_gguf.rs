@@ -434,3 +434,129 @@ fn gpt_oss_mxfp4_experts_run_as_mxfp4() {
     eprintln!("gpt-oss MXFP4 experts: max |logit difference| from f32 {worst:.4}");
     assert!(worst > 0.0 && worst < 0.1, "{worst}");
 }
+
+/// `values` (rows of `cols`) as gpt-oss's checkpoints store MXFP4: `(blocks, scales)`,
+/// blocks `[rows, cols / 32, 16]` with values `2k` and `2k + 1` in byte `k` (low nibble
+/// first), scales `[rows, cols / 32]` E8M0: ggml's quantiser's blocks, repacked.
+fn hf_mxfp4(values: &[f32]) -> (Vec<u8>, Vec<u8>) {
+    let ggml = quantize_to(GgmlType::MXFP4, values).unwrap();
+    let (mut blocks, mut scales) = (Vec::new(), Vec::new());
+    for b in ggml.chunks_exact(17) {
+        scales.push(b[0]);
+        let v = |i: usize| {
+            let byte = b[1 + i % 16];
+            if i < 16 {
+                byte & 0x0F
+            } else {
+                byte >> 4
+            }
+        };
+        blocks.extend((0..16).map(|k| v(2 * k) | (v(2 * k + 1) << 4)));
+    }
+    (blocks, scales)
+}
+
+/// gpt-oss's released Hugging Face checkpoints hold the experts in MXFP4 (`*_blocks`,
+/// `*_scales`, output rows first, gate and up rows interleaved): such a folder runs its
+/// experts in MXFP4 and gives, to the bit, the logits of a GGUF file whose experts are the
+/// same MXFP4 blocks (the converter's repacking, undone as the folder is read).
+#[test]
+fn gpt_oss_mxfp4_folder_equals_the_gguf_file() {
+    use minivllm::model_executor::model_loader::load_model;
+    use safetensors::tensor::TensorView;
+
+    let family = "gptoss";
+    let hf = TinyWeights::of(family);
+    let c = tiny_models::config(family);
+    let moe = c.moe.as_ref().unwrap();
+    let (e, width, h) = (moe.num_experts, moe.moe_intermediate_size, c.hidden_size);
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let f32_bytes = |d: &[f32]| d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    for name in hf.names() {
+        let t = hf.load(name).unwrap();
+        let Some(base) = name
+            .strip_suffix(".gate_up_proj")
+            .or_else(|| name.strip_suffix(".down_proj"))
+        else {
+            tensors.push((
+                name.into(),
+                safetensors::Dtype::F32,
+                t.shape,
+                f32_bytes(&t.data),
+            ));
+            continue;
+        };
+        // transformers' layout `[experts, in, out]`, stored transposed: out rows first.
+        let (cols, rows) = (t.shape[1], t.shape[2]);
+        let mut transposed = Vec::with_capacity(t.data.len());
+        for x in t.data.chunks_exact(cols * rows) {
+            for r in 0..rows {
+                transposed.extend((0..cols).map(|k| x[k * rows + r]));
+            }
+        }
+        let (blocks, scales) = hf_mxfp4(&transposed);
+        let proj = &name[base.len() + 1..];
+        tensors.push((
+            format!("{base}.{proj}_blocks"),
+            safetensors::Dtype::U8,
+            vec![e, rows, cols / 32, 16],
+            blocks,
+        ));
+        tensors.push((
+            format!("{base}.{proj}_scales"),
+            safetensors::Dtype::U8,
+            vec![e, rows, cols / 32],
+            scales,
+        ));
+    }
+    assert_eq!(
+        tensors
+            .iter()
+            .filter(|t| t.1 == safetensors::Dtype::U8)
+            .count(),
+        4 * c.num_hidden_layers,
+        "[{e}, {width}, {h}]"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        tiny_models::folder(family).join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, dtype, shape, bytes)| {
+            (
+                n.clone(),
+                TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::tensor::serialize_to_file(views, None, &dir.path().join("model.safetensors"))
+        .unwrap();
+    let folder = load_model(dir.path().to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let formats = folder.model.weight_formats();
+    assert!(formats.iter().any(|&(f, _)| f == "MXFP4"), "{formats:?}");
+
+    // The GGUF file: the same experts in MXFP4, everything else in f32.
+    let experts_mxfp4 = |name: &str, _: &[usize]| {
+        if name.contains("_exps.weight") {
+            GgmlType::MXFP4
+        } else {
+            GgmlType::F32
+        }
+    };
+    let path = write(family, &experts_mxfp4);
+    let file = GgufFile::open(&path).unwrap();
+    let config = as_transformers_ran_it(family, config_from_gguf(&file).unwrap());
+    let weights = GgufWeights::new(&file, &config);
+    let gguf = LlamaForCausalLM::load(&config, &weights, &LoadOptions::default()).unwrap();
+    let (mut a, mut b) = (runner(&folder.config, folder.model), runner(&config, gguf));
+    for case in cases(family) {
+        assert_eq!(
+            last_logits(&mut a, &case.prompt),
+            last_logits(&mut b, &case.prompt),
+            "the MXFP4 folder against the MXFP4 GGUF file"
+        );
+    }
+}

@@ -10,7 +10,12 @@
 //! `[experts, 2 * width]` (interleaved the same way), `down_proj` `[experts, width, hidden]`
 //! (transposed) and `down_proj_bias` `[experts, hidden]`: each expert's projections and
 //! biases are answered under the per-expert names the other families use
-//! (`mlp.experts.E.gate_proj.weight`, `.bias`), one expert's slice read at a time.
+//! (`mlp.experts.E.gate_proj.weight`, `.bias`), one expert's slice read at a time. The
+//! released checkpoints hold the projections in MXFP4 instead, as `gate_up_proj_blocks`
+//! `[experts, 2 * width, hidden / 32, 16]` (output rows first, gate and up interleaved by
+//! row) and `gate_up_proj_scales` `[experts, 2 * width, hidden / 32]` (E8M0), `down_proj_*`
+//! alike: each expert's rows are answered as ggml's MXFP4 blocks (its scale byte, then its
+//! nibbles in ggml's order), which the kernels compute on as they are.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -42,6 +47,10 @@ enum StackedPart {
     Down,
     /// `down_proj_bias` as it is.
     DownBias,
+    /// Gate or up rows (that parity's) of `gate_up_proj_blocks`/`_scales`, as MXFP4.
+    GateUpMxfp4(usize),
+    /// `down_proj_blocks`/`_scales` as MXFP4.
+    DownMxfp4,
 }
 
 impl StackedPart {
@@ -84,6 +93,9 @@ impl StackedPart {
                 }
             }
             (StackedPart::DownBias, &[_]) => t,
+            (StackedPart::GateUpMxfp4(_) | StackedPart::DownMxfp4, _) => {
+                unreachable!("MXFP4 parts are read as blocks")
+            }
             _ => return Err(bad()),
         })
     }
@@ -95,6 +107,8 @@ impl StackedPart {
             (StackedPart::GateUpBias(_), &[_, two_width]) => vec![two_width / 2],
             (StackedPart::Down, &[_, width, hidden]) => vec![hidden, width],
             (StackedPart::DownBias, &[_, hidden]) => vec![hidden],
+            (StackedPart::GateUpMxfp4(_), &[_, two_width, nb, 16]) => vec![two_width / 2, nb * 32],
+            (StackedPart::DownMxfp4, &[_, rows, nb, 16]) => vec![rows, nb * 32],
             _ => return None,
         })
     }
@@ -140,8 +154,28 @@ impl<'a> UnfusedSource<'a> {
         let num_experts = config.moe.as_ref().map_or(0, |m| m.num_experts);
         for i in 0..config.num_hidden_layers {
             let p = format!("model.layers.{i}.mlp.experts");
-            if !inner.contains(&format!("{p}.gate_up_proj")) {
+            let mxfp4 = inner.contains(&format!("{p}.gate_up_proj_blocks"));
+            if !mxfp4 && !inner.contains(&format!("{p}.gate_up_proj")) {
                 continue;
+            }
+            let stored = [
+                (
+                    "gate_up_proj",
+                    "gate_proj.weight",
+                    StackedPart::GateUpMxfp4(0),
+                ),
+                (
+                    "gate_up_proj",
+                    "up_proj.weight",
+                    StackedPart::GateUpMxfp4(1),
+                ),
+                ("down_proj", "down_proj.weight", StackedPart::DownMxfp4),
+            ];
+            for (from, to, part) in stored.into_iter().filter(|_| mxfp4) {
+                let from = format!("{p}.{from}");
+                for e in 0..num_experts {
+                    experts.insert(format!("{p}.{e}.{to}"), (from.clone(), e, part));
+                }
             }
             let stacked = [
                 ("gate_up_proj", "gate_proj.weight", StackedPart::GateUp(0)),
@@ -179,6 +213,11 @@ impl<'a> UnfusedSource<'a> {
     /// The stacked shape's checks: as many experts as the config says.
     fn stacked_shape(&self, name: &str) -> Result<Vec<usize>, LoadError> {
         let (stacked, e, part) = &self.experts[name];
+        let stacked = match part {
+            StackedPart::GateUpMxfp4(_) | StackedPart::DownMxfp4 => format!("{stacked}_blocks"),
+            _ => stacked.clone(),
+        };
+        let stacked = &stacked;
         let shape = self.inner.tensor_shape(stacked)?;
         match part.shape(&shape) {
             Some(s) if shape.first().is_some_and(|&n| *e < n) => Ok(s),
@@ -191,6 +230,48 @@ impl<'a> UnfusedSource<'a> {
     /// The fused tensor, the rows of `name` and of all the parts, when `name` is a part.
     fn part(&self, name: &str) -> Option<&(String, Range<usize>, usize)> {
         self.parts.get(name)
+    }
+}
+
+impl UnfusedSource<'_> {
+    /// An expert's projection from gpt-oss's MXFP4 checkpoint as ggml MXFP4 blocks; `None`
+    /// for any other tensor.
+    fn mxfp4_expert(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {
+        let Some((base, e, part)) = self.experts.get(name) else {
+            return Ok(None);
+        };
+        let parity = match part {
+            StackedPart::GateUpMxfp4(p) => Some(*p),
+            StackedPart::DownMxfp4 => None,
+            _ => return Ok(None),
+        };
+        let shape = self.stacked_shape(name)?;
+        let (bshape, blocks) = self.inner.load_bytes_index(&format!("{base}_blocks"), *e)?;
+        let (sshape, scales) = self.inner.load_bytes_index(&format!("{base}_scales"), *e)?;
+        let [rows, nb, 16] = bshape[..] else {
+            unreachable!("checked by stacked_shape")
+        };
+        if sshape != [rows, nb] {
+            return Err(LoadError::Config(format!(
+                "{base}_scales has an expert of shape {sshape:?}, its blocks {bshape:?}"
+            )));
+        }
+        let mut data = Vec::with_capacity(shape[0] * nb * 17);
+        for r in (0..rows).filter(|r| parity.is_none_or(|p| r % 2 == p)) {
+            for b in r * nb..(r + 1) * nb {
+                // Hugging Face packs values 2k and 2k + 1 into byte k (low nibble first);
+                // ggml packs values i and i + 16.
+                let hf = &blocks[b * 16..(b + 1) * 16];
+                let v = |i: usize| (hf[i / 2] >> (4 * (i % 2))) & 0x0F;
+                data.push(scales[b]);
+                data.extend((0..16).map(|i| v(i) | (v(i + 16) << 4)));
+            }
+        }
+        Ok(Some(QuantTensor {
+            shape,
+            ty: minivllm_kernels::quant::GgmlType::MXFP4,
+            data,
+        }))
     }
 }
 
@@ -215,6 +296,15 @@ fn rows_of(
 
 impl WeightSource for UnfusedSource<'_> {
     fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+        if let Some(q) = self.mxfp4_expert(name)? {
+            let mut data = vec![0.0; q.shape.iter().product()];
+            minivllm_kernels::quant::dequantize(q.ty, &q.data, &mut data)
+                .map_err(|e| LoadError::Config(format!("{name}: {e}")))?;
+            return Ok(Tensor {
+                shape: q.shape,
+                data,
+            });
+        }
         if let Some((stacked, e, part)) = self.experts.get(name) {
             self.stacked_shape(name)?;
             return part.cut(name, self.inner.load_index(stacked, *e)?);
@@ -248,7 +338,7 @@ impl WeightSource for UnfusedSource<'_> {
 
     fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {
         if self.experts.contains_key(name) {
-            return Ok(None);
+            return self.mxfp4_expert(name);
         }
         let Some((fused, rows, total)) = self.part(name) else {
             return self.inner.load_quantized(name);
@@ -266,8 +356,11 @@ impl WeightSource for UnfusedSource<'_> {
     }
 
     fn stored_half(&self, name: &str) -> Option<HalfKind> {
-        if let Some((stacked, ..)) = self.experts.get(name) {
-            return self.inner.stored_half(stacked);
+        if let Some((stacked, _, part)) = self.experts.get(name) {
+            return match part {
+                StackedPart::GateUpMxfp4(_) | StackedPart::DownMxfp4 => None,
+                _ => self.inner.stored_half(stacked),
+            };
         }
         match self.part(name) {
             Some((fused, ..)) => self.inner.stored_half(fused),

@@ -151,6 +151,33 @@ impl WeightSource for SafetensorsWeights {
         })
     }
 
+    fn load_bytes_index(
+        &self,
+        name: &str,
+        index: usize,
+    ) -> Result<(Vec<usize>, Vec<u8>), LoadError> {
+        let view = self.view(name)?;
+        if view.dtype() != Dtype::U8 {
+            return Err(LoadError::UnsupportedTensorType {
+                tensor: name.to_string(),
+                type_name: format!("{:?} (bytes expected)", view.dtype()),
+            });
+        }
+        let (shape, bytes) = (view.shape(), view.data());
+        match shape.split_first() {
+            Some((&n, rest)) if index < n => {
+                let len = bytes.len() / n;
+                Ok((
+                    rest.to_vec(),
+                    bytes[index * len..(index + 1) * len].to_vec(),
+                ))
+            }
+            _ => Err(LoadError::Config(format!(
+                "{name} has shape {shape:?}: no slice {index} of its first dimension"
+            ))),
+        }
+    }
+
     /// Only the slice's bytes are read (and paged in): a stacked tensor of every expert is
     /// several GB.
     fn load_index(&self, name: &str, index: usize) -> Result<Tensor, LoadError> {

@@ -54,6 +54,19 @@ pub trait WeightSource: Sync {
         let t = self.load(name)?;
         slice_first(name, t, index)
     }
+    /// Slice `index` of a tensor of bytes (`u8`: gpt-oss's MXFP4 `*_blocks` and `*_scales`)
+    /// and its shape without the first dimension; sources without byte tensors refuse.
+    fn load_bytes_index(
+        &self,
+        name: &str,
+        index: usize,
+    ) -> Result<(Vec<usize>, Vec<u8>), LoadError> {
+        let _ = index;
+        Err(LoadError::UnsupportedTensorType {
+            tensor: name.to_string(),
+            type_name: "U8".into(),
+        })
+    }
 }
 
 /// Slice `index` of `t`'s first dimension.
