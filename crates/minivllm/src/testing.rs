@@ -66,3 +66,12 @@ pub fn sampled(token: crate::ids::TokenId) -> crate::outputs::SampledToken {
         rank: None,
     }
 }
+
+/// The ends of `text`'s prefixes, a character at a time (the last is the whole text): how
+/// the streaming parsers' tests feed a reply as it grows.
+pub fn prefix_ends(text: &str) -> impl Iterator<Item = usize> + '_ {
+    text.char_indices()
+        .map(|(i, _)| i)
+        .skip(1)
+        .chain([text.len()])
+}

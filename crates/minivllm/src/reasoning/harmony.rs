@@ -232,12 +232,7 @@ mod tests {
     fn streamed_reads_only_grow() {
         for text in [THINK_THEN_ANSWER, THINK_THEN_CALL] {
             let mut before = Reply::default();
-            let ends = text
-                .char_indices()
-                .map(|(i, _)| i)
-                .skip(1)
-                .chain([text.len()]);
-            for end in ends {
+            for end in crate::testing::prefix_ends(text) {
                 let now = read(&text[..end], false);
                 assert!(
                     now.reasoning.starts_with(&before.reasoning),

@@ -207,12 +207,7 @@ mod tests {
     /// Feeds `text` a character at a time; each unfinished split must extend the one before.
     fn streamed(p: &ReasoningParser, prompt: PromptThinking, text: &str) -> (String, String) {
         let mut before = (String::new(), String::new());
-        let ends = text
-            .char_indices()
-            .map(|(i, _)| i)
-            .skip(1)
-            .chain([text.len()]);
-        for end in ends {
+        for end in crate::testing::prefix_ends(text) {
             let now = p.split(prompt, &text[..end], false);
             assert!(
                 now.0.starts_with(&before.0),

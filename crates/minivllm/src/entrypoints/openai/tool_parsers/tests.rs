@@ -12,12 +12,7 @@ fn call(name: &str, arguments: &str) -> ParsedToolCall {
 /// Returns the finished result.
 fn streamed(parser: &dyn ToolParser, text: &str) -> ParsedOutput {
     let mut before = ParsedOutput::default();
-    let ends = text
-        .char_indices()
-        .map(|(i, _)| i)
-        .skip(1)
-        .chain([text.len()]);
-    for end in ends {
+    for end in crate::testing::prefix_ends(text) {
         let now = parser.parse(&text[..end], false);
         assert_extends(&before, &now, &text[..end]);
         before = now;
