@@ -463,9 +463,7 @@ impl ModelConfig {
         let family = ModelFamily::from_name(arch)?;
         // Llama's `attention_bias` puts a bias on the output projection too, which the
         // shared decoder does not hold: refused rather than run without it.
-        if json.get("attention_bias").and_then(Value::as_bool) == Some(true)
-            && !family.o_bias_and_sinks()
-        {
+        if json.get("attention_bias").and_then(Value::as_bool) == Some(true) && !family.qkv_bias() {
             return Err(ConfigError::Invalid(
                 "attention_bias: true is not supported for this architecture".into(),
             ));

@@ -384,7 +384,8 @@ impl QuantMatrix {
         (self.d[at].to_f32(), m, self.quants(r, b))
     }
 
-    /// Row `r` as GGML blocks, as the file stored it.
+    /// Row `r` as GGML blocks, as the file stored it (but for an all-zero MXFP4 block
+    /// whose scale byte had no f16: the same values, with `e = 0`).
     pub fn row_blocks(&self, r: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.nb * self.ty.type_size());
         if kquants::is_kquant(self.ty) {

@@ -115,8 +115,6 @@ pub fn quantize_to(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
     }
 }
 
-/// One block as ggml's `quantize_row_q{4,5}_0_ref` (the value of largest magnitude maps to
-/// -8 or -16) or `quantize_row_q{4,5}_1_ref` (minimum to maximum in 15 or 31 steps).
 /// ggml's `quantize_row_mxfp4_ref` for one block: the scale from the largest magnitude's
 /// power of two (6 = 1.5·2^2 is E2M1's largest value), each value to its nearest code (the
 /// first of equals).
@@ -140,6 +138,8 @@ fn quantize_block_mxfp4(xb: &[f32]) -> [u8; 1 + QK / 2] {
     out
 }
 
+/// One block as ggml's `quantize_row_q{4,5}_0_ref` (the value of largest magnitude maps to
+/// -8 or -16) or `quantize_row_q{4,5}_1_ref` (minimum to maximum in 15 or 31 steps).
 fn quantize_block_q4_q5(ty: GgmlType, xb: &[f32], out: &mut Vec<u8>) {
     let five = matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1);
     let nmax: i32 = if five { 31 } else { 15 };

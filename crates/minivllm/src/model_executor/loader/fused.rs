@@ -34,6 +34,8 @@ pub struct UnfusedSource<'a> {
     parts: HashMap<String, (String, Range<usize>, usize)>,
     /// An expert's tensor -> the stacked tensor, the expert, and which part of it.
     experts: HashMap<String, (String, usize, StackedPart)>,
+    /// The experts the config names: what each stacked tensor must hold.
+    num_experts: usize,
 }
 
 /// One expert's tensor within gpt-oss's stacked ones.
@@ -103,11 +105,17 @@ impl StackedPart {
     /// The expert's tensor's shape from the stacked tensor's.
     fn shape(self, stacked: &[usize]) -> Option<Vec<usize>> {
         Some(match (self, stacked) {
-            (StackedPart::GateUp(_), &[_, hidden, two_width]) => vec![two_width / 2, hidden],
-            (StackedPart::GateUpBias(_), &[_, two_width]) => vec![two_width / 2],
+            (StackedPart::GateUp(_), &[_, hidden, two_width]) if two_width % 2 == 0 => {
+                vec![two_width / 2, hidden]
+            }
+            (StackedPart::GateUpBias(_), &[_, two_width]) if two_width % 2 == 0 => {
+                vec![two_width / 2]
+            }
             (StackedPart::Down, &[_, width, hidden]) => vec![hidden, width],
             (StackedPart::DownBias, &[_, hidden]) => vec![hidden],
-            (StackedPart::GateUpMxfp4(_), &[_, two_width, nb, 16]) => vec![two_width / 2, nb * 32],
+            (StackedPart::GateUpMxfp4(_), &[_, two_width, nb, 16]) if two_width % 2 == 0 => {
+                vec![two_width / 2, nb * 32]
+            }
             (StackedPart::DownMxfp4, &[_, rows, nb, 16]) => vec![rows, nb * 32],
             _ => return None,
         })
@@ -207,6 +215,7 @@ impl<'a> UnfusedSource<'a> {
             inner,
             parts,
             experts,
+            num_experts,
         }
     }
 
@@ -220,9 +229,11 @@ impl<'a> UnfusedSource<'a> {
         let stacked = &stacked;
         let shape = self.inner.tensor_shape(stacked)?;
         match part.shape(&shape) {
-            Some(s) if shape.first().is_some_and(|&n| *e < n) => Ok(s),
+            Some(s) if shape.first() == Some(&self.num_experts) => Ok(s),
             _ => Err(LoadError::Config(format!(
-                "{stacked} has shape {shape:?}: no expert {e} in the layout gpt-oss stacks"
+                "{stacked} has shape {shape:?}: not the config's {} experts (expert {e}) in \
+                 the layout gpt-oss stacks",
+                self.num_experts
             ))),
         }
     }
@@ -430,5 +441,72 @@ mod tests {
             e.contains("qkv_proj") && e.contains(&format!("{} rows", q + 2 * kv)),
             "{e}"
         );
+    }
+
+    /// gpt-oss's stacked experts: `[experts, hidden, 2 * width]`, value `100 e + 10 h + c`.
+    struct Stacked {
+        experts: usize,
+        two_width: usize,
+    }
+
+    impl WeightSource for Stacked {
+        fn load(&self, name: &str) -> Result<Tensor, LoadError> {
+            assert!(name.ends_with("experts.gate_up_proj"), "{name}");
+            let (e, w) = (self.experts, self.two_width);
+            let data = (0..e * 4 * w)
+                .map(|i| (100 * (i / (4 * w)) + 10 * (i / w % 4) + i % w) as f32)
+                .collect();
+            Ok(Tensor {
+                shape: vec![e, 4, w],
+                data,
+            })
+        }
+        fn contains(&self, name: &str) -> bool {
+            name == "model.layers.0.mlp.experts.gate_up_proj"
+        }
+    }
+
+    fn gpt_oss() -> ModelConfig {
+        ModelConfig::from_hf_json(&json!({
+            "architectures": ["GptOssForCausalLM"], "hidden_size": 4, "intermediate_size": 2,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "vocab_size": 10, "num_local_experts": 2, "num_experts_per_tok": 1,
+            "head_dim": 2,
+        }))
+        .unwrap()
+    }
+
+    /// Expert 1's gate rows are its even columns, transposed; up's the odd ones. A stacked
+    /// tensor of other than the config's experts, or of an odd width, is refused.
+    #[test]
+    fn stacked_experts_are_cut_per_expert_and_checked() {
+        let c = gpt_oss();
+        let src = Stacked {
+            experts: 2,
+            two_width: 4,
+        };
+        let src = UnfusedSource::new(&src, &c);
+        let gate = src
+            .load("model.layers.0.mlp.experts.1.gate_proj.weight")
+            .unwrap();
+        assert_eq!(gate.shape, [2, 4]);
+        // Row j, column h: expert 1's value at (h, 2j).
+        assert_eq!(
+            gate.data,
+            [100.0, 110.0, 120.0, 130.0, 102.0, 112.0, 122.0, 132.0]
+        );
+        let up = src
+            .load("model.layers.0.mlp.experts.1.up_proj.weight")
+            .unwrap();
+        assert_eq!(up.data[..4], [101.0, 111.0, 121.0, 131.0]);
+        for (experts, two_width) in [(3, 4), (2, 5)] {
+            let bad = Stacked { experts, two_width };
+            let src = UnfusedSource::new(&bad, &c);
+            let err = src
+                .tensor_shape("model.layers.0.mlp.experts.0.gate_proj.weight")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("gate_up_proj has shape"), "{err}");
+        }
     }
 }
