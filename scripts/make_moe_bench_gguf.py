@@ -20,6 +20,8 @@ speed and memory measurements on models whose weights never reach this machine.
                             2) in the same formats, with the vocabulary of whatever file
                             the tokenizer comes from: what the Python tests run through
                             every entry point (tests/python/test_moe.py).
+    --shape gpt-oss-tiny    the same size as gpt-oss (2 layers, the first sliding over 128,
+                            sinks, biases, MXFP4 experts, YaRN), for the same tests.
 
 Weights are random blocks (scales chosen so that each row's dot products stay near unit
 size), so the text is noise but every kernel reads and computes what the real file makes
@@ -74,6 +76,24 @@ SHAPES = {
         ffn=2880,
         vocab=None,  # the tokenizer's (see above)
         context=131072,
+        rope_theta=150_000.0,
+        eps=1e-5,
+        sliding_window=128,
+        yarn=(32.0, 4096),
+    ),
+    "gpt-oss-tiny": dict(
+        arch="gpt-oss",
+        hidden=256,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        experts=8,
+        experts_used=2,
+        expert_ffn=256,
+        ffn=256,
+        vocab=None,
+        context=4096,
         rope_theta=150_000.0,
         eps=1e-5,
         sliding_window=128,

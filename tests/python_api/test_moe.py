@@ -2,10 +2,11 @@
 line and the server give the same greedy tokens, and a decode step reads only the experts
 its token chose.
 
-The model is `scripts/make_moe_bench_gguf.py --shape tiny`: a 2-layer Qwen3-MoE with 8
-experts (top 2) in llama.cpp's Q4_K_M formats and random weights, with the test model's
-tokenizer and chat template, written for the session (no real MoE file reaches this
-machine; the families are checked against transformers in the Rust tests).
+The models are `scripts/make_moe_bench_gguf.py --shape tiny`, a 2-layer Qwen3-MoE with 8
+experts (top 2) in llama.cpp's Q4_K_M formats, and `--shape gpt-oss-tiny`, gpt-oss's layer
+(sinks, biases, a sliding layer, YaRN) with MXFP4 experts, both with random weights and the
+test model's tokenizer and chat template, written for the session (no real MoE file reaches
+this machine; the families are checked against transformers in the Rust tests).
 """
 
 import contextlib
@@ -29,10 +30,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def moe_model(tmp_path_factory, model: str) -> str:
-    out = tmp_path_factory.mktemp("moe") / "tiny-moe.Q4_K_M.gguf"
-    return str(make_moe_bench_gguf.write("tiny", None, model, out))
+@pytest.fixture(scope="module", params=["tiny", "gpt-oss-tiny"])
+def moe_model(request, tmp_path_factory, model: str) -> str:
+    out = tmp_path_factory.mktemp("moe") / f"{request.param}.gguf"
+    return str(make_moe_bench_gguf.write(request.param, None, model, out))
 
 
 def cli_json(binary, moe_model):
@@ -83,18 +84,23 @@ def test_a_decode_step_reads_only_the_chosen_experts(binary, moe_model):
     """`bench latency` counts each layer's router and `k` of its experts, not all of them:
     the file's expert tensors times k / experts, plus every other matrix but the token
     embeddings (read a row per token). Our in-memory layout of the blocks differs from the
-    file's by well under 1 %."""
+    file's by well under 1 %, but for MXFP4's, held with an f16 scale where the file has an
+    E8M0 byte (18 bytes a block instead of 17)."""
     reader = gguf.GGUFReader(moe_model)
-    k = reader.fields["qwen3moe.expert_used_count"].contents()
-    experts = reader.fields["qwen3moe.expert_count"].contents()
+    arch = reader.fields["general.architecture"].contents()
+    k = reader.fields[f"{arch}.expert_used_count"].contents()
+    experts = reader.fields[f"{arch}.expert_count"].contents()
     dense = routed = 0
     for t in reader.tensors:
-        if t.name == "token_embd.weight" or len(t.shape) == 1:
-            continue  # read a row per token; norms are not weight matrices
+        if t.name == "token_embd.weight" or len(t.shape) == 1 or t.name.endswith(".bias"):
+            continue  # read a row per token; norms and biases are not weight matrices
+        nbytes = int(t.n_bytes)
+        if t.tensor_type == gguf.GGMLQuantizationType.MXFP4:
+            nbytes = nbytes * 18 // 17
         if "_exps" in t.name:
-            routed += int(t.n_bytes)
+            routed += nbytes
         else:
-            dense += int(t.n_bytes)
+            dense += nbytes
     want = dense + routed * k / experts
     cmd = [
         binary, "bench", "latency", "--model", moe_model, "--input-len", "8",
