@@ -140,11 +140,25 @@ impl ChatTemplate {
 
 /// transformers' `strftime_now`: the current UTC time in a C `strftime` format (the codes
 /// templates use: `%Y %m %d %H %M %S %b %B %a %A %%`; others are kept as written).
-fn strftime_now(format: &str) -> String {
+pub fn strftime_now(format: &str) -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     strftime(format, secs)
+}
+
+/// Howard Hinnant's days-to-civil conversion (proleptic Gregorian): the year, month and day
+/// `z` days after 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 fn strftime(format: &str, unix_secs: u64) -> String {
@@ -173,16 +187,7 @@ fn strftime(format: &str, unix_secs: u64) -> String {
     ];
     let days = unix_secs / 86_400;
     let secs = unix_secs % 86_400;
-    // Howard Hinnant's days-to-civil, for days since 1970-01-01.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = civil_from_days(days as i64);
     let mut out = String::new();
     let mut chars = format.chars();
     while let Some(c) = chars.next() {
@@ -375,6 +380,9 @@ mod tests {
         );
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_788), (2026, 12, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     }
 
     /// gpt-oss's harmony template (llama.cpp's copy of OpenAI's, `tests/data/templates`):

@@ -406,6 +406,14 @@ fn read_reply(
     text: &str,
     finished: bool,
 ) -> Option<ParsedOutput> {
+    // A whole-reply parser (harmony's) reads the thinking too: the reply is parsed once.
+    if let Some(parser) = tools.filter(|p| p.reads_whole_reply()) {
+        let mut parsed = parser.parse(text, finished);
+        if reasoning.is_none() {
+            parsed.reasoning.clear();
+        }
+        return Some(parsed);
+    }
     if tools.is_none() && reasoning.is_none() {
         return None;
     }
@@ -414,15 +422,10 @@ fn read_reply(
         None => (String::new(), text.to_string()),
     };
     let mut parsed = match tools {
-        Some(parser) if parser.reads_whole_reply() => parser.parse(text, finished),
         Some(parser) => parser.parse(&answer, finished),
         None => ParsedOutput::content(answer),
     };
-    // The reasoning parser's thinking where there is one (a whole-reply parser read the
-    // same).
-    if reasoning.is_some() {
-        parsed.reasoning = thought;
-    }
+    parsed.reasoning = thought;
     Some(parsed)
 }
 

@@ -20,7 +20,7 @@ use crate::distributed::{CommError, Communicator, GatherBuffers};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::mlp::{activate, add_bias, GatedMlp, MlpBuffers};
 use crate::model_executor::layers::parallel::{sized, whole_rows};
-use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
+use crate::model_executor::loader::weights::{optional_vector, LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
 /// Qwen2-MoE's shared expert: a gated MLP every token runs, scaled by `sigmoid(gate · x)`.
@@ -121,15 +121,11 @@ impl FusedMoe {
             moe.num_experts,
             &LoadOptions::FLOAT32,
         )?;
-        let bias_name = names.router.replace(".weight", ".bias");
-        let router_bias = if src.contains(&bias_name) {
-            Some(
-                src.load(&bias_name)?
-                    .expect_shape(&bias_name, &[moe.num_experts])?,
-            )
-        } else {
-            None
-        };
+        let router_bias = optional_vector(
+            src,
+            &names.router.replace(".weight", ".bias"),
+            moe.num_experts,
+        )?;
         // Experts load side by side: each is read and laid out for the kernels on its own
         // (a 30B-A3B file holds 6,144 of them), and laying out quantised blocks, not
         // reading the file, is most of a load's time.
@@ -183,13 +179,12 @@ impl FusedMoe {
             }
             _ => None,
         };
-        let mut moe_layer = Self::new(router, experts, moe, shared);
-        moe_layer.router_bias = router_bias;
-        Ok(moe_layer)
+        Ok(Self::new(router, router_bias, experts, moe, shared))
     }
 
     fn new(
         router: Linear,
+        router_bias: Option<Vec<f32>>,
         experts: Vec<GatedMlp>,
         moe: &MoeConfig,
         shared: Option<SharedExpert>,
@@ -199,7 +194,7 @@ impl FusedMoe {
             .all(|e| e.matrices().iter().all(|m| m.as_quant().is_some()));
         Self {
             router,
-            router_bias: None,
+            router_bias,
             experts,
             top_k: moe.num_experts_per_tok,
             scoring: moe.scoring,
@@ -596,6 +591,7 @@ mod tests {
         };
         FusedMoe::new(
             Linear::from_weight(values(experts * hidden, 7), hidden, experts),
+            None,
             (0..experts)
                 .map(|e| mlp(hidden, width, 100 + 2 * e as u64, quantised))
                 .collect(),

@@ -7,7 +7,7 @@ use crate::config::Activation;
 use crate::distributed::{CommError, Communicator, GatherBuffers};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::parallel::{project_whole, sized, whole_rows};
-use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
+use crate::model_executor::loader::weights::{optional_vector, LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
 /// A gated MLP's weights: gate and up stacked (`[2 * width, hidden]`, this rank's rows of
@@ -57,12 +57,8 @@ impl GatedMlp {
         own_hidden: usize,
         opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
-        let bias = |weight: &str, len: usize| -> Result<Option<Vec<f32>>, LoadError> {
-            let name = weight.replace(".weight", ".bias");
-            if !src.contains(&name) {
-                return Ok(None);
-            }
-            src.load(&name)?.expect_shape(&name, &[len]).map(Some)
+        let bias = |weight: &str, len: usize| {
+            optional_vector(src, &weight.replace(".weight", ".bias"), len)
         };
         let gate_up_bias = match (bias(gate, width)?, bias(up, width)?) {
             (Some(mut g), Some(u)) => {

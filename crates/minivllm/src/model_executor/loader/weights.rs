@@ -69,6 +69,18 @@ pub trait WeightSource: Sync {
     }
 }
 
+/// Tensor `name` as a vector of `len` (a bias), or `None` when the checkpoint has none.
+pub fn optional_vector(
+    src: &dyn WeightSource,
+    name: &str,
+    len: usize,
+) -> Result<Option<Vec<f32>>, LoadError> {
+    if !src.contains(name) {
+        return Ok(None);
+    }
+    src.load(name)?.expect_shape(name, &[len]).map(Some)
+}
+
 /// Slice `index` of `t`'s first dimension.
 pub fn slice_first(name: &str, t: Tensor, index: usize) -> Result<Tensor, LoadError> {
     match t.shape.split_first() {

@@ -566,11 +566,7 @@ impl LlamaForCausalLM {
         let (qs, kvs) = (c.q_size(), c.kv_size());
         let qkv = sized(&mut buf.qkv, t * (qs + 2 * kvs));
         layer.qkv_proj.forward(&buf.hidden, qkv, t);
-        if let Some(bias) = &layer.qkv_bias {
-            for row in qkv.chunks_exact_mut(qs + 2 * kvs) {
-                row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
-            }
-        }
+        add_bias(qkv, layer.qkv_bias.as_deref());
         let q = sized(&mut buf.q, t * qs);
         let k = sized(&mut buf.k, t * kvs);
         let v = sized(&mut buf.v, t * kvs);

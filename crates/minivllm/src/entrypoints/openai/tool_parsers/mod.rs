@@ -63,8 +63,8 @@ pub trait ToolParser: Send + Sync + Debug {
     /// format's markers are special tokens).
     fn adjust_params(&self, _params: &mut SamplingParams) {}
 
-    /// Whether it reads the whole reply, thinking included (harmony's calls are messages
-    /// beside the thinking), rather than the answer a reasoning parser leaves.
+    /// Whether it reads the whole reply and gives the thinking too (harmony's calls are
+    /// messages beside the thinking), rather than the answer a reasoning parser leaves.
     fn reads_whole_reply(&self) -> bool {
         false
     }
