@@ -15,6 +15,7 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 pub mod activation;
+pub mod amx;
 pub mod attention;
 pub mod cpu;
 pub mod hmatmul;

@@ -65,13 +65,13 @@ pub(super) struct RowSums<'a> {
 pub(super) enum QuantIsa {
     Scalar,
     Avx2,
-    /// AVX-512 F and BW, present wherever [`QKernel::Avx512Vnni`] runs.
+    /// AVX-512 F and BW, present wherever [`QKernel::Avx512Vnni`] or [`QKernel::Amx`] runs.
     Avx512,
 }
 
 impl QuantIsa {
     pub(super) fn best() -> QuantIsa {
-        if QKernel::best() == QKernel::Avx512Vnni {
+        if matches!(QKernel::best(), QKernel::Avx512Vnni | QKernel::Amx) {
             QuantIsa::Avx512
         } else if use_avx2() {
             QuantIsa::Avx2

@@ -13,15 +13,21 @@ pub enum QKernel {
     AvxVnni,
     /// AVX512-VNNI `vpdpbusd` on 512-bit vectors: whole groups.
     Avx512Vnni,
+    /// AMX-INT8 tiles (`tdpbsud`) for 16 or more activation rows, AVX512-VNNI for fewer.
+    /// Opt-in (`MINIVLLM_AMX=1`): with a float step per block of 32 that keeps its results
+    /// bit-equal to the others', it measured no faster than [`QKernel::Avx512Vnni`]
+    /// (`docs/benchmarks.md`).
+    Amx,
 }
 
 impl QKernel {
     /// Every kernel, most portable first.
-    pub const ALL: [QKernel; 4] = [
+    pub const ALL: [QKernel; 5] = [
         QKernel::Portable,
         QKernel::Avx2,
         QKernel::AvxVnni,
         QKernel::Avx512Vnni,
+        QKernel::Amx,
     ];
 
     /// Whether this CPU can run it, within what `MINIVLLM_ISA` allows: `scalar` keeps the
@@ -41,6 +47,9 @@ impl QKernel {
             QKernel::Avx2 => isa() >= Isa::Avx2,
             QKernel::AvxVnni => isa() >= Isa::Avx2 && isa() == detected() && avx_vnni,
             QKernel::Avx512Vnni => isa() >= Isa::Avx512 && avx512_vnni,
+            QKernel::Amx => {
+                isa() >= Isa::Avx512 && avx512_vnni && amx_requested() && crate::amx::available()
+            }
         }
     }
 
@@ -63,6 +72,7 @@ impl QKernel {
             QKernel::Avx2 => Some(probe::INT8_AVX2),
             QKernel::AvxVnni => Some(probe::INT8_AVX_VNNI),
             QKernel::Avx512Vnni => Some(probe::INT8_AVX512_VNNI),
+            QKernel::Amx => Some(probe::INT8_AMX),
         }
     }
 
@@ -73,8 +83,22 @@ impl QKernel {
             QKernel::Avx2 => "avx2 maddubs",
             QKernel::AvxVnni => "avx-vnni",
             QKernel::Avx512Vnni => "avx512-vnni",
+            QKernel::Amx => "amx-int8",
         }
     }
+}
+
+/// Whether `MINIVLLM_AMX` asks for the AMX tiles (`1`, `true`, `on`).
+fn amx_requested() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("MINIVLLM_AMX").is_ok_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "on" | "yes"
+            )
+        })
+    })
 }
 
 /// Whether the AVX2 kernels may run (`isa()` honours `MINIVLLM_ISA`; its AVX2 includes the

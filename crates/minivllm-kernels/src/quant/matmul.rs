@@ -24,7 +24,7 @@ use super::kquants;
 use super::layout::{GROUP, KSUB, LANES};
 use super::reference::{self, BlockQ8};
 #[cfg(target_arch = "x86_64")]
-use super::tiles::{avx2, avx512};
+use super::tiles::{amx, avx2, avx512};
 use crate::matmul::{rows_per_task, TASK_ALIGN};
 
 pub use super::kernel::QKernel;
@@ -39,6 +39,9 @@ const WIDE_TILE_R: usize = 8;
 /// Activation rows swept over each group of weight rows: with `k` up to a few thousand,
 /// their blocks stay in L2.
 const X_CHUNK: usize = 64;
+/// Bytes of quantised activation rows the AMX tiles sweep over each group: they unpack a
+/// group's weights once per sweep, so it takes as many rows as stay in L2 beside them.
+const AMX_X_BYTES: usize = 1 << 20;
 
 // Parallel tasks write disjoint output columns only if every task starts at a tile's first
 // weight row: a tile writes all the rows of its group (or half group, 256-bit), padding
@@ -232,7 +235,8 @@ fn dot_rows(
 }
 
 /// [`dot_rows`] on x86 (`j0` a multiple of [`GROUP`], as the assertion on `TASK_ALIGN`
-/// ensures): whole groups with AVX512-VNNI, half groups with the 256-bit kernels.
+/// ensures): whole groups with AVX512-VNNI (and AMX, 16 or 32 activation rows at a time,
+/// the rest of a chunk by AVX512-VNNI), half groups with the 256-bit kernels.
 #[cfg(target_arch = "x86_64")]
 fn dot_groups(
     xq: &Q8Rows,
@@ -243,7 +247,8 @@ fn dot_groups(
     nj: usize,
     kernel: QKernel,
 ) {
-    let wide = kernel == QKernel::Avx512Vnni;
+    let amx = kernel == QKernel::Amx;
+    let wide = amx || kernel == QKernel::Avx512Vnni;
     let (unit, tile_r) = if wide {
         (GROUP, WIDE_TILE_R)
     } else {
@@ -251,13 +256,38 @@ fn dot_groups(
     };
     // A tile's row of results, less the padding rows past the task's last column.
     let put = |i: usize, j: usize, v: &[f32]| store_run(i, j, &v[..v.len().min(j0 + nj - j)]);
-    for i0 in (0..m).step_by(X_CHUNK) {
-        let i1 = (i0 + X_CHUNK).min(m);
+    // Configured once for every tile of the call; nothing else runs on this thread until it
+    // is dropped, as nothing below yields to rayon.
+    // SAFETY: `QKernel::Amx` is available only where `amx::available` holds.
+    let tiles = (amx && m >= amx::TILE_ROWS).then(|| unsafe { amx::Tiles::new(w.ty) });
+    let mut unpacked = if tiles.is_some() {
+        AMX_GROUP.take()
+    } else {
+        Default::default()
+    };
+    let chunk = if tiles.is_some() {
+        (AMX_X_BYTES / w.cols.max(1)).max(X_CHUNK)
+    } else {
+        X_CHUNK
+    };
+    for i0 in (0..m).step_by(chunk) {
+        let i1 = (i0 + chunk).min(m);
         for u in j0 / unit..(j0 + nj).div_ceil(unit) {
-            for i in (i0..i1).step_by(tile_r) {
-                // Both tiles' contracts: `kernel` is available (`QKernel::best` or a caller
+            // SAFETY: AMX CPUs have AVX512-F and -BW; group u exists.
+            let bq = (tiles.is_some() && i1 - i0 >= amx::TILE_ROWS)
+                .then(|| unsafe { unpacked.unpack(w, u) });
+            let mut i = i0;
+            while i < i1 {
+                // Every tile's contract: `kernel` is available (`QKernel::best` or a caller
                 // that checked); group (or half group) u exists, rows being padded to whole
                 // groups, and so do activation rows i..i + R <= m, with w.nb blocks each.
+                if let (Some(tiles), Some(bq)) = (&tiles, bq.filter(|_| i1 - i >= amx::TILE_ROWS)) {
+                    // SAFETY: as said above; AMX CPUs have AVX512-VNNI.
+                    let v = unsafe { amx::tile_group(tiles, w, u, bq, xq, i) };
+                    put_tile(&v, i, u * GROUP, put);
+                    i += amx::TILE_ROWS;
+                    continue;
+                }
                 macro_rules! wide {
                     ($r:literal) => {{
                         // SAFETY: as said above the macros.
@@ -286,9 +316,19 @@ fn dot_groups(
                     (false, 2) => narrow!(2),
                     (false, _) => narrow!(1),
                 }
+                i += tile_r.min(i1 - i);
             }
         }
     }
+    if tiles.is_some() {
+        AMX_GROUP.set(unpacked);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The AMX tiles' unpacked weight group, kept between calls.
+    static AMX_GROUP: std::cell::Cell<amx::GroupTiles> = std::cell::Cell::new(Default::default());
 }
 
 /// Stores a tile's results: row `r` of `v` from row `i + r`, column `j` on.

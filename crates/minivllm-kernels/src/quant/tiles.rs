@@ -1,6 +1,6 @@
 //! The x86 tiles of [`super::matmul_quant`]: `R` activation rows against one unit of weight
 //! rows, a half group in 256-bit registers ([`avx2`]) or a whole group in 512-bit ones
-//! ([`avx512`]), lane `c` of each register holding weight row `c` of the unit.
+//! ([`avx512`]; [`amx`] runs their integer products on the AMX tile unit), lane `c` of each register holding weight row `c` of the unit.
 //!
 //! The per-format arithmetic (unpacking nibbles and the bits above them, applying the
 //! scales, widening the integer sums in time) is written once here, generic over the
@@ -19,6 +19,7 @@ use super::activations::Q8Rows;
 use super::formats::{self, GgmlType, QuantFormat, Scales, QK};
 use super::layout::{hbits_bytes, QuantMatrix, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
 
+pub(super) mod amx;
 pub(super) mod avx2;
 pub(super) mod avx512;
 

@@ -334,9 +334,12 @@ fn q8_rows(x: &[f32], m: usize, k: usize) -> Q8Rows {
 /// whole group (AVX512-VNNI).
 #[test]
 fn x86_tiles_match_scalar() {
+    // AMX has its own test (`amx_tiles_match_wide_tiles`), on the hardware whether or not
+    // it is asked for.
     let kernels: Vec<QKernel> = QKernel::ALL[1..]
         .iter()
         .copied()
+        .filter(|&k| k != QKernel::Amx)
         .filter(|k| {
             let ran = k.available();
             let verdict = if ran {
@@ -450,6 +453,88 @@ fn check_wide_tiles(
     }
 }
 
+/// The AMX tiles (16 rows) against the 512-bit tiles, bit for bit (the same exact
+/// integer sums, then the same float steps), and against the scalar twin, for every format
+/// and both groups of a matrix.
+#[test]
+fn amx_tiles_match_wide_tiles() {
+    // The hardware, not the opt-in: the tiles must stay right wherever they could run.
+    let ran = crate::amx::available() && QKernel::Avx512Vnni.available();
+    eprintln!(
+        "amx_tiles_match_wide_tiles: {}: {}",
+        QKernel::Amx.name(),
+        if ran {
+            "RAN"
+        } else {
+            "SKIPPED (not on this CPU)"
+        }
+    );
+    if !ran {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        const M: usize = 40;
+        let mut r = rng(9);
+        for ty in TYPES {
+            for nb in [1, 2, 7, 8, 9, 18] {
+                let k = cols_for(ty, nb * QK);
+                let w = random_matrix(&mut r, ty, 2 * GROUP, k);
+                let x = rand_vec(&mut r, M * k);
+                let mut want = vec![0.0; M * 2 * GROUP];
+                matmul_quant_scalar(&x, &w, &mut want, M);
+                let xq = q8_rows(&x, M, k);
+                let what = format!("AMX {ty} nb={nb}");
+                for g in 0..2 {
+                    // SAFETY: AMX (with AVX512-VNNI) is available; w has groups 0 and 1,
+                    // and rows 0..40 of xq exist.
+                    let (wide, tiles) = unsafe {
+                        let wide: Vec<[f32; GROUP]> = (0..M)
+                            .step_by(8)
+                            .flat_map(|i| avx512::tile_group::<8>(&w, g, &xq, i))
+                            .collect();
+                        let tiles = amx::Tiles::new(ty);
+                        let mut unpacked = amx::GroupTiles::default();
+                        let bq = unpacked.unpack(&w, g);
+                        let amx: Vec<_> = [0, 16, 24]
+                            .map(|i| amx::tile_group(&tiles, &w, g, bq, &xq, i))
+                            .into();
+                        (wide, amx)
+                    };
+                    for (t, i) in [0, 16, 24].into_iter().enumerate() {
+                        assert_eq!(
+                            tiles[t][..],
+                            wide[i..i + 16],
+                            "{what} group {g}, rows {i}.."
+                        );
+                    }
+                    for (i, row) in wide.iter().enumerate() {
+                        let at = i * 2 * GROUP + g * GROUP;
+                        assert_close(row, &want[at..at + GROUP], 1e-5, 1e-5, &what);
+                    }
+                }
+            }
+        }
+    }
+    // The whole product through each kernel: AMX's chunks of rows and its VNNI tails.
+    let mut r = rng(10);
+    for ty in TYPES {
+        // k = 16,384: chunks of 64 rows (AMX_X_BYTES), the last with a VNNI tail.
+        for (m, k, n) in [(16, 64, 50), (47, 256, 33), (150, 96, 40), (150, 16384, 20)] {
+            let k = cols_for(ty, k);
+            let w = random_matrix(&mut r, ty, n, k);
+            let x = rand_vec(&mut r, m * k);
+            let xq = q8_rows(&x, m, k);
+            let [amx, vnni] = [QKernel::Amx, QKernel::Avx512Vnni].map(|kernel| {
+                let mut out = vec![0.0; m * n];
+                dot_rows(&xq, &w, SendPtr(out.as_mut_ptr()), m, 0, n, kernel);
+                out
+            });
+            assert_eq!(amx, vnni, "AMX {ty} m={m} k={k} n={n}: whole product");
+        }
+    }
+}
+
 /// The product (AVX2 where present) and the portable path against the single-threaded
 /// reference, on odd shapes.
 #[test]
@@ -462,6 +547,7 @@ fn matmul_quant_matches_reference_on_odd_shapes() {
             (5, 224, 131),
             (7, 576, 200),
             (31, 64, 300),
+            (70, 160, 50),
         ] {
             let k = cols_for(ty, k);
             let w = random_matrix(&mut r, ty, n, k);
