@@ -235,7 +235,7 @@ fn dot_rows(
 }
 
 /// [`dot_rows`] on x86 (`j0` a multiple of [`GROUP`], as the assertion on `TASK_ALIGN`
-/// ensures): whole groups with AVX512-VNNI (and AMX, 16 or 32 activation rows at a time,
+/// ensures): whole groups with AVX512-VNNI (and AMX, 16 activation rows at a time,
 /// the rest of a chunk by AVX512-VNNI), half groups with the 256-bit kernels.
 #[cfg(target_arch = "x86_64")]
 fn dot_groups(
