@@ -31,7 +31,7 @@ use crate::quant::layout::{hbits_bytes, QuantMatrix, GROUP, KSUB, SUB_BYTES, VEC
 pub(in crate::quant) const TILE_ROWS: usize = 16;
 
 /// Tile registers: sums in 0-3 (16 rows of 16 lanes, one lane per weight row: blocks in
-/// flight rotate over them), activations in 4-5, weights in 6-7. The part every format
+/// flight alternate between 0-1 and 2-3), activations in 4-5, weights in 6-7. The part every format
 /// shares.
 const SUMS: TileConfig = TileConfig::new()
     .tile(0, 16, 64)
@@ -207,62 +207,68 @@ pub(in crate::quant) unsafe fn tile_group(
     }
 }
 
-/// Issues a block's products for 16 activation rows (A tile `A` from `y`, rows `ldx`
-/// bytes apart) against its weights (B tile `B` from the 8 rows of 64 bytes at `b`) into
-/// sums tile `C`. `SIGNED`: B holds signed bytes (Q8_0). Nothing is stored: [`retire`]
-/// does that two blocks later, when the products are done, so that neither unit waits for
-/// the other (the products' latency is longer than a block's float steps).
+/// Issues a block's products for 16 activation rows (A tiles from `y`, rows `ldx` bytes
+/// apart) against its weights (B tiles from the 8 rows of 64 bytes at `b`): whole blocks
+/// into sums tile `C0` (A tile `A`, B tile `B`); or (`HALVES`, Q6_K) the first 16 values'
+/// sums into `C0` and the last 16's into `C1`, from A tiles 4 and 5 of 16 bytes and B
+/// tiles 6 and 7 of four rows. `SIGNED`: B holds signed bytes (Q8_0). Nothing is stored:
+/// [`retire`] does that a block later, when the products are done, so that neither unit
+/// waits for the other.
 ///
 /// # Safety
-/// The `WHOLE` configuration must be loaded; `y` must have 16 rows `ldx` apart of 32
+/// The configuration for `HALVES` must be loaded; `y` must have 16 rows `ldx` apart of 32
 /// readable bytes, `b` 512.
 #[inline(always)]
-unsafe fn issue<const SIGNED: bool, const C: u8, const A: u8, const B: u8>(
+unsafe fn issue<
+    const HALVES: bool,
+    const SIGNED: bool,
+    const C0: u8,
+    const C1: u8,
+    const A: u8,
+    const B: u8,
+>(
     b: *const u8,
     y: *const u8,
     ldx: usize,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
+        if HALVES {
+            amx::load::<6>(b, VEC_BYTES);
+            amx::load::<7>(b.add(4 * VEC_BYTES), VEC_BYTES);
+            amx::zero::<C0>();
+            amx::zero::<C1>();
+            amx::load::<4>(y, ldx);
+            amx::load::<5>(y.add(QK / 2), ldx);
+            amx::dot_su::<C0, 4, 6>();
+            amx::dot_su::<C1, 5, 7>();
+            return;
+        }
         amx::load::<B>(b, VEC_BYTES);
-        amx::zero::<C>();
+        amx::zero::<C0>();
         amx::load::<A>(y, ldx);
         if SIGNED {
-            amx::dot_ss::<C, A, B>();
+            amx::dot_ss::<C0, A, B>();
         } else {
-            amx::dot_su::<C, A, B>();
+            amx::dot_su::<C0, A, B>();
         }
     }
 }
 
-/// Q6_K's [`issue`]: the first 16 values' sums in `C0`, the last 16's in `C1`, from B
-/// tiles 6 and 7 of four rows each and A tiles 4 and 5 of 16 bytes.
+/// Stores the sums tiles [`issue`] filled: `C0` at `base`, and for `HALVES` `C1` after it.
 ///
 /// # Safety
-/// The `HALVES` configuration must be loaded; as [`issue`] otherwise.
+/// The configuration must be loaded; `base` must have two tiles' writable bytes,
+/// 64-aligned.
 #[inline(always)]
-unsafe fn issue_halves<const C0: u8, const C1: u8>(b: *const u8, y: *const u8, ldx: usize) {
+unsafe fn retire<const HALVES: bool, const C0: u8, const C1: u8>(base: *mut u8) {
     // SAFETY: the caller's contract.
     unsafe {
-        amx::load::<6>(b, VEC_BYTES);
-        amx::load::<7>(b.add(4 * VEC_BYTES), VEC_BYTES);
-        amx::zero::<C0>();
-        amx::zero::<C1>();
-        amx::load::<4>(y, ldx);
-        amx::load::<5>(y.add(QK / 2), ldx);
-        amx::dot_su::<C0, 4, 6>();
-        amx::dot_su::<C1, 5, 7>();
+        amx::store::<C0>(base, 64);
+        if HALVES {
+            amx::store::<C1>(base.add(SUMS_TILE), 64);
+        }
     }
-}
-
-/// Stores sums tile `C` at `base`.
-///
-/// # Safety
-/// The configuration must be loaded; `base` must have a tile's writable bytes, 64-aligned.
-#[inline(always)]
-unsafe fn retire<const C: u8>(base: *mut u8) {
-    // SAFETY: the caller's contract.
-    unsafe { amx::store::<C>(base, 64) };
 }
 
 /// Row `r`'s sums (of 32 values, or of a half) from tile `t` stored at `base`.
@@ -426,16 +432,18 @@ impl BlockScale for Q8Epilogue {
 }
 
 /// The products of `nb` blocks (B tiles at `q + b·512`, A tiles at `y + b·32`), pipelined
-/// two deep: while the tile unit multiplies blocks `b + 1` and `b + 2`, block `b`'s sums
-/// are stored and block `b - 1`'s scaled by `e`. Blocks rotate over sums tiles 0-3, and
-/// alternate between A tiles 4 and 5, B tiles 6 and 7 and the halves of the sums scratch.
+/// one deep: while the tile unit multiplies block `b + 1`, block `b`'s sums are stored and
+/// block `b - 1`'s scaled by `e`. Consecutive blocks alternate between sums tiles 0-1 and
+/// 2-3 (A tiles 4 and 5, B tiles 6 and 7, whole blocks using the first of each pair) and
+/// between the halves of the sums scratch. (Two deep, over four sums tiles, measured no
+/// faster.)
 ///
 /// # Safety
-/// The `WHOLE` configuration must be loaded (`Tiles`); `q` must hold nb blocks of B tiles,
-/// `y` nb blocks of 16 activation rows `ldx` apart; `e` the numbers of nb blocks. The
-/// caller has AVX-512F and F16C.
+/// The configuration for `HALVES` must be loaded (`Tiles`); `q` must hold nb blocks of B
+/// tiles, `y` nb blocks of 16 activation rows `ldx` apart; `e` the numbers of nb blocks.
+/// The caller has AVX-512F and F16C.
 #[inline(always)]
-unsafe fn pipeline<const SIGNED: bool, E: BlockScale>(
+unsafe fn pipeline<const HALVES: bool, const SIGNED: bool, E: BlockScale>(
     e: &E,
     nb: usize,
     q: *const u8,
@@ -446,85 +454,34 @@ unsafe fn pipeline<const SIGNED: bool, E: BlockScale>(
     let y = |b: usize| y.wrapping_add(b * QK);
     let mut sums = MaybeUninit::<Sums>::uninit();
     let s = [0, 1].map(|n| Sums::part(&mut sums, n));
-    // SAFETY: (whole body) the caller's contract. A sums tile is stored two iterations
-    // after it is issued and issued again two later; a stored sums half is read the
-    // iteration after and stored again the one after that; an A or B tile is loaded again
-    // only after the product that read it has been stored.
+    // SAFETY: (whole body) the caller's contract. A set of sums tiles is stored the
+    // iteration after it is issued, before it is issued again; a stored sums half is read
+    // the iteration after and stored again the one after that; an A or B tile is loaded
+    // again only after the product that read it has been stored.
     unsafe {
-        let issue_at = |b: usize| match b % 4 {
-            0 => issue::<SIGNED, 0, 4, 6>(q(b), y(b), ldx),
-            1 => issue::<SIGNED, 1, 5, 7>(q(b), y(b), ldx),
-            2 => issue::<SIGNED, 2, 4, 6>(q(b), y(b), ldx),
-            _ => issue::<SIGNED, 3, 5, 7>(q(b), y(b), ldx),
+        let issue_at = |b: usize| {
+            if b.is_multiple_of(2) {
+                issue::<HALVES, SIGNED, 0, 1, 4, 6>(q(b), y(b), ldx);
+            } else {
+                issue::<HALVES, SIGNED, 2, 3, 5, 7>(q(b), y(b), ldx);
+            }
         };
         let mut acc = [Zmm::zero_f(); TILE_ROWS];
-        for b in 0..nb.min(2) {
-            issue_at(b);
+        if nb > 0 {
+            issue_at(0);
         }
         for b in 0..nb {
             if SIGNED {
                 // Q8_0's B tiles are the matrix itself, streamed from memory.
                 prefetch_block(q(b).wrapping_add(Q8_0_PREFETCH), 8 * VEC_BYTES);
             }
-            let out = s[b % 2];
-            match b % 4 {
-                0 => retire::<0>(out),
-                1 => retire::<1>(out),
-                2 => retire::<2>(out),
-                _ => retire::<3>(out),
-            }
-            if b + 2 < nb {
-                issue_at(b + 2);
-            }
-            if b > 0 {
-                e.scale(b - 1, s[(b - 1) % 2], &mut acc);
-            }
-        }
-        if nb > 0 {
-            e.scale(nb - 1, s[(nb - 1) % 2], &mut acc);
-        }
-        store_rows::<TILE_ROWS, Zmm>(acc)
-    }
-}
-
-/// [`pipeline`] for Q6_K, whose halves take two sums tiles and both A and B pairs per
-/// block: one deep, blocks alternating between sums tiles 0-1 and 2-3.
-///
-/// # Safety
-/// As [`pipeline`], with the `HALVES` configuration.
-#[inline(always)]
-unsafe fn pipeline_halves<E: BlockScale>(
-    e: &E,
-    nb: usize,
-    q: *const u8,
-    y: *const u8,
-    ldx: usize,
-) -> [[f32; GROUP]; TILE_ROWS] {
-    let q = |b: usize| q.wrapping_add(b * 8 * VEC_BYTES);
-    let y = |b: usize| y.wrapping_add(b * QK);
-    let mut sums = MaybeUninit::<Sums>::uninit();
-    let s = [0, 1].map(|n| Sums::part(&mut sums, n));
-    // SAFETY: (whole body) the caller's contract; each pair of sums tiles is stored before
-    // it is issued to again, and each stored half read before it is stored again.
-    unsafe {
-        let mut acc = [Zmm::zero_f(); TILE_ROWS];
-        if nb > 0 {
-            issue_halves::<0, 1>(q(0), y(0), ldx);
-        }
-        for b in 0..nb {
-            let out = s[b % 2];
-            if b % 2 == 0 {
-                retire::<0>(out);
-                retire::<1>(out.add(SUMS_TILE));
-                if b + 1 < nb {
-                    issue_halves::<2, 3>(q(b + 1), y(b + 1), ldx);
-                }
+            if b.is_multiple_of(2) {
+                retire::<HALVES, 0, 1>(s[0]);
             } else {
-                retire::<2>(out);
-                retire::<3>(out.add(SUMS_TILE));
-                if b + 1 < nb {
-                    issue_halves::<0, 1>(q(b + 1), y(b + 1), ldx);
-                }
+                retire::<HALVES, 2, 3>(s[1]);
+            }
+            if b + 1 < nb {
+                issue_at(b + 1);
             }
             if b > 0 {
                 e.scale(b - 1, s[(b - 1) % 2], &mut acc);
@@ -565,9 +522,9 @@ unsafe fn tile_nibbles<F: QuantFormat>(
     // blocks of quants, scales, sums and half sums. The tiles are configured (`Tiles`).
     unsafe {
         if F::SCALES == Scales::SubSigned {
-            pipeline_halves(&e, nb, bq, y, ldx)
+            pipeline::<true, false, _>(&e, nb, bq, y, ldx)
         } else {
-            pipeline::<false, _>(&e, nb, bq, y, ldx)
+            pipeline::<false, false, _>(&e, nb, bq, y, ldx)
         }
     }
 }
@@ -591,5 +548,5 @@ unsafe fn tile_q8_0(
     // SAFETY: group g holds nb blocks of quants (at `wq`) and GROUP scales each;
     // activation rows i..i + 16 hold nb blocks of quants and scales. The tiles are
     // configured (`Tiles`).
-    unsafe { pipeline::<true, _>(&e, nb, wq, y, ldx) }
+    unsafe { pipeline::<false, true, _>(&e, nb, wq, y, ldx) }
 }
