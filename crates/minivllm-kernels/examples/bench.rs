@@ -163,6 +163,20 @@ fn main() {
         return;
     }
     println!("isa {:?}, {} threads", cpu::isa(), threading::num_threads());
+    if args.get(2).map(String::as_str) == Some("qshape") {
+        // One product: `qshape TYPE M K N` (a model's matrix, e.g. its LM head).
+        use minivllm_kernels::quant::GgmlType::*;
+        let ty = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4]
+            .into_iter()
+            .find(|t| Some(t.name()) == args.get(3).map(String::as_str))
+            .expect("qshape TYPE M K N, TYPE a GGML name such as Q6_K");
+        let num: Vec<usize> = args[4..7]
+            .iter()
+            .map(|a| a.parse().expect("qshape TYPE M K N"))
+            .collect();
+        bench_qmatmul(ty, num[0], num[1], num[2]);
+        return;
+    }
     if args.get(2).map(String::as_str) == Some("quant")
         && args.get(3).map(String::as_str) == Some("all")
     {

@@ -17,7 +17,7 @@ use half::f16;
 
 use super::activations::Q8Rows;
 use super::formats::{self, GgmlType, QuantFormat, Scales, QK};
-use super::layout::{hbits_bytes, QuantMatrix, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
+use super::layout::{hbits_bytes, sub_bytes, QuantMatrix, GROUP, KSUB, VEC_BYTES};
 
 pub(super) mod amx;
 pub(super) mod avx2;
@@ -56,6 +56,10 @@ pub(super) trait Width {
     unsafe fn shl16<const N: i32>(v: Self::I) -> Self::I;
     /// 16-bit lanes shifted right by `N` (1-4).
     unsafe fn shr16<const N: i32>(v: Self::I) -> Self::I;
+    /// 32-bit lanes shifted left by `N` (2, 4 or 6).
+    unsafe fn shl32<const N: i32>(v: Self::I) -> Self::I;
+    /// 32-bit lanes shifted right by `N` (2, 4 or 6).
+    unsafe fn shr32<const N: i32>(v: Self::I) -> Self::I;
     unsafe fn sub_i32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn cvt(v: Self::I) -> Self::F;
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
@@ -67,8 +71,8 @@ pub(super) trait Width {
     unsafe fn scales(p: *const f16) -> Self::F;
     /// `ROWS` bytes from `p` as i8, converted.
     unsafe fn bytes_i8(p: *const u8) -> Self::F;
-    /// `ROWS` bytes from `p` as u8, converted.
-    unsafe fn bytes_u8(p: *const u8) -> Self::F;
+    /// `ROWS` bytes from `p` as u8, one per 32-bit lane.
+    unsafe fn bytes_u32(p: *const u8) -> Self::I;
     /// `Σ_n v[n] · quad n of y`, exact, per lane: `v` unsigned bytes, the `N` quads from `y`
     /// (`4 N` readable bytes) signed and each broadcast to every lane. `CHUNK` is how many
     /// products the operands' range lets a 16-bit sum take before widening, where a width
@@ -143,16 +147,19 @@ unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
     // Group g, and the unit's first row within it (0 for a whole group).
     let (g, h) = (u * W::ROWS / GROUP, u * W::ROWS % GROUP);
     let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes + h * 4);
-    let wsub = w.sub.as_ptr().wrapping_add(g * nb * SUB_BYTES + h);
+    let sub_step = sub_bytes(w.ty);
+    let wsub = w.sub.as_ptr().wrapping_add(g * nb * sub_step + h);
     let wh = w.hbits.as_ptr().wrapping_add(g * nb * hb + h * 4);
     let scales_per_group = if F::KQUANT { nb / KSUB } else { nb };
     let at = g * scales_per_group * GROUP + h;
     let wd = w.d.as_ptr().wrapping_add(at);
     let wm = w.mins.as_ptr().wrapping_add(at);
+    let wmh = w.mins_hi.as_ptr().wrapping_add(at * 4);
     let x = XRows::<R>::new(x, i, nb);
     // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and `hb`
     // high-bit bytes, `scales_per_group` scales (and minima, for Q4_1, Q5_1, Q4_K and Q5_K)
-    // of GROUP rows each, and SUB_BYTES scale bytes per block for K-quants; the unit's rows
+    // of GROUP rows each, and `sub_step` scale bytes per block for K-quants (and a u32 of
+    // minima's top bits per row and super-block for Q4_K and Q5_K); the unit's rows
     // h..h + W::ROWS lie within the group; activation rows i..i + R hold nb blocks of QK
     // quants, scales, sums and half sums. The rest is register arithmetic under `W`'s
     // features, which the caller's contract provides.
@@ -160,13 +167,16 @@ unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
         let low = W::splat_i8(0x0F);
         let lut = W::table(&F::LUT.unwrap_or([0; 16]));
         let mut acc = [W::zero_f(); R];
-        let (mut dsup, mut msup) = (W::zero_f(), W::zero_f());
+        let (mut dsup, mut msup, mut mins_hi) = (W::zero_f(), W::zero_f(), W::zero_i());
         for b in 0..nb {
             if !F::KQUANT || b % KSUB == 0 {
                 let at = if F::KQUANT { b / KSUB } else { b } * GROUP;
                 dsup = W::scales(wd.add(at));
                 if F::MINS {
                     msup = W::scales(wm.add(at));
+                }
+                if F::SCALES == Scales::SubMin {
+                    mins_hi = W::load(wmh.add(at * 4));
                 }
             }
             let q = wq.add(b * block_bytes);
@@ -186,7 +196,10 @@ unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
                 }
             }
             let (dlo, dhi, mlo) =
-                block_scales::<W, F>(dsup, msup, wsub.wrapping_add(b * SUB_BYTES));
+                block_scales::<W, F>(dsup, msup, wsub.wrapping_add(b * sub_step), mins_hi);
+            if F::SCALES == Scales::SubMin {
+                mins_hi = W::shr32::<4>(mins_hi);
+            }
             for r in 0..R {
                 let y = x.qs[r].add(b * QK);
                 let dx = W::splat(*x.d[r].add(b));
@@ -272,16 +285,19 @@ unsafe fn merge_high_bits<W: Width, F: QuantFormat>(v: &mut [W::I; 8], h: *const
 /// 16..32 (equal but for Q6_K), and the factor of the activations' block sum that applies
 /// the format's offset (Q4_0 and Q5_0's -8 and -16, Q4_1 and Q5_1's stored minima, the
 /// K-quants' `-dmin·m`). K-quants' scales `d·sc` are made per block from the super-block's
-/// `d` (`dsup`, and `dmin` in `msup`) and the 6- or 8-bit `sc` of the unit's rows at `sub`.
+/// `d` (`dsup`, and `dmin` in `msup`) and the 6- or 8-bit `sc` of the unit's rows at `sub`;
+/// Q4_K's and Q5_K's minima from the two bits above `sc` and the low nibble of each lane of
+/// `mins_hi` (the block's top bits: see `QuantMatrix::mins_hi`).
 ///
 /// # Safety
-/// For K-quants, `sub` must point to the block's [`SUB_BYTES`] (less the unit's offset);
+/// For K-quants, `sub` must point to the block's [`sub_bytes`] (less the unit's offset);
 /// the CPU has `W`'s features.
 #[inline(always)]
 unsafe fn block_scales<W: Width, F: QuantFormat>(
     dsup: W::F,
     msup: W::F,
     sub: *const u8,
+    mins_hi: W::I,
 ) -> (W::F, W::F, W::F) {
     // SAFETY: (whole body) the sub-block scales are readable by the contract; the rest is
     // register arithmetic.
@@ -295,8 +311,12 @@ unsafe fn block_scales<W: Width, F: QuantFormat>(
                 (dlo, dhi, W::zero_f())
             }
             Scales::SubMin => {
-                let d = W::mul(dsup, W::bytes_u8(sub));
-                let m = W::mul(msup, W::bytes_u8(sub.add(GROUP)));
+                let packed = W::bytes_u32(sub);
+                let sc = W::and(packed, W::splat_i32(0x3F));
+                let top = W::and(W::shl32::<2>(mins_hi), W::splat_i32(0x3C));
+                let m = W::or(W::shr32::<6>(packed), top);
+                let d = W::mul(dsup, W::cvt(sc));
+                let m = W::mul(msup, W::cvt(m));
                 (d, d, W::neg(m))
             }
         }

@@ -25,7 +25,7 @@ use super::{
 use crate::amx::{self, TileConfig};
 use crate::quant::activations::Q8Rows;
 use crate::quant::formats::{self, GgmlType, QuantFormat, Scales, QK};
-use crate::quant::layout::{hbits_bytes, QuantMatrix, GROUP, KSUB, SUB_BYTES, VEC_BYTES};
+use crate::quant::layout::{hbits_bytes, sub_bytes, QuantMatrix, GROUP, KSUB, VEC_BYTES};
 
 /// Activation rows per A tile.
 pub(in crate::quant) const TILE_ROWS: usize = 16;
@@ -343,6 +343,8 @@ struct Epilogue<F> {
     wd: *const f16,
     wm: *const f16,
     wsub: *const u8,
+    sub_step: usize,
+    wmh: *const u8,
     x: XRows,
     format: std::marker::PhantomData<F>,
 }
@@ -384,8 +386,19 @@ impl<F: QuantFormat> BlockScale for Epilogue<F> {
             } else {
                 Zmm::zero_f()
             };
-            let (dlo, dhi, mlo) =
-                block_scales::<Zmm, F>(dsup, msup, self.wsub.wrapping_add(b * SUB_BYTES));
+            // The minima's top bits for block b: its super-block's nibbles shifted on.
+            let mins_hi = if F::SCALES == Scales::SubMin {
+                let shift = _mm512_set1_epi32(4 * (b % KSUB) as i32);
+                _mm512_srlv_epi32(Zmm::load(self.wmh.add(at * 4)), shift)
+            } else {
+                Zmm::zero_i()
+            };
+            let (dlo, dhi, mlo) = block_scales::<Zmm, F>(
+                dsup,
+                msup,
+                self.wsub.wrapping_add(b * self.sub_step),
+                mins_hi,
+            );
             for r in 0..TILE_ROWS {
                 let at = (x.i + r) * x.nb + b;
                 let dx = Zmm::splat(*x.d.add(at));
@@ -512,7 +525,9 @@ unsafe fn tile_nibbles<F: QuantFormat>(
     let e = Epilogue::<F> {
         wd: w.d.as_ptr().wrapping_add(at),
         wm: w.mins.as_ptr().wrapping_add(at),
-        wsub: w.sub.as_ptr().wrapping_add(g * nb * SUB_BYTES),
+        wsub: w.sub.as_ptr().wrapping_add(g * nb * sub_bytes(w.ty)),
+        sub_step: sub_bytes(w.ty),
+        wmh: w.mins_hi.as_ptr().wrapping_add(at * 4),
         x: XRows::new(x, nb, i),
         format: std::marker::PhantomData,
     };

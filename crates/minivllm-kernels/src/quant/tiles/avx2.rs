@@ -134,6 +134,16 @@ impl<D: IntDot> Width for Ymm<D> {
         unsafe { _mm256_srli_epi16::<N>(v) }
     }
     #[inline(always)]
+    unsafe fn shl32<const N: i32>(v: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_slli_epi32::<N>(v) }
+    }
+    #[inline(always)]
+    unsafe fn shr32<const N: i32>(v: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_srli_epi32::<N>(v) }
+    }
+    #[inline(always)]
     unsafe fn sub_i32(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: see the impl.
         unsafe { _mm256_sub_epi32(a, b) }
@@ -169,9 +179,9 @@ impl<D: IntDot> Width for Ymm<D> {
         unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
     }
     #[inline(always)]
-    unsafe fn bytes_u8(p: *const u8) -> __m256 {
+    unsafe fn bytes_u32(p: *const u8) -> __m256i {
         // SAFETY: see the impl.
-        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
     }
     #[inline(always)]
     unsafe fn quad_dot<const N: usize, const CHUNK: usize>(

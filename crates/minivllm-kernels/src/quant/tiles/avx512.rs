@@ -123,6 +123,30 @@ impl Width for Zmm {
         }
     }
     #[inline(always)]
+    unsafe fn shl32<const N: i32>(v: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe {
+            match N {
+                2 => _mm512_slli_epi32::<2>(v),
+                4 => _mm512_slli_epi32::<4>(v),
+                6 => _mm512_slli_epi32::<6>(v),
+                _ => unreachable!("shift by {N}"),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn shr32<const N: i32>(v: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe {
+            match N {
+                2 => _mm512_srli_epi32::<2>(v),
+                4 => _mm512_srli_epi32::<4>(v),
+                6 => _mm512_srli_epi32::<6>(v),
+                _ => unreachable!("shift by {N}"),
+            }
+        }
+    }
+    #[inline(always)]
     unsafe fn sub_i32(a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_sub_epi32(a, b) }
@@ -164,9 +188,9 @@ impl Width for Zmm {
         unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
     }
     #[inline(always)]
-    unsafe fn bytes_u8(p: *const u8) -> __m512 {
+    unsafe fn bytes_u32(p: *const u8) -> __m512i {
         // SAFETY: see the impl.
-        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+        unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)) }
     }
     /// `vpdpbusd` sums in 32 bits: `CHUNK` does not apply.
     #[inline(always)]
