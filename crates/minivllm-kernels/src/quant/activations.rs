@@ -16,9 +16,10 @@ pub(super) struct Q8Rows {
     pub(super) qs: Vec<i8>,
     pub(super) d: Vec<f32>,
     pub(super) s: Vec<f32>,
-    /// `Σ q` over each block's first and last 16 values, for Q6_K's scales per 16 and
-    /// the 512-bit Q8_0 kernel's offset.
-    pub(super) halves: Vec<[i32; 2]>,
+    /// `-32 Σ q` over each block's first and last 16 values: Q6_K's offset of each half of
+    /// 16 (its quants are stored plus 32), which its integer sums start from, read straight
+    /// into a broadcast; four times their sum is the 512-bit Q8_0 kernel's offset.
+    pub(super) offsets: Vec<[i32; 2]>,
 }
 
 impl Q8Rows {
@@ -29,7 +30,7 @@ impl Q8Rows {
         self.qs.resize(m * nb * QK, 0);
         self.d.resize(m * nb, 0.0);
         self.s.resize(m * nb, 0.0);
-        self.halves.resize(m * nb, [0; 2]);
+        self.offsets.resize(m * nb, [0; 2]);
         if nb == 0 {
             return;
         }
@@ -39,10 +40,10 @@ impl Q8Rows {
             .zip(self.qs.par_chunks_exact_mut(nb * QK))
             .zip(self.d.par_chunks_exact_mut(nb))
             .zip(self.s.par_chunks_exact_mut(nb))
-            .zip(self.halves.par_chunks_exact_mut(nb));
+            .zip(self.offsets.par_chunks_exact_mut(nb));
         rows.with_min_len(QUANTIZE_ROWS_PER_TASK)
-            .for_each(|((((x, qs), d), s), halves)| {
-                let sums = RowSums { d, s, halves };
+            .for_each(|((((x, qs), d), s), offsets)| {
+                let sums = RowSums { d, s, offsets };
                 // SAFETY: `isa` is the best this CPU has; x, qs and sums are one row's
                 // chunks of nb blocks.
                 unsafe { quantize_row(x, qs, sums, isa) }
@@ -57,7 +58,7 @@ const QUANTIZE_ROWS_PER_TASK: usize = 16;
 pub(super) struct RowSums<'a> {
     pub(super) d: &'a mut [f32],
     pub(super) s: &'a mut [f32],
-    pub(super) halves: &'a mut [[i32; 2]],
+    pub(super) offsets: &'a mut [[i32; 2]],
 }
 
 /// The activation quantiser's instruction set; every one gives the scalar reference's bits.
@@ -107,13 +108,13 @@ pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], sums: RowSums, isa: 
 pub(super) fn quantize_block_into(x: &[f32], b: usize, qs: &mut [i8], sums: &mut RowSums) {
     let q = reference::quantize_block(&x[b * QK..(b + 1) * QK]);
     (sums.d[b], sums.s[b]) = (q.d, q.s);
-    let half = |h: usize| {
+    let half = |h: usize| -> i32 {
         q.qs[h * QK / 2..(h + 1) * QK / 2]
             .iter()
             .map(|&v| v as i32)
             .sum()
     };
-    sums.halves[b] = [half(0), half(1)];
+    sums.offsets[b] = [-32 * half(0), -32 * half(1)];
     qs[b * QK..(b + 1) * QK].copy_from_slice(&q.qs);
 }
 
@@ -137,7 +138,7 @@ mod avx2 {
     pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], mut sums: RowSums) {
         let nb = sums.d.len();
         debug_assert!(x.len() == nb * QK && qs.len() == nb * QK);
-        debug_assert!(sums.s.len() == nb && sums.halves.len() == nb);
+        debug_assert!(sums.s.len() == nb && sums.offsets.len() == nb);
         // SAFETY (whole body): block b reads x[b·QK..(b+1)·QK] and writes qs at the same
         // offsets, both in bounds by the contract; the rest is register arithmetic under AVX2.
         // SAFETY: the caller's contract, forwarded.
@@ -188,7 +189,7 @@ mod avx2 {
                 sums.d[b] = dr;
                 sums.s[b] = hsum_i32(sum) as f32 * dr;
                 let low = hsum_i32(_mm256_add_epi32(q[0], q[1]));
-                sums.halves[b] = [low, hsum_i32(sum) - low];
+                sums.offsets[b] = [-32 * low, -32 * (hsum_i32(sum) - low)];
             }
         }
     }
@@ -230,7 +231,7 @@ mod avx512 {
     pub(super) unsafe fn quantize_row(x: &[f32], qs: &mut [i8], mut sums: RowSums) {
         let nb = sums.d.len();
         debug_assert!(x.len() == nb * QK && qs.len() == nb * QK);
-        debug_assert!(sums.s.len() == nb && sums.halves.len() == nb);
+        debug_assert!(sums.s.len() == nb && sums.offsets.len() == nb);
         // SAFETY: (whole body) block b reads x[b·QK..(b+1)·QK] and writes qs at the same
         // offsets, both in bounds by the contract; the rest is register arithmetic.
         unsafe {
@@ -267,7 +268,7 @@ mod avx512 {
                 let (lo, hi) = (_mm512_reduce_add_epi32(q[0]), _mm512_reduce_add_epi32(q[1]));
                 sums.d[b] = dr;
                 sums.s[b] = (lo + hi) as f32 * dr;
-                sums.halves[b] = [lo, hi];
+                sums.offsets[b] = [-32 * lo, -32 * hi];
             }
         }
     }

@@ -409,9 +409,9 @@ impl PortableRow {
             };
             let [dlo, dhi] = self.scales[b];
             if w.ty == GgmlType::Q6_K {
-                let [ylo, yhi] = x.halves[at];
-                sum += (isum(0..QK / 2) - 32 * ylo) as f32 * (dlo * x.d[at]);
-                sum += (isum(QK / 2..QK) - 32 * yhi) as f32 * (dhi * x.d[at]);
+                let [olo, ohi] = x.offsets[at];
+                sum += (isum(0..QK / 2) + olo) as f32 * (dlo * x.d[at]);
+                sum += (isum(QK / 2..QK) + ohi) as f32 * (dhi * x.d[at]);
             } else {
                 sum += isum(0..QK) as f32 * (dlo * x.d[at]);
                 offs += self.offset[b] * x.s[at];

@@ -139,11 +139,11 @@ fn check_quantiser(isa: activations::QuantIsa, quantize: impl Fn(&[f32], &mut [i
     }
     let nb = x.len() / QK;
     let mut qs = vec![0i8; nb * QK];
-    let (mut d, mut s, mut halves) = (vec![0.0; nb], vec![0.0; nb], vec![[0; 2]; nb]);
+    let (mut d, mut s, mut offsets) = (vec![0.0; nb], vec![0.0; nb], vec![[0; 2]; nb]);
     let sums = RowSums {
         d: &mut d,
         s: &mut s,
-        halves: &mut halves,
+        offsets: &mut offsets,
     };
     quantize(&x, &mut qs, sums);
     for (b, xb) in x.chunks_exact(QK).enumerate() {
@@ -158,7 +158,11 @@ fn check_quantiser(isa: activations::QuantIsa, quantize: impl Fn(&[f32], &mut [i
                 .map(|&q| q as i32)
                 .sum()
         };
-        assert_eq!(halves[b], [half(0), half(1)], "{what} half sums");
+        assert_eq!(
+            offsets[b],
+            [-32 * half(0), -32 * half(1)],
+            "{what} half offsets"
+        );
     }
     assert_eq!(qs[1], -15, "-14.5 rounds away from zero");
     assert_eq!(qs[2], -14, "-13.5 rounds away from zero");

@@ -353,7 +353,7 @@ struct Epilogue<F> {
 struct XRows {
     d: *const f32,
     s: *const f32,
-    halves: *const [i32; 2],
+    offsets: *const [i32; 2],
     nb: usize,
     i: usize,
 }
@@ -363,7 +363,7 @@ impl XRows {
         XRows {
             d: x.d.as_ptr(),
             s: x.s.as_ptr(),
-            halves: x.halves.as_ptr(),
+            offsets: x.offsets.as_ptr(),
             nb,
             i,
         }
@@ -403,9 +403,9 @@ impl<F: QuantFormat> BlockScale for Epilogue<F> {
                 let at = (x.i + r) * x.nb + b;
                 let dx = Zmm::splat(*x.d.add(at));
                 if F::SCALES == Scales::SubSigned {
-                    let [ylo, yhi] = *x.halves.add(at);
-                    let lo = Zmm::sub_i32(sums_row(sums, 0, r), Zmm::splat_i32(32 * ylo));
-                    let hi = Zmm::sub_i32(sums_row(sums, 1, r), Zmm::splat_i32(32 * yhi));
+                    let [olo, ohi] = *x.offsets.add(at);
+                    let lo = _mm512_add_epi32(sums_row(sums, 0, r), Zmm::splat_i32(olo));
+                    let hi = _mm512_add_epi32(sums_row(sums, 1, r), Zmm::splat_i32(ohi));
                     acc[r] = Zmm::fmadd(Zmm::cvt(lo), Zmm::mul(dlo, dx), acc[r]);
                     acc[r] = Zmm::fmadd(Zmm::cvt(hi), Zmm::mul(dhi, dx), acc[r]);
                     continue;

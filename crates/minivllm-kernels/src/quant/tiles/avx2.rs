@@ -144,11 +144,6 @@ impl<D: IntDot> Width for Ymm<D> {
         unsafe { _mm256_srli_epi32::<N>(v) }
     }
     #[inline(always)]
-    unsafe fn sub_i32(a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: see the impl.
-        unsafe { _mm256_sub_epi32(a, b) }
-    }
-    #[inline(always)]
     unsafe fn cvt(v: __m256i) -> __m256 {
         // SAFETY: see the impl.
         unsafe { _mm256_cvtepi32_ps(v) }
@@ -185,11 +180,12 @@ impl<D: IntDot> Width for Ymm<D> {
     }
     #[inline(always)]
     unsafe fn quad_dot<const N: usize, const CHUNK: usize>(
+        init: __m256i,
         v: &[__m256i; N],
         y: *const i8,
     ) -> __m256i {
         // SAFETY: see the impl.
-        unsafe { D::dot::<N, CHUNK>(_mm256_setzero_si256(), v, &quads::<N>(y)) }
+        unsafe { D::dot::<N, CHUNK>(init, v, &quads::<N>(y)) }
     }
     #[inline(always)]
     unsafe fn store(v: __m256) -> [f32; LANES] {

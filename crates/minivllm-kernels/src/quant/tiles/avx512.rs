@@ -147,11 +147,6 @@ impl Width for Zmm {
         }
     }
     #[inline(always)]
-    unsafe fn sub_i32(a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: see the impl.
-        unsafe { _mm512_sub_epi32(a, b) }
-    }
-    #[inline(always)]
     unsafe fn cvt(v: __m512i) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_cvtepi32_ps(v) }
@@ -195,11 +190,12 @@ impl Width for Zmm {
     /// `vpdpbusd` sums in 32 bits: `CHUNK` does not apply.
     #[inline(always)]
     unsafe fn quad_dot<const N: usize, const CHUNK: usize>(
+        init: __m512i,
         v: &[__m512i; N],
         y: *const i8,
     ) -> __m512i {
         // SAFETY: see the impl.
-        unsafe { quad_sum(v, y) }
+        unsafe { quad_sum(init, v, y) }
     }
     #[inline(always)]
     unsafe fn store(v: __m512) -> [f32; GROUP] {
@@ -220,16 +216,16 @@ impl Width for Zmm {
     }
 }
 
-/// `Σ_n w[n] · quad n of y` over `N` quads, exact, one weight row per lane.
+/// `init + Σ_n w[n] · quad n of y` over `N` quads, exact, one weight row per lane.
 ///
 /// # Safety
 /// `y` must point to `4 N` readable bytes; the caller has AVX512-VNNI.
 #[inline(always)]
-unsafe fn quad_sum<const N: usize>(w: &[__m512i; N], y: *const i8) -> __m512i {
+unsafe fn quad_sum<const N: usize>(init: __m512i, w: &[__m512i; N], y: *const i8) -> __m512i {
     let y = y as *const i32;
     // SAFETY: the caller's contract.
     unsafe {
-        let mut acc = _mm512_setzero_si512();
+        let mut acc = init;
         for (n, w) in w.iter().enumerate() {
             let quad = _mm512_set1_epi32(y.add(n).read_unaligned());
             acc = _mm512_dpbusd_epi32(acc, *w, quad);
@@ -280,9 +276,10 @@ unsafe fn tile_q8_0<const R: usize>(
             });
             let dw = scales(wd.add(b * GROUP));
             for r in 0..R {
-                let [lo, hi] = *x.halves[r].add(b);
-                let offset = _mm512_set1_epi32(128 * (lo + hi));
-                let isum = _mm512_sub_epi32(quad_sum(&v, x.qs[r].add(b * QK)), offset);
+                // -128 Σ y: four times the two halves' Q6_K offsets.
+                let [lo, hi] = *x.offsets[r].add(b);
+                let offset = _mm512_set1_epi32(4 * (lo + hi));
+                let isum = quad_sum(offset, &v, x.qs[r].add(b * QK));
                 let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*x.d[r].add(b)));
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
             }
