@@ -105,24 +105,52 @@ pub(super) unsafe fn tile<const R: usize, W: Width>(
     x: &Q8Rows,
     i: usize,
 ) -> [W::Out; R] {
+    // SAFETY: the caller's contract, forwarded.
+    let [out] = unsafe { tile_units::<R, 1, W>(w, u, x, i) };
+    out
+}
+
+/// `out[k][r][c] = w[(u + k)·W::ROWS + c] · x[i + r]`: `U` consecutive units of one group
+/// in one pass over its blocks. A 256-bit unit is half a group, whose quants fill half of
+/// each 64-byte line: the halves one after another read a group's memory on the first and
+/// find it cached on the second, so one-row decoding left memory idle for half its time
+/// (the other half computing from cache). Both halves per block stream each line once, and
+/// share the activations' loads. (Q8_0 runs its units one after another.)
+///
+/// # Safety
+/// [`tile`]'s contract for each unit `u..u + U`, all in one group.
+#[inline(always)]
+pub(super) unsafe fn tile_units<const R: usize, const U: usize, W: Width>(
+    w: &QuantMatrix,
+    u: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[W::Out; R]; U] {
+    debug_assert!(u * W::ROWS / GROUP == (u + U - 1) * W::ROWS / GROUP);
     // SAFETY: (each arm) the caller's contract, forwarded.
     unsafe {
         match w.ty {
-            GgmlType::Q4_0 => tile_nibbles::<R, W, formats::Q4_0>(w, u, x, i),
-            GgmlType::Q4_1 => tile_nibbles::<R, W, formats::Q4_1>(w, u, x, i),
-            GgmlType::Q5_0 => tile_nibbles::<R, W, formats::Q5_0>(w, u, x, i),
-            GgmlType::Q5_1 => tile_nibbles::<R, W, formats::Q5_1>(w, u, x, i),
-            GgmlType::Q4_K => tile_nibbles::<R, W, formats::Q4_K>(w, u, x, i),
-            GgmlType::Q5_K => tile_nibbles::<R, W, formats::Q5_K>(w, u, x, i),
-            GgmlType::Q6_K => tile_nibbles::<R, W, formats::Q6_K>(w, u, x, i),
-            GgmlType::MXFP4 => tile_nibbles::<R, W, formats::MXFP4>(w, u, x, i),
-            _ => W::tile_q8_0::<R>(w, u, x, i),
+            GgmlType::Q4_0 => tile_nibbles::<R, U, W, formats::Q4_0>(w, u, x, i),
+            GgmlType::Q4_1 => tile_nibbles::<R, U, W, formats::Q4_1>(w, u, x, i),
+            GgmlType::Q5_0 => tile_nibbles::<R, U, W, formats::Q5_0>(w, u, x, i),
+            GgmlType::Q5_1 => tile_nibbles::<R, U, W, formats::Q5_1>(w, u, x, i),
+            GgmlType::Q4_K => tile_nibbles::<R, U, W, formats::Q4_K>(w, u, x, i),
+            GgmlType::Q5_K => tile_nibbles::<R, U, W, formats::Q5_K>(w, u, x, i),
+            GgmlType::Q6_K => tile_nibbles::<R, U, W, formats::Q6_K>(w, u, x, i),
+            GgmlType::MXFP4 => tile_nibbles::<R, U, W, formats::MXFP4>(w, u, x, i),
+            _ => {
+                let mut out = [[W::Out::default(); R]; U];
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = W::tile_q8_0::<R>(w, u + k, x, i);
+                }
+                out
+            }
         }
     }
 }
 
-/// Runs `$body` with `$r` = 0, 1, .. `$rows - 1` (at most 8), unrolled: each row's
-/// accumulator then stays in a register. LLVM left Q6_K's larger loop body rolled, its
+/// Runs `$body` with `$r` = 0, 1, .. `$rows - 1` (at most 8), unrolled: each row's (or
+/// unit's) accumulator then stays in a register. LLVM left Q6_K's larger loop body rolled, its
 /// accumulators on the stack (a store and a reload per row and block): 1.3x the time of
 /// Q4_K's tile where the work differs by a tenth.
 macro_rules! for_each_row {
@@ -176,18 +204,19 @@ macro_rules! for_each_row {
 // Index loops: the nibble index selects a register and a shift; `r` an accumulator and a row.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
+unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>(
     w: &QuantMatrix,
     u: usize,
     x: &Q8Rows,
     i: usize,
-) -> [W::Out; R] {
+) -> [[W::Out; R]; U] {
     const { assert!(4 <= F::BITS && F::BITS <= 6 && GROUP.is_multiple_of(W::ROWS)) };
     debug_assert_eq!(w.ty, F::TYPE);
     let nb = w.nb;
     let block_bytes = GROUP * QK / 2;
     let hb = hbits_bytes(w.ty);
-    // Group g, and the unit's first row within it (0 for a whole group).
+    // Group g, and the first unit's first row within it (0 for a whole group); unit k's
+    // bytes and scales lie k·W::ROWS lanes further in each vector.
     let (g, h) = (u * W::ROWS / GROUP, u * W::ROWS % GROUP);
     let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes + h * 4);
     let sub_step = sub_bytes(w.ty);
@@ -202,71 +231,88 @@ unsafe fn tile_nibbles<const R: usize, W: Width, F: QuantFormat>(
     // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants and `hb`
     // high-bit bytes, `scales_per_group` scales (and minima, for Q4_1, Q5_1, Q4_K and Q5_K)
     // of GROUP rows each, and `sub_step` scale bytes per block for K-quants (and a u32 of
-    // minima's top bits per row and super-block for Q4_K and Q5_K); the unit's rows
-    // h..h + W::ROWS lie within the group; activation rows i..i + R hold nb blocks of QK
+    // minima's top bits per row and super-block for Q4_K and Q5_K); the units' rows
+    // h..h + U·W::ROWS lie within the group; activation rows i..i + R hold nb blocks of QK
     // quants, scales, sums and half sums. The rest is register arithmetic under `W`'s
     // features, which the caller's contract provides.
     unsafe {
         let low = W::splat_i8(0x0F);
         let lut = W::table(&F::LUT.unwrap_or([0; 16]));
-        let mut acc = [W::zero_f(); R];
-        let (mut dsup, mut msup, mut mins_hi) = (W::zero_f(), W::zero_f(), W::zero_i());
+        let mut acc = [[W::zero_f(); R]; U];
+        let mut dsup = [W::zero_f(); U];
+        let mut msup = [W::zero_f(); U];
+        let mut mins_hi = [W::zero_i(); U];
         for b in 0..nb {
-            if !F::KQUANT || b % KSUB == 0 {
-                let at = if F::KQUANT { b / KSUB } else { b } * GROUP;
-                dsup = W::scales(wd.add(at));
-                if F::MINS {
-                    msup = W::scales(wm.add(at));
-                }
-                if F::SCALES == Scales::SubMin {
-                    mins_hi = W::load(wmh.add(at * 4));
-                }
-            }
             let q = wq.add(b * block_bytes);
             prefetch_block(q.wrapping_add(GROUP_PREFETCH), block_bytes);
             // The bits above the nibbles are a second stream, as far ahead in blocks.
             prefetch_block(wh.wrapping_add((b + GROUP_PREFETCH / block_bytes) * hb), hb);
-            let mut v = [W::zero_i(); 8];
-            for j in 0..4 {
-                let raw = W::load(q.add(j * VEC_BYTES));
-                v[j] = W::and(raw, low);
-                v[4 + j] = W::and(W::shr16::<4>(raw), low);
-            }
-            merge_high_bits::<W, F>(&mut v, wh.wrapping_add(b * hb));
-            if F::LUT.is_some() {
-                for n in &mut v {
-                    *n = W::lookup(lut, *n);
+            for_each_row!(U, k, {
+                let lane = k * W::ROWS;
+                if !F::KQUANT || b % KSUB == 0 {
+                    let at = if F::KQUANT { b / KSUB } else { b } * GROUP + lane;
+                    dsup[k] = W::scales(wd.add(at));
+                    if F::MINS {
+                        msup[k] = W::scales(wm.add(at));
+                    }
+                    if F::SCALES == Scales::SubMin {
+                        mins_hi[k] = W::load(wmh.add(at * 4));
+                    }
                 }
-            }
-            let (dlo, dhi, mlo) =
-                block_scales::<W, F>(dsup, msup, wsub.wrapping_add(b * sub_step), mins_hi);
-            if F::SCALES == Scales::SubMin {
-                mins_hi = W::shr32::<4>(mins_hi);
-            }
-            for_each_row!(R, r, {
-                let y = x.qs[r].add(b * QK);
-                let dx = W::splat(*x.d[r].add(b));
-                if F::SCALES == Scales::SubSigned {
-                    let [v0, v1, v2, v3, v4, v5, v6, v7] = v;
-                    let [olo, ohi] = *x.offsets[r].add(b);
-                    let lo = W::quad_dot::<4, 2>(W::splat_i32(olo), &[v0, v1, v2, v3], y);
-                    let hi =
-                        W::quad_dot::<4, 2>(W::splat_i32(ohi), &[v4, v5, v6, v7], y.add(QK / 2));
-                    acc[r] = W::fmadd(W::cvt(lo), W::mul(dlo, dx), acc[r]);
-                    acc[r] = W::fmadd(W::cvt(hi), W::mul(dhi, dx), acc[r]);
-                } else {
-                    // MXFP4's looked-up quants reach 24: 5-bit range.
-                    let isum = if F::BITS == 5 || F::LUT.is_some() {
-                        W::quad_dot::<8, 4>(W::zero_i(), &v, y)
+                let mut v = [W::zero_i(); 8];
+                for j in 0..4 {
+                    let raw = W::load(q.add(j * VEC_BYTES + lane * 4));
+                    v[j] = W::and(raw, low);
+                    v[4 + j] = W::and(W::shr16::<4>(raw), low);
+                }
+                merge_high_bits::<W, F>(&mut v, wh.wrapping_add(b * hb + lane * 4));
+                if F::LUT.is_some() {
+                    for n in &mut v {
+                        *n = W::lookup(lut, *n);
+                    }
+                }
+                let (dlo, dhi, mlo) = block_scales::<W, F>(
+                    dsup[k],
+                    msup[k],
+                    wsub.wrapping_add(b * sub_step + lane),
+                    mins_hi[k],
+                );
+                if F::SCALES == Scales::SubMin {
+                    mins_hi[k] = W::shr32::<4>(mins_hi[k]);
+                }
+                let acc = &mut acc[k];
+                for_each_row!(R, r, {
+                    let y = x.qs[r].add(b * QK);
+                    let dx = W::splat(*x.d[r].add(b));
+                    if F::SCALES == Scales::SubSigned {
+                        let [v0, v1, v2, v3, v4, v5, v6, v7] = v;
+                        let [olo, ohi] = *x.offsets[r].add(b);
+                        let lo = W::quad_dot::<4, 2>(W::splat_i32(olo), &[v0, v1, v2, v3], y);
+                        let hi = W::quad_dot::<4, 2>(
+                            W::splat_i32(ohi),
+                            &[v4, v5, v6, v7],
+                            y.add(QK / 2),
+                        );
+                        acc[r] = W::fmadd(W::cvt(lo), W::mul(dlo, dx), acc[r]);
+                        acc[r] = W::fmadd(W::cvt(hi), W::mul(dhi, dx), acc[r]);
                     } else {
-                        W::quad_dot::<8, 8>(W::zero_i(), &v, y)
-                    };
-                    acc[r] = W::fmadd(W::cvt(isum), W::mul(dlo, dx), acc[r]);
-                    acc[r] = W::fmadd(mlo, W::splat(*x.s[r].add(b)), acc[r]);
-                }
+                        // MXFP4's looked-up quants reach 24: 5-bit range.
+                        let isum = if F::BITS == 5 || F::LUT.is_some() {
+                            W::quad_dot::<8, 4>(W::zero_i(), &v, y)
+                        } else {
+                            W::quad_dot::<8, 8>(W::zero_i(), &v, y)
+                        };
+                        acc[r] = W::fmadd(W::cvt(isum), W::mul(dlo, dx), acc[r]);
+                        acc[r] = W::fmadd(mlo, W::splat(*x.s[r].add(b)), acc[r]);
+                    }
+                });
             });
         }
-        store_rows::<R, W>(acc)
+        let mut out = [[W::Out::default(); R]; U];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = store_rows::<R, W>(a);
+        }
+        out
     }
 }
 

@@ -382,7 +382,8 @@ fn x86_tiles_match_scalar() {
     }
 }
 
-/// The tiles of 1, 3 and 4 rows of both halves of group 0 against `want`, and each other;
+/// The tiles of 1, 3 and 4 rows of both halves of group 0 against `want`, and each other,
+/// and the tiles of 1, 2 and 3 rows of both halves at once (decoding's) against them;
 /// returns the 4-row tiles' results, `[row][column]`.
 #[cfg(target_arch = "x86_64")]
 fn check_group_tiles(
@@ -414,6 +415,27 @@ fn check_group_tiles(
         assert_eq!(one[0], four[2], "{what}");
         assert_eq!(three[0], four[1], "{what}");
         assert_eq!(three[2], four[3], "{what}");
+    }
+    // SAFETY: as above.
+    let (one, two, three) = unsafe {
+        (
+            avx2::tile_pair::<1>(kernel, w, 0, &xq, 3),
+            avx2::tile_pair::<2>(kernel, w, 0, &xq, 0),
+            avx2::tile_pair::<3>(kernel, w, 0, &xq, 1),
+        )
+    };
+    for t in 0..2 {
+        let what = format!("{} {what} pair, half {t}", kernel.name());
+        let half = |row: &[f32; GROUP]| -> [f32; LANES] {
+            row[t * LANES..(t + 1) * LANES].try_into().unwrap()
+        };
+        assert_eq!(one[t][0], half(&all[3]), "{what}");
+        assert_eq!(two[t], [half(&all[0]), half(&all[1])], "{what}");
+        assert_eq!(
+            three[t],
+            [half(&all[1]), half(&all[2]), half(&all[3])],
+            "{what}"
+        );
     }
     all
 }

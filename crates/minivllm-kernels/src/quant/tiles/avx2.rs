@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use half::f16;
 
-use super::{prefetch_block, tile, Width, XRows, Q8_0_PREFETCH};
+use super::{prefetch_block, tile, tile_units, Width, XRows, Q8_0_PREFETCH};
 use crate::quant::activations::Q8Rows;
 use crate::quant::formats::QK;
 use crate::quant::kernel::QKernel;
@@ -60,6 +60,53 @@ unsafe fn tile_avx_vnni<const R: usize>(
     // SAFETY: the caller's contract, forwarded; this function enables Ymm<AvxVnni>'s
     // features.
     unsafe { tile::<R, Ymm<AvxVnni>>(w, t, x, i) }
+}
+
+/// [`tile_group`] for both halves of group `g` in one pass (see [`super::tile_units`]):
+/// `out[k]` holds half `2g + k`'s.
+///
+/// # Safety
+/// [`tile_group`]'s contract for half groups `2g` and `2g + 1`.
+#[inline(always)]
+pub(in crate::quant) unsafe fn tile_pair<const R: usize>(
+    kernel: QKernel,
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[[f32; LANES]; R]; 2] {
+    debug_assert!(matches!(kernel, QKernel::Avx2 | QKernel::AvxVnni));
+    // SAFETY: (each arm) the caller's contract, which includes the CPU features.
+    unsafe {
+        match kernel {
+            QKernel::AvxVnni => pair_avx_vnni::<R>(w, g, x, i),
+            _ => pair_avx2::<R>(w, g, x, i),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_avx2<const R: usize>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[[f32; LANES]; R]; 2] {
+    // SAFETY: the caller's contract, forwarded; this function enables Ymm<Maddubs>'s
+    // features.
+    unsafe { tile_units::<R, 2, Ymm<Maddubs>>(w, 2 * g, x, i) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn pair_avx_vnni<const R: usize>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[[f32; LANES]; R]; 2] {
+    // SAFETY: the caller's contract, forwarded; this function enables Ymm<AvxVnni>'s
+    // features.
+    unsafe { tile_units::<R, 2, Ymm<AvxVnni>>(w, 2 * g, x, i) }
 }
 
 /// 256-bit registers, the integer sums by `D`: AVX2, FMA and F16C, and what `D` names.
