@@ -33,8 +33,9 @@ pub use super::layout::{mxfp4_scales_fit, QuantMatrix, QuantMatrixError};
 /// Activation rows per 256-bit tile (each against `LANES` weight rows).
 const TILE_R: usize = 4;
 /// Activation rows up to which the 256-bit tiles take both halves of a group in one pass
-/// ([`avx2::tile_pair`]): on a Zen 1 EPYC, one row 1.13-1.30x the rate of a half at a time,
-/// two rows 1.0-1.15x; three rows' accumulators for both halves spill (Q4_K 0.88x).
+/// ([`avx2::tile_pair`]): on a Zen 1 EPYC, one row 1.13-1.34x the rate of a half at a time
+/// (Q8_0 and Q4_0 at 95-98 % of the read bandwidth), two rows 1.0-1.15x; three rows'
+/// accumulators for both halves spill (Q4_K 0.88x).
 const PAIR_MAX_R: usize = 2;
 /// Activation rows per 512-bit tile: AVX-512's 32 registers hold eight accumulators beside
 /// a block's eight weight vectors, and each weight vector then meets twice the rows (Q4_1,

@@ -83,13 +83,13 @@ pub(super) trait Width {
         y: *const i8,
     ) -> Self::I;
     unsafe fn store(v: Self::F) -> Self::Out;
-    /// The Q8_0 tile: [`tile`]'s contract.
-    unsafe fn tile_q8_0<const R: usize>(
+    /// The Q8_0 tile of `U` units: [`tile_units`]'s contract.
+    unsafe fn tile_q8_0<const R: usize, const U: usize>(
         w: &QuantMatrix,
         u: usize,
         x: &Q8Rows,
         i: usize,
-    ) -> [Self::Out; R];
+    ) -> [[Self::Out; R]; U];
 }
 
 /// `out[r][c] = w[u·W::ROWS + c] · x[i + r]`: the tile of `w`'s format.
@@ -115,7 +115,7 @@ pub(super) unsafe fn tile<const R: usize, W: Width>(
 /// each 64-byte line: the halves one after another read a group's memory on the first and
 /// find it cached on the second, so one-row decoding left memory idle for half its time
 /// (the other half computing from cache). Both halves per block stream each line once, and
-/// share the activations' loads. (Q8_0 runs its units one after another.)
+/// share the activations' loads.
 ///
 /// # Safety
 /// [`tile`]'s contract for each unit `u..u + U`, all in one group.
@@ -138,13 +138,7 @@ pub(super) unsafe fn tile_units<const R: usize, const U: usize, W: Width>(
             GgmlType::Q5_K => tile_nibbles::<R, U, W, formats::Q5_K>(w, u, x, i),
             GgmlType::Q6_K => tile_nibbles::<R, U, W, formats::Q6_K>(w, u, x, i),
             GgmlType::MXFP4 => tile_nibbles::<R, U, W, formats::MXFP4>(w, u, x, i),
-            _ => {
-                let mut out = [[W::Out::default(); R]; U];
-                for (k, o) in out.iter_mut().enumerate() {
-                    *o = W::tile_q8_0::<R>(w, u + k, x, i);
-                }
-                out
-            }
+            _ => W::tile_q8_0::<R, U>(w, u, x, i),
         }
     }
 }

@@ -242,14 +242,14 @@ impl<D: IntDot> Width for Ymm<D> {
         out
     }
     #[inline(always)]
-    unsafe fn tile_q8_0<const R: usize>(
+    unsafe fn tile_q8_0<const R: usize, const U: usize>(
         w: &QuantMatrix,
         t: usize,
         x: &Q8Rows,
         i: usize,
-    ) -> [[f32; LANES]; R] {
+    ) -> [[[f32; LANES]; R]; U] {
         // SAFETY: the trait's contract, forwarded.
-        unsafe { tile_q8_0::<R, D>(w, t, x, i) }
+        unsafe { tile_q8_0::<R, U, D>(w, t, x, i) }
     }
 }
 
@@ -260,12 +260,12 @@ impl<D: IntDot> Width for Ymm<D> {
 // Index loops: the quad index `j` selects both a register and an activation offset.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_q8_0<const R: usize, D: IntDot>(
+unsafe fn tile_q8_0<const R: usize, const U: usize, D: IntDot>(
     w: &QuantMatrix,
     t: usize,
     x: &Q8Rows,
     i: usize,
-) -> [[f32; LANES]; R] {
+) -> [[[f32; LANES]; R]; U] {
     let nb = w.nb;
     let block_bytes = GROUP * QK;
     let (g, h) = (t / 2, t % 2);
@@ -275,38 +275,46 @@ unsafe fn tile_q8_0<const R: usize, D: IntDot>(
     let wd = w.d.as_ptr().wrapping_add(g * nb * GROUP + h * LANES) as *const u16;
     let XRows { qs: xq, d: xd, .. } = XRows::<R>::new(x, i, nb);
     // SAFETY (whole body): group g holds nb blocks of `block_bytes` quants and GROUP scales
-    // each; activation rows i..i + R hold nb blocks of QK quants and nb scales. The rest is
-    // register arithmetic under AVX2/FMA/F16C.
+    // each, the units' h·LANES..(h + U)·LANES rows among them; activation rows i..i + R hold
+    // nb blocks of QK quants and nb scales. The rest is register arithmetic under
+    // AVX2/FMA/F16C.
     // SAFETY: the caller's contract, forwarded.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [[_mm256_setzero_ps(); R]; U];
         for b in 0..nb {
             let q = wq.add(b * block_bytes);
             prefetch_block(q.wrapping_add(Q8_0_PREFETCH), block_bytes);
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd.add(b * GROUP) as *const __m128i));
-            let mut isum = [_mm256_setzero_si256(); R];
-            // Two halves of four vectors: eight quant vectors and their absolute values
-            // would take every register.
-            for half in 0..2 {
-                let mut v = [_mm256_setzero_si256(); 4];
-                let mut u = [_mm256_setzero_si256(); 4];
-                for j in 0..4 {
-                    let at = (4 * half + j) * VEC_BYTES;
-                    v[j] = _mm256_loadu_si256(q.add(at) as *const __m256i);
-                    u[j] = _mm256_sign_epi8(v[j], v[j]);
+            for k in 0..U {
+                let (q, lane) = (q.add(k * LANES * 4), b * GROUP + k * LANES);
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd.add(lane) as *const __m128i));
+                let mut isum = [_mm256_setzero_si256(); R];
+                // Two halves of four vectors: eight quant vectors and their absolute values
+                // would take every register.
+                for half in 0..2 {
+                    let mut v = [_mm256_setzero_si256(); 4];
+                    let mut u = [_mm256_setzero_si256(); 4];
+                    for j in 0..4 {
+                        let at = (4 * half + j) * VEC_BYTES;
+                        v[j] = _mm256_loadu_si256(q.add(at) as *const __m256i);
+                        u[j] = _mm256_sign_epi8(v[j], v[j]);
+                    }
+                    for r in 0..R {
+                        let quads = quads::<4>(xq[r].add(b * QK + 16 * half));
+                        let y = std::array::from_fn(|j| _mm256_sign_epi8(quads[j], v[j]));
+                        isum[r] = D::dot::<4, 1>(isum[r], &u, &y);
+                    }
                 }
                 for r in 0..R {
-                    let quads = quads::<4>(xq[r].add(b * QK + 16 * half));
-                    let y = std::array::from_fn(|j| _mm256_sign_epi8(quads[j], v[j]));
-                    isum[r] = D::dot::<4, 1>(isum[r], &u, &y);
+                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xd[r].add(b)));
+                    acc[k][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[k][r]);
                 }
             }
-            for r in 0..R {
-                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xd[r].add(b)));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
-            }
         }
-        super::store_rows::<R, Ymm<D>>(acc)
+        let mut out = [[[0.0; LANES]; R]; U];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = super::store_rows::<R, Ymm<D>>(a);
+        }
+        out
     }
 }
 

@@ -205,14 +205,15 @@ impl Width for Zmm {
         out
     }
     #[inline(always)]
-    unsafe fn tile_q8_0<const R: usize>(
+    unsafe fn tile_q8_0<const R: usize, const U: usize>(
         w: &QuantMatrix,
         g: usize,
         x: &Q8Rows,
         i: usize,
-    ) -> [[f32; GROUP]; R] {
+    ) -> [[[f32; GROUP]; R]; U] {
+        const { assert!(U == 1, "a 512-bit unit is a whole group") };
         // SAFETY: the trait's contract, forwarded.
-        unsafe { tile_q8_0::<R>(w, g, x, i) }
+        [unsafe { tile_q8_0::<R>(w, g, x, i) }; U]
     }
 }
 
