@@ -195,7 +195,7 @@ const PROBES: &[Probe] = &[
         available: || std::arch::is_x86_feature_detected!("avx2"),
         // SAFETY: `available` checked that the CPU has these instructions.
         run: |n| unsafe { x86::int8_avx2(n) },
-        ops_per_iter: x86::INT8_AVX2_CHAINS * 32 * 2,
+        ops_per_iter: x86::INT8_AVX2_CHAINS * x86::INT8_AVX2_PRODUCTS * 32 * 2,
     },
     Probe {
         name: INT8_AVX_VNNI,
@@ -263,9 +263,14 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::hint::black_box;
 
-    /// Chains of the three-instruction AVX2 int8 dot (maddubs, madd, add): fewer than
-    /// `CHAINS`, as each needs three registers' worth of work in flight.
-    pub(super) const INT8_AVX2_CHAINS: usize = 8;
+    /// Chains of the AVX2 int8 dot as the 4-bit tiles run it: fewer than `CHAINS`, as
+    /// each has [`INT8_AVX2_PRODUCTS`] products in flight.
+    pub(super) const INT8_AVX2_CHAINS: usize = 4;
+    /// `vpmaddubsw` products summed in 16 bits per `vpmaddwd` widening, as the tiles sum
+    /// 4-bit quants' products (`tiles::tile_nibbles`). A widening per product, as a probe
+    /// once had it, halved the figure on a Zen 1 EPYC, whose one integer multiply pipe
+    /// takes both instructions: the tiles then ran at "99 % of the peak".
+    pub(super) const INT8_AVX2_PRODUCTS: usize = 8;
 
     /// # Safety
     /// AVX2 must be available.
@@ -329,10 +334,12 @@ mod x86 {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_si256(); INT8_AVX2_CHAINS];
         for i in 0..n {
-            let u = us[i & 15];
             for (x, &s) in acc.iter_mut().zip(&ss) {
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
-                *x = _mm256_add_epi32(*x, p);
+                let mut s16 = _mm256_maddubs_epi16(us[i & 15], s);
+                for t in 1..INT8_AVX2_PRODUCTS {
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(us[(i + t) & 15], s));
+                }
+                *x = _mm256_add_epi32(*x, _mm256_madd_epi16(s16, ones));
             }
         }
         let total = acc.iter().fold(ones, |s, &v| _mm256_add_epi32(s, v));
