@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use half::f16;
 
-use super::{prefetch_block, tile, tile_units, Width, XRows, Q8_0_PREFETCH};
+use super::{prefetch_block, tile_units, Width, XRows, Q8_0_PREFETCH};
 use crate::quant::activations::Q8Rows;
 use crate::quant::formats::QK;
 use crate::quant::kernel::QKernel;
@@ -28,38 +28,9 @@ pub(in crate::quant) unsafe fn tile_group<const R: usize>(
     x: &Q8Rows,
     i: usize,
 ) -> [[f32; LANES]; R] {
-    debug_assert!(matches!(kernel, QKernel::Avx2 | QKernel::AvxVnni));
-    // SAFETY: (each arm) the caller's contract, which includes the CPU features.
-    unsafe {
-        match kernel {
-            QKernel::AvxVnni => tile_avx_vnni::<R>(w, t, x, i),
-            _ => tile_avx2::<R>(w, t, x, i),
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_avx2<const R: usize>(
-    w: &QuantMatrix,
-    t: usize,
-    x: &Q8Rows,
-    i: usize,
-) -> [[f32; LANES]; R] {
-    // SAFETY: the caller's contract, forwarded; this function enables Ymm<Maddubs>'s
-    // features.
-    unsafe { tile::<R, Ymm<Maddubs>>(w, t, x, i) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn tile_avx_vnni<const R: usize>(
-    w: &QuantMatrix,
-    t: usize,
-    x: &Q8Rows,
-    i: usize,
-) -> [[f32; LANES]; R] {
-    // SAFETY: the caller's contract, forwarded; this function enables Ymm<AvxVnni>'s
-    // features.
-    unsafe { tile::<R, Ymm<AvxVnni>>(w, t, x, i) }
+    // SAFETY: the caller's contract, forwarded.
+    let [out] = unsafe { units::<R, 1>(kernel, w, t, x, i) };
+    out
 }
 
 /// [`tile_group`] for both halves of group `g` in one pass (see [`super::tile_units`]):
@@ -75,38 +46,54 @@ pub(in crate::quant) unsafe fn tile_pair<const R: usize>(
     x: &Q8Rows,
     i: usize,
 ) -> [[[f32; LANES]; R]; 2] {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { units::<R, 2>(kernel, w, 2 * g, x, i) }
+}
+
+/// [`super::tile_units`] of half groups `t..t + U` by `kernel`'s instructions.
+///
+/// # Safety
+/// [`tile_group`]'s contract for each half group `t..t + U`, all in one group.
+#[inline(always)]
+unsafe fn units<const R: usize, const U: usize>(
+    kernel: QKernel,
+    w: &QuantMatrix,
+    t: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[[f32; LANES]; R]; U] {
     debug_assert!(matches!(kernel, QKernel::Avx2 | QKernel::AvxVnni));
     // SAFETY: (each arm) the caller's contract, which includes the CPU features.
     unsafe {
         match kernel {
-            QKernel::AvxVnni => pair_avx_vnni::<R>(w, g, x, i),
-            _ => pair_avx2::<R>(w, g, x, i),
+            QKernel::AvxVnni => units_avx_vnni::<R, U>(w, t, x, i),
+            _ => units_avx2::<R, U>(w, t, x, i),
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pair_avx2<const R: usize>(
+unsafe fn units_avx2<const R: usize, const U: usize>(
     w: &QuantMatrix,
-    g: usize,
+    t: usize,
     x: &Q8Rows,
     i: usize,
-) -> [[[f32; LANES]; R]; 2] {
+) -> [[[f32; LANES]; R]; U] {
     // SAFETY: the caller's contract, forwarded; this function enables Ymm<Maddubs>'s
     // features.
-    unsafe { tile_units::<R, 2, Ymm<Maddubs>>(w, 2 * g, x, i) }
+    unsafe { tile_units::<R, U, Ymm<Maddubs>>(w, t, x, i) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn pair_avx_vnni<const R: usize>(
+unsafe fn units_avx_vnni<const R: usize, const U: usize>(
     w: &QuantMatrix,
-    g: usize,
+    t: usize,
     x: &Q8Rows,
     i: usize,
-) -> [[[f32; LANES]; R]; 2] {
+) -> [[[f32; LANES]; R]; U] {
     // SAFETY: the caller's contract, forwarded; this function enables Ymm<AvxVnni>'s
     // features.
-    unsafe { tile_units::<R, 2, Ymm<AvxVnni>>(w, 2 * g, x, i) }
+    unsafe { tile_units::<R, U, Ymm<AvxVnni>>(w, t, x, i) }
 }
 
 /// 256-bit registers, the integer sums by `D`: AVX2, FMA and F16C, and what `D` names.
