@@ -382,7 +382,7 @@ fn x86_tiles_match_scalar() {
     }
 }
 
-/// The tiles of 1, 3 and 4 rows of both halves of group 0 against `want`, and each other,
+/// The tiles of 1, 3, 4, 6 and 8 rows of both halves of group 0 against `want`, and each other,
 /// and the tiles of 1, 2 and 3 rows of both halves at once (decoding's) against them;
 /// returns the 4-row tiles' results, `[row][column]`.
 #[cfg(target_arch = "x86_64")]
@@ -398,20 +398,26 @@ fn check_group_tiles(
     for t in 0..2 {
         let what = format!("{} {what} half {t}", kernel.name());
         // SAFETY: the caller checked `kernel.available()`; w has group 0 (both halves), and
-        // rows 0..4 of xq exist.
-        let (one, three, four) = unsafe {
+        // rows 0..8 of xq exist.
+        let (one, three, four, six, eight) = unsafe {
             (
                 avx2::tile_group::<1>(kernel, w, t, &xq, 2),
                 avx2::tile_group::<3>(kernel, w, t, &xq, 1),
                 avx2::tile_group::<4>(kernel, w, t, &xq, 0),
+                avx2::tile_group::<6>(kernel, w, t, &xq, 2),
+                avx2::tile_group::<8>(kernel, w, t, &xq, 0),
             )
         };
-        for (i, row) in four.iter().enumerate() {
+        for (i, row) in eight.iter().enumerate() {
             let at = i * GROUP + t * LANES;
             assert_close(row, &want[at..at + LANES], 1e-5, 1e-5, &what);
+        }
+        for (i, row) in four.iter().enumerate() {
             all[i][t * LANES..(t + 1) * LANES].copy_from_slice(row);
         }
         // Bit-for-bit the same whichever tile computed it: batch invariance.
+        assert_eq!(eight[..4], four, "{what}");
+        assert_eq!(six, eight[2..], "{what}");
         assert_eq!(one[0], four[2], "{what}");
         assert_eq!(three[0], four[1], "{what}");
         assert_eq!(three[2], four[3], "{what}");
