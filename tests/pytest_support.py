@@ -29,6 +29,24 @@ QUANTISED_LOGPROB_TOL = 0.3
 STARTUP_TIMEOUT_S = 120
 
 
+def opted_out(need: str) -> bool:
+    """Whether the developer opted out of the tests that need `need` (`models`, `mpi`,
+    `browser`, `netns`) by naming it in MINIVLLM_SKIP (space- or comma-separated), as the
+    Rust tests read it (`minivllm::testing::opted_out`)."""
+    names = os.environ.get("MINIVLLM_SKIP", "").replace(",", " ").split()
+    return need in names
+
+
+def skip_or_fail(need: str, missing: str):
+    """For a test that cannot run because `missing` (named `need` in MINIVLLM_SKIP) is not
+    here: a failure saying so, or a skip where the developer opted out of `need`. A test that
+    passes without what it tests guards nothing, so skipping takes an explicit flag."""
+    if opted_out(need):
+        pytest.skip(f"{missing} (MINIVLLM_SKIP={need})")
+    pytest.fail(f"{missing}. ./scripts/test.sh fetches the models and says what to install; "
+                f"MINIVLLM_SKIP={need} skips the tests that need it", pytrace=False)
+
+
 def path_from_env(var: str, default: str) -> str:
     p = Path(os.environ.get(var, default))
     return str(p if p.is_absolute() else ROOT / p)

@@ -4,10 +4,9 @@ a reply (the chat route's own greedy answer), stops a long one (the server abort
 request), keeps conversations across a reload, sends the system prompt, and asks for the API
 key when the server has one.
 
-Without a browser the tests are skipped, unless MINIVLLM_REQUIRE_BROWSER=1 (CI sets it).
+Without a browser the tests fail, unless the developer opted out with MINIVLLM_SKIP=browser.
 """
 
-import os
 import shutil
 import time
 import urllib.request
@@ -15,9 +14,7 @@ import urllib.request
 import pytest
 
 from conftest import SERVED_MODEL_NAME as MODEL, serve
-
-REQUIRED = os.environ.get("MINIVLLM_REQUIRE_BROWSER") == "1"
-
+from pytest_support import skip_or_fail
 
 def _browser_paths():
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -26,9 +23,7 @@ def _browser_paths():
 
 
 def _skip_or_fail(why: str):
-    if REQUIRED:
-        pytest.fail(f"{why} (MINIVLLM_REQUIRE_BROWSER=1)")
-    pytest.skip(why)
+    skip_or_fail("browser", why)
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,8 @@
 streamed, and `role: "tool"` turns fed back.
 
 Qwen2.5-Coder-0.5B-Instruct (trained on Hermes' `<tool_call>` format) runs with vLLM's
-`--enable-auto-tool-choice --tool-call-parser hermes`; it is fetched by
-`MINIVLLM_TEST_MODELS=qwen2.5-coder-0.5b ./scripts/test.sh` (CI does), and its tests are
-skipped without it. The forced choices (`required`, a named function) and the errors run on
+`--enable-auto-tool-choice --tool-call-parser hermes`; `./scripts/test.sh` fetches it, and
+its tests fail without it unless the developer opted out with MINIVLLM_SKIP=models. The forced choices (`required`, a named function) and the errors run on
 the session's SmolLM2 server, whose template knows no tools: constrained decoding alone
 makes its calls parse.
 """
@@ -19,7 +18,7 @@ import openai
 import pytest
 
 from conftest import TENSOR_PARALLEL, serve
-from pytest_support import path_from_env
+from pytest_support import path_from_env, skip_or_fail
 
 QWEN = path_from_env("MINIVLLM_QWEN_MODEL", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
 
@@ -49,7 +48,7 @@ def qwen(binary: str):
     if TENSOR_PARALLEL > 1:
         pytest.skip("Qwen2.5's 2 KV heads do not split over the suite's 3 ranks")
     if not os.path.exists(QWEN):
-        pytest.skip(f"no {QWEN}: MINIVLLM_TEST_MODELS=qwen2.5-coder-0.5b ./scripts/test.sh fetches it")
+        skip_or_fail("models", f"no {QWEN} (`minivllm download-model qwen2.5-coder-0.5b`)")
     server = serve([
         binary, "serve", "--model", QWEN, "--served-model-name", "qwen", "--port", "0",
         "--kv-cache-memory", "256MiB", "--max-model-len", "4096",

@@ -426,10 +426,13 @@ def test_python_dash_m_runs_the_command_line(model):
     assert bad.returncode == 2 and "--no-such-flag" in bad.stderr
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed")
 def test_tensor_parallel_script_under_mpirun_matches_one_process(model, tmp_path):
     """A vLLM-style script with tensor_parallel_size=3 under mpirun (SmolLM2: 9 heads, 3 KV
     heads): rank 0 prints the same greedy tokens as one process; the workers end cleanly."""
+    from pytest_support import skip_or_fail
+
+    if shutil.which("mpirun") is None:
+        skip_or_fail("mpi", "Open MPI is not installed (apt-get install openmpi-bin libopenmpi-dev)")
     script = tmp_path / "tp.py"
     script.write_text(
         "import json, sys\n"
@@ -530,15 +533,15 @@ def test_structured_outputs_as_in_vllm(llm):
 def test_chat_with_tools_renders_them_through_the_template():
     """vLLM's `LLM.chat(..., tools=...)` and the tokenizer's `apply_chat_template(tools=)`:
     Qwen2.5's template describes the tools, writes an earlier call and its result as the
-    model was trained on them. Skipped without the Qwen2.5 file (CI fetches it)."""
+    model was trained on them. Needs the Qwen2.5 file (./scripts/test.sh fetches it)."""
     import os
 
     from minivllm import LLM, SamplingParams
-    from pytest_support import path_from_env
+    from pytest_support import path_from_env, skip_or_fail
 
     qwen = path_from_env("MINIVLLM_QWEN_MODEL", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
     if not os.path.exists(qwen):
-        pytest.skip(f"no {qwen}: MINIVLLM_TEST_MODELS=qwen2.5-coder-0.5b ./scripts/test.sh fetches it")
+        skip_or_fail("models", f"no {qwen} (`minivllm download-model qwen2.5-coder-0.5b`)")
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "Weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]

@@ -23,6 +23,28 @@ pub fn test_model_path() -> PathBuf {
     path
 }
 
+/// Whether the developer opted out of the tests that need `need` (`models`: the real files
+/// beyond the default model; `mpi`; `browser`; `netns`: network namespaces) by naming it in
+/// `MINIVLLM_SKIP` (space- or comma-separated).
+pub fn opted_out(need: &str) -> bool {
+    std::env::var("MINIVLLM_SKIP").is_ok_and(|v| v.split([' ', ',']).any(|n| n.trim() == need))
+}
+
+/// For a test that cannot run because `missing` (named `need` in `MINIVLLM_SKIP`) is not on
+/// this machine: fails saying what is missing, unless the developer opted out of `need`, in
+/// which case it prints `SKIPPED` and returns (and the test then returns too). A test that
+/// passes without what it tests guards nothing, so skipping takes an explicit flag.
+pub fn skip_or_fail(need: &str, test: &str, missing: &str) {
+    if opted_out(need) {
+        eprintln!("SKIPPED {test}: {missing} (MINIVLLM_SKIP={need})");
+        return;
+    }
+    panic!(
+        "{test}: {missing}. `./scripts/test.sh` fetches the models and says what to install; \
+         MINIVLLM_SKIP={need} skips the tests that need it"
+    );
+}
+
 /// The Hugging Face reference outputs and tokenizer folder, committed in `tests/data/reference`
 /// (a copy of the team's `shared/reference`) so a lone clone tests itself; `MINIVLLM_REFERENCE_DIR`
 /// points elsewhere. Missing fails.

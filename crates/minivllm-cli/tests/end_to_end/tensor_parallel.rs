@@ -8,6 +8,7 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use minivllm::testing::skip_or_fail;
 use serde_json::{json, Value};
 
 use crate::common::model;
@@ -28,14 +29,17 @@ const PROMPTS: [&str; 12] = [
     "Dear Sir or Madam,",
 ];
 
-/// Whether the MPI tests can run here; says so when they cannot.
+/// Whether the MPI tests can run here: where they cannot, a failure, or `false` (after
+/// saying so) where the developer opted out with `MINIVLLM_SKIP=mpi`.
 fn mpi_available(test: &str) -> bool {
     let mpirun = Command::new("mpirun").arg("--version").output();
     let ok = cfg!(feature = "mpi") && mpirun.is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!(
-            "SKIPPED {test}: needs `--features mpi` and Open MPI's mpirun \
-             (apt-get install openmpi-bin libopenmpi-dev libclang-dev)"
+        skip_or_fail(
+            "mpi",
+            test,
+            "needs `--features mpi` (scripts/mpi_features.sh) and Open MPI's mpirun \
+             (apt-get install openmpi-bin libopenmpi-dev libclang-dev)",
         );
     }
     ok
@@ -147,7 +151,7 @@ fn real_files_on_two_and_three_ranks_give_one_process_tokens() {
     ] {
         let path = models.join(file);
         if !path.is_file() {
-            eprintln!("SKIPPED {test} for {file}: not downloaded");
+            skip_or_fail("models", test, &format!("{file} is not downloaded"));
             continue;
         }
         let path = path.to_str().unwrap();
@@ -410,8 +414,8 @@ fn ranks_on_two_hosts_over_tcp_give_one_process_tokens() {
         return;
     }
     let Some(hosts) = TwoHosts::new() else {
-        eprintln!("SKIPPED {test}: this machine cannot create network namespaces (needs root and iproute2)");
-        return;
+        let missing = "this machine cannot create network namespaces (needs root and iproute2)";
+        return skip_or_fail("netns", test, missing);
     };
     let dir = tempfile::tempdir().unwrap();
     let agent = dir.path().join("netns-agent.sh");

@@ -408,16 +408,13 @@ fn empty_batch_is_noop() {
         sliding_window: None,
         sinks: None,
     };
-    let none: &[f32] = &[];
-    paged_attention(&mut [], &[], none, none, &[], &shape);
-    reshape_and_cache(
-        &[],
-        &[],
-        &mut [] as &mut [f32],
-        &mut [] as &mut [f32],
-        &[],
-        &shape,
-    );
+    // A cache with contents, which a batch of no tokens must leave as it is.
+    let mut kc: Vec<f32> = (0..2 * shape.block_len()).map(|v| v as f32).collect();
+    let mut vc: Vec<f32> = kc.iter().map(|v| -v).collect();
+    let (k0, v0) = (kc.clone(), vc.clone());
+    paged_attention(&mut [], &[], &kc[..], &vc[..], &[], &shape);
+    reshape_and_cache(&[], &[], &mut kc[..], &mut vc[..], &[], &shape);
+    assert_eq!((kc, vc), (k0, v0));
 }
 
 /// Runs `paged_attention` in a pool of `threads` (tile sizes depend on the thread count).

@@ -109,7 +109,8 @@ fn smollm2_q4_1() {
     );
 }
 
-/// Dequantises the whole model and reports the speed (run with `--nocapture` to see it).
+/// Dequantises every tensor of the model: each gives as many finite values as its shape
+/// holds, and not all zero (the speed is printed: run with `--nocapture` to see it).
 #[test]
 fn dequantize_whole_model() {
     let file = GgufFile::open(&model_path()).unwrap();
@@ -118,7 +119,11 @@ fn dequantize_whole_model() {
     let mut elements = 0usize;
     for info in &file.tensors {
         bytes += info.n_bytes();
-        elements += file.dequantize_tensor(info).unwrap().len();
+        let values = file.dequantize_tensor(info).unwrap();
+        assert_eq!(values.len() as u64, info.n_elements(), "{}", info.name);
+        assert!(values.iter().all(|v| v.is_finite()), "{}", info.name);
+        assert!(values.iter().any(|&v| v != 0.0), "{}: all zero", info.name);
+        elements += values.len();
     }
     let secs = start.elapsed().as_secs_f64();
     println!(

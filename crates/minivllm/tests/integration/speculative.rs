@@ -296,8 +296,12 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
     let other = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
     if !other.is_file() {
-        eprintln!("SKIPPED: {} is not downloaded", other.display());
-        return;
+        let test = "a_draft_model_of_another_vocabulary_is_refused";
+        let missing = format!(
+            "{} is not downloaded (`minivllm download-model qwen2.5-coder-0.5b`)",
+            other.display()
+        );
+        return minivllm::testing::skip_or_fail("models", test, &missing);
     }
     let spec = format!(
         r#"{{"model": {:?}, "num_speculative_tokens": 3}}"#,
