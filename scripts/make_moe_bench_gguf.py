@@ -81,41 +81,13 @@ SHAPES = {
         sliding_window=128,
         yarn=(32.0, 4096),
     ),
-    "gpt-oss-tiny": dict(
-        arch="gpt-oss",
-        hidden=256,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        head_dim=64,
-        experts=8,
-        experts_used=2,
-        expert_ffn=256,
-        ffn=256,
-        vocab=None,
-        context=4096,
-        rope_theta=150_000.0,
-        eps=1e-5,
-        sliding_window=128,
-        yarn=(32.0, 4096),
-    ),
-    "tiny": dict(
-        arch="qwen3moe",
-        hidden=256,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        head_dim=64,
-        experts=8,
-        experts_used=2,
-        expert_ffn=256,
-        ffn=512,
-        vocab=None,  # the tokenizer's
-        context=4096,
-        rope_theta=1_000_000.0,
-        eps=1e-6,
-    ),
 }
+# Two-layer models of the same families, for the tests' quick runs: the real shape with small
+# widths (the tokenizer's vocabulary, as the real ones).
+_TINY = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, experts=8, experts_used=2,
+             expert_ffn=256, context=4096, vocab=None)
+SHAPES["gpt-oss-tiny"] = {**SHAPES["gpt-oss-20b"], **_TINY, "ffn": 256}
+SHAPES["tiny"] = {**SHAPES["qwen3-30b-a3b"], **_TINY, "ffn": 512}
 
 BLOCK_BYTES = {T.Q4_K: 144, T.Q6_K: 210, T.Q8_0: 34, T.MXFP4: 17}
 BLOCK_VALUES = {T.Q4_K: 256, T.Q6_K: 256, T.Q8_0: 32, T.MXFP4: 32}
