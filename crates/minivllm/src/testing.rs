@@ -45,6 +45,22 @@ pub fn skip_or_fail(need: &str, test: &str, missing: &str) {
     );
 }
 
+/// The real model `file` under `<workspace>/models/`, which `minivllm download-model <name>`
+/// fetches (as `scripts/test.sh` does); when it is not there, [`skip_or_fail`] for `models`
+/// and `None`.
+pub fn real_model(file: &str, name: &str, test: &str) -> Option<PathBuf> {
+    let path = workspace_root().join("models").join(file);
+    if path.is_file() {
+        return Some(path);
+    }
+    let missing = format!(
+        "{} is not downloaded (`minivllm download-model {name}`)",
+        path.display()
+    );
+    skip_or_fail("models", test, &missing);
+    None
+}
+
 /// The Hugging Face reference outputs and tokenizer folder, committed in `tests/data/reference`
 /// (a copy of the team's `shared/reference`) so a lone clone tests itself; `MINIVLLM_REFERENCE_DIR`
 /// points elsewhere. Missing fails.

@@ -8,7 +8,7 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use minivllm::testing::skip_or_fail;
+use minivllm::testing::{real_model, skip_or_fail};
 use serde_json::{json, Value};
 
 use crate::common::model;
@@ -144,16 +144,16 @@ fn real_files_on_two_and_three_ranks_give_one_process_tokens() {
     if !mpi_available(test) {
         return;
     }
-    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
-    for file in [
-        "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
-        "gemma-3-270m.Q4_K_M.gguf",
+    for (file, name) in [
+        (
+            "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+            "qwen2.5-coder-0.5b",
+        ),
+        ("gemma-3-270m.Q4_K_M.gguf", "gemma-3-270m"),
     ] {
-        let path = models.join(file);
-        if !path.is_file() {
-            skip_or_fail("models", test, &format!("{file} is not downloaded"));
+        let Some(path) = real_model(file, name, test) else {
             continue;
-        }
+        };
         let path = path.to_str().unwrap();
         let prompts = &PROMPTS[..4];
         let alone = generate_with(

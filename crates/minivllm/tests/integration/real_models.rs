@@ -23,7 +23,7 @@ use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::model_loader::{load_model, LoadedModel};
 use minivllm::sampling_params::SamplingParams;
-use minivllm::testing::{group_tables, skip_or_fail};
+use minivllm::testing::{group_tables, real_model};
 use minivllm::worker::cache_engine::CacheEngine;
 use minivllm::worker::model_runner::{ModelRunner, SeqInput};
 use minivllm_kernels::softmax::log_softmax_inplace;
@@ -52,25 +52,11 @@ fn data(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// The downloaded file; when it is not there, a failure, or `None` where the developer opted
-/// out of the real files (`MINIVLLM_SKIP=models`).
+/// The downloaded file, or `None` where the developer opted out of the real files
+/// (`MINIVLLM_SKIP=models`); missing otherwise, a failure.
 fn model_file(file: &str, test: &str) -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(file);
-    if path.is_file() {
-        return Some(path);
-    }
     let name = MODELS.iter().find(|m| m.1 == file).map_or(file, |m| m.0);
-    skip_or_fail(
-        "models",
-        test,
-        &format!(
-            "{} is not downloaded (`minivllm download-model {name}`)",
-            path.display()
-        ),
-    );
-    None
+    real_model(file, name, test)
 }
 
 use crate::common::ids;

@@ -3,7 +3,6 @@
 //! model's distribution, and a sequence whose guesses keep failing is given fewer.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use crate::common;
 use crate::common::{greedy, test_llm_speculative};
@@ -293,16 +292,11 @@ fn a_draft_model_gives_plain_decodings_tokens() {
 /// A draft model of another vocabulary is refused at start, by name.
 #[test]
 fn a_draft_model_of_another_vocabulary_is_refused() {
-    let other = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
-    if !other.is_file() {
-        let test = "a_draft_model_of_another_vocabulary_is_refused";
-        let missing = format!(
-            "{} is not downloaded (`minivllm download-model qwen2.5-coder-0.5b`)",
-            other.display()
-        );
-        return minivllm::testing::skip_or_fail("models", test, &missing);
-    }
+    let test = "a_draft_model_of_another_vocabulary_is_refused";
+    let qwen = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
+    let Some(other) = minivllm::testing::real_model(qwen, "qwen2.5-coder-0.5b", test) else {
+        return;
+    };
     let spec = format!(
         r#"{{"model": {:?}, "num_speculative_tokens": 3}}"#,
         other.to_str().unwrap()
