@@ -52,6 +52,16 @@ def path_from_env(var: str, default: str) -> str:
     return str(p if p.is_absolute() else ROOT / p)
 
 
+def qwen_model() -> str:
+    """Qwen2.5-Coder-0.5B-Instruct (`MINIVLLM_QWEN_MODEL`), for the tests of what the default
+    model cannot do (tool calls in Hermes' format, a template that describes tools); fails,
+    or skips with MINIVLLM_SKIP=models, when the file is not here."""
+    path = path_from_env("MINIVLLM_QWEN_MODEL", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
+    if not os.path.exists(path):
+        skip_or_fail("models", f"no {path} (`minivllm download-model qwen2.5-coder-0.5b`)")
+    return path
+
+
 @pytest.fixture(scope="session")
 def binary() -> str:
     path = path_from_env("MINIVLLM_BIN", "target/debug/minivllm")

@@ -472,32 +472,13 @@ class LLM:
         return text
 
 
-# The generation config's fields vLLM takes as sampling defaults, and their names there.
-_GENERATION_FIELDS = {
-    "repetition_penalty": "repetition_penalty",
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "max_new_tokens": "max_tokens",
-}
-
-
 def _generation_defaults(model: str) -> Dict[str, Any]:
     """The sampling defaults in a Hugging Face folder's generation_config.json (none for a
-    GGUF file, which has no such file)."""
-    path = os.path.join(model, "generation_config.json")
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        logger.warning("ignoring %s: %s", path, e)
-        return {}
-    defaults = {ours: config[theirs] for theirs, ours in _GENERATION_FIELDS.items() if theirs in config}
+    GGUF file, which has no such file), read by the engine's own reader, as the server reads
+    them: a file that does not parse is a ValueError naming it."""
+    defaults = json.loads(_core.generation_defaults(model))
     if defaults:
-        logger.info("default sampling parameters from %s: %s", path, defaults)
+        logger.info("default sampling parameters from %s: %s", model, defaults)
     return defaults
 
 

@@ -9,7 +9,6 @@ makes its calls parse.
 """
 
 import json
-import os
 import re
 import urllib.request
 
@@ -18,9 +17,8 @@ import openai
 import pytest
 
 from conftest import TENSOR_PARALLEL, serve
-from pytest_support import path_from_env, skip_or_fail
+from pytest_support import qwen_model
 
-QWEN = path_from_env("MINIVLLM_QWEN_MODEL", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -47,10 +45,8 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 def qwen(binary: str):
     if TENSOR_PARALLEL > 1:
         pytest.skip("Qwen2.5's 2 KV heads do not split over the suite's 3 ranks")
-    if not os.path.exists(QWEN):
-        skip_or_fail("models", f"no {QWEN} (`minivllm download-model qwen2.5-coder-0.5b`)")
     server = serve([
-        binary, "serve", "--model", QWEN, "--served-model-name", "qwen", "--port", "0",
+        binary, "serve", "--model", qwen_model(), "--served-model-name", "qwen", "--port", "0",
         "--kv-cache-memory", "256MiB", "--max-model-len", "4096",
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ])

@@ -248,6 +248,9 @@ def test_generation_config_gives_the_default_sampling_params(tmp_path):
     assert defaults == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 64}
     assert SamplingParams(**defaults).max_tokens == 64
     assert _generation_defaults(str(tmp_path / "model.gguf")) == {}
+    (tmp_path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="generation_config.json"):
+        _generation_defaults(str(tmp_path))
 
 
 def test_sampling_params_normalise_as_vllm():
@@ -534,14 +537,10 @@ def test_chat_with_tools_renders_them_through_the_template():
     """vLLM's `LLM.chat(..., tools=...)` and the tokenizer's `apply_chat_template(tools=)`:
     Qwen2.5's template describes the tools, writes an earlier call and its result as the
     model was trained on them. Needs the Qwen2.5 file (./scripts/test.sh fetches it)."""
-    import os
-
     from minivllm import LLM, SamplingParams
-    from pytest_support import path_from_env, skip_or_fail
+    from pytest_support import qwen_model
 
-    qwen = path_from_env("MINIVLLM_QWEN_MODEL", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
-    if not os.path.exists(qwen):
-        skip_or_fail("models", f"no {qwen} (`minivllm download-model qwen2.5-coder-0.5b`)")
+    qwen = qwen_model()
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "Weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]

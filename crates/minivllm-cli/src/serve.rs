@@ -5,7 +5,8 @@ use minivllm::engine::async_engine::{AsyncEngine, AsyncEngineOptions};
 use minivllm::engine::llm_engine::LLMEngine;
 use std::time::Duration;
 
-use minivllm::entrypoints::openai::api_server::{self, ConnectionLimits, ServerConfig};
+use minivllm::entrypoints::openai::api_server::{self, ConnectionLimits};
+use minivllm::entrypoints::openai::server_state::ServerConfig;
 use minivllm::entrypoints::openai::tool_calls::ToolCallConfig;
 use minivllm::entrypoints::openai::tool_parsers::ToolParserName;
 

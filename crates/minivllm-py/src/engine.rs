@@ -132,7 +132,8 @@ impl Engine {
     }
 
     /// Queues `(request_id, prompt, sampling_params_json, priority)` requests and returns
-    /// the batch to wait on. Raises `ValueError` for the first request the engine refuses,
+    /// the batch to wait on. Raises `ValueError` for the first request whose parameters the
+    /// engine refuses (before queueing any), or that it refuses on taking it (its prompt),
     /// and then aborts the others.
     fn submit(
         &self,
@@ -141,7 +142,6 @@ impl Engine {
     ) -> PyResult<Batch> {
         let mut new = Vec::with_capacity(requests.len());
         for (request_id, prompt, params, priority) in requests {
-            // Checked by the engine as it takes the request (`add_request`).
             let params: SamplingParams = serde_json::from_str(&params).map_err(value_error)?;
             let params = SamplingParams {
                 // `generate` reads nothing but the final outputs: no step builds the others.
@@ -152,11 +152,15 @@ impl Engine {
                 Prompt::Text(t) => PromptInput::Text(t),
                 Prompt::TokenIds(ids) => PromptInput::TokenIds(ids),
             };
+            // Every request is checked before any is queued.
+            let params = self
+                .engine()
+                .check(params, priority)
+                .map_err(engine_error)?;
             new.push(NewRequest {
                 request_id,
                 prompt,
                 params,
-                priority,
             });
         }
         self.queue(py, new)
@@ -177,6 +181,7 @@ impl Engine {
             max_tokens: Some(1),
             ..SamplingParams::default()
         };
+        let params = self.engine().check(params, 0).map_err(engine_error)?;
         let new = (requests.into_iter())
             .map(|(request_id, prompt)| NewRequest {
                 request_id,
@@ -185,7 +190,6 @@ impl Engine {
                     Prompt::TokenIds(ids) => PromptInput::TokenIds(ids),
                 },
                 params: params.clone(),
-                priority: 0,
             })
             .collect();
         self.queue(py, new)

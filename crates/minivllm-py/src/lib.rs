@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use minivllm::sampling_params::SamplingParams;
+use minivllm::sampling_params::{GenerationDefaults, SamplingParams};
 
 /// Clears pyo3-log's cache of Python loggers and their levels, so that a change of
 /// `logging`'s configuration after the first message is seen.
@@ -33,6 +33,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Batch>()?;
     m.add_class::<tokenizer::Tokenizer>()?;
     m.add_function(wrap_pyfunction!(check_sampling_params, m)?)?;
+    m.add_function(wrap_pyfunction!(generation_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(reset_log_cache, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -45,6 +46,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
 fn check_sampling_params(json: &str) -> PyResult<()> {
     let params: SamplingParams = serde_json::from_str(json).map_err(value_error)?;
     params.validate().map_err(value_error)
+}
+
+/// The sampling defaults `model`'s `generation_config.json` sets (none for a GGUF file), as
+/// JSON with `SamplingParams`' names, read as the server reads them: a file that does not
+/// parse raises `ValueError` naming it.
+#[pyfunction]
+fn generation_defaults(model: &str) -> PyResult<String> {
+    let defaults =
+        GenerationDefaults::from_model(std::path::Path::new(model)).map_err(value_error)?;
+    Ok(serde_json::Value::Object(defaults.from_file_json()).to_string())
 }
 
 #[pyfunction]

@@ -211,9 +211,10 @@ impl SamplingParams {
         }
     }
 
-    /// How many sequences the request runs.
-    pub fn best_of_or_n(&self) -> usize {
-        self.best_of.unwrap_or(self.n)
+    /// How many sequences the request runs: `best_of` when set, else `n` (the larger, for
+    /// parameters not checked yet). The one formula every layer uses.
+    pub fn num_sequences(&self) -> usize {
+        self.best_of.unwrap_or(self.n).max(self.n)
     }
 
     /// `top_k` as a count, `None` when off.
@@ -227,7 +228,7 @@ impl SamplingParams {
         if let Some(so) = &self.structured_outputs {
             so.constraint()?;
         }
-        if self.pooling.is_some() && (self.best_of_or_n() > 1 || self.prompt_logprobs.is_some()) {
+        if self.pooling.is_some() && (self.num_sequences() > 1 || self.prompt_logprobs.is_some()) {
             return Err(ValidationError::new(
                 None,
                 "an embedding request pools one pass over its prompt: n, best_of and \

@@ -135,15 +135,10 @@ impl EngineArgs {
     }
 }
 
-/// The sequences a request runs: `best_of` if set, else `n`.
-pub fn width(params: &SamplingParams) -> usize {
-    params.best_of.unwrap_or(params.n).max(params.n)
-}
-
 /// A request's sequences (`n`, or `best_of` when larger) must fit in one batch: a wider one
 /// could never be scheduled whole, and its per-sequence state would be allocated for nothing.
 pub fn check_width(params: &SamplingParams, max_num_seqs: usize) -> Result<(), EngineError> {
-    let width = width(params);
+    let width = params.num_sequences();
     if width > max_num_seqs {
         return Err(EngineError::TooManySequences {
             width,

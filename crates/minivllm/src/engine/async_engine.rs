@@ -13,7 +13,8 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::llm_engine::{width, EngineError, EngineStats, LLMEngine, PromptInput};
+use crate::engine::input_processor::{CheckedParams, RequestChecks};
+use crate::engine::llm_engine::{EngineError, EngineStats, LLMEngine, PromptInput};
 use crate::engine::metrics::RequestMetrics;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::RequestOutput;
@@ -44,8 +45,7 @@ enum Command {
 struct AddRequest {
     request_id: String,
     prompt: PromptInput,
-    params: SamplingParams,
-    priority: i32,
+    params: CheckedParams,
     /// Its structured-output constraint, compiled before it was sent.
     grammar: Option<Box<dyn StructuredOutputGrammar>>,
     outputs: mpsc::UnboundedSender<RequestOutput>,
@@ -77,12 +77,12 @@ impl Shared {
 }
 
 /// A handle to the engine thread; clones share it. The thread ends when the last handle drops.
-/// One request for [`AsyncEngine::generate_many`].
+/// One request for [`AsyncEngine::generate_many`], its parameters checked by
+/// [`AsyncEngine::check`].
 pub struct NewRequest {
     pub request_id: String,
     pub prompt: PromptInput,
-    pub params: SamplingParams,
-    pub priority: i32,
+    pub params: CheckedParams,
 }
 
 #[derive(Clone)]
@@ -91,9 +91,7 @@ pub struct AsyncEngine {
     shared: Arc<Shared>,
     tokenizer: Arc<Tokenizer>,
     structured: Arc<StructuredOutputManager>,
-    max_model_len: usize,
-    max_num_seqs: usize,
-    max_logprobs: usize,
+    checks: RequestChecks,
 }
 
 impl AsyncEngine {
@@ -112,9 +110,7 @@ impl AsyncEngine {
         });
         let tokenizer = engine.tokenizer().clone();
         let structured = Arc::clone(engine.structured_output_manager());
-        let max_model_len = engine.max_model_len();
-        let max_num_seqs = engine.max_num_seqs();
-        let max_logprobs = engine.max_logprobs();
+        let checks = engine.request_checks().clone();
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("minivllm-engine".into())
@@ -126,9 +122,7 @@ impl AsyncEngine {
             shared,
             tokenizer,
             structured,
-            max_model_len,
-            max_num_seqs,
-            max_logprobs,
+            checks,
         }
     }
 
@@ -157,8 +151,7 @@ impl AsyncEngine {
         let one = NewRequest {
             request_id: request_id.into(),
             prompt,
-            params,
-            priority,
+            params: self.check(params, priority)?,
         };
         let mut streams = self.generate_many(vec![one]).await?;
         Ok(streams.remove(0))
@@ -214,12 +207,10 @@ impl AsyncEngine {
     ) -> Result<Vec<Option<Grammar>>, AsyncEngineError> {
         let mut grammars = Vec::with_capacity(requests.len());
         for r in requests {
-            let Some(so) = &r.params.structured_outputs else {
+            let Some(so) = &r.params.params().structured_outputs else {
                 grammars.push(None);
                 continue;
             };
-            // The request's own checks first, with their messages (two constraints, ...).
-            r.params.validate().map_err(EngineError::from)?;
             let (manager, so, prompt) =
                 (Arc::clone(&self.structured), so.clone(), r.prompt.clone());
             let compiled = tokio::task::spawn_blocking(move || manager.compile(&so, &prompt))
@@ -248,7 +239,6 @@ impl AsyncEngine {
                 request_id: r.request_id,
                 prompt: r.prompt,
                 params: r.params,
-                priority: r.priority,
                 grammar,
                 outputs,
                 reply,
@@ -294,15 +284,21 @@ impl AsyncEngine {
     }
 
     pub fn max_model_len(&self) -> usize {
-        self.max_model_len
+        self.checks.limits.max_model_len
     }
 
     pub fn max_num_seqs(&self) -> usize {
-        self.max_num_seqs
+        self.checks.max_num_seqs
     }
 
-    pub fn max_logprobs(&self) -> usize {
-        self.max_logprobs
+    /// The engine's checks of a request's parameters and priority, made here (on the
+    /// caller's thread) and nowhere else: the engine takes what passes as it is.
+    pub fn check(
+        &self,
+        params: SamplingParams,
+        priority: i32,
+    ) -> Result<CheckedParams, EngineError> {
+        self.checks.check(params, priority)
     }
 }
 
@@ -407,7 +403,7 @@ fn step(
 /// request (its width is already bounded by `--max-num-seqs`).
 fn over_limit(engine: &LLMEngine, params: &SamplingParams, max: usize) -> bool {
     let waiting = engine.num_waiting_sequences();
-    waiting > 0 && waiting + width(params) > max
+    waiting > 0 && waiting + params.num_sequences() > max
 }
 
 fn abort(engine: &mut LLMEngine, shared: &Shared, id: &str, why: &str) {
@@ -429,13 +425,12 @@ fn handle(
                 request_id,
                 prompt,
                 params,
-                priority,
                 grammar,
                 outputs,
                 reply,
             } = *add;
             let result = match options.max_waiting_requests {
-                Some(max) if over_limit(engine, &params, max) => {
+                Some(max) if over_limit(engine, params.params(), max) => {
                     Err(AsyncEngineError::Overloaded { max_waiting: max })
                 }
                 _ => {
@@ -444,22 +439,18 @@ fn handle(
                     // best_of > n ranks its completions only at the end (and the server
                     // refuses to stream it), so such a request sends its final output alone,
                     // as does one whose caller reads nothing else (`LLM.generate` in Python).
-                    let final_only = params.output_kind == RequestOutputKind::FinalOnly;
-                    let output_kind = if final_only || params.best_of_or_n() > params.n {
+                    let p = params.params();
+                    let final_only = p.output_kind == RequestOutputKind::FinalOnly;
+                    let output_kind = if final_only || p.num_sequences() > p.n {
                         RequestOutputKind::FinalOnly
                     } else {
                         RequestOutputKind::Delta
                     };
-                    let params = SamplingParams {
-                        output_kind,
-                        ..params
-                    };
                     engine
-                        .add_constrained_request(
+                        .add_checked_request(
                             request_id.clone(),
                             prompt,
-                            params,
-                            priority,
+                            params.with_output_kind(output_kind),
                             grammar,
                         )
                         .map_err(AsyncEngineError::from)
@@ -553,8 +544,7 @@ mod tests {
             .map(|i| NewRequest {
                 request_id: format!("r{i}"),
                 prompt: format!("Prompt number {i} is").into(),
-                params: params(1),
-                priority: 0,
+                params: engine.check(params(1), 0).unwrap(),
             })
             .collect();
         let streams = engine.generate_many(requests).await.unwrap();
@@ -580,8 +570,7 @@ mod tests {
         let request = |id: &str, max_tokens| NewRequest {
             request_id: id.into(),
             prompt: "The capital of France is".into(),
-            params: final_only(max_tokens),
-            priority: 0,
+            params: engine.check(final_only(max_tokens), 0).unwrap(),
         };
         let (tx, mut rx) = mpsc::unbounded_channel();
         engine
@@ -597,17 +586,18 @@ mod tests {
             outs[1].outputs[0].token_ids
         );
 
-        let bad = NewRequest {
-            params: SamplingParams {
-                top_p: 0.0,
-                ..final_only(3)
-            },
-            ..request("c", 3)
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..final_only(3)
         };
-        let refused = engine.submit_blocking(vec![request("d", 400), bad], &tx);
+        assert!(matches!(
+            engine.check(bad, 0),
+            Err(EngineError::Validation(_))
+        ));
+        let refused = engine.submit_blocking(vec![request("d", 400), request("d", 3)], &tx);
         assert!(matches!(
             refused,
-            Err(AsyncEngineError::Engine(EngineError::Validation(_)))
+            Err(AsyncEngineError::Engine(EngineError::DuplicateRequest(_)))
         ));
         drop((tx, rx));
         let deadline = Instant::now() + Duration::from_secs(30);

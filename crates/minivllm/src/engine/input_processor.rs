@@ -7,7 +7,7 @@ use crate::engine::arg_utils::check_width;
 use crate::engine::errors::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::TokenId;
-use crate::sampling_params::{SamplingParams, ValidationError};
+use crate::sampling_params::{RequestOutputKind, SamplingParams, ValidationError};
 
 /// A prompt in either of vLLM's two forms.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +42,7 @@ pub struct ProcessedPrompt {
 
 /// What a request must satisfy to run on the engine, beyond the scheduler's settings: its
 /// prompt, the model's context and vocabulary; its logprobs, `--max-logprobs`.
+#[derive(Debug, Clone)]
 pub struct RequestLimits {
     pub max_model_len: usize,
     pub vocab_size: usize,
@@ -49,28 +50,79 @@ pub struct RequestLimits {
     pub max_logprobs: usize,
 }
 
-/// vLLM's checks of a request's parameters, with its messages: on their own, against the
-/// tokenizer's vocabulary and `--max-logprobs`, its width against the scheduler's
-/// `--max-num-seqs`, and a priority only under its priority policy (under FCFS it would be
-/// silently ignored).
-pub fn check_params(
-    tokenizer: &Tokenizer,
-    params: &SamplingParams,
-    priority: i32,
-    limits: &RequestLimits,
-    sched: &SchedulerConfig,
-) -> Result<(), EngineError> {
-    params.validate()?;
-    params.validate_for_model(tokenizer.vocab_size(), limits.max_logprobs)?;
-    check_width(params, sched.max_num_seqs)?;
-    if priority != 0 && sched.policy != Policy::Priority {
-        return Err(ValidationError::new(
-            Some("priority"),
-            format!("Got priority {priority} but Priority scheduling is not enabled."),
-        )
-        .into());
+/// The engine's settings a request's parameters are checked against, copied out of the
+/// engine so that whoever submits (a route, `LLM`, Python) checks on its own thread, before
+/// it spends anything on the request.
+#[derive(Debug, Clone)]
+pub struct RequestChecks {
+    pub limits: RequestLimits,
+    /// The tokenizer's vocabulary (logit biases and allowed tokens name its ids).
+    pub tokenizer_vocab_size: usize,
+    /// `--max-num-seqs`: the widest a request may be.
+    pub max_num_seqs: usize,
+    pub policy: Policy,
+}
+
+impl RequestChecks {
+    pub fn new(tokenizer: &Tokenizer, limits: RequestLimits, sched: &SchedulerConfig) -> Self {
+        RequestChecks {
+            limits,
+            tokenizer_vocab_size: tokenizer.vocab_size(),
+            max_num_seqs: sched.max_num_seqs,
+            policy: sched.policy,
+        }
     }
-    Ok(())
+
+    /// vLLM's checks of a request's parameters, with its messages: on their own, against the
+    /// tokenizer's vocabulary and `--max-logprobs`, its width against `--max-num-seqs`, and a
+    /// priority only under the priority policy (under FCFS it would be silently ignored).
+    /// The one place they are made: the engine takes the result without checking again.
+    pub fn check(
+        &self,
+        params: SamplingParams,
+        priority: i32,
+    ) -> Result<CheckedParams, EngineError> {
+        params.validate()?;
+        params.validate_for_model(self.tokenizer_vocab_size, self.limits.max_logprobs)?;
+        check_width(&params, self.max_num_seqs)?;
+        if priority != 0 && self.policy != Policy::Priority {
+            return Err(ValidationError::new(
+                Some("priority"),
+                format!("Got priority {priority} but Priority scheduling is not enabled."),
+            )
+            .into());
+        }
+        Ok(CheckedParams { params, priority })
+    }
+}
+
+/// A request's parameters and priority once [`RequestChecks::check`] passed them; nothing
+/// else makes one, so the engine admits it without checking again.
+#[derive(Debug, Clone)]
+pub struct CheckedParams {
+    params: SamplingParams,
+    priority: i32,
+}
+
+impl CheckedParams {
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    pub fn into_params(self) -> SamplingParams {
+        self.params
+    }
+
+    /// The same request with outputs of `kind`: how the caller reads them changes nothing
+    /// the checks looked at.
+    pub fn with_output_kind(mut self, kind: RequestOutputKind) -> Self {
+        self.params.output_kind = kind;
+        self
+    }
 }
 
 /// Tokenises a text prompt and checks the ids against the model: never empty, within the

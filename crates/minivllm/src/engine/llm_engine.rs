@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use crate::core::scheduler::{Scheduler, SchedulerOutput};
 use crate::engine::arg_utils::{check_kv_cache_fits, kv_cache_manager, scheduler_config};
-pub use crate::engine::arg_utils::{check_width, width, EngineArgs};
+pub use crate::engine::arg_utils::{check_width, EngineArgs};
 pub use crate::engine::errors::EngineError;
 pub use crate::engine::input_processor::PromptInput;
-use crate::engine::input_processor::{check_params, process_prompt, RequestLimits};
+use crate::engine::input_processor::{process_prompt, CheckedParams, RequestChecks, RequestLimits};
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::StatsLogger;
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
@@ -37,7 +37,7 @@ pub struct LLMEngine {
     tokenizer: Arc<Tokenizer>,
     scheduler: Scheduler,
     outputs: OutputProcessor,
-    limits: RequestLimits,
+    checks: RequestChecks,
     next_arrival: u64,
     next_seq_id: u64,
     eos_token_ids: Arc<[TokenId]>,
@@ -92,16 +92,18 @@ impl LLMEngine {
             executor.model().config().vocab_size,
             args.reasoning_parser.map(ReasoningParser::new),
         ));
+        let limits = RequestLimits {
+            max_model_len,
+            vocab_size: executor.model().config().vocab_size,
+            max_logprobs: args.max_logprobs,
+        };
+        let checks = RequestChecks::new(&tokenizer, limits, &sched_cfg);
         let mut engine = Self {
             outputs: OutputProcessor::new(Arc::clone(&tokenizer)),
             eos_token_ids: Arc::from(tokenizer.eos_token_ids()),
             tokenizer,
             scheduler: Scheduler::new(sched_cfg, kv_cache_manager),
-            limits: RequestLimits {
-                max_model_len,
-                vocab_size: executor.model().config().vocab_size,
-                max_logprobs: args.max_logprobs,
-            },
+            checks,
             executor,
             next_arrival: 0,
             next_seq_id: 0,
@@ -133,19 +135,14 @@ impl LLMEngine {
         &self.tokenizer
     }
 
+    /// What a request's parameters are checked against, for callers that check them on
+    /// their own threads and submit them with [`add_checked_request`](Self::add_checked_request).
+    pub fn request_checks(&self) -> &RequestChecks {
+        &self.checks
+    }
+
     pub fn max_model_len(&self) -> usize {
-        self.limits.max_model_len
-    }
-
-    /// `--max-logprobs`, as given ([`ALL_LOGPROBS`](crate::sampling_params::ALL_LOGPROBS) for -1).
-    pub fn max_logprobs(&self) -> usize {
-        self.limits.max_logprobs
-    }
-
-    /// Most sequences one step runs (`--max-num-seqs`), and so the widest a request may be
-    /// (`n`, or `best_of` when larger).
-    pub fn max_num_seqs(&self) -> usize {
-        self.scheduler.config().max_num_seqs
+        self.checks.limits.max_model_len
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -240,36 +237,37 @@ impl LLMEngine {
         params: SamplingParams,
         priority: i32,
     ) -> Result<(), EngineError> {
-        self.add_constrained_request(request_id, prompt, params, priority, None)
+        let params = self.checks.check(params, priority)?;
+        self.add_checked_request(request_id, prompt, params, None)
     }
 
-    /// [`add_request`](Self::add_request) with each completion's tokens constrained by a
-    /// copy of `grammar` (structured output's seam: `structured_output.rs`).
-    pub fn add_constrained_request(
+    /// [`add_request`](Self::add_request) for parameters already checked
+    /// ([`request_checks`](Self::request_checks)), with each completion's tokens constrained
+    /// by a copy of `grammar` (structured output's seam: `structured_output.rs`) when given.
+    pub fn add_checked_request(
         &mut self,
         request_id: impl Into<String>,
         prompt: PromptInput,
-        params: SamplingParams,
-        priority: i32,
+        params: CheckedParams,
         grammar: Option<Box<dyn StructuredOutputGrammar>>,
     ) -> Result<(), EngineError> {
         let request_id = RequestId(request_id.into());
         if self.outputs.contains(&request_id) {
             return Err(EngineError::DuplicateRequest(request_id.0));
         }
-        let sched = self.scheduler.config();
-        check_params(&self.tokenizer, &params, priority, &self.limits, sched)?;
+        let priority = params.priority();
+        let params = params.into_params();
         let grammar = match (grammar, &params.structured_outputs) {
             (None, Some(so)) => Some(self.structured.compile(so, &prompt)?),
             (grammar, _) => grammar,
         };
-        let prompt = process_prompt(&self.tokenizer, prompt, &self.limits)?;
+        let prompt = process_prompt(&self.tokenizer, prompt, &self.checks.limits)?;
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
-        let width = params.best_of_or_n().max(params.n);
+        let width = params.num_sequences();
         let max_tokens = (params.max_tokens.unwrap_or(usize::MAX))
-            .min(self.limits.max_model_len - prompt.token_ids.len());
+            .min(self.checks.limits.max_model_len - prompt.token_ids.len());
         let params = Arc::new(params);
         let seq_ids: Vec<SeqId> = (0..width)
             .map(|_| {

@@ -1,3 +1,6 @@
+//! The engine: requests in, a step at a time, outputs out (vLLM's `LLMEngine` and its
+//! async front), with the tokenizer, detokenizer, chat templates and metrics it needs.
+
 pub mod arg_utils;
 pub mod async_engine;
 pub mod chat_template;

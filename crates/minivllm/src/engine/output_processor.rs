@@ -252,7 +252,7 @@ impl OutputProcessor {
     fn make_output(&mut self, id: &RequestId) -> Option<RequestOutput> {
         let req = self.requests.get_mut(id)?;
         let p = &req.params;
-        let width = p.best_of_or_n().max(p.n);
+        let width = p.num_sequences();
         let finished = req.seqs.iter().all(|s| s.finish.is_some());
         if finished && req.metrics.finished_time.is_none() {
             req.metrics.stamp(false, true);

@@ -1,3 +1,6 @@
+//! The model side of the worker: loaders, layers, the model families and the sampler's
+//! view of each sequence; it never sees a request.
+
 pub mod input_metadata;
 pub mod layers;
 pub mod loader;

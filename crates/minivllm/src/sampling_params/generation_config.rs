@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use serde_json::{json, Map, Value};
 
 use super::SamplingParams;
 
@@ -60,6 +61,30 @@ impl GenerationDefaults {
         d.max_tokens = f.max_new_tokens;
         Ok(d)
     }
+
+    /// The values the file set, under `SamplingParams`' names (`max_new_tokens` as
+    /// `max_tokens`): for callers that build their own parameters from them (Python's
+    /// `LLM.get_default_sampling_params`), so the file is read here alone.
+    pub fn from_file_json(&self) -> Map<String, Value> {
+        // An f32 as the file wrote it (its shortest decimal), not its binary widening
+        // (0.6 rather than 0.6000000238418579).
+        let decimal = |x: f32| json!(x.to_string().parse::<f64>().unwrap_or(f64::from(x)));
+        let p = &self.params;
+        let mut m = Map::new();
+        for &name in &self.from_file {
+            let (key, value) = match name {
+                "temperature" => (name, decimal(p.temperature)),
+                "top_p" => (name, decimal(p.top_p)),
+                "top_k" => (name, json!(p.top_k)),
+                "min_p" => (name, decimal(p.min_p)),
+                "repetition_penalty" => (name, decimal(p.repetition_penalty)),
+                "max_new_tokens" => ("max_tokens", json!(self.max_tokens)),
+                _ => continue,
+            };
+            m.insert(key.into(), value);
+        }
+        m
+    }
 }
 
 #[cfg(test)]
@@ -84,6 +109,10 @@ mod tests {
         );
         assert_eq!(d.params.top_k, SamplingParams::default().top_k);
         assert_eq!(d.from_file, ["temperature", "top_p", "max_new_tokens"]);
+        assert_eq!(
+            Value::Object(d.from_file_json()),
+            json!({"temperature": 0.2, "top_p": 0.9, "max_tokens": 64})
+        );
         std::fs::write(dir.join("generation_config.json"), "{not json").unwrap();
         assert!(GenerationDefaults::from_model(&dir)
             .unwrap_err()

@@ -18,7 +18,7 @@ fn sampling_params_defaults_are_vllms() {
     assert!(p.skip_special_tokens && p.spaces_between_special_tokens);
     assert!(!p.ignore_eos && !p.include_stop_str_in_output);
     assert!(!p.is_greedy());
-    assert_eq!(p.best_of_or_n(), 1);
+    assert_eq!(p.num_sequences(), 1);
     assert_eq!(p.top_k(), None);
     p.validate().unwrap();
     assert!(SamplingParams::greedy().is_greedy());
@@ -232,10 +232,17 @@ fn sampling_params_valid_edges_pass() {
             best_of: Some(4),
             ..d()
         }
-        .best_of_or_n(),
+        .num_sequences(),
         4
     );
-    assert_eq!(SamplingParams { n: 3, ..d() }.best_of_or_n(), 3);
+    assert_eq!(SamplingParams { n: 3, ..d() }.num_sequences(), 3);
+    // Before the checks refuse it, a `best_of` below `n` still counts `n` sequences.
+    let unchecked = SamplingParams {
+        n: 3,
+        best_of: Some(2),
+        ..d()
+    };
+    assert_eq!(unchecked.num_sequences(), 3);
     assert_eq!(SamplingParams { top_k: -1, ..d() }.top_k(), None);
     assert_eq!(SamplingParams { top_k: 7, ..d() }.top_k(), Some(7));
 }

@@ -218,3 +218,306 @@ fn llm_engine_is_under_300_lines_of_code() {
     let n = code_lines(&src().join("engine/llm_engine.rs"));
     assert!((100..300).contains(&n), "llm_engine.rs: {n} lines of code");
 }
+
+/// The module path of a source file (`["engine", "llm_engine"]`; a `mod.rs` is its folder's).
+fn module_path(path: &Path) -> Vec<String> {
+    let rel = path.strip_prefix(src()).expect("under src");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The source file that defines module `path`, if there is one.
+fn module_file(path: &[String]) -> Option<PathBuf> {
+    let base = path.iter().fold(src(), |p, s| p.join(s));
+    if path.is_empty() {
+        return Some(src().join("lib.rs"));
+    }
+    [base.with_extension("rs"), base.join("mod.rs")]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// The files `code` (the file at module `own`) names through `crate::` and `super::` paths:
+/// each path followed as deep as modules go. Comments are left out (doc links name what
+/// they explain, not what the code uses).
+fn file_imports(code: &str, own: &[String]) -> Vec<PathBuf> {
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (at, _) in code
+        .match_indices("crate::")
+        .chain(code.match_indices("super::"))
+    {
+        // `super::` inside `crate::a::super::` does not occur; a `super::` preceded by an
+        // identifier character is part of a longer name.
+        if at > 0 && code[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let mut rest = &code[at..];
+        let mut path: Vec<String> = if let Some(r) = rest.strip_prefix("crate::") {
+            rest = r;
+            Vec::new()
+        } else {
+            let mut p = own.to_vec();
+            while let Some(r) = rest.strip_prefix("super::") {
+                p.pop();
+                rest = r;
+            }
+            p
+        };
+        let mut file = module_file(&path);
+        loop {
+            let name = ident(rest);
+            if name.is_empty() {
+                break;
+            }
+            path.push(name.clone());
+            match module_file(&path) {
+                Some(f) => file = Some(f),
+                None => break,
+            }
+            match rest[name.len()..].strip_prefix("::") {
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        // The crate root's re-exports are the public surface, not a module the others sit on.
+        out.extend(file.filter(|f| !f.ends_with("src/lib.rs")));
+    }
+    out
+}
+
+/// Strongly connected groups of more than one file in `graph` (Tarjan's algorithm).
+fn cycles(graph: &BTreeMap<PathBuf, Vec<PathBuf>>) -> Vec<Vec<PathBuf>> {
+    struct State<'a> {
+        graph: &'a BTreeMap<PathBuf, Vec<PathBuf>>,
+        index: BTreeMap<&'a PathBuf, usize>,
+        low: BTreeMap<&'a PathBuf, usize>,
+        stack: Vec<&'a PathBuf>,
+        on_stack: std::collections::BTreeSet<&'a PathBuf>,
+        groups: Vec<Vec<PathBuf>>,
+    }
+    fn visit<'a>(s: &mut State<'a>, v: &'a PathBuf) {
+        let i = s.index.len();
+        s.index.insert(v, i);
+        s.low.insert(v, i);
+        s.stack.push(v);
+        s.on_stack.insert(v);
+        for w in s.graph.get(v).into_iter().flatten() {
+            if !s.index.contains_key(w) {
+                visit(s, w);
+                let lw = s.low[w];
+                let lv = s.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if s.on_stack.contains(w) {
+                let iw = s.index[w];
+                let lv = s.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if s.low[v] == s.index[v] {
+            let mut group = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on_stack.remove(w);
+                group.push(w.clone());
+                if w == v {
+                    break;
+                }
+            }
+            if group.len() > 1 {
+                group.sort();
+                s.groups.push(group);
+            }
+        }
+    }
+    let mut s = State {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: Default::default(),
+        groups: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !s.index.contains_key(v) {
+            visit(&mut s, v);
+        }
+    }
+    s.groups
+}
+
+/// The crate's files import each other without cycles: a file can be read, changed and
+/// tested knowing only what it imports (the routes do not import the router that assembles
+/// them, a layer's parts sit on each other in one order).
+#[test]
+fn no_file_level_import_cycles() {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    let graph: BTreeMap<PathBuf, Vec<PathBuf>> = files
+        .iter()
+        .map(|f| {
+            let own = module_path(f);
+            let mut to = file_imports(&non_test_code(f), &own);
+            to.retain(|t| t != f);
+            to.sort();
+            to.dedup();
+            (f.clone(), to)
+        })
+        .collect();
+    let found: Vec<String> = cycles(&graph)
+        .iter()
+        .map(|g| {
+            let names: Vec<String> = g
+                .iter()
+                .map(|f| f.strip_prefix(src()).unwrap().display().to_string())
+                .collect();
+            names.join(" <-> ")
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "{} import cycles between files:\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_cycle_check_follows_paths_and_finds_a_cycle() {
+    let own = ["entrypoints", "openai", "serving_chat"].map(String::from);
+    let files = file_imports(
+        "use super::chat_run::{run_chat, ChatRun};\nuse crate::sequence::FinishReason;\n\
+         // use crate::engine::llm_engine::X;\n",
+        &own,
+    );
+    assert_eq!(
+        files,
+        [
+            src().join("sequence.rs"),
+            src().join("entrypoints/openai/chat_run.rs")
+        ]
+    );
+    let (a, b, c) = (PathBuf::from("a"), PathBuf::from("b"), PathBuf::from("c"));
+    let graph = BTreeMap::from([
+        (a.clone(), vec![b.clone()]),
+        (b.clone(), vec![a.clone()]),
+        (c.clone(), vec![a.clone()]),
+    ]);
+    assert_eq!(cycles(&graph), [vec![a, b]]);
+}
+
+fn repo() -> PathBuf {
+    src().join("../../..")
+}
+
+/// `docs/architecture.md` maps every source file of the four crates (its file map, which
+/// `scripts/file_map.py` regenerates from the files' module docs).
+#[test]
+fn the_architecture_doc_maps_every_source_file() {
+    let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).expect("read doc");
+    let crates = repo().join("crates");
+    let mut missing = Vec::new();
+    for krate in [
+        "minivllm",
+        "minivllm-kernels",
+        "minivllm-cli",
+        "minivllm-py",
+    ] {
+        let mut files = Vec::new();
+        sources(&crates.join(krate).join("src"), &mut files);
+        assert!(!files.is_empty(), "no sources in {krate}");
+        for f in files {
+            let rel = f.strip_prefix(&crates).unwrap().display().to_string();
+            if !doc.contains(&format!("`{rel}`")) {
+                missing.push(rel);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md's file map lacks (run python3 scripts/file_map.py):\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The `.rs` files a text names (`engine/llm_engine.rs`, `llama.rs`).
+fn named_rust_files(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices(".rs") {
+        let end = at + 3;
+        if text[end..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let start = text[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "_/.-".contains(c)))
+            .map_or(0, |i| i + 1);
+        if start < at {
+            out.push(&text[start..end]);
+        }
+    }
+    out
+}
+
+/// Every Rust file the architecture docs name exists: relative to the repository, a
+/// crate or its `src`, or (a bare name) somewhere in the crates.
+#[test]
+fn the_architecture_docs_name_only_files_that_exist() {
+    let mut all = Vec::new();
+    rust_files(&repo().join("crates"), &mut all);
+    let crates = [
+        "minivllm",
+        "minivllm-kernels",
+        "minivllm-cli",
+        "minivllm-py",
+    ];
+    let mut wrong = Vec::new();
+    for doc in ["docs/architecture.md", "DEVELOPERS.md"] {
+        let text = std::fs::read_to_string(repo().join(doc)).expect("read doc");
+        for name in named_rust_files(&text) {
+            let found = if name.contains('/') {
+                let mut bases = vec![repo(), repo().join("crates")];
+                for c in crates {
+                    bases.push(repo().join("crates").join(c));
+                    bases.push(repo().join("crates").join(c).join("src"));
+                }
+                bases.iter().any(|b| b.join(name).is_file())
+                    || all.iter().any(|f| f.ends_with(name))
+            } else {
+                all.iter().any(|f| f.file_name().is_some_and(|n| n == name))
+            };
+            if !found {
+                wrong.push(format!("{doc}: {name}"));
+            }
+        }
+    }
+    wrong.sort();
+    wrong.dedup();
+    assert!(
+        wrong.is_empty(),
+        "the docs name files that do not exist:\n{}",
+        wrong.join("\n")
+    );
+    assert_eq!(
+        named_rust_files("see `engine/llm_engine.rs`, llama.rs and x.rsy"),
+        ["engine/llm_engine.rs", "llama.rs"]
+    );
+}

@@ -149,8 +149,14 @@ fn a_grammar_that_breaks_ends_its_sequence_with_an_error_and_no_other() {
         ..free.clone()
     };
     let prompt = PromptInput::Text(PROMPTS[0].into());
+    let checks = engine.request_checks().clone();
     engine
-        .add_constrained_request("broken", prompt, greedy, 0, Some(Box::new(grammar)))
+        .add_checked_request(
+            "broken",
+            prompt,
+            checks.check(greedy, 0).unwrap(),
+            Some(Box::new(grammar)),
+        )
         .unwrap();
     engine
         .add_request("free", PromptInput::Text(PROMPTS[1].into()), free, 0)
@@ -207,8 +213,14 @@ fn a_grammar_mask_decides_what_its_sequences_sample_and_no_other() {
         ..SamplingParams::default()
     };
     let prompt = PromptInput::Text(PROMPTS[0].into());
+    let checks = engine.request_checks().clone();
     engine
-        .add_constrained_request("forced", prompt, constrained, 0, Some(Box::new(grammar)))
+        .add_checked_request(
+            "forced",
+            prompt,
+            checks.check(constrained, 0).unwrap(),
+            Some(Box::new(grammar)),
+        )
         .unwrap();
     engine
         .add_request("free", PromptInput::Text(PROMPTS[0].into()), free, 0)

@@ -7,10 +7,12 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::entrypoints::openai::chat_chunks::{chat_request, chat_tools, set_present};
-use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
+use crate::entrypoints::openai::protocol::{
+    ApiError, ChatCompletionRequest, ChatMessageIn, ChatTool, CommonParams, FunctionCallIn,
+    StopField, ToolCallIn,
+};
 
 /// `POST /v1/messages` (and `/v1/messages/count_tokens`, which has no `max_tokens`). Fields
 /// the SDK sends that change nothing here (`metadata`, `thinking`, `service_tier`, ...) are
@@ -43,37 +45,33 @@ impl MessagesRequest {
         };
         let mut messages = Vec::with_capacity(self.messages.len() + 1);
         if let Some(system) = &self.system {
-            messages.push(json!({"role": "system", "content": text_of(system, "system")?}));
+            messages.push(ChatMessageIn::text("system", text_of(system, "system")?));
         }
         for (i, m) in self.messages.iter().enumerate() {
             message(m, i, &mut messages)?;
         }
         let prefill = self.messages.last().and_then(|m| m.get("role")) == Some(&json!("assistant"));
-        let mut chat = json!({
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "stream": self.stream,
-            "add_generation_prompt": !prefill,
-            "continue_final_message": prefill,
-        });
-        let fields = chat.as_object_mut().expect("an object");
-        set_present(
-            fields,
-            [
-                ("model", json!(self.model)),
-                ("temperature", json!(self.temperature)),
-                ("top_p", json!(self.top_p)),
-                ("top_k", json!(self.top_k)),
-                ("stop", json!(self.stop_sequences)),
-            ],
-        );
+        let mut chat = ChatCompletionRequest::new(messages);
+        chat.max_tokens = max_tokens;
+        chat.add_generation_prompt = !prefill;
+        chat.continue_final_message = prefill;
+        chat.common = CommonParams {
+            model: self.model.clone(),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            stop: self.stop_sequences.clone().map(StopField::Many),
+            stream: self.stream,
+            ..CommonParams::default()
+        };
         if let Some(tools) = &self.tools {
-            fields.insert("tools".into(), chat_tools(tools, tool)?);
+            let tools = tools.iter().enumerate().map(|(i, t)| tool(t, i));
+            chat.tools = Some(tools.collect::<Result<_, _>>()?);
         }
         if let Some(choice) = &self.tool_choice {
-            tool_choice(choice, fields)?;
+            tool_choice(choice, &mut chat)?;
         }
-        chat_request(chat)
+        Ok(chat)
     }
 }
 
@@ -112,7 +110,7 @@ fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
 
 /// Message `i` as chat messages (a user turn with tool results becomes `tool` turns, then
 /// the user's text if any).
-fn message(m: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
+fn message(m: &Value, i: usize, out: &mut Vec<ChatMessageIn>) -> Result<(), ApiError> {
     let at = format!("messages[{i}]");
     let role = match m.get("role").and_then(Value::as_str) {
         Some(r @ ("user" | "assistant")) => r,
@@ -125,7 +123,7 @@ fn message(m: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
     };
     let blocks = match m.get("content") {
         Some(Value::String(text)) => {
-            out.push(json!({"role": role, "content": text}));
+            out.push(ChatMessageIn::text(role, text.clone()));
             return Ok(());
         }
         Some(Value::Array(blocks)) => blocks,
@@ -143,6 +141,12 @@ fn message(m: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
             b.get(name)
                 .ok_or_else(|| bad(format!("{at}: `{name}` is required"), "messages"))
         };
+        let string = |name: &str| {
+            field(name)?
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad(format!("{at}.{name}: expected a string"), "messages"))
+        };
         match (b.get("type").and_then(Value::as_str), role) {
             (Some("text"), _) => match field("text")? {
                 Value::String(t) => texts.push(t.clone()),
@@ -153,19 +157,20 @@ fn message(m: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
                 if !input.is_object() {
                     return Err(bad(format!("{at}.input: expected an object"), "messages"));
                 }
-                calls.push(json!({
-                    "id": field("id")?, "type": "function",
-                    "function": {"name": field("name")?, "arguments": input.to_string()},
-                }));
+                calls.push(ToolCallIn {
+                    id: Some(string("id")?),
+                    function: FunctionCallIn {
+                        name: string("name")?,
+                        arguments: Value::String(input.to_string()),
+                    },
+                });
             }
             (Some("tool_result"), "user") => {
                 let content = match b.get("content") {
                     None | Some(Value::Null) => String::new(),
                     Some(c) => text_of(c, &format!("{at}.content"))?,
                 };
-                out.push(json!({
-                    "role": "tool", "tool_call_id": field("tool_use_id")?, "content": content,
-                }));
+                out.push(ChatMessageIn::tool_result(string("tool_use_id")?, content));
             }
             // Earlier thinking is not shown to the model again, as chat templates drop it.
             (Some("thinking" | "redacted_thinking"), "assistant") => {}
@@ -183,17 +188,15 @@ fn message(m: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
         }
     }
     if !texts.is_empty() || !calls.is_empty() {
-        let mut turn = json!({"role": role, "content": texts.join("\n")});
-        if !calls.is_empty() {
-            turn["tool_calls"] = Value::Array(calls);
-        }
+        let mut turn = ChatMessageIn::text(role, texts.join("\n"));
+        turn.tool_calls = Some(calls).filter(|c| !c.is_empty());
         out.push(turn);
     }
     Ok(())
 }
 
 /// Tool `i` (`name`, `description`, `input_schema`) as an OpenAI function.
-fn tool(t: &Value, i: usize) -> Result<Value, ApiError> {
+fn tool(t: &Value, i: usize) -> Result<ChatTool, ApiError> {
     let (Some(name), Some(schema)) = (t.get("name").and_then(Value::as_str), t.get("input_schema"))
     else {
         return Err(bad(
@@ -204,16 +207,12 @@ fn tool(t: &Value, i: usize) -> Result<Value, ApiError> {
             "tools",
         ));
     };
-    let mut function = json!({"name": name, "parameters": schema});
-    if let Some(d) = t.get("description") {
-        function["description"] = d.clone();
-    }
-    Ok(json!({"type": "function", "function": function}))
+    ChatTool::function(i, name, t.get("description"), Some(schema.clone()))
 }
 
 /// `tool_choice` as OpenAI's: `auto`, `any` (required), `tool` (a named function), `none`;
 /// `disable_parallel_tool_use` as `parallel_tool_calls: false`.
-fn tool_choice(choice: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+fn tool_choice(choice: &Value, chat: &mut ChatCompletionRequest) -> Result<(), ApiError> {
     let openai = match (
         choice.get("type").and_then(Value::as_str),
         choice.get("name"),
@@ -232,9 +231,9 @@ fn tool_choice(choice: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiE
             ))
         }
     };
-    chat.insert("tool_choice".into(), openai);
+    chat.tool_choice = Some(openai);
     if choice.get("disable_parallel_tool_use") == Some(&json!(true)) {
-        chat.insert("parallel_tool_calls".into(), json!(false));
+        chat.parallel_tool_calls = Some(false);
     }
     Ok(())
 }
@@ -286,4 +285,83 @@ pub async fn anthropic_errors(req: Request, next: Next) -> Response {
         HeaderValue::from_static("application/json"),
     );
     Response::from_parts(parts, Body::from(error_body(status, &message).to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entrypoints::openai::protocol::MessageContent;
+
+    fn read(v: Value) -> Result<ChatCompletionRequest, ApiError> {
+        serde_json::from_value::<MessagesRequest>(v)
+            .unwrap()
+            .to_chat(true)
+    }
+
+    fn text(m: &ChatMessageIn) -> &str {
+        match &m.content {
+            Some(MessageContent::Text(t)) => t,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A conversation with a call and its result, a continued final turn and every mapped
+    /// field, read into the chat request's own types.
+    #[test]
+    fn a_conversation_reads_as_the_chat_request() {
+        let chat = read(json!({
+            "model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "Be brief."}],
+            "temperature": 0.5, "top_k": 4, "stop_sequences": ["END"], "stream": true,
+            "tools": [{"name": "get_weather", "description": "Weather.",
+                       "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "..."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                     "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Rain."}]},
+                {"role": "assistant", "content": "It"},
+            ],
+        }))
+        .unwrap();
+        let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant"]);
+        assert_eq!(text(&chat.messages[0]), "Be brief.");
+        let call = &chat.messages[2].tool_calls.as_ref().unwrap()[0];
+        assert_eq!(call.id.as_deref(), Some("toolu_1"));
+        assert_eq!(call.function.name, "get_weather");
+        assert_eq!(call.function.arguments, json!("{\"city\":\"Oslo\"}"));
+        assert_eq!(chat.messages[3].tool_call_id.as_deref(), Some("toolu_1"));
+        assert_eq!(text(&chat.messages[3]), "Rain.");
+        assert!(chat.continue_final_message && !chat.add_generation_prompt);
+        assert_eq!(chat.max_tokens, Some(9));
+        let c = &chat.common;
+        assert_eq!(
+            (c.model.as_deref(), c.temperature, c.top_k),
+            (Some("m"), Some(0.5), Some(4))
+        );
+        assert!(c.stream);
+        assert!(matches!(&c.stop, Some(StopField::Many(s)) if s == &["END"]));
+        let tools = chat.tools.unwrap();
+        assert_eq!(tools[0].function.name, "get_weather");
+        assert_eq!(tools[0].function.description.as_deref(), Some("Weather."));
+        assert_eq!(chat.tool_choice, Some(json!("required")));
+        assert_eq!(chat.parallel_tool_calls, Some(false));
+    }
+
+    #[test]
+    fn fields_of_the_wrong_type_are_named() {
+        let msg = |v: Value| read(v).unwrap_err().message;
+        let call = |id: Value| {
+            json!({"max_tokens": 1, "messages": [{"role": "assistant", "content": [
+                {"type": "tool_use", "id": id, "name": "f", "input": {}}]}]})
+        };
+        assert!(msg(call(json!(7))).contains("messages[0].content[0].id: expected a string"));
+        let tools = json!({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+                           "tools": [{"name": "f", "input_schema": {}, "description": 1}]});
+        assert!(msg(tools).contains("tools[0].description: expected a string"));
+    }
 }

@@ -12,15 +12,17 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::protocol::{error_body, MessagesRequest};
-use crate::entrypoints::openai::api_server::{RequestId, Shared};
-use crate::entrypoints::openai::chat_chunks::{read_chunk, Piece};
+use crate::entrypoints::openai::chat_run::{render_chat, run_chat, ChatRun};
 use crate::entrypoints::openai::protocol::ApiError;
+use crate::entrypoints::openai::reply_events::{ChatReply, Finish, Piece, ReplyEvents};
 use crate::entrypoints::openai::request_memory::LogprobFormat;
-use crate::entrypoints::openai::serving_chat::{render_chat, run_chat, ChatRun, RunOptions};
+use crate::entrypoints::openai::server_state::{RequestId, Shared};
 use crate::entrypoints::openai::serving_engine::{
-    check_model, json_response, named_sse, off_async, parse, Usage,
+    check_model, json_response, named_sse, off_async, parse,
 };
 use crate::entrypoints::openai::tool_calls::ToolUse;
+use crate::entrypoints::openai::usage::Usage;
+use crate::sequence::{FinishReason, StopReason};
 
 pub async fn messages(
     State(s): State<Shared>,
@@ -33,25 +35,13 @@ pub async fn messages(
         id: format!("msg_{}", rid.0),
         model: s.config.served_model_name.clone(),
     };
-    let options = RunOptions {
-        include_usage: true,
-        // The prefix cache's share of the prompt.
-        usage_details: true,
-        logprob_format: LogprobFormat::Chat,
-    };
-    Ok(match run_chat(&s, &rid, chat, options).await? {
-        ChatRun::Full {
-            prompt_tokens,
-            body,
-        } => json_response(&head.message(&body, prompt_tokens)),
+    Ok(match run_chat(&s, &rid, chat, LogprobFormat::Chat).await? {
+        ChatRun::Full { reply, .. } => json_response(&head.message(&reply)),
         ChatRun::Stream {
             prompt_tokens,
-            chunks,
-        } => {
-            let (tx, rx) = mpsc::channel(64);
-            tokio::spawn(head.stream(chunks, prompt_tokens, tx));
-            named_sse(rx)
-        }
+            events,
+            ..
+        } => named_sse(|tx| head.stream(events, prompt_tokens, tx)),
     })
 }
 
@@ -96,41 +86,45 @@ impl Head {
         })
     }
 
-    /// A whole `chat.completion` as a message.
-    fn message(&self, chat: &Value, prompt_tokens: usize) -> Value {
-        let choice = &chat["choices"][0];
-        let m = &choice["message"];
+    /// A whole reply as a message.
+    fn message(&self, reply: &ChatReply) -> Value {
         let mut content = Vec::new();
-        if let Some(thought) = m["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
+        let Some(choice) = reply.choices.first() else {
+            return self.object(
+                json!([]),
+                (json!("end_turn"), Value::Null),
+                usage(reply.usage),
+            );
+        };
+        if let Some(thought) = choice.reasoning.as_deref().filter(|t| !t.is_empty()) {
             content.push(json!({"type": "thinking", "thinking": thought, "signature": ""}));
         }
-        let calls = m["tool_calls"].as_array().map_or(&[][..], Vec::as_slice);
-        let text = m["content"].as_str().unwrap_or_default();
+        let text = choice.content.as_deref().unwrap_or_default();
         // An empty reply still has its (empty) text block; one cut while thinking does not.
-        if !text.is_empty() || (calls.is_empty() && content.is_empty()) {
+        if !text.is_empty() || (choice.tool_calls.is_empty() && content.is_empty()) {
             content.push(json!({"type": "text", "text": text}));
         }
-        for call in calls {
-            let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
+        for call in &choice.tool_calls {
             content.push(json!({
-                "type": "tool_use", "id": tool_use_id(), "name": call["function"]["name"],
-                "input": serde_json::from_str::<Value>(arguments).unwrap_or_else(|_| json!({})),
+                "type": "tool_use", "id": tool_use_id(), "name": call.name,
+                "input": serde_json::from_str::<Value>(&call.arguments)
+                    .unwrap_or_else(|_| json!({})),
             }));
         }
         self.object(
             Value::Array(content),
-            stop_reason(choice, !calls.is_empty()),
-            usage(Usage::read(prompt_tokens, &chat["usage"])),
+            stop_reason(choice.finish.as_ref()),
+            usage(reply.usage),
         )
     }
 
-    /// Translates the chat chunks into Anthropic's events: `message_start`, then for each
+    /// Writes the reply's events as Anthropic's: `message_start`, then for each
     /// content block `content_block_start`, its deltas and `content_block_stop`, then
     /// `message_delta` (stop reason, output tokens) and `message_stop`. A stream that ends
     /// before the reply finished ends with an `error` event instead.
     async fn stream(
         self,
-        mut chunks: mpsc::Receiver<Value>,
+        mut events: ReplyEvents,
         prompt_tokens: usize,
         tx: mpsc::Sender<(&'static str, Value)>,
     ) {
@@ -154,28 +148,21 @@ impl Head {
         {
             return;
         }
-        let (mut finish, mut chat_usage, mut called) = (None, Value::Null, false);
-        while let Some(chunk) = chunks.recv().await {
-            let read = read_chunk(&chunk);
-            if let Some(u) = read.usage {
-                chat_usage = u.clone();
-            }
-            for piece in read.pieces {
+        let mut finish = None;
+        while let Some(d) = events.next_delta().await {
+            for piece in &d.pieces {
                 let ok = match piece {
-                    Piece::Thinking(t) => out.text(Block::Thinking, t).await,
+                    Piece::Reasoning(t) => out.text(Block::Thinking, t).await,
                     Piece::Text(t) => out.text(Block::Text, t).await,
-                    Piece::Call { name, .. } => {
-                        called = true;
-                        out.start_tool(name).await
-                    }
-                    Piece::Arguments(args) => out.tool_input(args).await,
+                    Piece::CallStart { name, .. } => out.start_tool(name).await,
+                    Piece::CallArguments { text, .. } => out.tool_input(text).await,
                 };
                 if !ok {
                     return;
                 }
             }
-            if let Some(choice) = read.finished {
-                finish = Some(stop_reason(choice, called));
+            if let Some(f) = &d.finish {
+                finish = Some(stop_reason(Some(f)));
             }
         }
         let Some((reason, sequence)) = finish else {
@@ -189,7 +176,10 @@ impl Head {
         let delta = json!({
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": usage(Usage::read(prompt_tokens, &chat_usage)),
+            "usage": usage(events.usage.unwrap_or(Usage {
+                prompt: prompt_tokens,
+                ..Usage::default()
+            })),
         });
         if out.send("message_delta", delta).await {
             out.send("message_stop", json!({"type": "message_stop"}))
@@ -198,7 +188,7 @@ impl Head {
     }
 }
 
-/// Anthropic's usage from the chat route's: `input_tokens` are the prompt's tokens the
+/// Anthropic's usage: `input_tokens` are the prompt's tokens the
 /// prefix cache did not hold and `cache_read_input_tokens` those it did, so that their sum
 /// is the prompt, as Anthropic counts (agents add the fields up for the context's size).
 /// Nothing is reported as written to a cache: the prefix cache keeps blocks unasked.
@@ -295,15 +285,17 @@ fn tool_use_id() -> String {
     format!("toolu_{:024x}", rand::random::<u128>() >> 32)
 }
 
-/// Anthropic's `stop_reason` and `stop_sequence` for a finished chat choice: a length
-/// limit is `max_tokens`, calls are `tool_use`, a stop string is `stop_sequence` (with
-/// the string), the model's own end `end_turn`.
-fn stop_reason(choice: &Value, called: bool) -> (Value, Value) {
-    match (choice["finish_reason"].as_str(), &choice["stop_reason"]) {
-        (Some("length"), _) => (json!("max_tokens"), Value::Null),
-        (Some("tool_calls"), _) => (json!("tool_use"), Value::Null),
-        _ if called => (json!("tool_use"), Value::Null),
-        (_, Value::String(s)) => (json!("stop_sequence"), json!(s)),
+/// Anthropic's `stop_reason` and `stop_sequence` for a finished choice: a length limit is
+/// `max_tokens`, calls are `tool_use`, a stop string is `stop_sequence` (with the string),
+/// the model's own end `end_turn`.
+fn stop_reason(finish: Option<&Finish>) -> (Value, Value) {
+    match finish {
+        Some(f) if f.reason == FinishReason::Length => (json!("max_tokens"), Value::Null),
+        Some(f) if f.called => (json!("tool_use"), Value::Null),
+        Some(Finish {
+            stop_reason: Some(StopReason::String(s)),
+            ..
+        }) => (json!("stop_sequence"), json!(s)),
         _ => (json!("end_turn"), Value::Null),
     }
 }

@@ -25,86 +25,18 @@ use tower_http::timeout::TimeoutLayer;
 use tracing::Instrument;
 
 use super::protocol::ApiError;
-use super::request_memory::{
-    headroom, map_large_allocations, trim_freed_memory, MemoryLimits, MemoryPool,
-};
+use super::request_memory::{trim_freed_memory, MemoryPool};
 use super::responses::serving::{responses, retrieve};
+use super::server_state::{AppState, RequestId, ServerConfig, Shared};
 use super::serving_chat::chat_completions;
 use super::serving_completion::completions;
 use super::serving_embedding::embeddings;
 use super::serving_engine::now;
 use super::serving_tokenization::{detokenize, tokenize};
-use super::tool_calls::ToolCallConfig;
 use crate::engine::async_engine::AsyncEngine;
 use crate::entrypoints::anthropic::protocol::anthropic_errors;
 use crate::entrypoints::anthropic::serving_messages::{count_tokens, messages};
-use crate::reasoning::ReasoningParserName;
-use crate::sampling_params::{GenerationDefaults, PoolingParams};
-
-/// How the server presents itself and whom it lets in.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// The model name clients send and `/v1/models` lists.
-    pub served_model_name: String,
-    /// When set, `/v1/*` needs `Authorization: Bearer <key>`.
-    pub api_key: Option<String>,
-    /// Origins browsers may call from (`*` for any); empty: no CORS headers at all.
-    pub allowed_origins: Vec<String>,
-    /// Larger request bodies get 413 before any of it is parsed (from `Content-Length`
-    /// when the client sends one, before any of the body is read).
-    pub max_request_body_bytes: usize,
-    /// A request's body must arrive within this time (sooner for short bodies: see
-    /// [`body_deadline`]), or the request gets 408 and its connection closes.
-    pub body_read_timeout: Duration,
-    /// The most one request may make the server hold (`--max-request-memory`); `None`: an
-    /// eighth of the memory left once the model is loaded, at most 1 GiB.
-    pub max_request_memory: Option<u64>,
-    /// `--enable-auto-tool-choice` and `--tool-call-parser`.
-    pub tool_calls: ToolCallConfig,
-    /// `--reasoning-parser`: chat replies' thinking goes in `reasoning_content`.
-    pub reasoning_parser: Option<ReasoningParserName>,
-    /// `--pooler-config`: how `/v1/embeddings` pools a prompt's hidden states.
-    pub pooler: PoolingParams,
-    /// The chat page at `/` (off with `--disable-frontend`).
-    pub frontend: bool,
-    /// `--enable-prompt-tokens-details`: `usage.prompt_tokens_details.cached_tokens` in
-    /// completions and chat replies.
-    pub prompt_tokens_details: bool,
-    /// `--generation-config`: the sampling defaults for fields a request leaves out.
-    pub generation: GenerationDefaults,
-}
-
-impl ServerConfig {
-    pub const DEFAULT_MAX_REQUEST_BODY_BYTES: usize = 8 << 20;
-    pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-    pub fn new(served_model_name: impl Into<String>) -> Self {
-        Self {
-            served_model_name: served_model_name.into(),
-            api_key: None,
-            allowed_origins: Vec::new(),
-            max_request_body_bytes: Self::DEFAULT_MAX_REQUEST_BODY_BYTES,
-            body_read_timeout: Self::DEFAULT_BODY_READ_TIMEOUT,
-            max_request_memory: None,
-            tool_calls: ToolCallConfig::default(),
-            reasoning_parser: None,
-            pooler: PoolingParams::default(),
-            frontend: true,
-            prompt_tokens_details: false,
-            generation: GenerationDefaults::default(),
-        }
-    }
-
-    /// The memory limits this configuration gives, read against the memory left now.
-    pub fn memory_limits(&self) -> MemoryLimits {
-        // Without /proc (not Linux), as if 8 GiB were left.
-        let auto = MemoryLimits::from_headroom(headroom().unwrap_or(8 << 30));
-        match self.max_request_memory {
-            Some(per_request) => auto.with_per_request(per_request),
-            None => auto,
-        }
-    }
-}
+use crate::utils::allocator::map_large_allocations;
 
 /// Slower than this, a body's sender is holding a connection, not sending a request.
 const MIN_BODY_BYTES_PER_SEC: u64 = 64 << 10;
@@ -121,23 +53,6 @@ pub fn body_deadline(content_length: Option<u64>, timeout: Duration) -> Duration
         None => timeout,
     }
 }
-
-pub struct AppState {
-    pub engine: AsyncEngine,
-    pub config: ServerConfig,
-    /// What requests in flight hold, against the memory limits.
-    pub memory: Arc<MemoryPool>,
-    /// Permits for requests' CPU work off the async workers (see `serving_engine::off_async`):
-    /// one per core, so such work queues instead of taking every thread.
-    pub cpu: Semaphore,
-}
-
-pub type Shared = Arc<AppState>;
-
-/// The id of one HTTP request: the client's `X-Request-Id` when it sent a usable one. It
-/// names the engine requests, the response's `id`, and every log line of the request.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub String);
 
 pub fn router(engine: AsyncEngine, config: ServerConfig) -> Router {
     let body_limit = config.max_request_body_bytes;

@@ -8,7 +8,6 @@ use crate::engine::async_engine::AsyncEngineError;
 use crate::engine::chat_template::{ChatMessage, ToolCall};
 use crate::engine::llm_engine::EngineError;
 use crate::entrypoints::openai::structured_outputs::StructuredFields;
-use crate::entrypoints::openai::tool_calls::ChatTool;
 use crate::sampling_params::{logprob_count, GenerationDefaults, SamplingParams, ValidationError};
 use crate::sequence::TokenId;
 use crate::structured_output::backend_guidance::GrammarError;
@@ -232,6 +231,27 @@ pub struct ChatMessageIn {
     pub name: Option<String>,
 }
 
+impl ChatMessageIn {
+    /// A turn of text, as the routes that translate other APIs' requests build them.
+    pub fn text(role: &str, content: String) -> Self {
+        ChatMessageIn {
+            role: role.to_string(),
+            content: Some(MessageContent::Text(content)),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+
+    /// A `tool` turn: the answer to call `call_id`.
+    pub fn tool_result(call_id: String, content: String) -> Self {
+        ChatMessageIn {
+            tool_call_id: Some(call_id),
+            ..Self::text("tool", content)
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct ToolCallIn {
     pub id: Option<String>,
@@ -329,6 +349,58 @@ impl TemplateMode {
     }
 }
 
+/// One entry of the request's `tools`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatTool {
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+impl ChatTool {
+    /// Tool `i` of another API's request as chat's function tool; its `description`, when
+    /// given, must be a string.
+    pub fn function(
+        i: usize,
+        name: &str,
+        description: Option<&serde_json::Value>,
+        parameters: Option<serde_json::Value>,
+    ) -> Result<Self, ApiError> {
+        let description = match description {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(d)) => Some(d.clone()),
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    format!("tools[{i}].description: expected a string"),
+                    Some("tools"),
+                ))
+            }
+        };
+        Ok(ChatTool {
+            kind: "function".into(),
+            function: FunctionDefinition {
+                name: name.to_string(),
+                description,
+                parameters,
+                strict: None,
+            },
+        })
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionDefinition {
+    pub name: String,
+    pub description: Option<String>,
+    /// A JSON schema of the arguments object; absent: no arguments.
+    pub parameters: Option<serde_json::Value>,
+    pub strict: Option<bool>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatCompletionRequest {
     pub messages: Vec<ChatMessageIn>,
@@ -351,6 +423,24 @@ pub struct ChatCompletionRequest {
 }
 
 impl ChatCompletionRequest {
+    /// `messages` with every other field as a client leaving it out gets it: for the routes
+    /// that translate other APIs' requests.
+    pub fn new(messages: Vec<ChatMessageIn>) -> Self {
+        ChatCompletionRequest {
+            messages,
+            max_tokens: None,
+            max_completion_tokens: None,
+            logprobs: false,
+            top_logprobs: None,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            tools: None,
+            tool_choice: None,
+            parallel_tool_calls: None,
+            common: CommonParams::default(),
+        }
+    }
+
     /// The checks that need nothing but the request; returns how to render its template.
     pub fn check(&self) -> Result<TemplateMode, ApiError> {
         self.common.check()?;

@@ -17,6 +17,7 @@ use axum::http::StatusCode;
 use super::protocol::ApiError;
 use crate::engine::stop_strings::StopStrings;
 use crate::sampling_params::SamplingParams;
+use crate::utils::allocator::{release_free_memory, resident_bytes};
 use crate::utils::proc_kib_field;
 
 /// Bytes per logprob entry of a completions response (a position's alternative: the
@@ -109,7 +110,7 @@ pub fn estimate(
     let per_prompt_params = (stop_bytes + params.stop.len() * std::mem::size_of::<String>()) as u64
         + 4 * params.stop_token_ids.len() as u64
         + BIAS_ENTRY_BYTES * params.logit_bias.len() as u64;
-    let seqs = params.best_of_or_n() as u64;
+    let seqs = params.num_sequences() as u64;
     let choices = params.n as u64;
     // A count past the vocabulary (-1 asks for all of it) reports the vocabulary.
     let width = |k: Option<usize>| k.map_or(0, |k| k.min(vocab_size) as u64 + 1);
@@ -333,56 +334,9 @@ const TRIM_POLL: Duration = Duration::from_secs(1);
 const TRIM_RETRY: Duration = Duration::from_secs(3);
 const TRIM_RETRY_MAX: Duration = Duration::from_secs(60);
 
-/// This process's resident memory, from /proc.
-pub fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
-}
-
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
-
-/// Makes glibc serve every allocation of 256 KiB or more by its own mapping, unmapped when
-/// freed, and hand back any free top of its heaps above 1 MiB. glibc's default raises both
-/// thresholds each time a mapped block is freed (up to 32 and 64 MiB; loading the model
-/// frees many), after which a request's large buffers (its body, stop lists, logprob rows,
-/// the response) come from a thread's heap and stay there: `malloc_trim` does not shrink
-/// the top of a thread's heap, only frees. Measured on the hostile burst of
-/// `tests/end_to_end/hostile.rs`: idle RSS 1.4x warm after trims alone, 1.14x with this.
-/// The engine's step buffers are allocated once, so the mappings cost nothing per token.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn map_large_allocations() {
-    extern "C" {
-        fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
-    }
-    const M_TRIM_THRESHOLD: std::ffi::c_int = -1;
-    const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
-    // SAFETY: mallopt takes no pointers; glibc applies it under the main arena's lock.
-    unsafe {
-        mallopt(M_MMAP_THRESHOLD, 256 << 10);
-        mallopt(M_TRIM_THRESHOLD, 1 << 20);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn map_large_allocations() {}
-
-/// Gives the allocator's free pages back to the system.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn release_free_memory() {
-    extern "C" {
-        fn malloc_trim(pad: usize) -> std::ffi::c_int;
-    }
-    // SAFETY: glibc's malloc_trim takes no pointers and is thread-safe (it locks each arena).
-    unsafe {
-        malloc_trim(0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn release_free_memory() {}
 
 #[cfg(test)]
 mod tests {

@@ -6,14 +6,16 @@ use axum::extract::{Extension, State};
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, CompletionRequest, PromptField};
 use super::request_memory::{LogprobFormat, ResponseShape};
+use super::server_state::{AppState, RequestId, Shared};
 use super::serving_engine::{
     admit, check_model, check_request_width, delta, encode, finish_reason, fold, json_response,
     last_output, merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text,
-    top, Held, Prompt, Streams, Usage,
+    top, Held, Prompt, Streams,
 };
+use super::usage::Usage;
+use crate::engine::input_processor::CheckedParams;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
 use crate::sampling_params::SamplingParams;
@@ -26,7 +28,7 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let (req, prompts, base, params, held) = off_async(&s, move |s| prepare(s, body)).await?;
     let tok = s.engine.tokenizer().clone();
-    let streams = submit(&s, &rid, "cmpl", &prompts, params, req.common.priority).await?;
+    let streams = submit(&s, &rid, "cmpl", &prompts, params).await?;
     let reply = Reply {
         _held: held,
         id: format!("cmpl-{}", rid.0),
@@ -59,7 +61,7 @@ type Prepared = (
     CompletionRequest,
     Vec<Prompt>,
     SamplingParams,
-    Vec<SamplingParams>,
+    Vec<CheckedParams>,
     Held,
 );
 
@@ -86,7 +88,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
         },
         format: LogprobFormat::Completions,
     };
-    let (params, held) = admit(s, &base, &prompts, response)?;
+    let (params, held) = admit(s, &base, req.common.priority, &prompts, response)?;
     Ok((req, prompts, base, params, held))
 }
 

@@ -10,14 +10,15 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::{ApiError, PromptField};
 use super::request_memory::{LogprobFormat, ResponseShape};
+use super::server_state::{AppState, RequestId, Shared};
 use super::serving_completion::prompts;
 use super::serving_engine::{
     admit, check_model, check_request_width, json_response, merge, now, off_async, parse, submit,
     Held, Prompt,
 };
+use crate::engine::input_processor::CheckedParams;
 use crate::sampling_params::SamplingParams;
 
 /// OpenAI's embeddings request, with vLLM's `normalize` and `priority`.
@@ -49,7 +50,7 @@ pub async fn embeddings(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (req, prompts, params, _held) = off_async(&s, move |s| prepare(s, body)).await?;
-    let streams = submit(&s, &rid, "embd", &prompts, params, req.priority).await?;
+    let streams = submit(&s, &rid, "embd", &prompts, params).await?;
     let mut vectors: Vec<Option<Vec<f32>>> = vec![None; prompts.len()];
     let mut rx = merge(streams);
     while let Some((i, out)) = rx.recv().await {
@@ -88,7 +89,7 @@ fn encode(v: &[f32], format: EncodingFormat) -> Value {
     }
 }
 
-type Prepared = (EmbeddingRequest, Vec<Prompt>, Vec<SamplingParams>, Held);
+type Prepared = (EmbeddingRequest, Vec<Prompt>, Vec<CheckedParams>, Held);
 
 fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
     let req: EmbeddingRequest = parse(body)?;
@@ -116,6 +117,6 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
         prompt_logprobs_objects: 0,
         format: LogprobFormat::Completions,
     };
-    let (params, held) = admit(s, &base, &prompts, response)?;
+    let (params, held) = admit(s, &base, req.priority, &prompts, response)?;
     Ok((req, prompts, params, held))
 }

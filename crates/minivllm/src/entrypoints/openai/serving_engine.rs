@@ -14,13 +14,14 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::api_server::{AppState, RequestId, Shared};
 use super::protocol::ApiError;
 use super::request_memory::{
     estimate, PromptShape, Reservation, ResponseShape, TOKENIZE_BYTES_PER_BYTE,
 };
+use super::server_state::{AppState, RequestId, Shared};
 use crate::engine::async_engine::{collect, NewRequest};
-use crate::engine::llm_engine::{check_width, EngineError};
+use crate::engine::input_processor::CheckedParams;
+use crate::engine::llm_engine::EngineError;
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
@@ -117,23 +118,22 @@ pub fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
 }
 
 /// A request's `n` (or `best_of`) times its prompts must fit in one batch: every sequence
-/// of a request is admitted together, and each holds state from the start.
+/// of a request is admitted together, and each holds state from the start. Checked before
+/// the prompts are tokenised; one prompt's width is the engine's own check (in [`admit`]).
 pub fn check_request_width(
     s: &AppState,
     params: &SamplingParams,
     prompts: usize,
 ) -> Result<(), ApiError> {
     let max = s.engine.max_num_seqs();
-    // One prompt: the engine's own check, with its message.
-    check_width(params, max)?;
-    let width = params.best_of_or_n().saturating_mul(prompts);
-    if width > max {
+    let width = params.num_sequences().saturating_mul(prompts);
+    if prompts > 1 && width > max {
         return Err(ApiError::bad_request(
             format!(
                 "This request asks for {prompts} prompts x {} sequences each = {width} \
                  sequences, more than --max-num-seqs {max}: all of a request's sequences \
                  must fit in one batch. Send fewer prompts per request, or a smaller n.",
-                params.best_of_or_n()
+                params.num_sequences()
             ),
             Some("prompt"),
         ));
@@ -148,34 +148,37 @@ pub struct Held {
     _stops: Option<Arc<StopStrings>>,
 }
 
-/// Admits a request: checks `base` against the server, fixes each prompt's output budget
-/// (a prompt that fills the context is refused here with OpenAI's message), reserves the
-/// request's memory (as `response` says the route writes it), builds its stop strings'
-/// automaton, and only then copies the parameters per prompt.
+/// Admits a request: fixes each prompt's output budget (a prompt that fills the context is
+/// refused here with OpenAI's message), has the engine check each prompt's parameters (the
+/// one place they are checked), reserves the request's memory (as `response` says the route
+/// writes it) and builds its stop strings' automaton.
 pub fn admit(
     s: &AppState,
     base: &SamplingParams,
+    priority: i32,
     prompts: &[Prompt],
     response: ResponseShape,
-) -> Result<(Vec<SamplingParams>, Held), ApiError> {
-    base.validate()?;
-    // Before anything is sized by `n`: the streams' per-choice state, the engine's sibling sequences.
-    check_request_width(s, base, prompts.len())?;
-    base.validate_for_model(s.engine.tokenizer().vocab_size(), s.engine.max_logprobs())?;
-    let shapes = prompts
-        .iter()
-        .map(|p| {
-            Ok(PromptShape {
-                tokens: p.ids.len(),
-                max_tokens: base.max_tokens_for(p.ids.len(), s.engine.max_model_len())?,
-            })
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
+) -> Result<(Vec<CheckedParams>, Held), ApiError> {
+    let max_model_len = s.engine.max_model_len();
+    let mut params = Vec::with_capacity(prompts.len());
+    let mut shapes = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        let max_tokens = base.max_tokens_for(p.ids.len(), max_model_len)?;
+        let one = SamplingParams {
+            max_tokens: Some(max_tokens),
+            ..base.clone()
+        };
+        params.push(s.engine.check(one, priority)?);
+        shapes.push(PromptShape {
+            tokens: p.ids.len(),
+            max_tokens,
+        });
+    }
     let what = format!(
         "{} prompt(s) x {} sequence(s), max_tokens {}, logprobs {}, prompt_logprobs {}, {} stop \
          string(s)",
         prompts.len(),
-        base.best_of_or_n(),
+        base.num_sequences(),
         shapes.iter().map(|p| p.max_tokens).max().unwrap_or(0),
         logprob_count::display(base.logprobs.unwrap_or(0)),
         logprob_count::display(base.prompt_logprobs.unwrap_or(0)),
@@ -189,13 +192,6 @@ pub fn admit(
         _memory: memory,
         _stops: StopStrings::shared(&base.stop),
     };
-    let params = shapes
-        .iter()
-        .map(|p| SamplingParams {
-            max_tokens: Some(p.max_tokens),
-            ..base.clone()
-        })
-        .collect();
     Ok((params, held))
 }
 
@@ -215,8 +211,7 @@ pub async fn submit(
     request_id: &RequestId,
     prefix: &str,
     prompts: &[Prompt],
-    params: Vec<SamplingParams>,
-    priority: i32,
+    params: Vec<CheckedParams>,
 ) -> Result<Streams, ApiError> {
     static SERIAL: AtomicU64 = AtomicU64::new(0);
     let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
@@ -228,7 +223,6 @@ pub async fn submit(
             request_id: format!("{prefix}-{}-{serial}-{i}", request_id.0),
             prompt: p.ids.clone().into(),
             params,
-            priority,
         })
         .collect();
     Ok(s.engine.generate_many(requests).await?)
@@ -252,56 +246,6 @@ pub fn fold(acc: &mut Option<RequestOutput>, delta: RequestOutput) -> &mut Reque
             out
         }
         None => acc.insert(delta),
-    }
-}
-
-/// A response's token counts: OpenAI's `usage`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Usage {
-    pub prompt: usize,
-    pub completion: usize,
-    /// Prompt tokens the prefix cache held.
-    pub cached: usize,
-}
-
-impl Usage {
-    pub fn of(out: &RequestOutput) -> Self {
-        let mut u = Usage::default();
-        u.add(out);
-        u
-    }
-
-    /// Counts one more request's prompt, cached prompt and generated tokens.
-    pub fn add(&mut self, out: &RequestOutput) {
-        self.prompt += out.prompt_token_ids.len();
-        self.completion += out.num_generated_tokens();
-        self.cached += out.num_cached_tokens;
-    }
-
-    /// What [`json`](Self::json) wrote, read back by the routes that translate the chat
-    /// route's replies; `prompt` as the request was rendered (a stream that ended early has
-    /// no usage to read).
-    pub fn read(prompt: usize, usage: &Value) -> Self {
-        let count = |v: &Value| v.as_u64().unwrap_or(0) as usize;
-        Usage {
-            prompt,
-            completion: count(&usage["completion_tokens"]),
-            cached: count(&usage["prompt_tokens_details"]["cached_tokens"]),
-        }
-    }
-
-    /// With `details` (`--enable-prompt-tokens-details`, as vLLM), also
-    /// `prompt_tokens_details.cached_tokens`.
-    pub fn json(&self, details: bool) -> Value {
-        let mut v = json!({
-            "prompt_tokens": self.prompt,
-            "completion_tokens": self.completion,
-            "total_tokens": self.prompt + self.completion,
-        });
-        if details {
-            v["prompt_tokens_details"] = json!({"cached_tokens": self.cached});
-        }
-        v
     }
 }
 
@@ -342,8 +286,15 @@ pub fn data_sse(rx: mpsc::Receiver<Value>) -> Response {
 }
 
 /// Named events (`event: <name>` before each `data:`), as Anthropic's Messages and
-/// OpenAI's Responses streams send them; no `[DONE]`.
-pub fn named_sse(rx: mpsc::Receiver<(&'static str, Value)>) -> Response {
+/// OpenAI's Responses streams send them, as `produce` sends them; no `[DONE]`. A client that
+/// disconnects drops the receiver, which ends `produce` (and aborts its request).
+pub fn named_sse<F, Fut>(produce: F) -> Response
+where
+    F: FnOnce(mpsc::Sender<(&'static str, Value)>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(produce(tx));
     sse_events(
         rx,
         |(name, data)| format!("event: {name}\ndata: {data}\n\n"),

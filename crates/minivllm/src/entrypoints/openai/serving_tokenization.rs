@@ -8,9 +8,9 @@ use axum::response::Response;
 use serde::{Serialize, Serializer};
 use serde_json::json;
 
-use super::api_server::{AppState, Shared};
+use super::chat_run::render_chat;
 use super::protocol::{ApiError, DetokenizeRequest, TemplateMode, TokenizeRequest};
-use super::serving_chat::render_chat;
+use super::server_state::{AppState, Shared};
 use super::serving_engine::{check_model, encode, json_response, off_async, parse};
 use super::tool_calls::ToolUse;
 use crate::engine::llm_engine::EngineError;

@@ -2,34 +2,13 @@
 //! what the engine runs (the tools given to the chat template, a JSON constraint when the
 //! choice forces a call), and the reply's `tool_calls`, whole or streamed in pieces.
 
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::protocol::ApiError;
+use super::protocol::{ApiError, ChatTool};
+use super::reply_events::{Piece, ToolCallOut};
 use super::tool_parsers::{ForcedToolParser, ParsedOutput, ToolParser, ToolParserName};
 use crate::sampling_params::{SamplingParams, StructuredOutputsParams};
 use crate::structured_output::strict_schema::close_objects;
-
-/// One entry of the request's `tools`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ChatTool {
-    #[serde(rename = "type", default = "function_type")]
-    pub kind: String,
-    pub function: FunctionDefinition,
-}
-
-fn function_type() -> String {
-    "function".into()
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct FunctionDefinition {
-    pub name: String,
-    pub description: Option<String>,
-    /// A JSON schema of the arguments object; absent: no arguments.
-    pub parameters: Option<Value>,
-    pub strict: Option<bool>,
-}
 
 /// The request's `tool_choice`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -335,84 +314,74 @@ pub fn tool_call_id() -> String {
     format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
 }
 
-/// The reply's message fields for a finished output: `reasoning_content` with a reasoning
-/// parser (null when the model did not think), `content` (null when only calls came back,
-/// or only thinking) and `tool_calls` when there are any.
-pub fn message_fields(parsed: &ParsedOutput, reasoning: bool) -> Map<String, Value> {
-    let mut m = Map::new();
-    if reasoning {
-        let thought = (!parsed.reasoning.is_empty()).then(|| parsed.reasoning.clone());
-        m.insert("reasoning_content".into(), json!(thought));
-    }
+/// A finished output's reply as the parsers read it: the thinking (when the model thought),
+/// the answer (`None` when only calls came back, or only thinking) and the calls, each with a
+/// fresh id.
+pub fn finished_reply(parsed: &ParsedOutput) -> (Option<String>, Option<String>, Vec<ToolCallOut>) {
+    let thought = (!parsed.reasoning.is_empty()).then(|| parsed.reasoning.clone());
     let content = (!parsed.content.trim().is_empty()
         || (parsed.tool_calls.is_empty() && parsed.reasoning.is_empty()))
     .then(|| parsed.content.clone());
-    m.insert("content".into(), json!(content));
-    if !parsed.tool_calls.is_empty() {
-        let calls: Vec<Value> = parsed
-            .tool_calls
-            .iter()
-            .map(|c| {
-                json!({
-                    "id": tool_call_id(), "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                })
-            })
-            .collect();
-        m.insert("tool_calls".into(), Value::Array(calls));
-    }
-    m
+    let calls = parsed
+        .tool_calls
+        .iter()
+        .map(|c| ToolCallOut {
+            id: tool_call_id(),
+            name: c.name.clone(),
+            arguments: c.arguments.clone(),
+        })
+        .collect();
+    (thought, content, calls)
 }
 
-/// What one choice of a stream has sent: the parsed reply so far, so each chunk carries
+/// What one choice of a stream has sent: the parsed reply so far, so each delta carries
 /// only what is new.
 #[derive(Debug, Default)]
 pub struct ReplyStream {
     reasoning: usize,
     content: usize,
-    /// Per call sent: its id and how much of its arguments.
-    calls: Vec<(String, usize)>,
+    /// Per call sent: how much of its arguments.
+    calls: Vec<usize>,
 }
 
 impl ReplyStream {
-    /// The delta (`reasoning_content`, `content` and `tool_calls` pieces) the newly parsed
-    /// reply adds, `None` when it adds nothing.
-    pub fn delta(&mut self, parsed: &ParsedOutput) -> Option<Map<String, Value>> {
-        let mut d = Map::new();
-        for (key, text, sent) in [
-            ("reasoning_content", &parsed.reasoning, &mut self.reasoning),
-            ("content", &parsed.content, &mut self.content),
+    /// The pieces (thinking, answer, calls begun and their arguments) the newly parsed
+    /// reply adds, in that order; empty when it adds nothing.
+    pub fn delta(&mut self, parsed: &ParsedOutput) -> Vec<Piece> {
+        let mut pieces = Vec::new();
+        for (text, sent, piece) in [
+            (
+                &parsed.reasoning,
+                &mut self.reasoning,
+                Piece::Reasoning as fn(String) -> Piece,
+            ),
+            (&parsed.content, &mut self.content, Piece::Text),
         ] {
             // Text that went back (a final reading unlike the stream's) is not sent again.
             if let Some(new) = text.get(*sent..).filter(|s| !s.is_empty()) {
-                d.insert(key.into(), json!(new));
+                pieces.push(piece(new.to_string()));
                 *sent = text.len();
             }
         }
-        let mut pieces = Vec::new();
-        for (i, call) in parsed.tool_calls.iter().enumerate() {
-            if i == self.calls.len() {
-                let id = tool_call_id();
-                pieces.push(json!({
-                    "index": i, "id": id, "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }));
-                self.calls.push((id, call.arguments.len()));
-                continue;
+        for (index, call) in parsed.tool_calls.iter().enumerate() {
+            if index == self.calls.len() {
+                pieces.push(Piece::CallStart {
+                    index,
+                    id: tool_call_id(),
+                    name: call.name.clone(),
+                });
+                self.calls.push(0);
             }
-            let sent = &mut self.calls[i].1;
-            match call.arguments.get(*sent..) {
-                Some(new) if !new.is_empty() => {
-                    pieces.push(json!({"index": i, "function": {"arguments": new}}));
-                    *sent = call.arguments.len();
-                }
-                _ => {}
+            let sent = &mut self.calls[index];
+            if let Some(new) = call.arguments.get(*sent..).filter(|s| !s.is_empty()) {
+                pieces.push(Piece::CallArguments {
+                    index,
+                    text: new.to_string(),
+                });
+                *sent = call.arguments.len();
             }
         }
-        if !pieces.is_empty() {
-            d.insert("tool_calls".into(), Value::Array(pieces));
-        }
-        (!d.is_empty()).then_some(d)
+        pieces
     }
 
     /// Whether any call has been sent.
@@ -539,27 +508,30 @@ mod tests {
             name: "f".into(),
             arguments: args.into(),
         };
-        let d = s
-            .delta(&ParsedOutput {
-                content: "Hi".into(),
-                tool_calls: vec![call("{\"a\"")],
-                ..ParsedOutput::default()
-            })
-            .unwrap();
-        assert_eq!(d["content"], "Hi");
-        assert_eq!(d["tool_calls"][0]["function"]["name"], "f");
-        assert_eq!(d["tool_calls"][0]["function"]["arguments"], "{\"a\"");
-        let d = s
-            .delta(&ParsedOutput {
-                content: "Hi".into(),
-                tool_calls: vec![call("{\"a\": 1}")],
-                ..ParsedOutput::default()
-            })
-            .unwrap();
-        assert!(d.get("content").is_none());
+        let d = s.delta(&ParsedOutput {
+            content: "Hi".into(),
+            tool_calls: vec![call("{\"a\"")],
+            ..ParsedOutput::default()
+        });
+        let [Piece::Text(text), Piece::CallStart { index: 0, name, .. }, Piece::CallArguments {
+            index: 0,
+            text: args,
+        }] = &d[..]
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!((&text[..], &name[..], &args[..]), ("Hi", "f", "{\"a\""));
+        let d = s.delta(&ParsedOutput {
+            content: "Hi".into(),
+            tool_calls: vec![call("{\"a\": 1}")],
+            ..ParsedOutput::default()
+        });
         assert_eq!(
-            d["tool_calls"][0],
-            json!({"index": 0, "function": {"arguments": ": 1}"}})
+            d,
+            [Piece::CallArguments {
+                index: 0,
+                text: ": 1}".into()
+            }]
         );
         assert!(s.called());
         assert!(s
@@ -568,6 +540,6 @@ mod tests {
                 tool_calls: vec![call("{\"a\": 1}")],
                 ..ParsedOutput::default()
             })
-            .is_none());
+            .is_empty());
     }
 }

@@ -1,3 +1,6 @@
+//! The attention layer: a step's query against the paged KV cache, through the kernels'
+//! paged attention, with the step's new keys and values written into their slots first.
+
 use minivllm_kernels::attention::{
     paged_attention, reshape_and_cache, AttnShape, KvBuffer, SeqAttn,
 };

@@ -1,3 +1,6 @@
+//! Linear layers: weight matrices as the checkpoint stores them (f32, f16, bf16 or GGML
+//! blocks), multiplied by the kernel that reads that format.
+
 use minivllm_kernels::hmatmul::{matmul_half, HalfKind, HalfMatrix};
 use minivllm_kernels::matmul::matmul;
 use minivllm_kernels::qdot::{has_dot, quantize_to};

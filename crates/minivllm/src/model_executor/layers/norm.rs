@@ -1,3 +1,5 @@
+//! RMSNorm, as every family here normalises (with Gemma's `1 + weight` scale).
+
 use minivllm_kernels::norm;
 
 use crate::model_executor::loader::{weights::WeightSource, LoadError};

@@ -1,3 +1,6 @@
+//! Rotary position embedding (RoPE), its scaling variants, and the cosines and sines of one
+//! step's positions.
+
 use minivllm_kernels::rope::{fill_cos_sin_rows, rotary_embedding_neox};
 
 use crate::config::{ModelConfig, RopeScaling};

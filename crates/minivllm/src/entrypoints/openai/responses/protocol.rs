@@ -2,10 +2,14 @@
 //! and llama-server's do).
 
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::entrypoints::openai::chat_chunks::{chat_request, chat_tools, set_present};
-use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
+use crate::entrypoints::openai::protocol::{
+    ApiError, ChatCompletionRequest, ChatMessageIn, ChatTool, CommonParams, FunctionCallIn,
+    ToolCallIn,
+};
+use crate::entrypoints::openai::structured_outputs::{JsonSchemaFormat, ResponseFormat};
+
 use crate::sampling_params::logprob_count;
 
 /// `POST /v1/responses`. Stateless: nothing is stored, so `previous_response_id` is refused
@@ -70,10 +74,10 @@ impl ResponsesRequest {
         }
         let mut messages = Vec::new();
         if let Some(i) = &self.instructions {
-            messages.push(json!({"role": "system", "content": i}));
+            messages.push(ChatMessageIn::text("system", i.clone()));
         }
         match &self.input {
-            Value::String(text) => messages.push(json!({"role": "user", "content": text})),
+            Value::String(text) => messages.push(ChatMessageIn::text("user", text.clone())),
             Value::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
                     input_item(item, i, &mut messages)?;
@@ -81,38 +85,33 @@ impl ResponsesRequest {
             }
             _ => return Err(bad("input: expected a string or a list of items", "input")),
         }
-        let mut chat = json!({
-            "messages": messages,
-            "stream": self.stream,
-            "max_tokens": self.max_output_tokens,
-        });
-        let fields = chat.as_object_mut().expect("an object");
-        set_present(
-            fields,
-            [
-                ("model", json!(self.model)),
-                ("temperature", json!(self.temperature)),
-                ("top_p", json!(self.top_p)),
-                ("parallel_tool_calls", json!(self.parallel_tool_calls)),
-            ],
-        );
+        let mut chat = ChatCompletionRequest::new(messages);
+        chat.max_tokens = self.max_output_tokens;
+        chat.parallel_tool_calls = self.parallel_tool_calls;
+        chat.common = CommonParams {
+            model: self.model.clone(),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            stream: self.stream,
+            ..CommonParams::default()
+        };
         if let Some(tools) = &self.tools {
-            fields.insert("tools".into(), chat_tools(tools, tool)?);
+            let tools = tools.iter().enumerate().map(|(i, t)| tool(t, i));
+            chat.tools = Some(tools.collect::<Result<_, _>>()?);
         }
         if let Some(choice) = &self.tool_choice {
-            fields.insert("tool_choice".into(), tool_choice(choice)?);
+            chat.tool_choice = Some(tool_choice(choice)?);
         }
         if let Some(format) = self.text.as_ref().and_then(|t| t.get("format")) {
-            text_format(format, fields)?;
+            chat.common.structured.response_format = text_format(format)?;
         }
         // As vLLM: logprobs when `include` asks for them, `top_logprobs` alternatives each
         // (checked by the chat request as its own `top_logprobs`).
         if self.wants_logprobs() {
-            fields.insert("logprobs".into(), json!(true));
-            let top = logprob_count::as_i64(self.top_logprobs.unwrap_or(0));
-            fields.insert("top_logprobs".into(), json!(top));
+            chat.logprobs = true;
+            chat.top_logprobs = Some(self.top_logprobs.unwrap_or(0));
         }
-        chat_request(chat)
+        Ok(chat)
     }
 
     pub fn wants_logprobs(&self) -> bool {
@@ -123,12 +122,18 @@ impl ResponsesRequest {
 /// Item `i` of `input` as chat messages: a message, a function call (joined to the
 /// assistant turn before it), a function call's output, or a reasoning item (dropped, as
 /// chat templates drop earlier thinking).
-fn input_item(item: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
+fn input_item(item: &Value, i: usize, out: &mut Vec<ChatMessageIn>) -> Result<(), ApiError> {
     let at = format!("input[{i}]");
     let field = |name: &str| {
         item.get(name)
             .filter(|v| !v.is_null())
             .ok_or_else(|| bad(format!("{at}: `{name}` is required"), "input"))
+    };
+    let string = |name: &str| {
+        field(name)?
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| bad(format!("{at}.{name}: expected a string"), "input"))
     };
     let kind = item.get("type").and_then(Value::as_str);
     match kind {
@@ -144,25 +149,30 @@ fn input_item(item: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiErr
                 }
             };
             let content = content_text(field("content")?, &format!("{at}.content"))?;
-            out.push(json!({"role": role, "content": content}));
+            out.push(ChatMessageIn::text(role, content));
         }
         Some("function_call") => {
-            let arguments = field("arguments")?;
-            let call = json!({
-                "id": field("call_id")?, "type": "function",
-                "function": {"name": field("name")?, "arguments": arguments},
-            });
-            match out.last_mut() {
-                Some(turn) if turn["role"] == "assistant" => match turn.get_mut("tool_calls") {
-                    Some(Value::Array(calls)) => calls.push(call),
-                    _ => turn["tool_calls"] = json!([call]),
+            let call = ToolCallIn {
+                id: Some(string("call_id")?),
+                function: FunctionCallIn {
+                    name: string("name")?,
+                    arguments: field("arguments")?.clone(),
                 },
-                _ => out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
+            };
+            match out.last_mut() {
+                Some(turn) if turn.role == "assistant" => {
+                    turn.tool_calls.get_or_insert_with(Vec::new).push(call);
+                }
+                _ => {
+                    let mut turn = ChatMessageIn::text("assistant", String::new());
+                    turn.tool_calls = Some(vec![call]);
+                    out.push(turn);
+                }
             }
         }
         Some("function_call_output") => {
             let output = content_text(field("output")?, &format!("{at}.output"))?;
-            out.push(json!({"role": "tool", "tool_call_id": field("call_id")?, "content": output}));
+            out.push(ChatMessageIn::tool_result(string("call_id")?, output));
         }
         Some("reasoning") => {}
         Some(other) => {
@@ -216,7 +226,7 @@ fn content_text(v: &Value, at: &str) -> Result<String, ApiError> {
 }
 
 /// A function tool (`{type: "function", name, description, parameters}`) as chat's.
-fn tool(t: &Value, i: usize) -> Result<Value, ApiError> {
+fn tool(t: &Value, i: usize) -> Result<ChatTool, ApiError> {
     let name = t.get("name").and_then(Value::as_str);
     let (Some("function"), Some(name)) = (t.get("type").and_then(Value::as_str), name) else {
         return Err(bad(
@@ -224,13 +234,12 @@ fn tool(t: &Value, i: usize) -> Result<Value, ApiError> {
             "tools",
         ));
     };
-    let mut function = json!({"name": name});
-    for key in ["description", "parameters"] {
-        if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
-            function[key] = v.clone();
-        }
-    }
-    Ok(json!({"type": "function", "function": function}))
+    ChatTool::function(
+        i,
+        name,
+        t.get("description"),
+        t.get("parameters").filter(|p| !p.is_null()).cloned(),
+    )
 }
 
 fn tool_choice(choice: &Value) -> Result<Value, ApiError> {
@@ -254,11 +263,11 @@ fn tool_choice(choice: &Value) -> Result<Value, ApiError> {
     }
 }
 
-/// `text.format` as chat's `response_format`.
-fn text_format(format: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let response_format = match format.get("type").and_then(Value::as_str) {
-        Some("text") => return Ok(()),
-        Some("json_object") => json!({"type": "json_object"}),
+/// `text.format` as chat's `response_format` (`None` for plain text).
+fn text_format(format: &Value) -> Result<Option<ResponseFormat>, ApiError> {
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(ResponseFormat::JsonObject)),
         Some("json_schema") => {
             let Some(schema) = format.get("schema") else {
                 return Err(bad(
@@ -266,20 +275,102 @@ fn text_format(format: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiE
                     "text",
                 ));
             };
-            let mut spec = json!({"name": format.get("name").cloned().unwrap_or(json!("schema")),
-                                  "schema": schema});
-            if let Some(strict) = format.get("strict") {
-                spec["strict"] = strict.clone();
-            }
-            json!({"type": "json_schema", "json_schema": spec})
+            let name = match format.get("name") {
+                None | Some(Value::Null) => "schema".to_string(),
+                Some(Value::String(n)) => n.clone(),
+                Some(_) => return Err(bad("text.format.name: expected a string", "text")),
+            };
+            let strict = match format.get("strict") {
+                None | Some(Value::Null) => None,
+                Some(Value::Bool(b)) => Some(*b),
+                Some(_) => return Err(bad("text.format.strict: expected a boolean", "text")),
+            };
+            Ok(Some(ResponseFormat::JsonSchema {
+                json_schema: JsonSchemaFormat {
+                    name: Some(name),
+                    description: None,
+                    schema: Some(schema.clone()).filter(|s| !s.is_null()),
+                    strict,
+                },
+            }))
         }
-        _ => {
-            return Err(bad(
-                "text.format: expected a format of type text, json_object or json_schema",
-                "text",
-            ))
-        }
-    };
-    chat.insert("response_format".into(), response_format);
-    Ok(())
+        _ => Err(bad(
+            "text.format: expected a format of type text, json_object or json_schema",
+            "text",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entrypoints::openai::structured_outputs::ResponseFormat;
+
+    fn read(v: Value) -> Result<ChatCompletionRequest, ApiError> {
+        serde_json::from_value::<ResponsesRequest>(v)
+            .unwrap()
+            .to_chat()
+    }
+
+    /// Calls join the assistant turn before them; outputs are `tool` turns; the format, the
+    /// logprobs asked for through `include` and the sampling fields land in the chat
+    /// request's own fields.
+    #[test]
+    fn input_items_and_fields_read_as_the_chat_request() {
+        let chat = read(json!({
+            "model": "m", "instructions": "Be brief.", "max_output_tokens": 5, "top_p": 0.9,
+            "parallel_tool_calls": false, "include": ["message.output_text.logprobs"],
+            "top_logprobs": 2,
+            "text": {"format": {"type": "json_schema", "name": "w", "strict": true,
+                                "schema": {"type": "object"}}},
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                {"role": "assistant", "content": "Calling."},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+                {"type": "reasoning", "summary": []},
+            ],
+        }))
+        .unwrap();
+        let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        let calls = chat.messages[2].tool_calls.as_ref().unwrap();
+        let ids: Vec<_> = calls.iter().map(|c| c.id.as_deref().unwrap()).collect();
+        assert_eq!(ids, ["c1", "c2"]);
+        assert_eq!(chat.messages[3].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(chat.max_tokens, Some(5));
+        assert_eq!(chat.parallel_tool_calls, Some(false));
+        assert_eq!((chat.logprobs, chat.top_logprobs), (true, Some(2)));
+        assert_eq!(chat.common.top_p, Some(0.9));
+        assert_eq!(
+            chat.tool_choice,
+            Some(json!({"type": "function", "function": {"name": "f"}}))
+        );
+        let Some(ResponseFormat::JsonSchema { json_schema }) =
+            &chat.common.structured.response_format
+        else {
+            panic!("{:?}", chat.common.structured.response_format)
+        };
+        assert_eq!(json_schema.name.as_deref(), Some("w"));
+        assert_eq!(json_schema.strict, Some(true));
+        // A call with nothing before it opens an assistant turn of its own.
+        let chat = read(json!({"input": [
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]}))
+        .unwrap();
+        assert_eq!(chat.messages[0].role, "assistant");
+    }
+
+    #[test]
+    fn fields_of_the_wrong_type_are_named() {
+        let msg = |v: Value| read(v).unwrap_err().message;
+        let call = json!({"input": [
+            {"type": "function_call", "call_id": 3, "name": "f", "arguments": "{}"}]});
+        assert!(msg(call).contains("input[0].call_id: expected a string"));
+        let format = json!({"input": "x", "text": {"format": {"type": "json_schema",
+                            "schema": {}, "strict": "yes"}}});
+        assert!(msg(format).contains("text.format.strict: expected a boolean"));
+    }
 }

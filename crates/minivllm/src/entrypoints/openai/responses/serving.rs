@@ -12,15 +12,17 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::protocol::ResponsesRequest;
-use crate::entrypoints::openai::api_server::{RequestId, Shared};
-use crate::entrypoints::openai::chat_chunks::{read_chunk, Piece};
+use crate::entrypoints::openai::chat_run::{run_chat, ChatRun};
 use crate::entrypoints::openai::protocol::{ApiError, ChatCompletionRequest};
-use crate::entrypoints::openai::request_memory::LogprobFormat;
-use crate::entrypoints::openai::serving_chat::{run_chat, ChatRun, RunOptions};
-use crate::entrypoints::openai::serving_engine::{
-    json_response, named_sse, now, off_async, parse, Usage,
+use crate::entrypoints::openai::reply_events::{
+    ChoiceReply, Finish, Piece, ReplyEvents, TokenLogprob,
 };
+use crate::entrypoints::openai::request_memory::LogprobFormat;
+use crate::entrypoints::openai::server_state::{RequestId, Shared};
+use crate::entrypoints::openai::serving_engine::{json_response, named_sse, now, off_async, parse};
+use crate::entrypoints::openai::usage::Usage;
 use crate::sampling_params::logprob_count;
+use crate::sequence::FinishReason;
 
 pub async fn responses(
     State(s): State<Shared>,
@@ -30,32 +32,26 @@ pub async fn responses(
     let req = off_async(&s, move |_| parse::<ResponsesRequest>(body)).await?;
     let chat = req.to_chat()?;
     let head = Head::new(&req, &chat, &rid, &s.config.served_model_name);
-    let options = RunOptions {
-        include_usage: true,
-        usage_details: true,
-        logprob_format: LogprobFormat::Responses,
-    };
-    Ok(match run_chat(&s, &rid, chat, options).await? {
-        ChatRun::Full {
-            prompt_tokens,
-            mut body,
-        } => {
-            let usage = usage(Usage::read(prompt_tokens, &body["usage"]));
-            let mut none = Value::Null;
-            let choice = body.pointer_mut("/choices/0").unwrap_or(&mut none);
-            let status = status(choice);
-            let items = output_items(choice, status);
-            json_response(&head.response(status, items, usage))
-        }
-        ChatRun::Stream {
-            prompt_tokens,
-            chunks,
-        } => {
-            let (tx, rx) = mpsc::channel(64);
-            tokio::spawn(head.stream(chunks, prompt_tokens, tx));
-            named_sse(rx)
-        }
-    })
+    Ok(
+        match run_chat(&s, &rid, chat, LogprobFormat::Responses).await? {
+            ChatRun::Full { mut reply, .. } => {
+                let usage = usage(reply.usage);
+                let (status, items) = match reply.choices.first_mut() {
+                    Some(choice) => {
+                        let status = status(choice.finish.as_ref());
+                        (status, output_items(choice, status))
+                    }
+                    None => ("completed", Vec::new()),
+                };
+                json_response(&head.response(status, items, usage))
+            }
+            ChatRun::Stream {
+                prompt_tokens,
+                events,
+                ..
+            } => named_sse(|tx| head.stream(events, prompt_tokens, tx)),
+        },
+    )
 }
 
 /// `GET /v1/responses/{id}`: nothing is kept, so every id is unknown.
@@ -124,14 +120,14 @@ impl Head {
         r
     }
 
-    /// Translates the chat chunks into the Responses events: `response.created` and
+    /// Writes the reply's events as the Responses events: `response.created` and
     /// `response.in_progress`; per output item `output_item.added`, its deltas, their
     /// `done` events and `output_item.done`; then `response.completed` (or
     /// `response.incomplete` when `max_output_tokens` cut it, as OpenAI) with the whole
     /// output. A stream that ends before the reply finished ends with `response.failed`.
     async fn stream(
         self,
-        mut chunks: mpsc::Receiver<Value>,
+        mut events: ReplyEvents,
         prompt_tokens: usize,
         tx: mpsc::Sender<(&'static str, Value)>,
     ) {
@@ -147,46 +143,44 @@ impl Head {
                 return;
             }
         }
-        let (mut finish, mut chat_usage) = (None, Value::Null);
-        while let Some(mut chunk) = chunks.recv().await {
-            // The chunk's tokens' logprobs (when asked for) go with its text.
-            let choice = chunk.pointer_mut("/choices/0");
-            let mut logprobs = choice.map(take_logprobs).unwrap_or_default();
-            let read = read_chunk(&chunk);
-            if let Some(u) = read.usage {
-                chat_usage = u.clone();
-            }
-            for piece in read.pieces {
+        let mut finish = None;
+        while let Some(d) = events.next_delta().await {
+            // The delta's tokens' logprobs (when asked for) go with its text.
+            let mut logprobs = d.logprobs.unwrap_or_default();
+            for piece in &d.pieces {
                 let ok = match piece {
-                    Piece::Thinking(t) => out.text(Kind::Reasoning, t, Vec::new()).await,
+                    Piece::Reasoning(t) => out.text(Kind::Reasoning, t, Vec::new()).await,
                     Piece::Text(t) => {
                         out.text(Kind::Message, t, std::mem::take(&mut logprobs))
                             .await
                     }
-                    Piece::Call { id, name } => out.start_call(id, name).await,
-                    Piece::Arguments(args) => out.arguments(args).await,
+                    Piece::CallStart { id, name, .. } => out.start_call(id, name).await,
+                    Piece::CallArguments { text, .. } => out.arguments(text).await,
                 };
                 if !ok {
                     return;
                 }
             }
-            if let Some(choice) = read.finished {
-                finish = Some(choice.clone());
+            if d.finish.is_some() {
+                finish = d.finish;
             }
         }
-        let Some(choice) = finish else {
+        let Some(finish) = finish else {
             let mut failed = self.response("failed", Vec::new(), Value::Null);
             failed["error"] = json!({"code": "server_error", "message": "the reply ended early"});
             out.send("response.failed", json!({"response": failed}))
                 .await;
             return;
         };
-        let status = status(&choice);
+        let status = status(Some(&finish));
         if !out.close(status).await {
             return;
         }
         let items = out.items.iter().map(Item::json).collect();
-        let usage = usage(Usage::read(prompt_tokens, &chat_usage));
+        let usage = usage(events.usage.unwrap_or(Usage {
+            prompt: prompt_tokens,
+            ..Usage::default()
+        }));
         let last = self.response(status, items, usage);
         let name = if status == "completed" {
             "response.completed"
@@ -198,11 +192,10 @@ impl Head {
 }
 
 /// `completed`, or `incomplete` when the length limit cut the reply.
-fn status(choice: &Value) -> &'static str {
-    if choice["finish_reason"] == "length" {
-        "incomplete"
-    } else {
-        "completed"
+fn status(finish: Option<&Finish>) -> &'static str {
+    match finish {
+        Some(f) if f.reason == FinishReason::Length => "incomplete",
+        _ => "completed",
     }
 }
 
@@ -220,40 +213,23 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}_{:032x}", rand::random::<u128>())
 }
 
-/// A chat choice's tokens' logprobs, taken out of it (chat's and the Responses API's
-/// entries are alike: token, logprob, bytes, top_logprobs; a vocabulary-wide list each
-/// with `top_logprobs: -1`, not to be copied); none unless asked for.
-fn take_logprobs(choice: &mut Value) -> Vec<Value> {
-    match choice.pointer_mut("/logprobs/content").map(Value::take) {
-        Some(Value::Array(entries)) => entries,
-        _ => Vec::new(),
-    }
-}
-
-/// A whole chat choice's message as output items: its thinking, its text (when there is
-/// any, or nothing else; with every token's logprobs, as vLLM), its calls.
-fn output_items(choice: &mut Value, status: &'static str) -> Vec<Value> {
-    let logprobs = take_logprobs(choice);
-    let m = &choice["message"];
+/// A whole choice as output items: its thinking, its text (when there is any, or nothing
+/// else; with every token's logprobs, as vLLM), its calls.
+fn output_items(choice: &mut ChoiceReply, status: &'static str) -> Vec<Value> {
     let mut items = Vec::new();
-    if let Some(t) = m["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
-        items.push(Item::new(Kind::Reasoning, t.to_string()));
+    if let Some(t) = choice.reasoning.take().filter(|t| !t.is_empty()) {
+        items.push(Item::new(Kind::Reasoning, t));
     }
-    let calls = m["tool_calls"].as_array().map_or(&[][..], Vec::as_slice);
-    let text = m["content"].as_str().unwrap_or_default();
+    let text = choice.content.take().unwrap_or_default();
     // An empty reply still has its (empty) message; one cut while thinking does not.
-    if !text.is_empty() || (calls.is_empty() && items.is_empty()) {
-        let mut item = Item::new(Kind::Message, text.to_string());
-        item.logprobs = logprobs;
+    if !text.is_empty() || (choice.tool_calls.is_empty() && items.is_empty()) {
+        let mut item = Item::new(Kind::Message, text);
+        item.logprobs = choice.logprobs.take().unwrap_or_default();
         items.push(item);
     }
-    for c in calls {
-        let f = &c["function"];
-        let mut item = Item::new(Kind::Call, f["arguments"].as_str().unwrap_or("{}").into());
-        item.call = Some((
-            c["id"].as_str().unwrap_or_default().to_string(),
-            f["name"].as_str().unwrap_or_default().to_string(),
-        ));
+    for c in std::mem::take(&mut choice.tool_calls) {
+        let mut item = Item::new(Kind::Call, c.arguments);
+        item.call = Some((c.id, c.name));
         items.push(item);
     }
     for item in &mut items {
@@ -278,7 +254,7 @@ struct Item {
     call: Option<(String, String)>,
     status: &'static str,
     /// A message's tokens' logprobs, when asked for.
-    logprobs: Vec<Value>,
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl Item {
@@ -428,7 +404,7 @@ impl Events {
 
     /// Text (with its tokens' logprobs) or thinking, in an item of its kind (opened if the
     /// open one is another).
-    async fn text(&mut self, kind: Kind, text: &str, logprobs: Vec<Value>) -> bool {
+    async fn text(&mut self, kind: Kind, text: &str, logprobs: Vec<TokenLogprob>) -> bool {
         let same = self.open && self.items.last().is_some_and(|i| i.kind == kind);
         if !same && !self.open(Item::new(kind, String::new())).await {
             return false;

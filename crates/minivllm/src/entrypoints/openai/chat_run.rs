@@ -1,0 +1,554 @@
+//! A chat request run: checked, its messages rendered with the chat template, submitted,
+//! and its outputs read by the reasoning and tool-call parsers into typed reply events
+//! ([`reply_events`](super::reply_events)) that the chat, Anthropic Messages and Responses
+//! routes each write in their own wire format.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::protocol::{
+    chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateMode,
+};
+use super::reply_events::{
+    ChatEvent, ChatReply, ChoiceDelta, ChoiceReply, Finish, Piece, ReplyEvents, TokenLogprob,
+    TopLogprob,
+};
+use super::request_memory::{LogprobFormat, ResponseShape};
+use super::server_state::{AppState, RequestId, Shared};
+use super::serving_engine::{
+    admit, check_model, delta, encode, fold, last_output, off_async, prompt_logprobs, submit,
+    token_text, top, Held, Prompt,
+};
+use super::tool_calls::{finished_reply, ReplyStream, ToolUse};
+use super::tool_parsers::{ParsedOutput, ToolParser};
+use super::usage::Usage;
+use crate::engine::input_processor::CheckedParams;
+use crate::engine::tokenizer::Tokenizer;
+use crate::outputs::{CompletionOutput, RequestOutput};
+use crate::reasoning::{PromptThinking, ReasoningParser};
+use crate::sequence::FinishReason;
+
+/// Renders `messages` with the model's chat template and tokenises the result.
+/// `tools`: OpenAI's tool objects, for templates that describe them to the model.
+pub fn render_chat(
+    s: &AppState,
+    messages: &[ChatMessageIn],
+    tools: &[Value],
+    mode: TemplateMode,
+    add_special_tokens: bool,
+) -> Result<Prompt, ApiError> {
+    let tok = s.engine.tokenizer();
+    let messages = chat_messages(messages)?;
+    let add_generation_prompt = mode == TemplateMode::GenerationPrompt;
+    let mut rendered = tok
+        .apply_chat_template_with_tools(&messages, tools, add_generation_prompt)
+        .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+    if mode == TemplateMode::ContinueFinalMessage {
+        rendered = continue_final_message(rendered, &messages)?;
+    }
+    let ids = encode(s, &rendered, add_special_tokens)?;
+    Ok(Prompt {
+        text: rendered,
+        ids,
+    })
+}
+
+/// The rendered chat cut just after the final message's text, as transformers does: the
+/// template's end-of-turn marks after it would tell the model the turn is over.
+fn continue_final_message(
+    rendered: String,
+    messages: &[crate::engine::chat_template::ChatMessage],
+) -> Result<String, ApiError> {
+    let last = messages.last().map_or("", |m| m.content.trim());
+    match rendered.rfind(last) {
+        Some(at) if !last.is_empty() => Ok(rendered[..at + last.len()].to_string()),
+        _ => Err(ApiError::bad_request(
+            "continue_final_message needs a final message with text that the chat template \
+             renders as written",
+            Some("messages"),
+        )),
+    }
+}
+
+/// A chat request under way: its reply whole, or its stream of events. Dropping the
+/// stream's receiver aborts the request.
+pub enum ChatRun {
+    Full {
+        prompt_tokens: usize,
+        reply: ChatReply,
+    },
+    Stream {
+        prompt_tokens: usize,
+        /// Choices the reply has (the request's `n`).
+        n: usize,
+        events: ReplyEvents,
+    },
+}
+
+/// Checks, renders and runs `req`; `logprob_format` is how the route's response will hold
+/// logprobs (for the request memory estimate).
+pub async fn run_chat(
+    s: &Shared,
+    rid: &RequestId,
+    req: ChatCompletionRequest,
+    logprob_format: LogprobFormat,
+) -> Result<ChatRun, ApiError> {
+    let (req, prompt, params, held, tools) =
+        off_async(s, move |s| prepare(s, req, logprob_format)).await?;
+    let reasoning = s
+        .config
+        .reasoning_parser
+        .map(|name| (ReasoningParser::new(name), PromptThinking::of(&prompt.text)));
+    let n = params.params().n;
+    let prompt_tokens = prompt.ids.len();
+    let prompts = [prompt];
+    let mut streams = submit(s, rid, "chatcmpl", &prompts, vec![params]).await?;
+    let rx = streams.remove(0);
+    let reply = Reply {
+        _held: held,
+        n,
+        top_logprobs: req.logprobs.then_some(req.top_logprobs.unwrap_or(0)),
+        prompt_logprobs: req.common.prompt_logprobs.is_some(),
+        tok: s.engine.tokenizer().clone(),
+        tools,
+        reasoning,
+    };
+    if req.common.stream {
+        let (tx, events) = mpsc::channel(64);
+        tokio::spawn(reply.stream(rx, tx));
+        return Ok(ChatRun::Stream {
+            prompt_tokens,
+            n,
+            events: ReplyEvents::new(events),
+        });
+    }
+    let out = last_output(rx).await?;
+    let reply = off_async(s, move |_| reply.full(&out)).await;
+    Ok(ChatRun::Full {
+        prompt_tokens,
+        reply,
+    })
+}
+
+/// The request checked, its messages rendered and tokenised, and its sampling parameters.
+#[allow(clippy::type_complexity)]
+fn prepare(
+    s: &AppState,
+    req: ChatCompletionRequest,
+    logprob_format: LogprobFormat,
+) -> Result<(ChatCompletionRequest, Prompt, CheckedParams, Held, ToolUse), ApiError> {
+    let mode = req.check()?;
+    check_model(s, req.common.model.as_deref())?;
+    let tools = ToolUse::from_request(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        req.common.structured.params()?.is_some(),
+        &s.config.tool_calls,
+    )?;
+    // The template writes the BOS itself.
+    let prompt = render_chat(s, &req.messages, &tools.template_tools, mode, false)?;
+    let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    let mut base = (req.common).sampling_params(&s.config.generation, max_tokens, logprobs);
+    tools.adjust_params(&mut base);
+    if let Some(name) = s.config.reasoning_parser {
+        name.adjust_params(&mut base);
+    }
+    let response = ResponseShape {
+        echo: false,
+        // Once, beside the choices.
+        prompt_logprobs_objects: u64::from(base.prompt_logprobs.is_some()),
+        format: logprob_format,
+    };
+    let (mut params, held) = admit(
+        s,
+        &base,
+        req.common.priority,
+        std::slice::from_ref(&prompt),
+        response,
+    )?;
+    Ok((req, prompt, params.remove(0), held, tools))
+}
+
+/// What the events of one request need.
+struct Reply {
+    /// Released when the reply is done.
+    _held: Held,
+    n: usize,
+    /// `Some(k)` when the request asked for logprobs, with `k` alternatives each.
+    top_logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs` was asked for: the reply carries them.
+    prompt_logprobs: bool,
+    tok: Arc<Tokenizer>,
+    tools: ToolUse,
+    /// `--reasoning-parser`, and where the prompt left the model's thinking.
+    reasoning: Option<(ReasoningParser, PromptThinking)>,
+}
+
+impl Reply {
+    fn logprobs(&self, o: &CompletionOutput, from: usize) -> Option<Vec<TokenLogprob>> {
+        let k = self.top_logprobs?;
+        Some(token_logprobs(&self.tok, o, from, k)).filter(|_| o.logprobs.is_some())
+    }
+
+    /// How `o` finished, if it has; `called`: the reply called tools.
+    fn finish(&self, o: &CompletionOutput, called: bool) -> Option<Finish> {
+        let reason = o.finish_reason?;
+        Some(Finish {
+            reason,
+            stop_reason: o.stop_reason.clone(),
+            called,
+            as_tool_calls: reason == FinishReason::Stop
+                && called
+                && self.tools.finish_as_tool_calls,
+        })
+    }
+
+    fn full(&self, out: &RequestOutput) -> ChatReply {
+        let choices = out
+            .outputs
+            .iter()
+            .map(|o| {
+                let (reasoning, content, tool_calls) = match self.read(&o.text, true) {
+                    None => (None, Some(o.text.clone()), Vec::new()),
+                    Some(parsed) => finished_reply(&parsed),
+                };
+                let finish = self.finish(o, !tool_calls.is_empty());
+                ChoiceReply {
+                    index: o.index,
+                    reasoning,
+                    content,
+                    tool_calls,
+                    logprobs: self.logprobs(o, 0),
+                    finish,
+                }
+            })
+            .collect();
+        ChatReply {
+            choices,
+            usage: Usage::of(out),
+            reasoning_parser: self.reasoning.is_some(),
+            prompt_logprobs: self
+                .prompt_logprobs
+                .then(|| prompt_logprobs(&self.tok, out)),
+        }
+    }
+
+    /// The reply as the reasoning and tool-call parsers read it; `None` without them (the
+    /// text is all content).
+    fn read(&self, text: &str, finished: bool) -> Option<ParsedOutput> {
+        read_reply(
+            self.reasoning.as_ref(),
+            self.tools.parser.as_deref(),
+            text,
+            finished,
+        )
+    }
+
+    /// Sends each choice's delta as the engine's outputs come, then the usage.
+    async fn stream(
+        self,
+        mut rx: mpsc::UnboundedReceiver<RequestOutput>,
+        tx: mpsc::Sender<ChatEvent>,
+    ) {
+        let mut sent = vec![0usize; self.n];
+        let mut sent_tokens = vec![0usize; self.n];
+        // With n > 1 a finished choice keeps coming back while its siblings run.
+        let mut done = vec![false; self.n];
+        let mut replies: Vec<ReplyStream> = (0..self.n).map(|_| ReplyStream::default()).collect();
+        // The deltas folded together, so a delta can carry held-back text and logprobs.
+        let mut last = None;
+        while let Some(next) = rx.recv().await {
+            let changed: Vec<usize> = next.outputs.iter().map(|o| o.index).collect();
+            let out = &*fold(&mut last, next);
+            for o in out.outputs.iter().filter(|o| changed.contains(&o.index)) {
+                let i = o.index;
+                if done[i] {
+                    continue;
+                }
+                let finished = o.finish_reason.is_some();
+                done[i] = finished;
+                let (pieces, called) = match self.read(&o.text, finished) {
+                    None => {
+                        let text = delta(&o.text, &mut sent[i]);
+                        let pieces = if text.is_empty() {
+                            Vec::new()
+                        } else {
+                            vec![Piece::Text(text)]
+                        };
+                        (pieces, false)
+                    }
+                    Some(parsed) => {
+                        let pieces = replies[i].delta(&parsed);
+                        (pieces, replies[i].called())
+                    }
+                };
+                if pieces.is_empty() && !finished {
+                    // Text held back (half a character, a possible stop string, what may be
+                    // a tool call): its tokens' logprobs go with the delta that releases it.
+                    continue;
+                }
+                let logprobs = self.logprobs(o, sent_tokens[i]);
+                sent_tokens[i] = o.token_ids.len();
+                let d = ChoiceDelta {
+                    index: i,
+                    pieces,
+                    logprobs,
+                    finish: self.finish(o, called),
+                };
+                if tx.send(ChatEvent::Delta(d)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        if let Some(out) = last {
+            let _ = tx.send(ChatEvent::Usage(Usage::of(&out))).await;
+        }
+    }
+}
+
+/// The generated tokens' logprobs from token `from` on, `k` alternatives each.
+fn token_logprobs(
+    tok: &Tokenizer,
+    o: &CompletionOutput,
+    from: usize,
+    k: usize,
+) -> Vec<TokenLogprob> {
+    let Some(lps) = &o.logprobs else {
+        return Vec::new();
+    };
+    o.token_ids
+        .iter()
+        .zip(lps)
+        .skip(from)
+        .map(|(&id, lp)| {
+            let token = token_text(tok, id);
+            TokenLogprob {
+                logprob: lp.get(id).unwrap_or(f32::NEG_INFINITY),
+                bytes: token.as_bytes().to_vec(),
+                token,
+                top_logprobs: top(lp)
+                    .into_iter()
+                    .take(k)
+                    .map(|(a, logprob)| {
+                        let token = token_text(tok, a);
+                        TopLogprob {
+                            logprob,
+                            bytes: token.as_bytes().to_vec(),
+                            token,
+                        }
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The reply as a reasoning parser (and where the prompt left the thinking) and a tool-call
+/// parser read it; `None` without either (the text is all content).
+fn read_reply(
+    reasoning: Option<&(ReasoningParser, PromptThinking)>,
+    tools: Option<&dyn ToolParser>,
+    text: &str,
+    finished: bool,
+) -> Option<ParsedOutput> {
+    // A whole-reply parser (harmony's) reads the thinking too: the reply is parsed once.
+    if let Some(parser) = tools.filter(|p| p.reads_whole_reply()) {
+        let mut parsed = parser.parse(text, finished);
+        if reasoning.is_none() {
+            parsed.reasoning.clear();
+        }
+        return Some(parsed);
+    }
+    if tools.is_none() && reasoning.is_none() {
+        return None;
+    }
+    let (thought, answer) = match reasoning {
+        Some((parser, prompt)) => parser.split(*prompt, text, finished),
+        None => (String::new(), text.to_string()),
+    };
+    let mut parsed = match tools {
+        Some(parser) => parser.parse(&answer, finished),
+        None => ParsedOutput::content(answer),
+    };
+    parsed.reasoning = thought;
+    Some(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entrypoints::openai::tool_parsers::{OpenAiToolParser, ToolParserName};
+    use crate::reasoning::ReasoningParserName;
+    use crate::sampling_params::SamplingParams;
+
+    /// gpt-oss replies as the detokenizer hands them over with special tokens kept, one
+    /// token's text at a time, written from the harmony format's description: thinking then
+    /// an answer; thinking, a preamble and a call (its end-of-generation `<|call|>` left out,
+    /// as stop tokens are); a call whose recipient is in the role part.
+    const REPLIES: [&[&str]; 3] = [
+        &[
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "The",
+            " user",
+            " wants",
+            " 2",
+            "+",
+            "2",
+            ".",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "final",
+            "<|message|>",
+            "2",
+            " +",
+            " 2",
+            " =",
+            " 4",
+            ".",
+        ],
+        &[
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "Need",
+            " weather",
+            ".",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "commentary",
+            "<|message|>",
+            "Checking",
+            "…",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "commentary",
+            " to",
+            "=functions",
+            ".get",
+            "_weather",
+            " ",
+            "<|constrain|>",
+            "json",
+            "<|message|>",
+            "{\"",
+            "location",
+            "\":",
+            " \"",
+            "Tokyo",
+            "\"}",
+        ],
+        &[
+            " to",
+            "=functions",
+            ".lookup",
+            "<|channel|>",
+            "commentary",
+            " json",
+            "<|message|>",
+            "{}",
+        ],
+    ];
+
+    #[test]
+    fn harmony_replies_read_alike_streamed_and_whole() {
+        let reasoning = (
+            ReasoningParser::new(ReasoningParserName::OpenAiGptOss),
+            PromptThinking::Absent,
+        );
+        let tools = OpenAiToolParser;
+        let mut whole_replies = Vec::new();
+        for tokens in REPLIES {
+            let text: String = tokens.concat();
+            let whole = read_reply(Some(&reasoning), Some(&tools), &text, true).unwrap();
+            // A stream: the deltas of each token's read, folded.
+            let mut stream = ReplyStream::default();
+            let (mut thought, mut content) = (String::new(), String::new());
+            let mut calls: Vec<(String, String)> = Vec::new();
+            for n in 1..=tokens.len() {
+                let so_far = tokens[..n].concat();
+                let parsed =
+                    read_reply(Some(&reasoning), Some(&tools), &so_far, n == tokens.len()).unwrap();
+                for piece in stream.delta(&parsed) {
+                    match piece {
+                        Piece::Reasoning(t) => thought += &t,
+                        Piece::Text(t) => content += &t,
+                        Piece::CallStart { index, name, .. } => {
+                            assert_eq!(index, calls.len());
+                            calls.push((name, String::new()));
+                        }
+                        Piece::CallArguments { index, text } => calls[index].1 += &text,
+                    }
+                }
+                assert!(
+                    !content.contains("<|") && !thought.contains("<|"),
+                    "{so_far:?}"
+                );
+            }
+            let want: Vec<(String, String)> = whole
+                .tool_calls
+                .iter()
+                .map(|c| (c.name.clone(), c.arguments.clone()))
+                .collect();
+            assert_eq!(
+                (&thought, &content, &calls),
+                (&whole.reasoning, &whole.content, &want)
+            );
+            whole_replies.push(finished_reply(&whole));
+        }
+        let [answer, call, role_call] = &whole_replies[..] else {
+            unreachable!()
+        };
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            (&answer.0, &answer.1),
+            (&some("The user wants 2+2."), &some("2 + 2 = 4."))
+        );
+        assert!(answer.2.is_empty());
+        assert_eq!(
+            (&call.0, &call.1),
+            (&some("Need weather."), &some("Checking…"))
+        );
+        assert_eq!(call.2[0].name, "get_weather");
+        assert_eq!(call.2[0].arguments, "{\"location\": \"Tokyo\"}");
+        assert_eq!((&role_call.0, &role_call.1), (&None, &None));
+        assert_eq!(role_call.2[0].name, "lookup");
+        assert_eq!(role_call.2[0].arguments, "{}");
+    }
+
+    /// Without a tool parser the reasoning parser alone gives thinking and answer; both keep
+    /// the special tokens the format is written in.
+    #[test]
+    fn harmony_without_tools_and_the_settings_it_needs() {
+        let reasoning = (
+            ReasoningParser::new(ReasoningParserName::OpenAiGptOss),
+            PromptThinking::Absent,
+        );
+        let text = REPLIES[0].concat();
+        let parsed = read_reply(Some(&reasoning), None, &text, true).unwrap();
+        assert_eq!(parsed.reasoning, "The user wants 2+2.");
+        assert_eq!(parsed.content, "2 + 2 = 4.");
+        let mut params = SamplingParams::default();
+        ReasoningParserName::OpenAiGptOss.adjust_params(&mut params);
+        assert!(!params.skip_special_tokens);
+        let mut params = SamplingParams::default();
+        OpenAiToolParser.adjust_params(&mut params);
+        assert!(!params.skip_special_tokens);
+        assert_eq!("openai".parse(), Ok(ToolParserName::OpenAi));
+        assert_eq!(
+            ToolParserName::detect("<|start|>{{ role }}<|channel|>"),
+            Some(ToolParserName::OpenAi)
+        );
+    }
+}

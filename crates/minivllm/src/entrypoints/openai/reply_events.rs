@@ -1,0 +1,147 @@
+//! A chat run's reply as typed events, for every route that runs a chat request (chat
+//! completions, Anthropic's Messages, OpenAI's Responses) to write in its own wire format:
+//! what the reasoning and tool-call parsers made of each choice's text, the logprobs of the
+//! tokens each piece releases, how the choice finished and the request's usage. No route
+//! reads another's JSON.
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::usage::Usage;
+use crate::sequence::{FinishReason, StopReason};
+
+/// One piece of a choice's reply, in the order the client sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// More thinking (`reasoning_content`, with `--reasoning-parser`).
+    Reasoning(String),
+    /// More of the answer.
+    Text(String),
+    /// Tool call `index` begins: its id and function name (its arguments follow).
+    CallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// More of call `index`'s arguments (the parsers finish one call before the next).
+    CallArguments { index: usize, text: String },
+}
+
+/// How a choice finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    /// The stop string or token that ended it, as vLLM's `stop_reason`.
+    pub stop_reason: Option<StopReason>,
+    /// The reply called tools.
+    pub called: bool,
+    /// OpenAI's chat says `tool_calls` for this finish (a reply that stopped after calling
+    /// tools the model chose; not a named function's forced call).
+    pub as_tool_calls: bool,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason`.
+    pub fn chat_reason(&self) -> &'static str {
+        if self.as_tool_calls {
+            "tool_calls"
+        } else {
+            self.reason.as_str()
+        }
+    }
+}
+
+/// What one step added to one choice: pieces, the logprobs of the tokens they release (when
+/// the request asked for logprobs), and how the choice finished once it has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceDelta {
+    pub index: usize,
+    pub pieces: Vec<Piece>,
+    pub logprobs: Option<Vec<TokenLogprob>>,
+    pub finish: Option<Finish>,
+}
+
+/// A streamed chat run's events: choice deltas as the engine produces them, then the
+/// request's usage once every choice has finished (absent when the run ended early).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatEvent {
+    Delta(ChoiceDelta),
+    Usage(Usage),
+}
+
+/// A streamed run's events as its routes read them: the deltas in turn, the usage that
+/// ends the stream kept aside. Dropping it aborts the request.
+pub struct ReplyEvents {
+    rx: mpsc::Receiver<ChatEvent>,
+    /// The request's usage, once the stream has given it.
+    pub usage: Option<Usage>,
+}
+
+impl ReplyEvents {
+    pub fn new(rx: mpsc::Receiver<ChatEvent>) -> Self {
+        ReplyEvents { rx, usage: None }
+    }
+
+    /// The next choice delta; `None` when the stream is over.
+    pub async fn next_delta(&mut self) -> Option<ChoiceDelta> {
+        loop {
+            match self.rx.recv().await? {
+                ChatEvent::Delta(d) => return Some(d),
+                ChatEvent::Usage(u) => self.usage = Some(u),
+            }
+        }
+    }
+}
+
+/// One tool call of a finished reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallOut {
+    pub id: String,
+    pub name: String,
+    /// JSON text, as the model wrote it.
+    pub arguments: String,
+}
+
+/// One finished choice, as the parsers read it whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceReply {
+    pub index: usize,
+    /// The thinking, when the model thought (with `--reasoning-parser`).
+    pub reasoning: Option<String>,
+    /// The answer; `None` when the reply is only calls or only thinking.
+    pub content: Option<String>,
+    pub tool_calls: Vec<ToolCallOut>,
+    pub logprobs: Option<Vec<TokenLogprob>>,
+    /// `None` only for a choice the engine ended without a reason.
+    pub finish: Option<Finish>,
+}
+
+/// A whole chat run's reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatReply {
+    pub choices: Vec<ChoiceReply>,
+    pub usage: Usage,
+    /// The server splits thinking off (the chat reply then has `reasoning_content`, null
+    /// when the model did not think).
+    pub reasoning_parser: bool,
+    /// vLLM's `prompt_logprobs`, when asked for.
+    pub prompt_logprobs: Option<Value>,
+}
+
+/// One generated token's logprob and its alternatives, as OpenAI's chat and Responses
+/// entries both give them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}

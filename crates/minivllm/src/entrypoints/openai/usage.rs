@@ -1,0 +1,44 @@
+//! A response's token counts, counted from the engine's outputs, which every route writes
+//! in its own form (OpenAI's `usage`, Anthropic's, the Responses API's).
+
+use serde_json::{json, Value};
+
+use crate::outputs::RequestOutput;
+
+/// A response's token counts: OpenAI's `usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt: usize,
+    pub completion: usize,
+    /// Prompt tokens the prefix cache held.
+    pub cached: usize,
+}
+
+impl Usage {
+    pub fn of(out: &RequestOutput) -> Self {
+        let mut u = Usage::default();
+        u.add(out);
+        u
+    }
+
+    /// Counts one more request's prompt, cached prompt and generated tokens.
+    pub fn add(&mut self, out: &RequestOutput) {
+        self.prompt += out.prompt_token_ids.len();
+        self.completion += out.num_generated_tokens();
+        self.cached += out.num_cached_tokens;
+    }
+
+    /// With `details` (`--enable-prompt-tokens-details`, as vLLM), also
+    /// `prompt_tokens_details.cached_tokens`.
+    pub fn json(&self, details: bool) -> Value {
+        let mut v = json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+        });
+        if details {
+            v["prompt_tokens_details"] = json!({"cached_tokens": self.cached});
+        }
+        v
+    }
+}
