@@ -99,7 +99,7 @@ def test_a_request_behind_another_waits_in_the_queue(model):
     finished, and its metrics say so: its time in the queue covers the first one's run."""
     from minivllm import LLM, SamplingParams
 
-    one_at_a_time = LLM(model=model, max_num_seqs=1, kv_cache_memory="64MiB")
+    one_at_a_time = LLM(model=model, max_num_seqs=1, max_model_len=1024, kv_cache_memory="64MiB")
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     first, second = (o.metrics for o in one_at_a_time.generate(
         ["Hello there", "Goodbye now"], params, use_tqdm=False))

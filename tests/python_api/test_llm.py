@@ -280,6 +280,13 @@ def test_invalid_requests_raise_value_error_and_run_nothing(llm):
     with pytest.raises(ValueError):
         llm.generate(["Hi", "word " * 2000], greedy(64, ignore_eos=True), use_tqdm=False)
     assert llm.generate("Hi", greedy(2), use_tqdm=False)[0].finished
+    # Every request's parameters are checked before any of the batch is queued: no step runs.
+    bad = greedy(4)
+    bad.top_p = 2.0
+    steps = llm._engine.num_steps
+    with pytest.raises(ValueError, match="top_p must be in"):
+        llm.generate(["Hi", "Hello"], [greedy(64, ignore_eos=True), bad], use_tqdm=False)
+    assert llm._engine.num_steps == steps
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -222,6 +222,30 @@ impl SamplingParams {
         (self.top_k > 0).then_some(self.top_k as usize)
     }
 
+    /// The output budget's own rules (at least one token, and no fewer than `min_tokens`):
+    /// part of [`validate`](Self::validate), and all that changes when a checked request's
+    /// budget is fixed for its prompt.
+    pub fn check_max_tokens(&self) -> Result<(), ValidationError> {
+        if let Some(max_tokens) = self.max_tokens {
+            if max_tokens < 1 {
+                return Err(ValidationError::of(
+                    "max_tokens",
+                    format!("max_tokens must be at least 1, got {max_tokens}."),
+                ));
+            }
+            if self.min_tokens > max_tokens {
+                return Err(ValidationError::of(
+                    "min_tokens",
+                    format!(
+                        "min_tokens must be less than or equal to max_tokens={max_tokens}, got {}.",
+                        self.min_tokens
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// vLLM's `_verify_args` (and `_verify_greedy_sampling`): the checks that need no model.
     /// Negative counts (n, min_tokens, logprobs) are rejected by the types already.
     pub fn validate(&self) -> Result<(), ValidationError> {
@@ -341,23 +365,7 @@ impl SamplingParams {
                 format!("min_p must be in [0, 1], got {}.", py_float(self.min_p)),
             ));
         }
-        if let Some(max_tokens) = self.max_tokens {
-            if max_tokens < 1 {
-                return Err(ValidationError::of(
-                    "max_tokens",
-                    format!("max_tokens must be at least 1, got {max_tokens}."),
-                ));
-            }
-            if self.min_tokens > max_tokens {
-                return Err(ValidationError::of(
-                    "min_tokens",
-                    format!(
-                        "min_tokens must be less than or equal to max_tokens={max_tokens}, got {}.",
-                        self.min_tokens
-                    ),
-                ));
-            }
-        }
+        self.check_max_tokens()?;
         if self.stop.iter().any(String::is_empty) {
             return Err(ValidationError::of(
                 "stop",

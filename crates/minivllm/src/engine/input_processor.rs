@@ -55,16 +55,20 @@ pub struct RequestLimits {
 /// it spends anything on the request.
 #[derive(Debug, Clone)]
 pub struct RequestChecks {
-    pub limits: RequestLimits,
+    pub(crate) limits: RequestLimits,
     /// The tokenizer's vocabulary (logit biases and allowed tokens name its ids).
-    pub tokenizer_vocab_size: usize,
+    tokenizer_vocab_size: usize,
     /// `--max-num-seqs`: the widest a request may be.
-    pub max_num_seqs: usize,
-    pub policy: Policy,
+    pub(crate) max_num_seqs: usize,
+    policy: Policy,
 }
 
 impl RequestChecks {
-    pub fn new(tokenizer: &Tokenizer, limits: RequestLimits, sched: &SchedulerConfig) -> Self {
+    pub(crate) fn new(
+        tokenizer: &Tokenizer,
+        limits: RequestLimits,
+        sched: &SchedulerConfig,
+    ) -> Self {
         RequestChecks {
             limits,
             tokenizer_vocab_size: tokenizer.vocab_size(),
@@ -117,9 +121,17 @@ impl CheckedParams {
         self.params
     }
 
-    /// The same request with outputs of `kind`: how the caller reads them changes nothing
-    /// the checks looked at.
-    pub fn with_output_kind(mut self, kind: RequestOutputKind) -> Self {
+    /// The same request with its output budget fixed for one prompt (`max_tokens_for`):
+    /// the budget's own rules are checked again, nothing else changed.
+    pub fn with_max_tokens(mut self, max_tokens: usize) -> Result<Self, EngineError> {
+        self.params.max_tokens = Some(max_tokens);
+        self.params.check_max_tokens()?;
+        Ok(self)
+    }
+
+    /// The same request with outputs of `kind`, as the async front streams them: how the
+    /// caller reads its outputs changes nothing the checks looked at.
+    pub(crate) fn with_output_kind(mut self, kind: RequestOutputKind) -> Self {
         self.params.output_kind = kind;
         self
     }

@@ -140,7 +140,10 @@ fn every_module_imports_only_from_its_layer_or_below() {
             "{}: grouped `crate::{{..}}` or `super::super` imports hide their layer; name each path",
             f.display()
         );
-        for to in imports(&code) {
+        // `crate::` paths, and every path followed to its file (`super::`, groups).
+        let files = file_imports(&code, &module_path(f));
+        let reached = files.iter().map(|t| module_of(t));
+        for to in imports(&code).into_iter().chain(reached) {
             match layer.get(to.as_str()) {
                 _ if to == from || to.is_empty() => {}
                 Some(&l) if l < own => {}
@@ -248,34 +251,82 @@ fn module_file(path: &[String]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The files `code` (the file at module `own`) names through `crate::` and `super::` paths:
-/// each path followed as deep as modules go. Comments are left out (doc links name what
-/// they explain, not what the code uses).
+/// The identifier at the start of `s`.
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The files the path at the start of `rest` names, read from module `path`: each segment
+/// followed as deep as modules go (what is left names items of the last module), a
+/// `{..}` group item by item. The crate root's re-exports are the public surface, not a
+/// module the others sit on, so `lib.rs` is left out.
+fn resolve(mut rest: &str, mut path: Vec<String>, out: &mut Vec<PathBuf>) {
+    let mut file = module_file(&path);
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            let (mut depth, mut item) = (0usize, 0);
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth > 0 => depth -= 1,
+                    ',' | '}' if depth == 0 => {
+                        resolve(group[item..i].trim_start(), path.clone(), out);
+                        if c == '}' {
+                            return;
+                        }
+                        item = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+        let name = ident(rest);
+        if name.is_empty() {
+            break;
+        }
+        path.push(name.to_string());
+        match module_file(&path) {
+            Some(f) => file = Some(f),
+            None => break,
+        }
+        match rest[name.len()..].strip_prefix("::") {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    out.extend(file.filter(|f| !f.ends_with("src/lib.rs")));
+}
+
+/// The files `code` (the file at module `own`) names through `crate::`, `super::` and
+/// `self::` paths. Comments are left out (doc links name what they explain, not what the
+/// code uses).
 fn file_imports(code: &str, own: &[String]) -> Vec<PathBuf> {
     let code: String = code
         .lines()
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
         .join("\n");
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
     let mut out = Vec::new();
-    for (at, _) in code
-        .match_indices("crate::")
+    let starts = (code.match_indices("crate::"))
         .chain(code.match_indices("super::"))
-    {
-        // `super::` inside `crate::a::super::` does not occur; a `super::` preceded by an
-        // identifier character is part of a longer name.
-        if at > 0 && code[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+        .chain(code.match_indices("self::"));
+    for (at, _) in starts {
+        // Part of a longer name (`my_crate::`, `Self::`, a `super::` after `super::`).
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
             continue;
         }
         let mut rest = &code[at..];
-        let mut path: Vec<String> = if let Some(r) = rest.strip_prefix("crate::") {
+        let path = if let Some(r) = rest.strip_prefix("crate::") {
             rest = r;
             Vec::new()
+        } else if let Some(r) = rest.strip_prefix("self::") {
+            rest = r;
+            own.to_vec()
         } else {
             let mut p = own.to_vec();
             while let Some(r) = rest.strip_prefix("super::") {
@@ -284,24 +335,7 @@ fn file_imports(code: &str, own: &[String]) -> Vec<PathBuf> {
             }
             p
         };
-        let mut file = module_file(&path);
-        loop {
-            let name = ident(rest);
-            if name.is_empty() {
-                break;
-            }
-            path.push(name.clone());
-            match module_file(&path) {
-                Some(f) => file = Some(f),
-                None => break,
-            }
-            match rest[name.len()..].strip_prefix("::") {
-                Some(r) => rest = r,
-                None => break,
-            }
-        }
-        // The crate root's re-exports are the public surface, not a module the others sit on.
-        out.extend(file.filter(|f| !f.ends_with("src/lib.rs")));
+        resolve(rest, path, &mut out);
     }
     out
 }
@@ -404,15 +438,20 @@ fn no_file_level_import_cycles() {
 #[test]
 fn the_cycle_check_follows_paths_and_finds_a_cycle() {
     let own = ["entrypoints", "openai", "serving_chat"].map(String::from);
-    let files = file_imports(
+    let mut files = file_imports(
         "use super::chat_run::{run_chat, ChatRun};\nuse crate::sequence::FinishReason;\n\
-         // use crate::engine::llm_engine::X;\n",
+         // use crate::engine::llm_engine::X;\n\
+         use crate::model_executor::loader::{weights::WeightSource, LoadError};\n",
         &own,
     );
+    // Each item of a group reaches its file.
+    files.dedup();
     assert_eq!(
         files,
         [
             src().join("sequence.rs"),
+            src().join("model_executor/loader/weights.rs"),
+            src().join("model_executor/loader/mod.rs"),
             src().join("entrypoints/openai/chat_run.rs")
         ]
     );

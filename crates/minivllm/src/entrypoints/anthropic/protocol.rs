@@ -147,6 +147,11 @@ fn message(m: &Value, i: usize, out: &mut Vec<ChatMessageIn>) -> Result<(), ApiE
                 .map(str::to_string)
                 .ok_or_else(|| bad(format!("{at}.{name}: expected a string"), "messages"))
         };
+        // An id may be null (a client that lost it): the chat turn then has none.
+        let id = |name: &str| match field(name)? {
+            Value::Null => Ok(None),
+            _ => string(name).map(Some),
+        };
         match (b.get("type").and_then(Value::as_str), role) {
             (Some("text"), _) => match field("text")? {
                 Value::String(t) => texts.push(t.clone()),
@@ -158,7 +163,7 @@ fn message(m: &Value, i: usize, out: &mut Vec<ChatMessageIn>) -> Result<(), ApiE
                     return Err(bad(format!("{at}.input: expected an object"), "messages"));
                 }
                 calls.push(ToolCallIn {
-                    id: Some(string("id")?),
+                    id: id("id")?,
                     function: FunctionCallIn {
                         name: string("name")?,
                         arguments: Value::String(input.to_string()),
@@ -170,7 +175,7 @@ fn message(m: &Value, i: usize, out: &mut Vec<ChatMessageIn>) -> Result<(), ApiE
                     None | Some(Value::Null) => String::new(),
                     Some(c) => text_of(c, &format!("{at}.content"))?,
                 };
-                out.push(ChatMessageIn::tool_result(string("tool_use_id")?, content));
+                out.push(ChatMessageIn::tool_result(id("tool_use_id")?, content));
             }
             // Earlier thinking is not shown to the model again, as chat templates drop it.
             (Some("thinking" | "redacted_thinking"), "assistant") => {}
@@ -207,7 +212,9 @@ fn tool(t: &Value, i: usize) -> Result<ChatTool, ApiError> {
             "tools",
         ));
     };
-    ChatTool::function(i, name, t.get("description"), Some(schema.clone()))
+    // A null schema is a tool without arguments.
+    let parameters = Some(schema.clone()).filter(|s| !s.is_null());
+    ChatTool::function(i, name, t.get("description"), parameters)
 }
 
 /// `tool_choice` as OpenAI's: `auto`, `any` (required), `tool` (a named function), `none`;
@@ -363,5 +370,24 @@ mod tests {
         let tools = json!({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
                            "tools": [{"name": "f", "input_schema": {}, "description": 1}]});
         assert!(msg(tools).contains("tools[0].description: expected a string"));
+    }
+
+    /// Nulls read as the chat request's absent fields, as they did through chat's JSON.
+    #[test]
+    fn null_ids_and_schemas_are_absent() {
+        let chat = read(json!({
+            "max_tokens": 1,
+            "tools": [{"name": "now", "input_schema": null}],
+            "messages": [
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": null, "name": "now", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": null, "content": "noon"}]},
+            ],
+        }))
+        .unwrap();
+        assert_eq!(chat.tools.unwrap()[0].function.parameters, None);
+        assert_eq!(chat.messages[0].tool_calls.as_ref().unwrap()[0].id, None);
+        assert_eq!(chat.messages[1].tool_call_id, None);
     }
 }

@@ -163,13 +163,8 @@ fn prepare(
         prompt_logprobs_objects: u64::from(base.prompt_logprobs.is_some()),
         format: logprob_format,
     };
-    let (mut params, held) = admit(
-        s,
-        &base,
-        req.common.priority,
-        std::slice::from_ref(&prompt),
-        response,
-    )?;
+    let checked = s.engine.check(base, req.common.priority)?;
+    let (mut params, held) = admit(s, checked, std::slice::from_ref(&prompt), response)?;
     Ok((req, prompt, params.remove(0), held, tools))
 }
 

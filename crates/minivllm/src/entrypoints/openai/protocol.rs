@@ -244,9 +244,9 @@ impl ChatMessageIn {
     }
 
     /// A `tool` turn: the answer to call `call_id`.
-    pub fn tool_result(call_id: String, content: String) -> Self {
+    pub fn tool_result(call_id: Option<String>, content: String) -> Self {
         ChatMessageIn {
-            tool_call_id: Some(call_id),
+            tool_call_id: call_id,
             ..Self::text("tool", content)
         }
     }

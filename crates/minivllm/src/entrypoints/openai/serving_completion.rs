@@ -75,6 +75,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
         base.prompt_logprobs = base.prompt_logprobs.max(req.logprobs);
     }
     // Before any prompt is tokenised or any state is sized by their number.
+    let checked = s.engine.check(base.clone(), req.common.priority)?;
     check_request_width(s, &base, req.prompt.len())?;
     let prompts = prompts(s, req.prompt.clone(), "prompt")?;
     let response = ResponseShape {
@@ -88,7 +89,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
         },
         format: LogprobFormat::Completions,
     };
-    let (params, held) = admit(s, &base, req.common.priority, &prompts, response)?;
+    let (params, held) = admit(s, checked, &prompts, response)?;
     Ok((req, prompts, base, params, held))
 }
 

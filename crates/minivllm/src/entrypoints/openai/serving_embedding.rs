@@ -110,13 +110,14 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
         max_tokens: Some(1),
         ..SamplingParams::default()
     };
-    check_request_width(s, &base, req.input.len())?;
+    let checked = s.engine.check(base, req.priority)?;
+    check_request_width(s, checked.params(), req.input.len())?;
     let prompts = prompts(s, req.input.clone(), "input")?;
     let response = ResponseShape {
         echo: false,
         prompt_logprobs_objects: 0,
         format: LogprobFormat::Completions,
     };
-    let (params, held) = admit(s, &base, req.priority, &prompts, response)?;
+    let (params, held) = admit(s, checked, &prompts, response)?;
     Ok((req, prompts, params, held))
 }

@@ -119,7 +119,7 @@ pub fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
 
 /// A request's `n` (or `best_of`) times its prompts must fit in one batch: every sequence
 /// of a request is admitted together, and each holds state from the start. Checked before
-/// the prompts are tokenised; one prompt's width is the engine's own check (in [`admit`]).
+/// the prompts are tokenised, after the engine's check of one prompt's width.
 pub fn check_request_width(
     s: &AppState,
     params: &SamplingParams,
@@ -148,32 +148,29 @@ pub struct Held {
     _stops: Option<Arc<StopStrings>>,
 }
 
-/// Admits a request: fixes each prompt's output budget (a prompt that fills the context is
-/// refused here with OpenAI's message), has the engine check each prompt's parameters (the
-/// one place they are checked), reserves the request's memory (as `response` says the route
-/// writes it) and builds its stop strings' automaton.
+/// Admits a request whose parameters the engine has checked (`checked`, from
+/// [`AsyncEngine::check`](crate::engine::async_engine::AsyncEngine::check), the one place
+/// they are checked): fixes each prompt's output budget (a prompt that fills the context is
+/// refused here with OpenAI's message), reserves the request's memory (as `response` says
+/// the route writes it), builds its stop strings' automaton, and only then copies the
+/// parameters per prompt.
 pub fn admit(
     s: &AppState,
-    base: &SamplingParams,
-    priority: i32,
+    checked: CheckedParams,
     prompts: &[Prompt],
     response: ResponseShape,
 ) -> Result<(Vec<CheckedParams>, Held), ApiError> {
+    let base = checked.params();
     let max_model_len = s.engine.max_model_len();
-    let mut params = Vec::with_capacity(prompts.len());
-    let mut shapes = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        let max_tokens = base.max_tokens_for(p.ids.len(), max_model_len)?;
-        let one = SamplingParams {
-            max_tokens: Some(max_tokens),
-            ..base.clone()
-        };
-        params.push(s.engine.check(one, priority)?);
-        shapes.push(PromptShape {
-            tokens: p.ids.len(),
-            max_tokens,
-        });
-    }
+    let shapes = prompts
+        .iter()
+        .map(|p| {
+            Ok(PromptShape {
+                tokens: p.ids.len(),
+                max_tokens: base.max_tokens_for(p.ids.len(), max_model_len)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
     let what = format!(
         "{} prompt(s) x {} sequence(s), max_tokens {}, logprobs {}, prompt_logprobs {}, {} stop \
          string(s)",
@@ -192,6 +189,10 @@ pub fn admit(
         _memory: memory,
         _stops: StopStrings::shared(&base.stop),
     };
+    let params = shapes
+        .iter()
+        .map(|p| checked.clone().with_max_tokens(p.max_tokens))
+        .collect::<Result<Vec<_>, EngineError>>()?;
     Ok((params, held))
 }
 

@@ -172,7 +172,7 @@ fn input_item(item: &Value, i: usize, out: &mut Vec<ChatMessageIn>) -> Result<()
         }
         Some("function_call_output") => {
             let output = content_text(field("output")?, &format!("{at}.output"))?;
-            out.push(ChatMessageIn::tool_result(string("call_id")?, output));
+            out.push(ChatMessageIn::tool_result(Some(string("call_id")?), output));
         }
         Some("reasoning") => {}
         Some(other) => {
