@@ -409,11 +409,9 @@ class LLM:
         return done
 
     def _request_output(self, raw: dict, params: SamplingParams) -> RequestOutput:
-        k_prompt = params.prompt_logprobs or 0
         prompt_logprobs = raw["prompt_logprobs"]
         if prompt_logprobs is not None:
-            prompt_logprobs = [None if p is None else self._logprobs(p, k_prompt) for p in prompt_logprobs]
-        k = params.logprobs or 0
+            prompt_logprobs = [None if p is None else self._logprobs(p) for p in prompt_logprobs]
         completions = [
             CompletionOutput(
                 index=c["index"],
@@ -421,7 +419,7 @@ class LLM:
                 token_ids=c["token_ids"],
                 # As vLLM: only tracked when logprobs are asked for.
                 cumulative_logprob=None if params.logprobs is None else c["cumulative_logprob"],
-                logprobs=None if c["logprobs"] is None else [self._logprobs(p, k) for p in c["logprobs"]],
+                logprobs=None if c["logprobs"] is None else [self._logprobs(p) for p in c["logprobs"]],
                 finish_reason=c["finish_reason"],
                 stop_reason=c["stop_reason"],
             )
@@ -438,30 +436,13 @@ class LLM:
             metrics=_metrics(raw["metrics"]),
         )
 
-    def _logprobs(self, position: Tuple[List[Tuple[int, float]], int], k: int) -> Dict[int, Logprob]:
-        """vLLM's ``{token_id: Logprob}`` of one position from the engine's: the chosen token
-        first with its rank in the vocabulary, then the top ``k`` without it, whose ranks
-        follow from their order (the chosen token takes its place among them when it is one
-        of them: there are then ``k`` pairs)."""
-        pairs, chosen_rank = position
-        chosen, chosen_lp = pairs[0]
-        # -1 reports the whole vocabulary: the chosen token is always among it.
-        chosen_in_top = k == -1 or (len(pairs) == k and k > 0)
-        ranks: Dict[int, int] = {}
-        rank = 1
-        placed = not chosen_in_top
-        for token, lp in pairs[1:]:
-            if not placed and (chosen_lp > lp or (chosen_lp == lp and chosen < token)):
-                ranks[chosen] = rank  # its place in the top-k, as vLLM ranks it (ties too)
-                rank += 1
-                placed = True
-            ranks[token] = rank
-            rank += 1
-        if chosen not in ranks:
-            ranks[chosen] = rank if chosen_in_top else chosen_rank
+    def _logprobs(self, position: List[Tuple[int, float, int]]) -> Dict[int, Logprob]:
+        """vLLM's ``{token_id: Logprob}`` of one position from the engine's ``(token_id,
+        logprob, rank)`` triples, the chosen token first (the engine ranks them, for the
+        server and for this alike)."""
         return {
-            token: Logprob(logprob=lp, rank=ranks[token], decoded_token=self._token_text(token))
-            for token, lp in pairs
+            token: Logprob(logprob=lp, rank=rank, decoded_token=self._token_text(token))
+            for token, lp, rank in position
         }
 
     def _token_text(self, token: int) -> str:

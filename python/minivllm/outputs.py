@@ -14,8 +14,9 @@ class Logprob:
     Attributes:
         logprob: Its log-probability under the model's raw logits (before temperature and
             penalties: vLLM's default).
-        rank: Its rank in the vocabulary (1 is the most likely; the chosen token's counts
-            the tokens at least as likely, as vLLM's).
+        rank: Its rank (1 is the most likely): the top ``k`` by their place, the chosen token
+            among them at its place, before tokens as likely; a chosen token outside them
+            counts the tokens at least as likely, as vLLM's.
         decoded_token: The token's text.
     """
 

@@ -60,13 +60,19 @@ pub struct EngineCoreOutput {
 pub struct TokenLogprobs {
     pub entries: Vec<(TokenId, f32)>,
     /// The first entry's rank in the vocabulary: how many tokens are at least as likely
-    /// (1 for the most likely), vLLM's `Logprob.rank`. The others' follow from their order.
+    /// (1 for the most likely), vLLM's `Logprob.rank` for a token outside the top k.
     pub rank: usize,
+    /// Whether the first entry is one of the top k (and so left out of those after it).
+    pub in_top: bool,
 }
 
 impl TokenLogprobs {
     pub fn new(entries: Vec<(TokenId, f32)>, rank: usize) -> Self {
-        Self { entries, rank }
+        Self {
+            entries,
+            rank,
+            in_top: false,
+        }
     }
 
     /// `token`'s entry first, then the top-k without repeating it.
@@ -78,8 +84,12 @@ impl TokenLogprobs {
     ) -> Self {
         let mut v = Vec::with_capacity(top.len() + 1);
         v.push((token, logprob));
+        let before = top.len();
         v.extend(top.into_iter().filter(|(t, _)| *t != token));
-        Self::new(v, rank)
+        Self {
+            in_top: v.len() == before,
+            ..Self::new(v, rank)
+        }
     }
 
     pub fn get(&self, token: TokenId) -> Option<f32> {
@@ -87,6 +97,38 @@ impl TokenLogprobs {
             .iter()
             .find(|(t, _)| *t == token)
             .map(|(_, lp)| *lp)
+    }
+
+    /// Every entry with its `Logprob.rank` as vLLM reports it, best first: the top k by
+    /// their place (1 for the most likely); the chosen token, when it is one of them, at
+    /// its place before those as likely, else after them with its rank in the vocabulary.
+    /// The one ranking that the server's routes and the Python `LLM` report. Linear, as it
+    /// must be for `logprobs: -1`'s vocabulary-wide lists.
+    pub fn ranked(&self) -> Vec<(TokenId, f32, usize)> {
+        let Some((&(id, lp), rest)) = self.entries.split_first() else {
+            return Vec::new();
+        };
+        let at = if self.in_top {
+            rest.partition_point(|e| e.1.total_cmp(&lp).is_gt())
+        } else {
+            rest.len()
+        };
+        let rank = if self.in_top { at + 1 } else { self.rank };
+        let mut v = Vec::with_capacity(self.entries.len());
+        v.extend(
+            rest[..at]
+                .iter()
+                .enumerate()
+                .map(|(i, &(t, x))| (t, x, i + 1)),
+        );
+        v.push((id, lp, rank));
+        v.extend(
+            rest[at..]
+                .iter()
+                .enumerate()
+                .map(|(i, &(t, x))| (t, x, at + i + 2)),
+        );
+        v
     }
 }
 
@@ -141,8 +183,9 @@ pub struct RequestOutput {
     pub metrics: Option<RequestMetrics>,
 }
 
-/// vLLM's `RequestMetrics`, in seconds since the Unix epoch. `first_scheduled_time` is when
-/// the first step that ran the request ended (the engine stamps outputs, not schedules).
+/// vLLM's `RequestMetrics`, in seconds since the Unix epoch: `first_scheduled_time` when the
+/// scheduler first gave the request a step (before that step's forward pass), the token times
+/// when steps that made tokens ended.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct RequestMetrics {
     pub arrival_time: f64,
@@ -162,14 +205,20 @@ impl RequestMetrics {
         }
     }
 
+    /// The scheduler gave the request a step; only the first counts (a preempted request
+    /// scheduled again has still waited only once).
+    pub fn scheduled(&mut self) {
+        if self.first_scheduled_time.is_none() {
+            let now = unix_now();
+            self.first_scheduled_time = Some(now);
+            self.time_in_queue = Some(now - self.arrival_time);
+        }
+    }
+
     /// A step gave the request outputs: `token` when one was a new token, `finished` when
     /// the request ended.
     pub fn stamp(&mut self, token: bool, finished: bool) {
         let now = unix_now();
-        if self.first_scheduled_time.is_none() {
-            self.first_scheduled_time = Some(now);
-            self.time_in_queue = Some(now - self.arrival_time);
-        }
         if token {
             self.first_token_time.get_or_insert(now);
             self.last_token_time = Some(now);
@@ -272,6 +321,27 @@ fn ser_finish_reason<S: Serializer>(r: &Option<FinishReason>, s: S) -> Result<S:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranked_puts_the_chosen_token_in_its_place() {
+        let top_k = vec![(7, -0.5), (8, -1.0), (9, -2.0)];
+        let at = |chosen: (TokenId, f32), vocab_rank: usize| {
+            TokenLogprobs::with_chosen(chosen.0, chosen.1, top_k.clone(), vocab_rank).ranked()
+        };
+        // Chosen among the top k: once, where it ranks, its rank its place.
+        assert_eq!(
+            at((8, -1.0), 2),
+            vec![(7, -0.5, 1), (8, -1.0, 2), (9, -2.0, 3)]
+        );
+        // Among them but as likely as one before it in the top k: before that one.
+        let tied = TokenLogprobs::with_chosen(8, -0.5, vec![(7, -0.5), (8, -0.5)], 2);
+        assert_eq!(tied.ranked(), vec![(8, -0.5, 1), (7, -0.5, 2)]);
+        // Outside them: after them with its rank in the vocabulary, even where it is as
+        // likely as the last of them (the top k is the sampler's, ties and all).
+        assert_eq!(at((3, -5.0), 40).last(), Some(&(3, -5.0, 40)));
+        assert_eq!(at((3, -2.0), 4)[2..], [(9, -2.0, 3), (3, -2.0, 4)]);
+        assert!(TokenLogprobs::default().ranked().is_empty());
+    }
 
     #[test]
     fn serialises_with_vllm_field_names() {

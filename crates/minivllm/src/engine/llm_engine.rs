@@ -315,6 +315,7 @@ impl LLMEngine {
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let started = Instant::now();
         let sched = self.scheduler.schedule();
+        self.outputs.scheduled(sched.new_seqs.iter().map(|s| s.id));
         // Even in an empty step: the scheduler's books already say the swaps happened, and
         // the worker forgets the sequences that finished.
         let results = match self.executor.execute(&sched) {

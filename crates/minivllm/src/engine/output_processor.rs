@@ -110,6 +110,18 @@ impl OutputProcessor {
         self.requests.get(id).map(|r| &*r.params)
     }
 
+    /// The scheduler gave these sequences their first step (or their first after a
+    /// preemption): their requests' `first_scheduled_time`, where it is not set yet.
+    pub fn scheduled(&mut self, seqs: impl IntoIterator<Item = SeqId>) {
+        for seq in seqs {
+            if let Some((request, _)) = self.seqs.get(&seq) {
+                if let Some(req) = self.requests.get_mut(request) {
+                    req.metrics.scheduled();
+                }
+            }
+        }
+    }
+
     /// The request `seq` is a completion of.
     pub fn request_of(&self, seq: SeqId) -> Option<&RequestId> {
         self.seqs.get(&seq).map(|(r, _)| r)

@@ -389,6 +389,41 @@ fn aborted_requests_free_their_blocks() {
     assert_all_blocks_free(engine);
 }
 
+/// vLLM's `RequestMetrics`: a request is stamped scheduled when the scheduler first gives
+/// it a step, before that step's forward pass, so its first token comes strictly later; one
+/// that waits behind another (one sequence at a time) is scheduled after the first ends.
+#[test]
+fn request_metrics_stamp_scheduling_before_the_forward_pass() {
+    let mut llm = llm(&EngineArgs {
+        max_num_seqs: 1,
+        ..engine_args()
+    });
+    let engine = llm.engine_mut();
+    for i in 0..2 {
+        let prompt = PromptInput::Text(TEXT.into());
+        engine
+            .add_request(format!("r{i}"), prompt, greedy(2), 0)
+            .unwrap();
+    }
+    let mut last = std::collections::HashMap::new();
+    while engine.has_unfinished_requests() {
+        for o in engine.step().unwrap() {
+            last.insert(
+                o.request_id.clone(),
+                o.metrics.expect("outputs carry metrics"),
+            );
+        }
+    }
+    let (first, second) = (last["r0"], last["r1"]);
+    for m in [first, second] {
+        let scheduled = m.first_scheduled_time.expect("stamped when scheduled");
+        assert!(m.arrival_time <= scheduled, "{m:?}");
+        assert!(scheduled < m.first_token_time.unwrap(), "{m:?}");
+        assert_eq!(m.time_in_queue, Some(scheduled - m.arrival_time));
+    }
+    assert!(second.first_scheduled_time.unwrap() >= first.finished_time.unwrap());
+}
+
 #[test]
 fn logprobs_and_prompt_logprobs_match_the_reference() {
     let mut llm = llm(&EngineArgs {

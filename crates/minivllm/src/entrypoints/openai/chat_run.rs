@@ -19,7 +19,7 @@ use super::request_memory::{LogprobFormat, ResponseShape};
 use super::server_state::{AppState, RequestId, Shared};
 use super::serving_engine::{
     admit, check_model, delta, encode, fold, last_output, off_async, prompt_logprobs, submit,
-    token_text, top, Held, Prompt,
+    token_text, Held, Prompt,
 };
 use super::tool_calls::{finished_reply, ReplyStream, ToolUse};
 use super::tool_parsers::{ParsedOutput, ToolParser};
@@ -325,10 +325,11 @@ fn token_logprobs(
                 logprob: lp.get(id).unwrap_or(f32::NEG_INFINITY),
                 bytes: token.as_bytes().to_vec(),
                 token,
-                top_logprobs: top(lp)
+                top_logprobs: lp
+                    .ranked()
                     .into_iter()
                     .take(k)
-                    .map(|(a, logprob)| {
+                    .map(|(a, logprob, _)| {
                         let token = token_text(tok, a);
                         TopLogprob {
                             logprob,

@@ -12,7 +12,7 @@ use super::server_state::{AppState, RequestId, Shared};
 use super::serving_engine::{
     admit, check_model, check_request_width, delta, encode, finish_reason, fold, json_response,
     last_output, merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text,
-    top, Held, Prompt, Streams,
+    Held, Prompt, Streams,
 };
 use super::usage::Usage;
 use crate::engine::input_processor::CheckedParams;
@@ -303,9 +303,10 @@ impl CompletionLogprobs {
             Some(lp) => {
                 self.token_logprobs
                     .push(lp.get(id).map_or(Value::Null, |x| json!(x)));
-                let alts: serde_json::Map<String, Value> = top(lp)
+                let alts: serde_json::Map<String, Value> = lp
+                    .ranked()
                     .into_iter()
-                    .map(|(a, x)| (token_text(tok, a), json!(x)))
+                    .map(|(a, x, _)| (token_text(tok, a), json!(x)))
                     .collect();
                 self.top_logprobs.push(Value::Object(alts));
             }

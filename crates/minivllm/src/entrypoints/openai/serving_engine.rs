@@ -24,7 +24,7 @@ use crate::engine::input_processor::CheckedParams;
 use crate::engine::llm_engine::EngineError;
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
-use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
+use crate::outputs::{CompletionOutput, RequestOutput};
 use crate::sampling_params::{logprob_count, SamplingParams};
 use crate::sequence::TokenId;
 
@@ -346,41 +346,21 @@ pub fn token_text(tok: &Tokenizer, id: TokenId) -> String {
 }
 
 /// vLLM's `prompt_logprobs`: per prompt token (`null` for the first, which nothing
-/// predicts), `{token id: {logprob, rank, decoded_token}}`, the prompt's token with its
-/// rank in the vocabulary and the alternatives ranked in order.
+/// predicts), `{token id: {logprob, rank, decoded_token}}` ranked as
+/// [`TokenLogprobs::ranked`](crate::outputs::TokenLogprobs::ranked) says.
 pub fn prompt_logprobs(tok: &Tokenizer, out: &RequestOutput) -> Value {
     let positions = out.prompt_logprobs.as_deref().unwrap_or(&[]);
-    let entry = |id: TokenId, lp: f32, rank: usize| json!({"logprob": lp, "rank": rank, "decoded_token": token_text(tok, id)});
-    let list = out.prompt_token_ids.iter().enumerate().map(|(i, &id)| {
+    let list = (0..out.prompt_token_ids.len()).map(|i| {
         let Some(lps) = positions.get(i).and_then(Option::as_ref) else {
             return Value::Null;
         };
-        let mut map = serde_json::Map::new();
-        for (rank, (alt, lp)) in top(lps).into_iter().enumerate() {
-            map.insert(alt.to_string(), entry(alt, lp, rank + 1));
-        }
-        if let Some(lp) = lps.get(id) {
-            map.insert(id.to_string(), entry(id, lp, lps.rank));
-        }
-        Value::Object(map)
+        let map = lps.ranked().into_iter().map(|(id, lp, rank)| {
+            let entry = json!({"logprob": lp, "rank": rank, "decoded_token": token_text(tok, id)});
+            (id.to_string(), entry)
+        });
+        Value::Object(map.collect())
     });
     Value::Array(list.collect())
-}
-
-/// The alternatives at one position, best first, each token once. The entries are the
-/// chosen (or actual) token, then the top k best first without it
-/// ([`TokenLogprobs::with_chosen`]): the first goes in at its place, before tokens as
-/// likely. Linear, as it must be for `logprobs: -1`'s vocabulary-wide lists.
-pub fn top(lps: &TokenLogprobs) -> Vec<(TokenId, f32)> {
-    let Some((&first, rest)) = lps.entries.split_first() else {
-        return Vec::new();
-    };
-    let at = rest.partition_point(|e| e.1.total_cmp(&first.1).is_gt());
-    let mut v = Vec::with_capacity(lps.entries.len());
-    v.extend_from_slice(&rest[..at]);
-    v.push(first);
-    v.extend(rest[at..].iter().filter(|e| e.0 != first.0));
-    v
 }
 
 #[cfg(test)]
@@ -404,24 +384,5 @@ mod tests {
                 e.message
             );
         }
-    }
-
-    #[test]
-    fn top_puts_the_chosen_token_in_its_place() {
-        let top_k = vec![(7, -0.5), (8, -1.0), (9, -2.0)];
-        let at = |chosen: (TokenId, f32)| {
-            let lps = TokenLogprobs::with_chosen(chosen.0, chosen.1, top_k.clone(), 1);
-            top(&lps)
-        };
-        // Chosen among the top k: once, where it ranks.
-        assert_eq!(at((8, -1.0)), top_k);
-        // Outside them: last; better than all: first; as likely as one: before it.
-        assert_eq!(at((3, -5.0)).last(), Some(&(3, -5.0)));
-        assert_eq!(at((3, -0.1))[0], (3, -0.1));
-        assert_eq!(
-            at((3, -1.0)),
-            vec![(7, -0.5), (3, -1.0), (8, -1.0), (9, -2.0)]
-        );
-        assert!(top(&TokenLogprobs::default()).is_empty());
     }
 }
