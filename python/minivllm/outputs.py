@@ -64,8 +64,8 @@ class CompletionOutput:
 class RequestMetrics:
     """vLLM's ``RequestMetrics``, in seconds since the Unix epoch (``time.time()``).
 
-    ``first_scheduled_time`` is when the first engine step that ran the request ended;
-    ``time_in_queue`` is that less ``arrival_time``.
+    ``first_scheduled_time`` is when the scheduler first gave the request a step (before
+    that step's forward pass); ``time_in_queue`` is that less ``arrival_time``.
     """
 
     arrival_time: float

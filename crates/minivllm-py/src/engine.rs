@@ -152,11 +152,17 @@ impl Engine {
                 Prompt::Text(t) => PromptInput::Text(t),
                 Prompt::TokenIds(ids) => PromptInput::TokenIds(ids),
             };
-            // Every request is checked before any is queued.
+            // Every request is checked before any is queued; a batch's requests with the
+            // same stop strings share one automaton, built here rather than on the engine's
+            // thread.
             let params = self
                 .engine()
                 .check(params, priority)
                 .map_err(engine_error)?;
+            let params = match new.last() {
+                Some(NewRequest { params: prev, .. }) => params.with_stop_strings_of(prev),
+                None => params.with_stop_strings(),
+            };
             new.push(NewRequest {
                 request_id,
                 prompt,

@@ -101,15 +101,19 @@ impl TokenLogprobs {
 
     /// Every entry with its `Logprob.rank` as vLLM reports it, best first: the top k by
     /// their place (1 for the most likely); the chosen token, when it is one of them, at
-    /// its place before those as likely, else after them with its rank in the vocabulary.
-    /// The one ranking that the server's routes and the Python `LLM` report. Linear, as it
-    /// must be for `logprobs: -1`'s vocabulary-wide lists.
+    /// the place the sampler gave it (tokens as likely by ascending id), else after them with
+    /// its rank in the vocabulary. The one ranking that the server's routes and the Python
+    /// `LLM` report. Linear, as it must be for `logprobs: -1`'s vocabulary-wide lists.
     pub fn ranked(&self) -> Vec<(TokenId, f32, usize)> {
         let Some((&(id, lp), rest)) = self.entries.split_first() else {
             return Vec::new();
         };
         let at = if self.in_top {
-            rest.partition_point(|e| e.1.total_cmp(&lp).is_gt())
+            rest.partition_point(|e| match e.1.total_cmp(&lp) {
+                std::cmp::Ordering::Greater => true,
+                std::cmp::Ordering::Equal => e.0 < id,
+                std::cmp::Ordering::Less => false,
+            })
         } else {
             rest.len()
         };
@@ -333,9 +337,12 @@ mod tests {
             at((8, -1.0), 2),
             vec![(7, -0.5, 1), (8, -1.0, 2), (9, -2.0, 3)]
         );
-        // Among them but as likely as one before it in the top k: before that one.
-        let tied = TokenLogprobs::with_chosen(8, -0.5, vec![(7, -0.5), (8, -0.5)], 2);
-        assert_eq!(tied.ranked(), vec![(8, -0.5, 1), (7, -0.5, 2)]);
+        // Among them and as likely as others: where the sampler put it, by ascending id.
+        let tied = TokenLogprobs::with_chosen(8, -0.5, vec![(7, -0.5), (8, -0.5), (9, -0.5)], 3);
+        assert_eq!(
+            tied.ranked(),
+            vec![(7, -0.5, 1), (8, -0.5, 2), (9, -0.5, 3)]
+        );
         // Outside them: after them with its rank in the vocabulary, even where it is as
         // likely as the last of them (the top k is the sampler's, ties and all).
         assert_eq!(at((3, -5.0), 40).last(), Some(&(3, -5.0, 40)));

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 use minivllm::config::ModelConfig;
 use minivllm::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
+use minivllm::engine::stop_strings::StopStrings;
 use minivllm::engine::tokenizer::Tokenizer;
 use minivllm::entrypoints::anthropic::protocol::MessagesRequest;
 use minivllm::entrypoints::openai::protocol::{ChatCompletionRequest, CompletionRequest};
@@ -384,7 +385,7 @@ proptest! {
     ) {
         let tok = tokenizer();
         reset_allocations();
-        let cfg = DetokenizerConfig { stop, include_stop_str_in_output: include, ..DetokenizerConfig::default() };
+        let cfg = DetokenizerConfig { stop: StopStrings::new(&stop), include_stop_str_in_output: include, ..DetokenizerConfig::default() };
         let mut d = IncrementalDetokenizer::new(tok, &[1, 2, 3], cfg);
         for id in ids {
             match d.push(tok, id) {

@@ -6,6 +6,8 @@
 //! window twice, with and without the new tokens, and keeps the difference. The window is
 //! trimmed as text is emitted, so a step costs the same however long the output already is.
 
+use std::sync::Arc;
+
 use crate::engine::stop_strings::{StopScanner, StopStrings};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
 use crate::sequence::StopReason;
@@ -15,14 +17,15 @@ use crate::sequence::StopReason;
 const PROMPT_CONTEXT_TOKENS: usize = 5;
 
 /// The `SamplingParams` fields that shape the output text.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct DetokenizerConfig {
     pub skip_special_tokens: bool,
     /// Accepted for vLLM's API but without effect: vLLM honours it only for slow (Python)
     /// tokenizers, and with a fast tokenizer, the only kind here, its output ignores it.
     pub spaces_between_special_tokens: bool,
-    /// Stop strings; empty ones are ignored (they would match before any output).
-    pub stop: Vec<String>,
+    /// The request's stop strings' automaton ([`StopStrings::new`]), shared by its
+    /// sequences.
+    pub stop: Option<Arc<StopStrings>>,
     /// Keep the stop string at the end of the output instead of cutting it off.
     pub include_stop_str_in_output: bool,
 }
@@ -33,7 +36,7 @@ impl Default for DetokenizerConfig {
         DetokenizerConfig {
             skip_special_tokens: true,
             spaces_between_special_tokens: true,
-            stop: Vec::new(),
+            stop: None,
             include_stop_str_in_output: false,
         }
     }
@@ -79,7 +82,7 @@ impl IncrementalDetokenizer {
         let tail = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT_TOKENS + 2)..];
         IncrementalDetokenizer {
             skip_special_tokens: cfg.skip_special_tokens,
-            stop: StopStrings::shared(&cfg.stop).map(StopScanner::new),
+            stop: cfg.stop.map(StopScanner::new),
             include_stop_str_in_output: cfg.include_stop_str_in_output,
             window: tail.to_vec(),
             prefix_offset: tail.len().saturating_sub(PROMPT_CONTEXT_TOKENS),

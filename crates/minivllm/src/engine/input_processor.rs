@@ -1,10 +1,13 @@
 //! A request on its way in (vLLM v1's `Processor`): its prompt, from either of vLLM's forms
 //! to checked token ids, and its parameters checked against the engine's settings.
 
+use std::sync::Arc;
+
 use crate::core::policy::Policy;
 use crate::core::scheduler::SchedulerConfig;
 use crate::engine::arg_utils::check_width;
 use crate::engine::errors::EngineError;
+use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::TokenId;
 use crate::sampling_params::{RequestOutputKind, SamplingParams, ValidationError};
@@ -96,7 +99,11 @@ impl RequestChecks {
             )
             .into());
         }
-        Ok(CheckedParams { params, priority })
+        Ok(CheckedParams {
+            params,
+            priority,
+            stop: None,
+        })
     }
 }
 
@@ -106,6 +113,9 @@ impl RequestChecks {
 pub struct CheckedParams {
     params: SamplingParams,
     priority: i32,
+    /// The stop strings' automaton, once [`with_stop_strings`](Self::with_stop_strings)
+    /// built it; clones share it.
+    stop: Option<Arc<StopStrings>>,
 }
 
 impl CheckedParams {
@@ -117,8 +127,30 @@ impl CheckedParams {
         self.priority
     }
 
-    pub fn into_params(self) -> SamplingParams {
-        self.params
+    /// The same request with its stop strings' automaton built, for a caller that builds
+    /// it on a thread of its own (the server, once the request's memory is reserved): the
+    /// engine and every copy of these parameters (one per prompt) then share it. The engine
+    /// builds it at admission otherwise.
+    pub fn with_stop_strings(mut self) -> Self {
+        if self.stop.is_none() {
+            self.stop = StopStrings::new(&self.params.stop);
+        }
+        self
+    }
+
+    /// [`with_stop_strings`](Self::with_stop_strings), sharing `other`'s automaton where both
+    /// have the same stop strings: a batch of prompts with one set of parameters builds one.
+    pub fn with_stop_strings_of(mut self, other: &CheckedParams) -> Self {
+        if self.stop.is_none() && self.params.stop == other.params.stop {
+            self.stop.clone_from(&other.stop);
+        }
+        self.with_stop_strings()
+    }
+
+    /// The parameters and the stop strings' automaton, built here if no one built it.
+    pub(crate) fn into_params_and_stop(self) -> (SamplingParams, Option<Arc<StopStrings>>) {
+        let stop = self.stop.or_else(|| StopStrings::new(&self.params.stop));
+        (self.params, stop)
     }
 
     /// The same request with its output budget fixed for one prompt (`max_tokens_for`):
@@ -167,4 +199,42 @@ pub fn process_prompt(
         });
     }
     Ok(ProcessedPrompt { text, token_ids })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unbuilt(stop: &[&str]) -> CheckedParams {
+        let params = SamplingParams {
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            ..SamplingParams::default()
+        };
+        CheckedParams {
+            params,
+            priority: 0,
+            stop: None,
+        }
+    }
+
+    #[test]
+    fn a_requests_copies_share_its_stop_strings_built_once() {
+        let checked = unbuilt(&["END", "STOP"]).with_stop_strings();
+        let copies = [checked.clone(), checked.clone().with_max_tokens(3).unwrap()];
+        let [a, b] = copies.map(|c| c.into_params_and_stop().1.expect("built"));
+        assert!(Arc::ptr_eq(&a, &b));
+        // The next prompt of a batch shares it where its list is the same.
+        let next = unbuilt(&["END", "STOP"]).with_stop_strings_of(&checked);
+        assert!(Arc::ptr_eq(&a, &next.into_params_and_stop().1.unwrap()));
+        let other = unbuilt(&["END"]).with_stop_strings_of(&checked);
+        assert!(!Arc::ptr_eq(&a, &other.into_params_and_stop().1.unwrap()));
+        // Unbuilt, the engine builds it at admission; none for no (or only empty) strings.
+        assert!(unbuilt(&["END"]).into_params_and_stop().1.is_some());
+        assert!(unbuilt(&[""])
+            .with_stop_strings()
+            .into_params_and_stop()
+            .1
+            .is_none());
+        assert!(unbuilt(&[]).into_params_and_stop().1.is_none());
+    }
 }

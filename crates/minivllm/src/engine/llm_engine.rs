@@ -256,12 +256,13 @@ impl LLMEngine {
             return Err(EngineError::DuplicateRequest(request_id.0));
         }
         let priority = params.priority();
-        let params = params.into_params();
-        let grammar = match (grammar, &params.structured_outputs) {
+        let grammar = match (grammar, &params.params().structured_outputs) {
             (None, Some(so)) => Some(self.structured.compile(so, &prompt)?),
             (grammar, _) => grammar,
         };
         let prompt = process_prompt(&self.tokenizer, prompt, &self.checks.limits)?;
+        // Built once the request can no longer be refused.
+        let (params, stop) = params.into_params_and_stop();
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
@@ -290,7 +291,7 @@ impl LLMEngine {
             self.scheduler.add_seq(seq);
         }
         self.outputs
-            .add_request(request_id, prompt, params, &seq_ids);
+            .add_request(request_id, prompt, params, stop, &seq_ids);
         Ok(())
     }
 

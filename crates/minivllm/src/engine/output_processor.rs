@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
 use crate::engine::errors::EngineError;
 use crate::engine::input_processor::ProcessedPrompt;
+use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::{RequestId, SeqId, TokenId};
 use crate::outputs::{
@@ -128,18 +129,19 @@ impl OutputProcessor {
     }
 
     /// Takes a validated request whose sequences (`n`, or `best_of`) the scheduler runs as
-    /// `seq_ids`, in completion order.
+    /// `seq_ids`, in completion order, with its stop strings' automaton.
     pub fn add_request(
         &mut self,
         id: RequestId,
         prompt: ProcessedPrompt,
         params: Arc<SamplingParams>,
+        stop: Option<Arc<StopStrings>>,
         seq_ids: &[SeqId],
     ) {
         let cfg = DetokenizerConfig {
             skip_special_tokens: params.skip_special_tokens,
             spaces_between_special_tokens: params.spaces_between_special_tokens,
-            stop: params.stop.clone(),
+            stop,
             include_stop_str_in_output: params.include_stop_str_in_output,
         };
         let detok = IncrementalDetokenizer::new(&self.tokenizer, &prompt.token_ids, cfg);

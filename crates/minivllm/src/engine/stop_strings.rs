@@ -1,20 +1,19 @@
 //! Stop strings found as the output grows, at a cost per new byte that does not depend on
 //! how many stop strings a request has or how long they are.
 //!
-//! An Aho-Corasick automaton over the stop strings' bytes is built once per stop list and
-//! shared by every sequence of a request (and by requests with the same list, while
-//! any holds it); each sequence keeps only its state, fed the bytes its output gains. The
-//! state's depth is the longest suffix of the output that begins a stop string, which is
-//! exactly what streaming must hold back; each state also knows the longest stop string
-//! that ends there, so the earliest-starting match in new text is found in one pass.
+//! An Aho-Corasick automaton over the stop strings' bytes is built once per request (the
+//! server builds it off the engine thread, after reserving its memory:
+//! `CheckedParams::with_stop_strings`) and shared by every sequence of the request; each
+//! sequence keeps only its state, fed the bytes its output gains. The state's depth is the
+//! longest suffix of the output that begins a stop string, which is exactly what streaming
+//! must hold back; each state also knows the longest stop string that ends there, so the
+//! earliest-starting match in new text is found in one pass.
 //!
 //! The trie is laid out breadth first from the sorted strings, so a node's children are
 //! consecutive nodes (sorted by byte) and depth only grows with the node's number: a node
 //! costs 13 bytes, not a heap allocation of its own.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 /// The automaton: a trie of the stop strings with failure links.
 #[derive(Debug)]
@@ -47,49 +46,6 @@ impl StopStrings {
         let mut s = StopStrings::trie(patterns);
         s.link();
         Some(Arc::new(s))
-    }
-
-    /// The automaton for `patterns`, shared with whoever holds one for the same list: the
-    /// server builds a request's off the engine thread and keeps it while the request runs,
-    /// so the engine finds it here instead of building one per prompt.
-    pub fn shared(patterns: &[String]) -> Option<Arc<Self>> {
-        static BUILT: Mutex<Vec<(u64, Weak<StopStrings>)>> = Mutex::new(Vec::new());
-        if patterns.iter().all(String::is_empty) {
-            return None;
-        }
-        // A cheap key (equal lists are compared whole below): hashing megabytes per prompt
-        // on the engine thread would cost what sharing saves.
-        let key = {
-            let mut h = DefaultHasher::new();
-            for p in patterns {
-                p.len().hash(&mut h);
-                p.as_bytes()[..p.len().min(16)].hash(&mut h);
-            }
-            h.finish()
-        };
-        let same = |s: &StopStrings| {
-            let mut own = s.patterns.iter();
-            patterns
-                .iter()
-                .filter(|p| !p.is_empty())
-                .all(|p| own.next() == Some(p))
-                && own.next().is_none()
-        };
-        let found = BUILT
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|(k, _)| *k == key)
-            .find_map(|(_, w)| w.upgrade().filter(|s| same(s)));
-        if found.is_some() {
-            return found;
-        }
-        // Built outside the lock: a large list takes a while, and other lists need not wait.
-        let built = Self::new(patterns)?;
-        let mut all = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-        all.retain(|(_, w)| w.strong_count() > 0);
-        all.push((key, Arc::downgrade(&built)));
-        Some(built)
     }
 
     /// At most what the automaton of `count` strings of `total_bytes` in all holds, for a
@@ -392,15 +348,11 @@ mod tests {
     }
 
     #[test]
-    fn one_automaton_per_list_while_held() {
-        let stops: Vec<String> = vec!["shared-a".into(), "shared-b".into()];
-        let a = StopStrings::shared(&stops).unwrap();
-        let b = StopStrings::shared(&stops).unwrap();
-        assert!(Arc::ptr_eq(&a, &b));
-        let other = StopStrings::shared(&["shared-a".to_string()]).unwrap();
-        assert!(!Arc::ptr_eq(&a, &other));
+    fn empty_strings_are_dropped_and_the_size_bound_holds() {
+        let a = StopStrings::new(&["shared-a".into(), "".into(), "shared-b".into()]).unwrap();
+        assert_eq!(a.patterns, ["shared-a", "shared-b"]);
         // The bound covers what was built: a node per byte at most.
         assert!(a.label.len() <= 16 + 1);
-        assert!(StopStrings::shared(&["".to_string()]).is_none());
+        assert!(StopStrings::new(&["".to_string()]).is_none());
     }
 }

@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use crate::engine::input_processor::CheckedParams;
 use crate::engine::llm_engine::{EngineArgs, EngineError, LLMEngine, PromptInput};
 use crate::outputs::{EmbeddingRequestOutput, RequestOutput};
 use crate::sampling_params::{PoolingParams, RequestOutputKind, SamplingParams};
@@ -84,6 +85,7 @@ impl LLM {
         let base = self.next_request;
         self.next_request += prompts.len() as u64;
         let mut added: Vec<String> = Vec::with_capacity(prompts.len());
+        let mut last: Option<CheckedParams> = None;
         for (i, prompt) in prompts.into_iter().enumerate() {
             let p = match params {
                 ParamsArg::One(p) => p,
@@ -95,7 +97,20 @@ impl LLM {
                 output_kind: RequestOutputKind::FinalOnly,
                 ..p.clone()
             };
-            if let Err(e) = self.engine.add_request(id.clone(), prompt, p, 0) {
+            // Prompts with the same stop strings share one automaton.
+            let checked = self
+                .engine
+                .request_checks()
+                .check(p, 0)
+                .map(|c| match &last {
+                    Some(prev) => c.with_stop_strings_of(prev),
+                    None => c.with_stop_strings(),
+                });
+            let added_one = checked.and_then(|c| {
+                last = Some(c.clone());
+                self.engine.add_checked_request(id.clone(), prompt, c, None)
+            });
+            if let Err(e) = added_one {
                 for earlier in &added {
                     self.engine.abort_request(earlier);
                 }

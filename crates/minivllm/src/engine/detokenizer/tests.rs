@@ -21,7 +21,7 @@ fn chat_prompt() -> Vec<u32> {
 
 fn stops(stop: &[&str], include: bool) -> DetokenizerConfig {
     DetokenizerConfig {
-        stop: stop.iter().map(|s| s.to_string()).collect(),
+        stop: StopStrings::new(&stop.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
         include_stop_str_in_output: include,
         ..DetokenizerConfig::default()
     }
@@ -359,7 +359,7 @@ fn special_tokens_show_unless_skipped() {
 
     // Shown special tokens are text like any other, stop strings included.
     let cfg = DetokenizerConfig {
-        stop: vec!["<|im_end|>".into()],
+        stop: StopStrings::new(&["<|im_end|>".into()]),
         ..shown
     };
     let (d, stop) = run(&chat_prompt(), &ids, cfg);

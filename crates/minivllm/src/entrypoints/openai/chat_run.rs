@@ -26,7 +26,7 @@ use super::tool_parsers::{ParsedOutput, ToolParser};
 use super::usage::Usage;
 use crate::engine::input_processor::CheckedParams;
 use crate::engine::tokenizer::Tokenizer;
-use crate::outputs::{CompletionOutput, RequestOutput};
+use crate::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
 use crate::reasoning::{PromptThinking, ReasoningParser};
 use crate::sequence::FinishReason;
 
@@ -186,7 +186,8 @@ struct Reply {
 impl Reply {
     fn logprobs(&self, o: &CompletionOutput, from: usize) -> Option<Vec<TokenLogprob>> {
         let k = self.top_logprobs?;
-        Some(token_logprobs(&self.tok, o, from, k)).filter(|_| o.logprobs.is_some())
+        let lps = o.logprobs.as_deref()?;
+        Some(token_logprobs(&self.tok, o, lps, from, k))
     }
 
     /// How `o` finished, if it has; `called`: the reply called tools.
@@ -305,16 +306,15 @@ impl Reply {
     }
 }
 
-/// The generated tokens' logprobs from token `from` on, `k` alternatives each.
+/// The generated tokens' logprobs (`lps`, one per token of `o`) from token `from` on, `k`
+/// alternatives each.
 fn token_logprobs(
     tok: &Tokenizer,
     o: &CompletionOutput,
+    lps: &[TokenLogprobs],
     from: usize,
     k: usize,
 ) -> Vec<TokenLogprob> {
-    let Some(lps) = &o.logprobs else {
-        return Vec::new();
-    };
     o.token_ids
         .iter()
         .zip(lps)
@@ -329,14 +329,7 @@ fn token_logprobs(
                     .ranked()
                     .into_iter()
                     .take(k)
-                    .map(|(a, logprob, _)| {
-                        let token = token_text(tok, a);
-                        TopLogprob {
-                            logprob,
-                            bytes: token.as_bytes().to_vec(),
-                            token,
-                        }
-                    })
+                    .map(|(a, logprob, _)| TopLogprob::new(token_text(tok, a), logprob))
                     .collect(),
             }
         })

@@ -145,3 +145,14 @@ pub struct TopLogprob {
     pub logprob: f32,
     pub bytes: Vec<u8>,
 }
+
+impl TopLogprob {
+    /// `token`'s entry, its bytes those of its text.
+    pub fn new(token: String, logprob: f32) -> Self {
+        TopLogprob {
+            bytes: token.as_bytes().to_vec(),
+            token,
+            logprob,
+        }
+    }
+}

@@ -4,7 +4,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -22,7 +21,6 @@ use super::server_state::{AppState, RequestId, Shared};
 use crate::engine::async_engine::{collect, NewRequest};
 use crate::engine::input_processor::CheckedParams;
 use crate::engine::llm_engine::EngineError;
-use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput};
 use crate::sampling_params::{logprob_count, SamplingParams};
@@ -141,19 +139,17 @@ pub fn check_request_width(
     Ok(())
 }
 
-/// What a request holds while it runs: its share of the memory pool, and its stop
-/// strings' automaton (built here, off the engine thread, so the engine finds it built).
+/// What a request holds while it runs: its share of the memory pool.
 pub struct Held {
     _memory: Reservation,
-    _stops: Option<Arc<StopStrings>>,
 }
 
 /// Admits a request whose parameters the engine has checked (`checked`, from
 /// [`AsyncEngine::check`](crate::engine::async_engine::AsyncEngine::check), the one place
 /// they are checked): fixes each prompt's output budget (a prompt that fills the context is
 /// refused here with OpenAI's message), reserves the request's memory (as `response` says
-/// the route writes it), builds its stop strings' automaton, and only then copies the
-/// parameters per prompt.
+/// the route writes it), builds its stop strings' automaton (here, off the engine thread;
+/// the copies share it), and only then copies the parameters per prompt.
 pub fn admit(
     s: &AppState,
     checked: CheckedParams,
@@ -185,10 +181,8 @@ pub fn admit(
     let memory = s
         .memory
         .reserve(estimate(base, &shapes, response, vocab), &what)?;
-    let held = Held {
-        _memory: memory,
-        _stops: StopStrings::shared(&base.stop),
-    };
+    let held = Held { _memory: memory };
+    let checked = checked.with_stop_strings();
     let params = shapes
         .iter()
         .map(|p| checked.clone().with_max_tokens(p.max_tokens))
