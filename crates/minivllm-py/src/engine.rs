@@ -159,10 +159,7 @@ impl Engine {
                 .engine()
                 .check(params, priority)
                 .map_err(engine_error)?;
-            let params = match new.last() {
-                Some(NewRequest { params: prev, .. }) => params.with_stop_strings_of(prev),
-                None => params.with_stop_strings(),
-            };
+            let params = params.with_stop_strings_of(new.last().map(|r: &NewRequest| &r.params));
             new.push(NewRequest {
                 request_id,
                 prompt,

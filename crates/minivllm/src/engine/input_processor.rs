@@ -138,19 +138,22 @@ impl CheckedParams {
         self
     }
 
-    /// [`with_stop_strings`](Self::with_stop_strings), sharing `other`'s automaton where both
-    /// have the same stop strings: a batch of prompts with one set of parameters builds one.
-    pub fn with_stop_strings_of(mut self, other: &CheckedParams) -> Self {
-        if self.stop.is_none() && self.params.stop == other.params.stop {
-            self.stop.clone_from(&other.stop);
+    /// [`with_stop_strings`](Self::with_stop_strings), sharing the automaton of `previous`
+    /// (a batch's previous prompt) where both have the same stop strings: a batch of prompts
+    /// with one set of parameters builds one.
+    pub fn with_stop_strings_of(mut self, previous: Option<&CheckedParams>) -> Self {
+        if let Some(prev) =
+            previous.filter(|p| self.stop.is_none() && p.params.stop == self.params.stop)
+        {
+            self.stop.clone_from(&prev.stop);
         }
         self.with_stop_strings()
     }
 
     /// The parameters and the stop strings' automaton, built here if no one built it.
     pub(crate) fn into_params_and_stop(self) -> (SamplingParams, Option<Arc<StopStrings>>) {
-        let stop = self.stop.or_else(|| StopStrings::new(&self.params.stop));
-        (self.params, stop)
+        let built = self.with_stop_strings();
+        (built.params, built.stop)
     }
 
     /// The same request with its output budget fixed for one prompt (`max_tokens_for`):
@@ -224,9 +227,9 @@ mod tests {
         let [a, b] = copies.map(|c| c.into_params_and_stop().1.expect("built"));
         assert!(Arc::ptr_eq(&a, &b));
         // The next prompt of a batch shares it where its list is the same.
-        let next = unbuilt(&["END", "STOP"]).with_stop_strings_of(&checked);
+        let next = unbuilt(&["END", "STOP"]).with_stop_strings_of(Some(&checked));
         assert!(Arc::ptr_eq(&a, &next.into_params_and_stop().1.unwrap()));
-        let other = unbuilt(&["END"]).with_stop_strings_of(&checked);
+        let other = unbuilt(&["END"]).with_stop_strings_of(Some(&checked));
         assert!(!Arc::ptr_eq(&a, &other.into_params_and_stop().1.unwrap()));
         // Unbuilt, the engine builds it at admission; none for no (or only empty) strings.
         assert!(unbuilt(&["END"]).into_params_and_stop().1.is_some());

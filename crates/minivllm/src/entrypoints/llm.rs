@@ -102,10 +102,7 @@ impl LLM {
                 .engine
                 .request_checks()
                 .check(p, 0)
-                .map(|c| match &last {
-                    Some(prev) => c.with_stop_strings_of(prev),
-                    None => c.with_stop_strings(),
-                });
+                .map(|c| c.with_stop_strings_of(last.as_ref()));
             let added_one = checked.and_then(|c| {
                 last = Some(c.clone());
                 self.engine.add_checked_request(id.clone(), prompt, c, None)
