@@ -12,6 +12,16 @@
 //! the text grows, each message's content only grows and messages are only added, so the
 //! thinking, answer and calls read from them only grow too: a stream can send differences.
 
+/// The Lark rule (named `reasoning`) that a structured-output constraint follows with
+/// `--reasoning-parser openai_gptoss`: any number of whole `analysis` or `commentary`
+/// messages (thinking, preambles), then the `final` channel's header, after which only the
+/// constraint's text and `<|return|>`. The markers are special tokens, matched by name; no
+/// text matches them, so a message's content runs to its `<|end|>`. A tool call (which ends
+/// the reply with `<|call|>`) is not an answer the constraint can describe, so it is refused.
+pub const GRAMMAR_PREFIX: &str = r#"reasoning: harmony_message* <|channel|> "final" <|message|>
+harmony_message: <|channel|> ("analysis" | "commentary") <|message|> harmony_text? <|end|> <|start|> "assistant"
+harmony_text: /(.|\n)+/"#;
+
 /// One message read from a reply.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Message {

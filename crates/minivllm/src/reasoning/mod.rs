@@ -175,14 +175,12 @@ impl ReasoningParser {
     }
 
     /// The Lark rule that lets a structured-output constraint start after the thinking:
-    /// `None` when the reply is all answer. The rule is named `reasoning`; `optional` says
+    /// `None` when the reply is all answer. For harmony the constraint covers the `final`
+    /// channel's content, as vLLM's `openai_gptoss` starts it after that channel's header. The rule is named `reasoning`; `optional` says
     /// whether the reply may skip it.
     pub fn grammar_prefix(&self, prompt: PromptThinking) -> Option<(&'static str, bool)> {
         if self.name == ReasoningParserName::OpenAiGptOss {
-            // The answer's channel opens with special tokens, which a grammar over text
-            // does not see: the constraint covers the whole reply, which is then read as a
-            // plain answer (`harmony::parse` reads a reply with no header so).
-            return None;
+            return Some((harmony::GRAMMAR_PREFIX, false));
         }
         match self.starts_thinking(prompt) {
             Some(false) => None,

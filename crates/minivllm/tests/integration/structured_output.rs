@@ -270,6 +270,126 @@ fn a_constraint_after_reasoning_waits_for_the_thinking_to_end() {
     assert!(mask.is_allowed(digit) && !mask.is_allowed(word));
 }
 
+/// With `openai_gptoss` the constraint covers gpt-oss's `final` channel: whole `analysis`
+/// and `commentary` messages before it are free, their markers special tokens; a tool call
+/// or an early `<|return|>` is refused (a harmony-like vocabulary of whole words and markers).
+#[test]
+fn a_constraint_with_harmony_covers_only_the_final_channel() {
+    use minivllm::reasoning::{PromptThinking, ReasoningParser, ReasoningParserName};
+    use minivllm::structured_output::backend_guidance::GuidanceBackend;
+    use minivllm::structured_output::vocabulary::{VocabToken, Vocabulary};
+    use std::sync::Arc;
+
+    const SPECIALS: [&str; 7] = [
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|constrain|>",
+    ];
+    let words = [
+        "analysis",
+        "commentary",
+        "final",
+        "assistant",
+        "Think",
+        " hard",
+        "\n",
+        "4",
+        "2",
+        "x",
+    ];
+    let tokens: Vec<VocabToken> = (words.iter())
+        .map(|w| VocabToken::Text(w.as_bytes().to_vec()))
+        .chain(SPECIALS.iter().map(|s| VocabToken::Special(s.to_string())))
+        .collect();
+    let id = move |t: &str| -> u32 {
+        let at = (words.iter().chain(SPECIALS.iter())).position(|w| *w == t);
+        at.unwrap_or_else(|| panic!("{t:?} is no token")) as u32
+    };
+    let vocab = Vocabulary {
+        tokens,
+        eos_token_ids: vec![id("<|return|>"), id("<|call|>")],
+        // Longest word first (the grammar engine tokenizes the text it forces).
+        tokenize: Arc::new(move |mut text: &str| {
+            let mut ids = Vec::new();
+            while let Some(w) = (words.iter())
+                .filter(|w| text.starts_with(**w))
+                .max_by_key(|w| w.len())
+            {
+                ids.push(id(w));
+                text = &text[w.len()..];
+            }
+            ids
+        }),
+    };
+    let backend = GuidanceBackend::new(vocab, 20).unwrap();
+    let before = ReasoningParser::new(ReasoningParserName::OpenAiGptOss)
+        .grammar_prefix(PromptThinking::Absent);
+    let digits = StructuredOutputsParams::regex("[0-9]{2}");
+    let thought = [
+        "<|channel|>",
+        "analysis",
+        "<|message|>",
+        "Think",
+        " hard",
+        "\n",
+        "4",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "commentary",
+        "<|message|>",
+        "x",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+    ];
+    for reply in [&thought[..], &[]] {
+        let mut g = backend.compile_after(&digits, before).unwrap();
+        for (n, t) in reply
+            .iter()
+            .chain(&["<|channel|>", "final", "<|message|>"])
+            .enumerate()
+        {
+            let mask = g.token_mask();
+            assert!(
+                mask.is_allowed(id(t)),
+                "{t:?} (token {n}) refused in {reply:?}"
+            );
+            if *t == " hard" {
+                // Inside a message: any text, its end; no tool call, no end of the reply.
+                assert!(mask.is_allowed(id("x")) && mask.is_allowed(id("<|end|>")));
+                assert!(!mask.is_allowed(id("<|call|>")) && !mask.is_allowed(id("<|return|>")));
+            }
+            g.accept_token(id(t));
+        }
+        let mask = g.token_mask();
+        assert!(mask.is_allowed(id("4")), "the constraint after the header");
+        for refused in [
+            "Think",
+            "x",
+            "<|end|>",
+            "<|return|>",
+            "<|call|>",
+            "<|channel|>",
+        ] {
+            assert!(
+                !mask.is_allowed(id(refused)),
+                "{refused:?} allowed in the answer"
+            );
+        }
+        g.accept_token(id("4"));
+        g.accept_token(id("2"));
+        let mask = g.token_mask();
+        assert!(g.is_terminated() || mask.is_allowed(id("<|return|>")));
+        assert!(!mask.is_allowed(id("2")), "the answer is complete");
+    }
+}
+
 /// vLLM's `structural_tag`: free text, and after a trigger only a structure (its begin, JSON
 /// of its schema, its end), then free text again (SmolLM2's vocabulary).
 #[test]
