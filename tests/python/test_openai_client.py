@@ -211,10 +211,21 @@ def test_completion_logprobs(client: openai.OpenAI, completion):
     for token, token_lp, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert 1 <= len(top) <= 3
         assert token_lp <= 0 and all(x <= 0 for x in top.values())
-        # Best first, as OpenAI and vLLM write it; greedy: the chosen token is the best.
+        # Greedy: the chosen token is the best, and comes first.
         assert list(top.values()) == sorted(top.values(), reverse=True)
         assert next(iter(top)) == token
         assert top[token] == pytest.approx(token_lp)
+    # Sampled: vLLM's order, the chosen token first (in the top 3 or not), then the others
+    # best first.
+    r = client.completions.create(
+        model=SERVED_MODEL_NAME, prompt=PROMPT, max_tokens=16, logprobs=3, temperature=1.5, seed=3
+    )
+    lp = r.choices[0].logprobs
+    assert any(next(iter(top)) != max(top, key=top.get) for top in lp.top_logprobs), "all greedy"
+    for token, token_lp, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert next(iter(top)) == token and top[token] == pytest.approx(token_lp)
+        rest = list(top.values())[1:]
+        assert rest == sorted(rest, reverse=True)
 
 
 def test_chat_logprobs(client: openai.OpenAI, chat):

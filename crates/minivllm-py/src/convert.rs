@@ -39,7 +39,7 @@ pub fn async_engine_error(e: AsyncEngineError) -> PyErr {
 }
 
 /// A finished request as a dict of vLLM's `RequestOutput` fields; each position's logprobs
-/// as [`ranked`] gives them (the Python side makes `Logprob`s).
+/// as [`TokenLogprobs::chosen_first`] gives them (the Python side makes `Logprob`s).
 pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("request_id", out.request_id)?;
@@ -48,7 +48,7 @@ pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Boun
     let prompt_logprobs = out.prompt_logprobs.map(|positions| {
         positions
             .into_iter()
-            .map(|p| p.as_ref().map(ranked))
+            .map(|p| p.as_ref().map(TokenLogprobs::chosen_first))
             .collect::<Vec<_>>()
     });
     d.set_item("prompt_logprobs", prompt_logprobs)?;
@@ -80,7 +80,11 @@ fn completion_output<'py>(py: Python<'py>, c: CompletionOutput) -> PyResult<Boun
     d.set_item("text", c.text)?;
     d.set_item("token_ids", c.token_ids)?;
     d.set_item("cumulative_logprob", c.cumulative_logprob)?;
-    let logprobs = c.logprobs.map(|l| l.iter().map(ranked).collect::<Vec<_>>());
+    let logprobs = c.logprobs.map(|l| {
+        l.iter()
+            .map(TokenLogprobs::chosen_first)
+            .collect::<Vec<_>>()
+    });
     d.set_item("logprobs", logprobs)?;
     d.set_item("finish_reason", c.finish_reason.map(|r| r.as_str()))?;
     match c.stop_reason {
@@ -89,16 +93,4 @@ fn completion_output<'py>(py: Python<'py>, c: CompletionOutput) -> PyResult<Boun
         Some(StopReason::String(s)) => d.set_item("stop_reason", s)?,
     }
     Ok(d)
-}
-
-/// One position's `(token_id, logprob, rank)` triples, ranked by
-/// [`TokenLogprobs::ranked`], in the order of vLLM's dicts: the chosen (or actual) token
-/// first, then the others best first.
-fn ranked(lp: &TokenLogprobs) -> Vec<(TokenId, f32, usize)> {
-    let mut v = lp.ranked();
-    let chosen = lp.entries.first().map(|e| e.0);
-    if let Some(i) = v.iter().position(|e| Some(e.0) == chosen) {
-        v[..=i].rotate_right(1);
-    }
-    v
 }

@@ -134,6 +134,18 @@ impl TokenLogprobs {
         );
         v
     }
+
+    /// [`ranked`](Self::ranked)'s entries in the order of vLLM's logprob dicts (the Python
+    /// `Logprob` dicts, the completions API's `top_logprobs` and `prompt_logprobs`): the
+    /// chosen (or actual) token first, then the others best first.
+    pub fn chosen_first(&self) -> Vec<(TokenId, f32, usize)> {
+        let mut v = self.ranked();
+        let chosen = self.entries.first().map(|e| e.0);
+        if let Some(i) = v.iter().position(|e| Some(e.0) == chosen) {
+            v[..=i].rotate_right(1);
+        }
+        v
+    }
 }
 
 impl Serialize for TokenLogprobs {
@@ -189,7 +201,10 @@ pub struct RequestOutput {
 
 /// vLLM's `RequestMetrics`, in seconds since the Unix epoch: `first_scheduled_time` when the
 /// scheduler first gave the request a step (before that step's forward pass), the token times
-/// when steps that made tokens ended.
+/// when steps that made tokens ended. Stamped by the engine's output processor alone, on one
+/// monotonic clock read as Unix time from the request's arrival (so intervals between them
+/// never go backwards with the wall clock); the server's latency histograms are observed at
+/// the same stamps.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct RequestMetrics {
     pub arrival_time: f64,
@@ -202,41 +217,34 @@ pub struct RequestMetrics {
 }
 
 impl RequestMetrics {
-    pub fn arrived_now() -> Self {
+    pub fn arrived_at(arrival_time: f64) -> Self {
         Self {
-            arrival_time: unix_now(),
+            arrival_time,
             ..Self::default()
         }
     }
 
-    /// The scheduler gave the request a step; only the first counts (a preempted request
-    /// scheduled again has still waited only once).
-    pub fn scheduled(&mut self) {
+    /// The scheduler gave the request a step at `now`; only the first counts (a preempted
+    /// request scheduled again has still waited only once).
+    pub fn scheduled(&mut self, now: f64) {
         if self.first_scheduled_time.is_none() {
-            let now = unix_now();
             self.first_scheduled_time = Some(now);
             self.time_in_queue = Some(now - self.arrival_time);
         }
     }
 
-    /// A step gave the request outputs: `token` when one was a new token, `finished` when
-    /// the request ended.
-    pub fn stamp(&mut self, token: bool, finished: bool) {
-        let now = unix_now();
-        if token {
-            self.first_token_time.get_or_insert(now);
-            self.last_token_time = Some(now);
-        }
-        if finished {
-            self.finished_time = Some(now);
-        }
+    /// A step that ended at `now` gave the request new tokens; returns the time since its
+    /// previous tokens, or `None` for its first (whose latency is `now - arrival_time`).
+    pub fn tokens(&mut self, now: f64) -> Option<f64> {
+        let since = self.last_token_time.map(|last| now - last);
+        self.first_token_time.get_or_insert(now);
+        self.last_token_time = Some(now);
+        since
     }
-}
 
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+    pub fn finished(&mut self, now: f64) {
+        self.finished_time.get_or_insert(now);
+    }
 }
 
 impl RequestOutput {
@@ -301,7 +309,8 @@ impl From<RequestOutput> for EmbeddingRequestOutput {
 }
 
 impl CompletionOutput {
-    fn append(&mut self, next: CompletionOutput) {
+    /// Appends the next `DELTA` output of the same completion.
+    pub fn append(&mut self, next: CompletionOutput) {
         self.text.push_str(&next.text);
         self.token_ids.extend_from_slice(&next.token_ids);
         match (&mut self.logprobs, next.logprobs) {
@@ -348,6 +357,14 @@ mod tests {
         assert_eq!(at((3, -5.0), 40).last(), Some(&(3, -5.0, 40)));
         assert_eq!(at((3, -2.0), 4)[2..], [(9, -2.0, 3), (3, -2.0, 4)]);
         assert!(TokenLogprobs::default().ranked().is_empty());
+        // vLLM's dict order: the chosen token first, its rank kept.
+        let lp = TokenLogprobs::with_chosen(8, -1.0, top_k.clone(), 2);
+        assert_eq!(
+            lp.chosen_first(),
+            vec![(8, -1.0, 2), (7, -0.5, 1), (9, -2.0, 3)]
+        );
+        let outside = TokenLogprobs::with_chosen(3, -5.0, top_k.clone(), 40);
+        assert_eq!(outside.chosen_first()[0], (3, -5.0, 40));
     }
 
     #[test]

@@ -79,7 +79,8 @@ pub enum RequestOutputKind {
     Cumulative,
     /// Only what is new since the request's previous output (text, token ids, logprobs),
     /// so a streamed completion costs the same per token at its end as at its start;
-    /// `RequestOutput::add` folds deltas back together.
+    /// `RequestOutput::add` folds deltas back together. Tokens whose text is held back (half
+    /// a character, a possible stop string) come in the delta whose text they release.
     Delta,
     /// One output, when the request has finished.
     FinalOnly,

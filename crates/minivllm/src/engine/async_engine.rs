@@ -8,14 +8,12 @@ use crate::structured_output::backend_guidance::GrammarError;
 use crate::structured_output::StructuredOutputGrammar;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::input_processor::{CheckedParams, RequestChecks};
 use crate::engine::llm_engine::{EngineError, EngineStats, LLMEngine, PromptInput};
-use crate::engine::metrics::RequestMetrics;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::RequestOutput;
 use crate::sampling_params::{RequestOutputKind, SamplingParams};
@@ -65,15 +63,8 @@ struct Shared {
     /// The engine thread, until someone takes it to wait for the engine's end.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     stats: Mutex<EngineStats>,
-    metrics: Mutex<RequestMetrics>,
     num_free_blocks: AtomicUsize,
     num_total_blocks: usize,
-}
-
-impl Shared {
-    fn metrics(&self) -> MutexGuard<'_, RequestMetrics> {
-        self.metrics.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// A handle to the engine thread; clones share it. The thread ends when the last handle drops.
@@ -104,7 +95,6 @@ impl AsyncEngine {
         let shared = Arc::new(Shared {
             thread: Mutex::new(None),
             stats: Mutex::new(engine.stats()),
-            metrics: Mutex::new(RequestMetrics::default()),
             num_free_blocks: AtomicUsize::new(engine.num_free_blocks()),
             num_total_blocks: engine.num_total_blocks(),
         });
@@ -137,10 +127,11 @@ impl AsyncEngine {
             .take()
     }
 
-    /// Queues a request; after each step that gave it new tokens, what is new arrives on the
-    /// returned receiver as a `DELTA` output (with `best_of > n`, or when `params.output_kind`
-    /// is `FinalOnly`, the final output alone), the last one with `finished` set; [`collect`]
-    /// folds them. Dropping the receiver aborts it.
+    /// Queues a request; its outputs arrive on the returned receiver, of the kind
+    /// `params.output_kind` asks for (the engine's output processor makes them; a server
+    /// route asks for `DELTA` when it streams and `FINAL_ONLY` otherwise, as vLLM's do), the
+    /// last one with `finished` set; [`collect`] folds `DELTA` ones. Dropping the receiver
+    /// aborts the request within a step.
     pub async fn generate(
         &self,
         request_id: impl Into<String>,
@@ -267,8 +258,7 @@ impl AsyncEngine {
 
     /// `/metrics` in Prometheus' text format, labelled with `model_name`.
     pub fn metrics_text(&self, model_name: &str) -> String {
-        let stats = self.stats();
-        self.shared.metrics().render(&stats, model_name)
+        self.stats().render_prometheus(model_name)
     }
 
     pub fn num_free_blocks(&self) -> usize {
@@ -302,12 +292,20 @@ impl AsyncEngine {
     }
 }
 
-/// Folds a request's stream of deltas into its output so far: the whole output once the
-/// stream has ended with the request finished. `None` when nothing came.
-pub async fn collect(mut rx: mpsc::UnboundedReceiver<RequestOutput>) -> Option<RequestOutput> {
+/// A request's output so far from its stream of outputs of `kind`: `DELTA` ones folded
+/// together, otherwise the last (each `CUMULATIVE` one holds everything so far, a
+/// `FINAL_ONLY` request sends one). The whole output once the stream has ended with the
+/// request finished; `None` when nothing came.
+pub async fn collect(
+    mut rx: mpsc::UnboundedReceiver<RequestOutput>,
+    kind: RequestOutputKind,
+) -> Option<RequestOutput> {
     let mut acc = rx.recv().await?;
     while let Some(out) = rx.recv().await {
-        acc.add(out);
+        match kind {
+            RequestOutputKind::Delta => acc.add(out),
+            _ => acc = out,
+        }
     }
     Some(acc)
 }
@@ -323,18 +321,18 @@ fn engine_loop(
         if !engine.has_unfinished_requests() {
             engine.release_idle_memory();
             match commands.blocking_recv() {
-                Some(cmd) => handle(&mut engine, &mut streams, shared, options, cmd),
+                Some(cmd) => handle(&mut engine, &mut streams, options, cmd),
                 None => return,
             }
         }
         while let Ok(cmd) = commands.try_recv() {
-            handle(&mut engine, &mut streams, shared, options, cmd);
+            handle(&mut engine, &mut streams, options, cmd);
         }
         // A client that went away between steps should not cost another step of compute.
         streams.retain(|id, tx| {
             let open = !tx.is_closed();
             if !open {
-                abort(&mut engine, shared, id, "client disconnected");
+                abort(&mut engine, id, "client disconnected");
             }
             open
         });
@@ -363,11 +361,8 @@ fn step(
     match engine.step() {
         Ok(outputs) => {
             publish(engine, shared);
-            let now = Instant::now();
             let mut gone = Vec::new();
-            let mut metrics = shared.metrics();
             for out in outputs {
-                metrics.on_output(&out, now);
                 let id = out.request_id.clone();
                 let Some(tx) = streams.get(&id) else { continue };
                 let finished = out.finished;
@@ -380,9 +375,8 @@ fn step(
                     streams.remove(&id);
                 }
             }
-            drop(metrics);
             for id in gone {
-                abort(engine, shared, &id, "client disconnected");
+                abort(engine, &id, "client disconnected");
                 streams.remove(&id);
             }
         }
@@ -391,7 +385,7 @@ fn step(
             // (closing its stream) rather than serve outputs that may be wrong.
             tracing::error!("engine step failed: {e}");
             for id in streams.keys() {
-                abort(engine, shared, id, "engine step failed");
+                abort(engine, id, "engine step failed");
             }
             streams.clear();
         }
@@ -406,16 +400,14 @@ fn over_limit(engine: &LLMEngine, params: &SamplingParams, max: usize) -> bool {
     waiting > 0 && waiting + params.num_sequences() > max
 }
 
-fn abort(engine: &mut LLMEngine, shared: &Shared, id: &str, why: &str) {
+fn abort(engine: &mut LLMEngine, id: &str, why: &str) {
     tracing::info!(request_id = %id, reason = why, "aborted request");
     engine.abort_request(id);
-    shared.metrics().on_abort(id);
 }
 
 fn handle(
     engine: &mut LLMEngine,
     streams: &mut HashMap<String, mpsc::UnboundedSender<RequestOutput>>,
-    shared: &Shared,
     options: &AsyncEngineOptions,
     cmd: Command,
 ) {
@@ -433,45 +425,25 @@ fn handle(
                 Some(max) if over_limit(engine, params.params(), max) => {
                     Err(AsyncEngineError::Overloaded { max_waiting: max })
                 }
-                _ => {
-                    // Streams carry deltas: a long completion costs the same per token at
-                    // its end as at its start, and `collect` folds them for who wants all.
-                    // best_of > n ranks its completions only at the end (and the server
-                    // refuses to stream it), so such a request sends its final output alone,
-                    // as does one whose caller reads nothing else (`LLM.generate` in Python).
-                    let p = params.params();
-                    let final_only = p.output_kind == RequestOutputKind::FinalOnly;
-                    let output_kind = if final_only || p.num_sequences() > p.n {
-                        RequestOutputKind::FinalOnly
-                    } else {
-                        RequestOutputKind::Delta
-                    };
-                    engine
-                        .add_checked_request(
-                            request_id.clone(),
-                            prompt,
-                            params.with_output_kind(output_kind),
-                            grammar,
-                        )
-                        .map_err(AsyncEngineError::from)
-                }
+                _ => engine
+                    .add_checked_request(request_id.clone(), prompt, params, grammar)
+                    .map_err(AsyncEngineError::from),
             };
             match &result {
                 Ok(()) => {
                     tracing::info!(request_id = %request_id, "added request");
-                    shared.metrics().on_arrival(&request_id, Instant::now());
                     streams.insert(request_id.clone(), outputs);
                 }
                 Err(e) => tracing::info!(request_id = %request_id, "refused request: {e}"),
             }
             if reply.send(result).is_err() {
                 // The caller gave up while the request was being queued.
-                abort(engine, shared, &request_id, "client gave up");
+                abort(engine, &request_id, "client gave up");
                 streams.remove(&request_id);
             }
         }
         Command::Abort(id) => {
-            abort(engine, shared, &id, "abort requested");
+            abort(engine, &id, "abort requested");
             streams.remove(&id);
         }
     }
@@ -502,7 +474,9 @@ mod tests {
     }
 
     async fn last(rx: mpsc::UnboundedReceiver<RequestOutput>) -> RequestOutput {
-        collect(rx).await.expect("no output")
+        collect(rx, RequestOutputKind::Cumulative)
+            .await
+            .expect("no output")
     }
 
     #[tokio::test]

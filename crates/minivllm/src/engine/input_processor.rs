@@ -10,7 +10,7 @@ use crate::engine::errors::EngineError;
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::TokenId;
-use crate::sampling_params::{RequestOutputKind, SamplingParams, ValidationError};
+use crate::sampling_params::{SamplingParams, ValidationError};
 
 /// A prompt in either of vLLM's two forms.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,13 +162,6 @@ impl CheckedParams {
         self.params.max_tokens = Some(max_tokens);
         self.params.check_max_tokens()?;
         Ok(self)
-    }
-
-    /// The same request with outputs of `kind`, as the async front streams them: how the
-    /// caller reads its outputs changes nothing the checks looked at.
-    pub(crate) fn with_output_kind(mut self, kind: RequestOutputKind) -> Self {
-        self.params.output_kind = kind;
-        self
     }
 }
 

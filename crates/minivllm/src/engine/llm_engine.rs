@@ -202,6 +202,7 @@ impl LLMEngine {
             grammar: self.scheduler.grammar_stats(),
             spec_decode: self.scheduler.spec_decode_stats(),
             spec_draft_length: self.scheduler.draft_length().copied(),
+            requests: *self.outputs.histograms(),
             ..self.stats.clone()
         }
     }
@@ -343,8 +344,7 @@ impl LLMEngine {
         }
         self.stats.step_seconds += started.elapsed().as_secs_f64();
         if tracing::enabled!(tracing::Level::INFO) {
-            let stats = self.stats();
-            self.stats_logger.maybe_log(&stats);
+            self.stats_logger.maybe_log(&self.stats());
         }
         Ok(request_outputs)
     }

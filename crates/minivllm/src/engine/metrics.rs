@@ -5,11 +5,9 @@
 
 use crate::core::spec_decode_stats::SpecDecodingStats;
 use crate::spec_decode::draft_length::DraftLength;
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::time::Instant;
 
-use crate::outputs::RequestOutput;
 use crate::sequence::FinishReason;
 use crate::structured_output::GrammarStats;
 
@@ -47,6 +45,8 @@ pub struct EngineStats {
     /// The step and guess costs speculative decoding measured, which set how long its
     /// drafts are.
     pub spec_draft_length: Option<DraftLength>,
+    /// Request latencies and outcomes.
+    pub requests: RequestHistograms,
 }
 
 impl EngineStats {
@@ -127,20 +127,26 @@ const TOKEN_BUCKETS: &[f64] = &[
     50000.0, 100000.0,
 ];
 
+/// The most buckets a histogram has (TTFT's 22).
+const MAX_BUCKETS: usize = 24;
+
 /// A Prometheus histogram: counts per bucket (not cumulative until rendered), sum and count.
-#[derive(Debug, Clone)]
+/// Fixed-size, so that the engine's stats snapshot after each step copies it without
+/// allocating.
+#[derive(Debug, Clone, Copy)]
 pub struct Histogram {
     bounds: &'static [f64],
-    counts: Vec<u64>,
+    counts: [u64; MAX_BUCKETS],
     sum: f64,
     count: u64,
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
+    const fn new(bounds: &'static [f64]) -> Self {
+        assert!(bounds.len() <= MAX_BUCKETS);
         Self {
             bounds,
-            counts: vec![0; bounds.len()],
+            counts: [0; MAX_BUCKETS],
             sum: 0.0,
             count: 0,
         }
@@ -185,32 +191,25 @@ fn sample(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, v:
     let _ = writeln!(out, "{name}{{{labels}}} {v:?}");
 }
 
-/// Token timing of one request in flight.
-struct Timing {
-    arrival: Instant,
-    first_token: Option<Instant>,
-    last_token: Instant,
-    tokens: usize,
-}
-
-/// Per-request latency histograms and outcome counters, fed by the engine loop as outputs
-/// come out of each step (so times include queueing and detokenisation, as clients see them).
-pub struct RequestMetrics {
-    in_flight: HashMap<String, Timing>,
+/// Per-request latency histograms and outcome counters (vLLM's request-level Prometheus
+/// metrics), observed by the engine's output processor at the moments it stamps each
+/// request's [`RequestMetrics`](crate::outputs::RequestMetrics): one clock and one owner
+/// for a request's times, which reach `/metrics` in the engine's stats snapshot.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHistograms {
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub time_per_output_token: Histogram,
     pub e2e_latency: Histogram,
     pub prompt_tokens: Histogram,
     pub generation_tokens: Histogram,
-    /// Finished requests by reason: stop, length, abort.
+    /// Finished requests by reason: stop, length, abort, error.
     pub success: [u64; 4],
 }
 
-impl Default for RequestMetrics {
+impl Default for RequestHistograms {
     fn default() -> Self {
         Self {
-            in_flight: HashMap::new(),
             time_to_first_token: Histogram::new(TTFT_BUCKETS),
             inter_token_latency: Histogram::new(TPOT_BUCKETS),
             time_per_output_token: Histogram::new(TPOT_BUCKETS),
@@ -224,56 +223,39 @@ impl Default for RequestMetrics {
 
 const REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
 
-impl RequestMetrics {
-    pub fn on_arrival(&mut self, request_id: &str, now: Instant) {
-        self.in_flight.insert(
-            request_id.to_string(),
-            Timing {
-                arrival: now,
-                first_token: None,
-                last_token: now,
-                tokens: 0,
-            },
-        );
+/// What a finished request's histograms take: its times (seconds, from its
+/// [`RequestMetrics`](crate::outputs::RequestMetrics)) and token counts over all its
+/// completions.
+#[derive(Debug, Clone, Copy)]
+pub struct FinishedRequest {
+    pub reason: Option<FinishReason>,
+    pub e2e_latency: f64,
+    pub num_prompt_tokens: usize,
+    pub num_generation_tokens: usize,
+    /// `last_token_time - first_token_time`, where there were tokens.
+    pub decode_time: Option<f64>,
+}
+
+impl RequestHistograms {
+    /// A step gave a request new tokens: its first (`since_previous` `None`, `latency` since
+    /// arrival) or later ones (`since_previous` since the step that gave the previous ones).
+    pub fn on_tokens(&mut self, latency: f64, since_previous: Option<f64>) {
+        match since_previous {
+            None => self.time_to_first_token.observe(latency),
+            Some(gap) => self.inter_token_latency.observe(gap),
+        }
     }
 
-    /// Takes each of a request's `DELTA` outputs (the async engine's streams carry deltas; a
-    /// `best_of > n` request's one final output counts its first token at its end).
-    pub fn on_output(&mut self, out: &RequestOutput, now: Instant) {
-        let Some(t) = self.in_flight.get_mut(&out.request_id) else {
-            return;
-        };
-        let new_tokens = out.num_generated_tokens();
-        if new_tokens > 0 {
-            match t.first_token {
-                None => {
-                    self.time_to_first_token
-                        .observe((now - t.arrival).as_secs_f64());
-                    t.first_token = Some(now);
-                }
-                Some(_) => self
-                    .inter_token_latency
-                    .observe((now - t.last_token).as_secs_f64()),
-            }
-            t.tokens += new_tokens;
-            t.last_token = now;
-        }
-        if !out.finished {
-            return;
-        }
-        let Some(t) = self.in_flight.remove(&out.request_id) else {
-            return;
-        };
-        let tokens = t.tokens;
-        self.e2e_latency.observe((now - t.arrival).as_secs_f64());
-        self.prompt_tokens
-            .observe(out.prompt_token_ids.len() as f64);
+    pub fn on_finished(&mut self, f: &FinishedRequest) {
+        self.e2e_latency.observe(f.e2e_latency);
+        self.prompt_tokens.observe(f.num_prompt_tokens as f64);
+        let tokens = f.num_generation_tokens;
         self.generation_tokens.observe(tokens as f64);
-        if let (Some(first), true) = (t.first_token, tokens > 1) {
-            let per_token = (t.last_token - first).as_secs_f64() / (tokens - 1) as f64;
-            self.time_per_output_token.observe(per_token);
+        if let (Some(decode), true) = (f.decode_time, tokens > 1) {
+            self.time_per_output_token
+                .observe(decode / (tokens - 1) as f64);
         }
-        let reason = match out.outputs.first().and_then(|o| o.finish_reason) {
+        let reason = match f.reason {
             Some(FinishReason::Length) => 1,
             Some(FinishReason::Abort) => 2,
             Some(FinishReason::Error) => 3,
@@ -282,15 +264,17 @@ impl RequestMetrics {
         self.success[reason] += 1;
     }
 
-    /// A request ended without a final output (its client went away).
-    pub fn on_abort(&mut self, request_id: &str) {
-        if self.in_flight.remove(request_id).is_some() {
-            self.success[2] += 1;
-        }
+    /// A request ended without finishing (aborted: its client went away).
+    pub fn on_abort(&mut self) {
+        self.success[2] += 1;
     }
+}
 
-    /// The whole exposition: engine gauges and counters from `stats`, then these histograms.
-    pub fn render(&self, stats: &EngineStats, model_name: &str) -> String {
+impl EngineStats {
+    /// The whole exposition, vLLM's names: engine gauges and counters, then the request
+    /// histograms.
+    pub fn render_prometheus(&self, model_name: &str) -> String {
+        let stats = self;
         let labels = format!("model_name=\"{}\"", escape_label(model_name));
         let l = labels.as_str();
         let mut out = String::with_capacity(16 << 10);
@@ -403,14 +387,16 @@ impl RequestMetrics {
             "counter",
             "Count of finished requests by reason.",
         );
-        for (reason, n) in REASONS.iter().zip(self.success) {
+        for (reason, n) in REASONS.iter().zip(stats.requests.success) {
             let _ = writeln!(out, "{name}{{{l},finished_reason=\"{reason}\"}} {n}");
         }
-        self.render_histograms(&mut out, l);
+        stats.requests.render(&mut out, l);
         out
     }
+}
 
-    fn render_histograms(&self, out: &mut String, l: &str) {
+impl RequestHistograms {
+    fn render(&self, out: &mut String, l: &str) {
         let histograms = [
             (
                 &self.time_to_first_token,
@@ -458,30 +444,6 @@ fn escape_label(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outputs::CompletionOutput;
-    use std::time::Duration;
-
-    fn output(id: &str, tokens: usize, finish: Option<FinishReason>) -> RequestOutput {
-        RequestOutput {
-            request_id: id.into(),
-            prompt: None,
-            prompt_token_ids: vec![1, 2, 3],
-            prompt_logprobs: None,
-            outputs: vec![CompletionOutput {
-                index: 0,
-                text: String::new(),
-                token_ids: vec![7; tokens],
-                cumulative_logprob: None,
-                logprobs: None,
-                finish_reason: finish,
-                stop_reason: None,
-            }],
-            finished: finish.is_some(),
-            pooled: None,
-            num_cached_tokens: 0,
-            metrics: None,
-        }
-    }
 
     #[test]
     fn histogram_buckets_are_cumulative_in_the_text() {
@@ -500,14 +462,17 @@ mod tests {
 
     #[test]
     fn request_timings_feed_the_histograms() {
-        let mut m = RequestMetrics::default();
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        m.on_arrival("a", t0);
-        m.on_output(&output("a", 0, None), t0 + ms(50));
-        m.on_output(&output("a", 1, None), t0 + ms(100));
-        m.on_output(&output("a", 1, None), t0 + ms(130));
-        m.on_output(&output("a", 1, Some(FinishReason::Length)), t0 + ms(170));
+        let mut m = RequestHistograms::default();
+        m.on_tokens(0.1, None);
+        m.on_tokens(0.13, Some(0.03));
+        m.on_tokens(0.17, Some(0.04));
+        m.on_finished(&FinishedRequest {
+            reason: Some(FinishReason::Length),
+            e2e_latency: 0.17,
+            num_prompt_tokens: 3,
+            num_generation_tokens: 3,
+            decode_time: Some(0.07),
+        });
         assert_eq!(m.time_to_first_token.count(), 1);
         assert!((m.time_to_first_token.sum() - 0.1).abs() < 1e-9);
         assert_eq!(m.inter_token_latency.count(), 2);
@@ -516,9 +481,7 @@ mod tests {
         assert!((m.e2e_latency.sum() - 0.17).abs() < 1e-9);
         assert_eq!(m.generation_tokens.sum(), 3.0);
         assert_eq!(m.success, [0, 1, 0, 0]);
-        m.on_arrival("b", t0);
-        m.on_abort("b");
-        m.on_abort("b");
+        m.on_abort();
         assert_eq!(m.success, [0, 1, 1, 0]);
     }
 
@@ -532,7 +495,7 @@ mod tests {
             kv_cache_touched_bytes: 1 << 20,
             ..EngineStats::default()
         };
-        let text = RequestMetrics::default().render(&stats, "sm\"ol");
+        let text = stats.render_prometheus("sm\"ol");
         let l = "{model_name=\"sm\\\"ol\"}";
         assert!(text.contains(&format!("vllm:num_requests_running{l} 2.0\n")));
         assert!(text.contains(&format!("vllm:kv_cache_usage_perc{l} 0.25\n")));
@@ -548,13 +511,11 @@ mod tests {
         );
         let mut spec = SpecDecodingStats::default();
         spec.observe(3, 1);
-        let text = RequestMetrics::default().render(
-            &EngineStats {
-                spec_decode: spec,
-                ..EngineStats::default()
-            },
-            "m",
-        );
+        let text = EngineStats {
+            spec_decode: spec,
+            ..EngineStats::default()
+        }
+        .render_prometheus("m");
         assert!(text.contains("vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 3.0\n"));
         assert!(text.contains("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"0\"} 1\n"));
         assert!(text.contains("position=\"2\"} 0\n"));

@@ -8,10 +8,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
 use crate::engine::errors::EngineError;
 use crate::engine::input_processor::ProcessedPrompt;
+use crate::engine::metrics::{FinishedRequest, RequestHistograms};
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::{RequestId, SeqId, TokenId};
@@ -27,6 +29,8 @@ pub struct OutputProcessor {
     requests: HashMap<RequestId, RequestState>,
     /// Each running sequence's request and index in it.
     seqs: HashMap<SeqId, (RequestId, usize)>,
+    /// Observed as requests' metrics are stamped.
+    histograms: RequestHistograms,
 }
 
 /// What one step did to the requests it ran.
@@ -51,6 +55,18 @@ struct RequestState {
     /// Its first completion's prompt tokens found in the prefix cache.
     num_cached_tokens: usize,
     metrics: RequestMetrics,
+    /// The monotonic clock at `metrics.arrival_time`: every later stamp is read from it.
+    arrived: Instant,
+    /// Tokens generated over all its completions, and of those in the step being processed.
+    num_generation_tokens: usize,
+    num_step_tokens: usize,
+}
+
+impl RequestState {
+    /// Now, as Unix time on the request's monotonic clock.
+    fn now(&self) -> f64 {
+        self.metrics.arrival_time + self.arrived.elapsed().as_secs_f64()
+    }
 }
 
 struct SeqState {
@@ -91,7 +107,13 @@ impl OutputProcessor {
             tokenizer,
             requests: HashMap::new(),
             seqs: HashMap::new(),
+            histograms: RequestHistograms::default(),
         }
+    }
+
+    /// Latency histograms and outcome counts of the requests processed so far.
+    pub fn histograms(&self) -> &RequestHistograms {
+        &self.histograms
     }
 
     pub fn contains(&self, id: &RequestId) -> bool {
@@ -117,7 +139,8 @@ impl OutputProcessor {
         for seq in seqs {
             if let Some((request, _)) = self.seqs.get(&seq) {
                 if let Some(req) = self.requests.get_mut(request) {
-                    req.metrics.scheduled();
+                    let now = req.now();
+                    req.metrics.scheduled(now);
                 }
             }
         }
@@ -161,18 +184,25 @@ impl OutputProcessor {
             params,
             pooled: None,
             num_cached_tokens: 0,
-            metrics: RequestMetrics::arrived_now(),
+            metrics: RequestMetrics::arrived_at(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+            ),
+            arrived: Instant::now(),
+            num_generation_tokens: 0,
+            num_step_tokens: 0,
         };
         self.requests.insert(id, state);
     }
 
     /// Forgets a request; returns its sequences, for the scheduler to free.
     pub fn abort_request(&mut self, id: &RequestId) -> Vec<SeqId> {
-        let seqs: Vec<SeqId> = self
-            .requests
-            .remove(id)
-            .map(|r| r.seqs.iter().map(|s| s.id).collect())
-            .unwrap_or_default();
+        let Some(req) = self.requests.remove(id) else {
+            return Vec::new();
+        };
+        self.histograms.on_abort();
+        let seqs: Vec<SeqId> = req.seqs.iter().map(|s| s.id).collect();
         for s in &seqs {
             self.seqs.remove(s);
         }
@@ -204,7 +234,7 @@ impl OutputProcessor {
             if index == 0 {
                 req.num_cached_tokens = o.num_cached_tokens;
             }
-            req.metrics.stamp(o.new_token.is_some(), false);
+            req.num_step_tokens += usize::from(o.new_token.is_some());
             if let (Some(scored), Some(all)) = (o.prompt_logprobs, req.prompt_logprobs.as_mut()) {
                 all.extend(scored.into_iter().map(Some));
             }
@@ -253,6 +283,15 @@ impl OutputProcessor {
                 self.seqs.remove(&o.seq);
             }
         }
+        for id in &requests {
+            let req = self.requests.get_mut(id).expect("a request the step ran");
+            if req.num_step_tokens > 0 {
+                let now = req.now();
+                let since_previous = req.metrics.tokens(now);
+                (self.histograms).on_tokens(now - req.metrics.arrival_time, since_previous);
+                req.num_generation_tokens += std::mem::take(&mut req.num_step_tokens);
+            }
+        }
         let request_outputs = requests
             .iter()
             .filter_map(|id| self.make_output(id))
@@ -269,9 +308,30 @@ impl OutputProcessor {
         let width = p.num_sequences();
         let finished = req.seqs.iter().all(|s| s.finish.is_some());
         if finished && req.metrics.finished_time.is_none() {
-            req.metrics.stamp(false, true);
+            let now = req.now();
+            req.metrics.finished(now);
+            let m = &req.metrics;
+            self.histograms.on_finished(&FinishedRequest {
+                reason: req
+                    .seqs
+                    .first()
+                    .and_then(|s| s.finish.as_ref())
+                    .map(|(r, _)| *r),
+                e2e_latency: now - m.arrival_time,
+                num_prompt_tokens: req.prompt_ids.len(),
+                num_generation_tokens: req.num_generation_tokens,
+                decode_time: m
+                    .first_token_time
+                    .zip(m.last_token_time)
+                    .map(|(f, l)| l - f),
+            });
         }
-        let kind = p.output_kind;
+        // best_of > n ranks its completions only at the end: it has no earlier output
+        // that the final one would not contradict.
+        let kind = match width > p.n {
+            true => RequestOutputKind::FinalOnly,
+            false => p.output_kind,
+        };
         if kind == RequestOutputKind::FinalOnly && !finished {
             return None;
         }
@@ -336,7 +396,14 @@ fn completion(
     };
     let delta = kind == RequestOutputKind::Delta;
     let (num_ids, text_len) = (ids.len(), text.len());
-    if delta && st.sent.tokens == num_ids && (!finished || st.sent.finish) {
+    // A delta's tokens travel with the text they release: tokens whose text is held back
+    // (half a character, a possible stop string) wait for it, so a stream can send each
+    // delta as it comes, logprobs with their text.
+    let nothing_new = match finished {
+        true => st.sent.finish,
+        false => text_len <= st.sent.text,
+    };
+    if delta && nothing_new {
         return None;
     }
     let (from_token, from_text) = if delta {

@@ -7,7 +7,7 @@ use crate::common::greedy;
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::entrypoints::llm::LLM;
 use minivllm::model_executor::loader::weights::LoadOptions;
-use minivllm::outputs::RequestOutput;
+use minivllm::outputs::{RequestMetrics, RequestOutput};
 use minivllm::sampling_params::SamplingParams;
 use minivllm::sequence::FinishReason;
 
@@ -422,6 +422,41 @@ fn request_metrics_stamp_scheduling_before_the_forward_pass() {
         assert_eq!(m.time_in_queue, Some(scheduled - m.arrival_time));
     }
     assert!(second.first_scheduled_time.unwrap() >= first.finished_time.unwrap());
+    // The latency histograms (`/metrics`) are observed at those same stamps: one clock.
+    let h = engine.stats().requests;
+    let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+    let span = |m: &RequestMetrics, from: Option<f64>, to: Option<f64>| {
+        to.unwrap() - from.unwrap_or(m.arrival_time)
+    };
+    assert_eq!(h.time_to_first_token.count(), 2);
+    close(
+        h.time_to_first_token.sum(),
+        span(&first, None, first.first_token_time) + span(&second, None, second.first_token_time),
+    );
+    assert_eq!(
+        h.inter_token_latency.count(),
+        2,
+        "one gap each: two tokens, two steps"
+    );
+    close(
+        h.inter_token_latency.sum(),
+        span(&first, first.first_token_time, first.last_token_time)
+            + span(&second, second.first_token_time, second.last_token_time),
+    );
+    close(
+        h.e2e_latency.sum(),
+        span(&first, None, first.finished_time) + span(&second, None, second.finished_time),
+    );
+    assert_eq!(h.generation_tokens.sum(), 4.0);
+    assert_eq!(h.success[0] + h.success[1], 2);
+    assert_eq!(h.success[2], 0);
+    // An aborted request counts as one, once; an unknown id not at all.
+    let prompt = PromptInput::Text(TEXT.into());
+    engine.add_request("r2", prompt, greedy(2), 0).unwrap();
+    engine.abort_request("r2");
+    engine.abort_request("r2");
+    engine.abort_request("nobody");
+    assert_eq!(engine.stats().requests.success[2], 1);
 }
 
 #[test]
@@ -536,7 +571,7 @@ fn all_logprobs_cover_the_vocabulary_where_the_engine_allows_it() {
 
 /// One request in each `RequestOutputKind`, side by side in the same batches: deltas fold
 /// into the last cumulative output, each delta carries only what is new (no history is
-/// copied), and final-only gives one output, the same.
+/// copied) and its tokens with their text, and final-only gives one output, the same.
 #[test]
 fn output_kinds_carry_the_same_result() {
     use minivllm::sampling_params::RequestOutputKind::{Cumulative, Delta, FinalOnly};
@@ -567,8 +602,12 @@ fn output_kinds_carry_the_same_result() {
             match out.request_id.as_str() {
                 "cumulative" => last = Some(out),
                 "delta" => {
+                    // Tokens come with the text they release (so each delta has text
+                    // until the last); that the folded deltas equal the cumulative output
+                    // below shows none repeats history.
                     for o in &out.outputs {
-                        assert!(o.token_ids.len() <= 1, "a delta repeats history: {o:?}");
+                        let released = !o.text.is_empty() || o.finish_reason.is_some();
+                        assert!(released, "a delta without text: {o:?}");
                     }
                     match &mut folded {
                         Some(acc) => acc.add(out),

@@ -18,8 +18,8 @@ use super::reply_events::{
 use super::request_memory::{LogprobFormat, ResponseShape};
 use super::server_state::{AppState, RequestId, Shared};
 use super::serving_engine::{
-    admit, check_model, delta, encode, fold, last_output, off_async, prompt_logprobs, submit,
-    token_text, Held, Prompt,
+    admit, check_model, encode, last_output, off_async, prompt_logprobs, submit, token_text, Held,
+    Prompt,
 };
 use super::tool_calls::{finished_reply, ReplyStream, ToolUse};
 use super::tool_parsers::{ParsedOutput, ToolParser};
@@ -244,66 +244,72 @@ impl Reply {
         )
     }
 
-    /// Sends each choice's delta as the engine's outputs come, then the usage.
+    /// Sends each choice's delta as the engine's outputs come, then the usage. The engine's
+    /// deltas carry each token with the text it releases; the parsers read a choice's whole
+    /// reply so far, so only they keep its text.
     async fn stream(
         self,
         mut rx: mpsc::UnboundedReceiver<RequestOutput>,
         tx: mpsc::Sender<ChatEvent>,
     ) {
-        let mut sent = vec![0usize; self.n];
-        let mut sent_tokens = vec![0usize; self.n];
-        // With n > 1 a finished choice keeps coming back while its siblings run.
-        let mut done = vec![false; self.n];
-        let mut replies: Vec<ReplyStream> = (0..self.n).map(|_| ReplyStream::default()).collect();
-        // The deltas folded together, so a delta can carry held-back text and logprobs.
-        let mut last = None;
-        while let Some(next) = rx.recv().await {
-            let changed: Vec<usize> = next.outputs.iter().map(|o| o.index).collect();
-            let out = &*fold(&mut last, next);
-            for o in out.outputs.iter().filter(|o| changed.contains(&o.index)) {
-                let i = o.index;
-                if done[i] {
-                    continue;
-                }
+        let parses = self.reasoning.is_some() || self.tools.parser.is_some();
+        let mut choices: Vec<ChoiceStream> = (0..self.n).map(|_| ChoiceStream::default()).collect();
+        // `None` until an output comes (a request the engine ended first has no usage).
+        let mut usage: Option<Usage> = None;
+        while let Some(out) = rx.recv().await {
+            usage.get_or_insert_default().add_delta(&out);
+            for mut o in out.outputs {
+                let c = &mut choices[o.index];
                 let finished = o.finish_reason.is_some();
-                done[i] = finished;
-                let (pieces, called) = match self.read(&o.text, finished) {
-                    None => {
-                        let text = delta(&o.text, &mut sent[i]);
-                        let pieces = if text.is_empty() {
-                            Vec::new()
-                        } else {
-                            vec![Piece::Text(text)]
-                        };
-                        (pieces, false)
+                let text = std::mem::take(&mut o.text);
+                let parsed = parses
+                    .then(|| {
+                        c.text.push_str(&text);
+                        self.read(&c.text, finished)
+                    })
+                    .flatten();
+                let (pieces, called) = match parsed {
+                    Some(parsed) => (c.reply.delta(&parsed), c.reply.called()),
+                    None if text.is_empty() => (Vec::new(), false),
+                    None => (vec![Piece::Text(text)], false),
+                };
+                let unsent = match c.unsent.take() {
+                    Some(mut held) => {
+                        held.append(o);
+                        held
                     }
-                    Some(parsed) => {
-                        let pieces = replies[i].delta(&parsed);
-                        (pieces, replies[i].called())
-                    }
+                    None => o,
                 };
                 if pieces.is_empty() && !finished {
-                    // Text held back (half a character, a possible stop string, what may be
-                    // a tool call): its tokens' logprobs go with the delta that releases it.
+                    // What a parser holds back (what may be a tool call): its tokens'
+                    // logprobs go with the delta that releases it.
+                    c.unsent = Some(unsent);
                     continue;
                 }
-                let logprobs = self.logprobs(o, sent_tokens[i]);
-                sent_tokens[i] = o.token_ids.len();
                 let d = ChoiceDelta {
-                    index: i,
+                    index: unsent.index,
                     pieces,
-                    logprobs,
-                    finish: self.finish(o, called),
+                    logprobs: self.logprobs(&unsent, 0),
+                    finish: self.finish(&unsent, called),
                 };
                 if tx.send(ChatEvent::Delta(d)).await.is_err() {
                     return;
                 }
             }
         }
-        if let Some(out) = last {
-            let _ = tx.send(ChatEvent::Usage(Usage::of(&out))).await;
+        if let Some(usage) = usage {
+            let _ = tx.send(ChatEvent::Usage(usage)).await;
         }
     }
+}
+
+/// What one choice of a stream keeps: its reply's text so far (for the parsers), what of
+/// the parsed reply it has sent, and the tokens (with logprobs) whose text a parser holds.
+#[derive(Default)]
+struct ChoiceStream {
+    text: String,
+    reply: ReplyStream,
+    unsent: Option<CompletionOutput>,
 }
 
 /// The generated tokens' logprobs (`lps`, one per token of `o`) from token `from` on, `k`

@@ -8,7 +8,9 @@ use crate::engine::async_engine::AsyncEngineError;
 use crate::engine::chat_template::{ChatMessage, ToolCall};
 use crate::engine::llm_engine::EngineError;
 use crate::entrypoints::openai::structured_outputs::StructuredFields;
-use crate::sampling_params::{logprob_count, GenerationDefaults, SamplingParams, ValidationError};
+use crate::sampling_params::{
+    logprob_count, GenerationDefaults, RequestOutputKind, SamplingParams, ValidationError,
+};
 use crate::sequence::TokenId;
 use crate::structured_output::backend_guidance::GrammarError;
 
@@ -139,6 +141,12 @@ impl CommonParams {
             prompt_logprobs: self.prompt_logprobs,
             // Refused by `check` when it is an error.
             structured_outputs: self.structured.params().ok().flatten(),
+            // vLLM's rule: a stream is sent as it grows, anything else once, at its end.
+            output_kind: if self.stream {
+                RequestOutputKind::Delta
+            } else {
+                RequestOutputKind::FinalOnly
+            },
             ..d.clone()
         }
     }

@@ -10,9 +10,9 @@ use super::protocol::{ApiError, CompletionRequest, PromptField};
 use super::request_memory::{LogprobFormat, ResponseShape};
 use super::server_state::{AppState, RequestId, Shared};
 use super::serving_engine::{
-    admit, check_model, check_request_width, delta, encode, finish_reason, fold, json_response,
-    last_output, merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text,
-    Held, Prompt, Streams,
+    admit, check_model, check_request_width, encode, finish_reason, json_response, last_output,
+    merge, now, off_async, parse, prompt_logprobs, stop_reason, submit, token_text, Held, Prompt,
+    Streams,
 };
 use super::usage::Usage;
 use crate::engine::input_processor::CheckedParams;
@@ -158,13 +158,12 @@ impl Reply {
         })
     }
 
-    /// Logprobs of `o`'s tokens from `from`, after the prompt's when `with_prompt`. Text
+    /// Logprobs of `o`'s tokens, after those of `out`'s prompt when `with_prompt`. Text
     /// offsets start at `*offset`, which is left just past the last token.
     fn logprobs(
         &self,
         out: &RequestOutput,
         o: &CompletionOutput,
-        from: usize,
         with_prompt: bool,
         offset: &mut usize,
     ) -> Value {
@@ -182,7 +181,7 @@ impl Reply {
             }
         }
         let generated = o.logprobs.as_deref().unwrap_or(&[]);
-        for (i, &id) in o.token_ids.iter().enumerate().skip(from) {
+        for (i, &id) in o.token_ids.iter().enumerate() {
             lp.push(&self.tok, id, generated.get(i));
         }
         *offset = lp.pos;
@@ -200,7 +199,7 @@ impl Reply {
                 } else {
                     o.text.clone()
                 };
-                let logprobs = self.logprobs(out, o, 0, self.echo, &mut 0);
+                let logprobs = self.logprobs(out, o, self.echo, &mut 0);
                 let mut choice = self.choice(i * self.n + o.index, text, logprobs, o);
                 if self.prompt_logprobs {
                     choice["prompt_logprobs"] = prompt_logprobs(&self.tok, out);
@@ -222,40 +221,28 @@ impl Reply {
         let mut choices = vec![ChoiceStream::default(); self.prompts.len() * self.n];
         let mut merged = merge(streams);
         let mut usage = Usage::default();
-        // Each prompt's deltas folded together, so chunks can carry held-back text and
-        // logprobs; folding costs what a delta holds.
-        let mut outputs: Vec<Option<RequestOutput>> = vec![None; self.prompts.len()];
-        while let Some((i, next)) = merged.recv().await {
-            let changed: Vec<usize> = next.outputs.iter().map(|o| o.index).collect();
-            let out = &*fold(&mut outputs[i], next);
-            for o in out.outputs.iter().filter(|o| changed.contains(&o.index)) {
+        // Each prompt's first output, without its completions: the prompt's logprobs, which
+        // its echoed choices start with. The engine's deltas are sent as they come (a delta's
+        // tokens come with the text they release).
+        let mut firsts: Vec<Option<RequestOutput>> = vec![None; self.prompts.len()];
+        while let Some((i, mut out)) = merged.recv().await {
+            usage.add_delta(&out);
+            let outputs = std::mem::take(&mut out.outputs);
+            let first = &*firsts[i].get_or_insert(out);
+            for mut o in outputs {
                 let index = i * self.n + o.index;
                 let c = &mut choices[index];
-                // With n > 1 a finished choice keeps coming back while its siblings run.
-                if c.done {
-                    continue;
-                }
-                c.done = o.finish_reason.is_some();
-                let mut text = delta(&o.text, &mut c.text_sent);
-                let first = self.echo && !c.started;
+                let echo = self.echo && !c.started;
                 c.started = true;
-                if first {
-                    text = format!("{}{text}", self.prompts[i].text);
+                let mut text = std::mem::take(&mut o.text);
+                if echo {
+                    text.insert_str(0, &self.prompts[i].text);
                 }
-                if text.is_empty() && o.finish_reason.is_none() {
-                    // Text held back (half a character, a possible stop string): its tokens'
-                    // logprobs go with the chunk that releases it.
-                    continue;
-                }
-                let logprobs = self.logprobs(out, o, c.tokens_sent, first, &mut c.offset);
-                c.tokens_sent = o.token_ids.len();
-                let chunk = self.body(json!([self.choice(index, text, logprobs, o)]));
+                let logprobs = self.logprobs(first, &o, echo, &mut c.offset);
+                let chunk = self.body(json!([self.choice(index, text, logprobs, &o)]));
                 if tx.send(chunk).await.is_err() {
                     return;
                 }
-            }
-            if out.finished {
-                usage.add(out);
             }
         }
         if include_usage {
@@ -269,13 +256,9 @@ impl Reply {
 /// What one choice of a stream has sent so far.
 #[derive(Debug, Clone, Default)]
 struct ChoiceStream {
-    /// Bytes of its text.
-    text_sent: usize,
-    tokens_sent: usize,
     /// Characters its logprobs' `text_offset`s have covered (the echoed prompt included).
     offset: usize,
     started: bool,
-    done: bool,
 }
 
 /// OpenAI's completions `logprobs` object, built token by token.
@@ -303,8 +286,9 @@ impl CompletionLogprobs {
             Some(lp) => {
                 self.token_logprobs
                     .push(lp.get(id).map_or(Value::Null, |x| json!(x)));
+                // vLLM's order: the chosen token first, then the others best first.
                 let alts: serde_json::Map<String, Value> = lp
-                    .ranked()
+                    .chosen_first()
                     .into_iter()
                     .map(|(a, x, _)| (token_text(tok, a), json!(x)))
                     .collect();

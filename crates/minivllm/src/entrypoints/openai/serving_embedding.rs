@@ -19,7 +19,7 @@ use super::serving_engine::{
     Held, Prompt,
 };
 use crate::engine::input_processor::CheckedParams;
-use crate::sampling_params::SamplingParams;
+use crate::sampling_params::{RequestOutputKind, SamplingParams};
 
 /// OpenAI's embeddings request, with vLLM's `normalize` and `priority`.
 #[derive(Debug, Clone, Deserialize)]
@@ -108,6 +108,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
     let base = SamplingParams {
         pooling: Some(pooling),
         max_tokens: Some(1),
+        output_kind: RequestOutputKind::FinalOnly,
         ..SamplingParams::default()
     };
     let checked = s.engine.check(base, req.priority)?;

@@ -23,7 +23,7 @@ use crate::engine::input_processor::CheckedParams;
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::{CompletionOutput, RequestOutput};
-use crate::sampling_params::{logprob_count, SamplingParams};
+use crate::sampling_params::{logprob_count, RequestOutputKind, SamplingParams};
 use crate::sequence::TokenId;
 
 pub fn now() -> u64 {
@@ -223,25 +223,15 @@ pub async fn submit(
     Ok(s.engine.generate_many(requests).await?)
 }
 
-/// A request's whole output, its deltas folded together.
+/// A request's whole output: its one `FINAL_ONLY` output (what a route that does not
+/// stream asks for).
 pub async fn last_output(
     rx: mpsc::UnboundedReceiver<RequestOutput>,
 ) -> Result<RequestOutput, ApiError> {
-    collect(rx)
+    collect(rx, RequestOutputKind::FinalOnly)
         .await
         .filter(|o| o.finished)
         .ok_or_else(|| ApiError::internal("the engine ended the request early"))
-}
-
-/// Folds `delta` into `acc` (the request's output so far) and returns the result.
-pub fn fold(acc: &mut Option<RequestOutput>, delta: RequestOutput) -> &mut RequestOutput {
-    match acc {
-        Some(out) => {
-            out.add(delta);
-            out
-        }
-        None => acc.insert(delta),
-    }
 }
 
 pub fn finish_reason(o: &CompletionOutput) -> Value {
@@ -250,13 +240,6 @@ pub fn finish_reason(o: &CompletionOutput) -> Value {
 
 pub fn stop_reason(o: &CompletionOutput) -> Value {
     json!(o.stop_reason)
-}
-
-/// The part of `text` not sent yet; empty if the text went back over a boundary already sent.
-pub fn delta(text: &str, sent: &mut usize) -> String {
-    let d = text.get(*sent..).unwrap_or("").to_string();
-    *sent = (*sent).max(text.len());
-    d
 }
 
 /// Sends each chunk as an SSE event; `[DONE]` ends the stream. A client that disconnects
@@ -340,15 +323,15 @@ pub fn token_text(tok: &Tokenizer, id: TokenId) -> String {
 }
 
 /// vLLM's `prompt_logprobs`: per prompt token (`null` for the first, which nothing
-/// predicts), `{token id: {logprob, rank, decoded_token}}` ranked as
-/// [`TokenLogprobs::ranked`](crate::outputs::TokenLogprobs::ranked) says.
+/// predicts), `{token id: {logprob, rank, decoded_token}}` in vLLM's order (the prompt's
+/// token first: [`TokenLogprobs::chosen_first`](crate::outputs::TokenLogprobs::chosen_first)).
 pub fn prompt_logprobs(tok: &Tokenizer, out: &RequestOutput) -> Value {
     let positions = out.prompt_logprobs.as_deref().unwrap_or(&[]);
     let list = (0..out.prompt_token_ids.len()).map(|i| {
         let Some(lps) = positions.get(i).and_then(Option::as_ref) else {
             return Value::Null;
         };
-        let map = lps.ranked().into_iter().map(|(id, lp, rank)| {
+        let map = lps.chosen_first().into_iter().map(|(id, lp, rank)| {
             let entry = json!({"logprob": lp, "rank": rank, "decoded_token": token_text(tok, id)});
             (id.to_string(), entry)
         });

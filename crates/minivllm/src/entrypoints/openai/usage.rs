@@ -28,6 +28,16 @@ impl Usage {
         self.cached += out.num_cached_tokens;
     }
 
+    /// Counts a `DELTA` output of one more request: its new tokens, and its prompt once it
+    /// has finished.
+    pub fn add_delta(&mut self, out: &RequestOutput) {
+        self.completion += out.num_generated_tokens();
+        if out.finished {
+            self.prompt += out.prompt_token_ids.len();
+            self.cached += out.num_cached_tokens;
+        }
+    }
+
     /// With `details` (`--enable-prompt-tokens-details`, as vLLM), also
     /// `prompt_tokens_details.cached_tokens`.
     pub fn json(&self, details: bool) -> Value {
