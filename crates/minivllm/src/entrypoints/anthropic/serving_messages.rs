@@ -299,3 +299,22 @@ fn stop_reason(finish: Option<&Finish>) -> (Value, Value) {
         _ => (json!("end_turn"), Value::Null),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entrypoints::openai::reply_events::fixtures::{assert_matches, rendered};
+
+    /// Anthropic's event sequence for a reply that thinks, answers and calls a tool: each
+    /// content block started, its deltas, stopped; then the stop reason with the usage
+    /// (input tokens less the cached ones), as `testdata/stream_events.jsonl` pins it.
+    #[tokio::test]
+    async fn a_streamed_reply_is_anthropics_event_sequence() {
+        let head = Head {
+            id: "msg_1".into(),
+            model: "m".into(),
+        };
+        let events = rendered(|ev, tx| head.stream(ev, 10, tx)).await;
+        assert_matches(&events, include_str!("testdata/stream_events.jsonl"));
+    }
+}

@@ -156,3 +156,114 @@ impl TopLogprob {
         }
     }
 }
+
+/// A scripted streamed reply and what a route's renderer makes of it, for tests that pin
+/// each wire format's event sequence.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+    use crate::sequence::StopReason;
+
+    /// Thinking, then text, then a tool call whose arguments come in two pieces, finished
+    /// by the call; then the usage (10 prompt tokens, 4 of them cached, 9 generated).
+    pub(crate) fn scripted_reply() -> ReplyEvents {
+        let (tx, rx) = mpsc::channel(16);
+        let delta = |pieces: Vec<Piece>, finish: Option<Finish>| {
+            ChatEvent::Delta(ChoiceDelta {
+                index: 0,
+                pieces,
+                logprobs: None,
+                finish,
+            })
+        };
+        let events = [
+            delta(vec![Piece::Reasoning("Weather needs a tool.".into())], None),
+            delta(vec![Piece::Text("Let me check.".into())], None),
+            delta(
+                vec![
+                    Piece::CallStart {
+                        index: 0,
+                        id: "call_1".into(),
+                        name: "get_weather".into(),
+                    },
+                    Piece::CallArguments {
+                        index: 0,
+                        text: "{\"city\": ".into(),
+                    },
+                ],
+                None,
+            ),
+            delta(
+                vec![Piece::CallArguments {
+                    index: 0,
+                    text: "\"Paris\"}".into(),
+                }],
+                Some(Finish {
+                    reason: FinishReason::Stop,
+                    stop_reason: Some(StopReason::Token(2)),
+                    called: true,
+                    as_tool_calls: true,
+                }),
+            ),
+            ChatEvent::Usage(Usage {
+                prompt: 10,
+                completion: 9,
+                cached: 4,
+            }),
+        ];
+        for e in events {
+            tx.try_send(e).expect("room for the script");
+        }
+        ReplyEvents::new(rx)
+    }
+
+    /// The events `render` sends for [`scripted_reply`], with what differs between runs
+    /// (ids the route makes, times) replaced by `"<id>"` and `0`.
+    pub(crate) async fn rendered<F, Fut>(render: F) -> Vec<(String, Value)>
+    where
+        F: FnOnce(ReplyEvents, mpsc::Sender<(&'static str, Value)>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let (tx, mut rx) = mpsc::channel(256);
+        render(scripted_reply(), tx).await;
+        let mut out = Vec::new();
+        while let Ok((name, mut data)) = rx.try_recv() {
+            normalise(&mut data);
+            out.push((name.to_string(), data));
+        }
+        out
+    }
+
+    /// Asserts that `events` are those of `fixture`: one `{"event", "data"}` object a line.
+    pub(crate) fn assert_matches(events: &[(String, Value)], fixture: &str) {
+        let want: Vec<(String, Value)> = (fixture.lines())
+            .map(|line| {
+                let v: Value = serde_json::from_str(line).expect("a fixture line is JSON");
+                (
+                    v["event"].as_str().expect("an event name").into(),
+                    v["data"].clone(),
+                )
+            })
+            .collect();
+        for (i, (got, want)) in events.iter().zip(&want).enumerate() {
+            assert_eq!(got, want, "event {i}");
+        }
+        assert_eq!(events.len(), want.len(), "events: {events:?}");
+    }
+
+    fn normalise(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                for (k, x) in map.iter_mut() {
+                    match k.as_str() {
+                        "id" | "item_id" if x.is_string() => *x = "<id>".into(),
+                        "created_at" => *x = 0.into(),
+                        _ => normalise(x),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(normalise),
+            _ => {}
+        }
+    }
+}

@@ -443,3 +443,26 @@ impl Events {
         self.send("response.function_call_arguments.delta", d).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entrypoints::openai::reply_events::fixtures::{assert_matches, rendered};
+
+    /// The Responses events for a reply that thinks, answers and calls a tool: the
+    /// response created and in progress, each output item added, its deltas and `done`
+    /// events, then `response.completed` with the whole output and the usage, as
+    /// `testdata/stream_events.jsonl` pins it.
+    #[tokio::test]
+    async fn a_streamed_reply_is_the_responses_event_sequence() {
+        let req: ResponsesRequest = serde_json::from_value(json!({
+            "model": "m", "input": "Weather in Paris?", "tools": [{"type": "function",
+            "name": "get_weather", "parameters": {"type": "object"}}]
+        }))
+        .unwrap();
+        let chat = req.to_chat().unwrap();
+        let head = Head::new(&req, &chat, &RequestId("1".into()), "m");
+        let events = rendered(|ev, tx| head.stream(ev, 10, tx)).await;
+        assert_matches(&events, include_str!("testdata/stream_events.jsonl"));
+    }
+}
