@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyList};
 use minivllm::engine::async_engine::AsyncEngineError;
 use minivllm::engine::errors::EngineError;
 use minivllm::outputs::{CompletionOutput, RequestOutput, TokenLogprobs};
-use minivllm::sequence::{StopReason, TokenId};
+use minivllm::sequence::StopReason;
 use minivllm::worker::worker_config::WorkerError;
 
 /// A refused request is the caller's fault (`ValueError`, as vLLM raises for a prompt too
