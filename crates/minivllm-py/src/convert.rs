@@ -43,8 +43,8 @@ pub fn async_engine_error(e: AsyncEngineError) -> PyErr {
 pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("request_id", out.request_id)?;
-    d.set_item("prompt", out.prompt)?;
-    d.set_item("prompt_token_ids", out.prompt_token_ids)?;
+    d.set_item("prompt", out.prompt.as_deref())?;
+    d.set_item("prompt_token_ids", &out.prompt_token_ids[..])?;
     let prompt_logprobs = out.prompt_logprobs.map(|positions| {
         positions
             .into_iter()

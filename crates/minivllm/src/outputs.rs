@@ -2,6 +2,9 @@
 //! passes up on its way there: the worker's sampled tokens (`ModelRunnerOutput`), then the
 //! scheduler's verdict on each sequence (`EngineCoreOutput`).
 
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
@@ -182,8 +185,10 @@ impl CompletionOutput {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestOutput {
     pub request_id: String,
-    pub prompt: Option<String>,
-    pub prompt_token_ids: Vec<TokenId>,
+    /// Shared with the engine's record of the request (and every output of it): a stream's
+    /// delta costs nothing for a long prompt.
+    pub prompt: Option<Arc<str>>,
+    pub prompt_token_ids: Arc<[TokenId]>,
     /// Per prompt position: `None` for the first, then the actual token's logprob and the top-k.
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     pub outputs: Vec<CompletionOutput>,
@@ -216,10 +221,37 @@ pub struct RequestMetrics {
     pub time_in_queue: Option<f64>,
 }
 
+/// When a request arrived: when its parameters were checked, at the front (the server's
+/// route, `LLM::generate`), before it waits for the engine thread (vLLM stamps
+/// `arrival_time` in its API server's processor). The monotonic instant every later stamp
+/// is read from, and the same moment as Unix time.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    pub instant: Instant,
+    pub unix: f64,
+}
+
+impl Arrival {
+    pub fn now() -> Self {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        Arrival {
+            instant: Instant::now(),
+            unix,
+        }
+    }
+
+    /// `Instant::now()` as Unix time on this clock.
+    pub fn now_unix(&self) -> f64 {
+        self.unix + self.instant.elapsed().as_secs_f64()
+    }
+}
+
 impl RequestMetrics {
-    pub fn arrived_at(arrival_time: f64) -> Self {
+    pub fn arrived_at(arrival: &Arrival) -> Self {
         Self {
-            arrival_time,
+            arrival_time: arrival.unix,
             ..Self::default()
         }
     }
@@ -290,7 +322,7 @@ pub struct EmbeddingOutput {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EmbeddingRequestOutput {
     pub request_id: String,
-    pub prompt_token_ids: Vec<TokenId>,
+    pub prompt_token_ids: Arc<[TokenId]>,
     pub outputs: EmbeddingOutput,
     pub finished: bool,
 }
@@ -372,7 +404,7 @@ mod tests {
         let out = RequestOutput {
             request_id: "0".into(),
             prompt: Some("Hi".into()),
-            prompt_token_ids: vec![5, 6],
+            prompt_token_ids: vec![5, 6].into(),
             prompt_logprobs: Some(vec![None, Some(TokenLogprobs::new(vec![(6, -0.5)], 1))]),
             outputs: vec![CompletionOutput {
                 index: 0,
@@ -418,7 +450,7 @@ mod tests {
         RequestOutput {
             request_id: "r".into(),
             prompt: None,
-            prompt_token_ids: vec![1],
+            prompt_token_ids: vec![1].into(),
             prompt_logprobs: None,
             outputs,
             finished,

@@ -82,7 +82,8 @@ pub enum RequestOutputKind {
     /// `RequestOutput::add` folds deltas back together. Tokens whose text is held back (half
     /// a character, a possible stop string) come in the delta whose text they release.
     Delta,
-    /// One output, when the request has finished.
+    /// One output, when the request has finished. A `best_of > n` request gives only this,
+    /// whatever kind it asks for: its `n` completions are known only at its end.
     FinalOnly,
 }
 

@@ -40,7 +40,8 @@ pub enum StopReason {
     String(String),
 }
 
-/// Where a sequence is in its life.
+/// Where an unfinished sequence is: which of the scheduler's queues holds it (that queue
+/// is the one record of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SequenceStatus {
     /// Not started, or preempted and waiting to be recomputed.
@@ -48,7 +49,6 @@ pub enum SequenceStatus {
     Running,
     /// Preempted with its K/V copied to the CPU swap pool, waiting to be copied back.
     Swapped,
-    Finished(FinishReason),
 }
 
 /// One sequence, owned by the scheduler while it runs (vLLM v1's `Request`): its tokens,
@@ -65,7 +65,6 @@ pub struct Sequence {
     pub prompt_len: usize,
     /// Tokens whose K/V are in the cache; the rest are fed to the model in coming steps.
     pub num_computed_tokens: usize,
-    pub status: SequenceStatus,
     /// Lower runs first under the priority policy.
     pub priority: i32,
     /// Request arrival order; ties within a request broken by `id`.
@@ -102,7 +101,6 @@ impl Sequence {
             prompt_len: prompt.len(),
             token_ids: prompt,
             num_computed_tokens: 0,
-            status: SequenceStatus::Waiting,
             priority,
             arrival,
             skip_prefix_cache: false,
@@ -156,10 +154,6 @@ impl Sequence {
 
     pub fn num_uncomputed(&self) -> usize {
         self.token_ids.len() - self.num_computed_tokens
-    }
-
-    pub fn is_finished(&self) -> bool {
-        matches!(self.status, SequenceStatus::Finished(_))
     }
 
     /// Whether it scores its prompt's tokens: the first completion of a request that asked

@@ -18,7 +18,7 @@ pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
 use crate::core::spec_decode_stats::SpecDecodingStats;
 use crate::outputs::{EngineCoreOutput, ModelRunnerOutput};
-use crate::sequence::{FinishReason, SeqId, Sequence, SequenceStatus};
+use crate::sequence::{FinishReason, SeqId, Sequence};
 use crate::spec_decode::draft_length::{DraftLength, DraftLimits};
 use crate::structured_output::GrammarStats;
 
@@ -107,6 +107,20 @@ impl Scheduler {
 
     pub fn num_swapped(&self) -> usize {
         self.swapped.len()
+    }
+
+    /// Which queue holds `id`; `None` once it has finished (or was never added).
+    #[cfg(test)]
+    pub(crate) fn status(&self, id: SeqId) -> Option<crate::sequence::SequenceStatus> {
+        use crate::sequence::SequenceStatus::{Running, Swapped, Waiting};
+        let queued = |q: &SeqQueue| q.iter().any(|s| s == id);
+        [
+            (&self.running, Running),
+            (&self.swapped, Swapped),
+            (&self.waiting, Waiting),
+        ]
+        .into_iter()
+        .find_map(|(q, status)| queued(q).then_some(status))
     }
 
     /// Preemptions of both kinds.
@@ -465,7 +479,6 @@ impl Scheduler {
             };
             out.swap_in.extend(copies);
             let seq = self.seqs.get_mut(&id).expect("swapped seq exists");
-            seq.status = SequenceStatus::Running;
             let key = self.cfg.policy.key(seq);
             self.swapped.pop_first();
             self.running.insert(key, id);
@@ -544,7 +557,6 @@ impl Scheduler {
             let seq = self.seqs.get_mut(&id).expect("waiting seq exists");
             seq.num_computed_tokens = cached;
             seq.num_cached_tokens.get_or_insert(cached);
-            seq.status = SequenceStatus::Running;
             let key = self.cfg.policy.key(seq);
             self.waiting.remove(id);
             self.running.insert(key, id);
@@ -574,14 +586,12 @@ impl Scheduler {
         if let Some(copies) = self.kv_cache_manager.swap_out(id, seq.num_computed_tokens) {
             tracing::debug!(%id, blocks = copies.len(), "preempted (swapped out)");
             out.swap_out.extend(copies);
-            seq.status = SequenceStatus::Swapped;
             self.swapped.insert(key, id);
             self.num_swapped_out += 1;
             return;
         }
         self.kv_cache_manager.free(id);
         seq.num_computed_tokens = 0;
-        seq.status = SequenceStatus::Waiting;
         self.waiting.insert(key, id);
         tracing::debug!(%id, "preempted (recompute)");
     }

@@ -304,7 +304,11 @@ pub async fn collect(
     while let Some(out) = rx.recv().await {
         match kind {
             RequestOutputKind::Delta => acc.add(out),
-            _ => acc = out,
+            RequestOutputKind::Cumulative => acc = out,
+            RequestOutputKind::FinalOnly => {
+                debug_assert!(false, "a FINAL_ONLY request sent a second output");
+                acc = out;
+            }
         }
     }
     Some(acc)

@@ -10,6 +10,7 @@ use crate::engine::errors::EngineError;
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::TokenId;
+use crate::outputs::Arrival;
 use crate::sampling_params::{SamplingParams, ValidationError};
 
 /// A prompt in either of vLLM's two forms.
@@ -103,6 +104,7 @@ impl RequestChecks {
             params,
             priority,
             stop: None,
+            arrival: Arrival::now(),
         })
     }
 }
@@ -116,6 +118,8 @@ pub struct CheckedParams {
     /// The stop strings' automaton, once [`with_stop_strings`](Self::with_stop_strings)
     /// built it; clones share it.
     stop: Option<Arc<StopStrings>>,
+    /// Stamped by the check: the request's arrival.
+    arrival: Arrival,
 }
 
 impl CheckedParams {
@@ -125,6 +129,10 @@ impl CheckedParams {
 
     pub fn priority(&self) -> i32 {
         self.priority
+    }
+
+    pub fn arrival(&self) -> Arrival {
+        self.arrival
     }
 
     /// The same request with its stop strings' automaton built, for a caller that builds
@@ -210,6 +218,7 @@ mod tests {
             params,
             priority: 0,
             stop: None,
+            arrival: Arrival::now(),
         }
     }
 

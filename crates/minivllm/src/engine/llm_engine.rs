@@ -24,7 +24,7 @@ use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::outputs::RequestOutput;
 use crate::reasoning::ReasoningParser;
 use crate::sampling_params::SamplingParams;
-use crate::sequence::{RequestId, SeqId, Sequence, TokenId};
+use crate::sequence::{FinishReason, RequestId, SeqId, Sequence, TokenId};
 use crate::spec_decode::draft_length::DraftLimits;
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
@@ -174,10 +174,6 @@ impl LLMEngine {
         self.executor.num_cached_seqs()
     }
 
-    pub fn num_unfinished_requests(&self) -> usize {
-        self.outputs.len()
-    }
-
     /// The sequences waiting to be admitted: a request of `n` (or `best_of`) completions
     /// waits as that many.
     pub fn num_waiting_sequences(&self) -> usize {
@@ -262,6 +258,7 @@ impl LLMEngine {
             (grammar, _) => grammar,
         };
         let prompt = process_prompt(&self.tokenizer, prompt, &self.checks.limits)?;
+        let arrived = params.arrival();
         // Built once the request can no longer be refused.
         let (params, stop) = params.into_params_and_stop();
         self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
@@ -291,8 +288,7 @@ impl LLMEngine {
             seq.grammar = grammar.clone();
             self.scheduler.add_seq(seq);
         }
-        self.outputs
-            .add_request(request_id, prompt, params, stop, &seq_ids);
+        (self.outputs).add_request(request_id, prompt, params, stop, &seq_ids, arrived);
         Ok(())
     }
 
@@ -305,7 +301,7 @@ impl LLMEngine {
     pub fn abort_request(&mut self, request_id: &str) {
         for id in self
             .outputs
-            .abort_request(&RequestId(request_id.to_string()))
+            .abort_request(&RequestId(request_id.to_string()), FinishReason::Abort)
         {
             self.scheduler.finish_seq(id);
         }
@@ -362,7 +358,7 @@ impl LLMEngine {
             }
         }
         for r in &requests {
-            for id in self.outputs.abort_request(r) {
+            for id in self.outputs.abort_request(r, FinishReason::Error) {
                 self.scheduler.finish_seq(id);
             }
         }

@@ -234,6 +234,9 @@ pub struct FinishedRequest {
     pub num_generation_tokens: usize,
     /// `last_token_time - first_token_time`, where there were tokens.
     pub decode_time: Option<f64>,
+    /// Tokens of its longest completion: the per-token time is `decode_time` over these
+    /// (less the first), as vLLM measures each of a request's `n` sequences on its own.
+    pub num_decode_tokens: usize,
 }
 
 impl RequestHistograms {
@@ -249,24 +252,30 @@ impl RequestHistograms {
     pub fn on_finished(&mut self, f: &FinishedRequest) {
         self.e2e_latency.observe(f.e2e_latency);
         self.prompt_tokens.observe(f.num_prompt_tokens as f64);
-        let tokens = f.num_generation_tokens;
-        self.generation_tokens.observe(tokens as f64);
+        self.generation_tokens
+            .observe(f.num_generation_tokens as f64);
+        let tokens = f.num_decode_tokens;
         if let (Some(decode), true) = (f.decode_time, tokens > 1) {
             self.time_per_output_token
                 .observe(decode / (tokens - 1) as f64);
         }
-        let reason = match f.reason {
+        self.count(f.reason);
+    }
+
+    /// A request ended before it finished: `Abort` (its caller gave up) or `Error` (a step
+    /// failed under it).
+    pub fn on_ended_early(&mut self, reason: FinishReason) {
+        self.count(Some(reason));
+    }
+
+    fn count(&mut self, reason: Option<FinishReason>) {
+        let at = match reason {
             Some(FinishReason::Length) => 1,
             Some(FinishReason::Abort) => 2,
             Some(FinishReason::Error) => 3,
             _ => 0,
         };
-        self.success[reason] += 1;
-    }
-
-    /// A request ended without finishing (aborted: its client went away).
-    pub fn on_abort(&mut self) {
-        self.success[2] += 1;
+        self.success[at] += 1;
     }
 }
 
@@ -472,6 +481,7 @@ mod tests {
             num_prompt_tokens: 3,
             num_generation_tokens: 3,
             decode_time: Some(0.07),
+            num_decode_tokens: 3,
         });
         assert_eq!(m.time_to_first_token.count(), 1);
         assert!((m.time_to_first_token.sum() - 0.1).abs() < 1e-9);
@@ -481,8 +491,9 @@ mod tests {
         assert!((m.e2e_latency.sum() - 0.17).abs() < 1e-9);
         assert_eq!(m.generation_tokens.sum(), 3.0);
         assert_eq!(m.success, [0, 1, 0, 0]);
-        m.on_abort();
-        assert_eq!(m.success, [0, 1, 1, 0]);
+        m.on_ended_early(FinishReason::Abort);
+        m.on_ended_early(FinishReason::Error);
+        assert_eq!(m.success, [0, 1, 1, 1]);
     }
 
     #[test]

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::engine::detokenizer::{DetokenizerConfig, IncrementalDetokenizer};
 use crate::engine::errors::EngineError;
@@ -18,7 +17,7 @@ use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::{RequestId, SeqId, TokenId};
 use crate::outputs::{
-    CompletionOutput, EngineCoreOutput, RequestMetrics, RequestOutput, TokenLogprobs,
+    Arrival, CompletionOutput, EngineCoreOutput, RequestMetrics, RequestOutput, TokenLogprobs,
 };
 use crate::sampling_params::{RequestOutputKind, SamplingParams};
 use crate::sequence::{FinishReason, StopReason};
@@ -41,8 +40,8 @@ pub struct ProcessedOutputs {
 }
 
 struct RequestState {
-    prompt: Option<String>,
-    prompt_ids: Vec<TokenId>,
+    prompt: Option<Arc<str>>,
+    prompt_ids: Arc<[TokenId]>,
     params: Arc<SamplingParams>,
     /// Entry `e` scores prompt token `e` (entry 0 is `None`: nothing comes before it).
     prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
@@ -55,8 +54,8 @@ struct RequestState {
     /// Its first completion's prompt tokens found in the prefix cache.
     num_cached_tokens: usize,
     metrics: RequestMetrics,
-    /// The monotonic clock at `metrics.arrival_time`: every later stamp is read from it.
-    arrived: Instant,
+    /// Its arrival at the front: every later stamp is read from its monotonic clock.
+    arrival: Arrival,
     /// Tokens generated over all its completions, and of those in the step being processed.
     num_generation_tokens: usize,
     num_step_tokens: usize,
@@ -65,7 +64,7 @@ struct RequestState {
 impl RequestState {
     /// Now, as Unix time on the request's monotonic clock.
     fn now(&self) -> f64 {
-        self.metrics.arrival_time + self.arrived.elapsed().as_secs_f64()
+        self.arrival.now_unix()
     }
 }
 
@@ -120,17 +119,9 @@ impl OutputProcessor {
         self.requests.contains_key(id)
     }
 
-    /// Unfinished requests.
-    pub fn len(&self) -> usize {
-        self.requests.len()
-    }
-
+    /// No request is unfinished.
     pub fn is_empty(&self) -> bool {
         self.requests.is_empty()
-    }
-
-    pub fn params(&self, id: &RequestId) -> Option<&SamplingParams> {
-        self.requests.get(id).map(|r| &*r.params)
     }
 
     /// The scheduler gave these sequences their first step (or their first after a
@@ -152,7 +143,7 @@ impl OutputProcessor {
     }
 
     /// Takes a validated request whose sequences (`n`, or `best_of`) the scheduler runs as
-    /// `seq_ids`, in completion order, with its stop strings' automaton.
+    /// `seq_ids`, in completion order, with its stop strings' automaton and its arrival.
     pub fn add_request(
         &mut self,
         id: RequestId,
@@ -160,6 +151,7 @@ impl OutputProcessor {
         params: Arc<SamplingParams>,
         stop: Option<Arc<StopStrings>>,
         seq_ids: &[SeqId],
+        arrival: Arrival,
     ) {
         let cfg = DetokenizerConfig {
             skip_special_tokens: params.skip_special_tokens,
@@ -177,31 +169,28 @@ impl OutputProcessor {
             self.seqs.insert(seq, (id.clone(), index));
         }
         let state = RequestState {
-            prompt: prompt.text,
-            prompt_ids: prompt.token_ids,
+            prompt: prompt.text.map(Arc::from),
+            prompt_ids: Arc::from(prompt.token_ids),
             prompt_logprobs: params.prompt_logprobs.map(|_| vec![None]),
             seqs: states,
             params,
             pooled: None,
             num_cached_tokens: 0,
-            metrics: RequestMetrics::arrived_at(
-                SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64()),
-            ),
-            arrived: Instant::now(),
+            metrics: RequestMetrics::arrived_at(&arrival),
+            arrival,
             num_generation_tokens: 0,
             num_step_tokens: 0,
         };
         self.requests.insert(id, state);
     }
 
-    /// Forgets a request; returns its sequences, for the scheduler to free.
-    pub fn abort_request(&mut self, id: &RequestId) -> Vec<SeqId> {
+    /// Forgets a request that ended before it finished (`reason`: abort or error); returns
+    /// its sequences, for the scheduler to free.
+    pub fn abort_request(&mut self, id: &RequestId, reason: FinishReason) -> Vec<SeqId> {
         let Some(req) = self.requests.remove(id) else {
             return Vec::new();
         };
-        self.histograms.on_abort();
+        self.histograms.on_ended_early(reason);
         let seqs: Vec<SeqId> = req.seqs.iter().map(|s| s.id).collect();
         for s in &seqs {
             self.seqs.remove(s);
@@ -324,6 +313,7 @@ impl OutputProcessor {
                     .first_token_time
                     .zip(m.last_token_time)
                     .map(|(f, l)| l - f),
+                num_decode_tokens: (req.seqs.iter().map(|s| s.output_ids.len()).max()).unwrap_or(0),
             });
         }
         // best_of > n ranks its completions only at the end: it has no earlier output
@@ -364,7 +354,7 @@ impl OutputProcessor {
         let out = RequestOutput {
             request_id: id.0.clone(),
             prompt: req.prompt.clone(),
-            prompt_token_ids: req.prompt_ids.clone(),
+            prompt_token_ids: Arc::clone(&req.prompt_ids),
             prompt_logprobs,
             outputs: outputs.into_iter().map(|(_, o)| o).collect(),
             finished,

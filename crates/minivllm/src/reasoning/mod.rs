@@ -87,6 +87,15 @@ pub enum PromptThinking {
 
 impl PromptThinking {
     pub fn of(prompt: &str) -> Self {
+        // Harmony: a prompt that ends inside an open `final` message (an answer the caller
+        // began) leaves the reply all answer.
+        if let Some(at) = prompt.rfind("<|channel|>final") {
+            let rest = &prompt[at..];
+            let ended = ["<|end|>", "<|return|>", "<|call|>", "<|start|>"];
+            if rest.contains("<|message|>") && !ended.iter().any(|m| rest.contains(m)) {
+                return PromptThinking::Closed;
+            }
+        }
         let (start, end) = (prompt.rfind(START), prompt.rfind(END));
         match (start, end) {
             (Some(s), Some(e)) if e > s => {
@@ -175,12 +184,12 @@ impl ReasoningParser {
     }
 
     /// The Lark rule that lets a structured-output constraint start after the thinking:
-    /// `None` when the reply is all answer. For harmony the constraint covers the `final`
-    /// channel's content, as vLLM's `openai_gptoss` starts it after that channel's header. The rule is named `reasoning`; `optional` says
-    /// whether the reply may skip it.
+    /// `None` when the reply is all answer. The rule is named `reasoning`; `optional` says
+    /// whether the reply may skip it. For harmony the constraint covers the `final`
+    /// channel's content, as vLLM's `openai_gptoss` starts it after that channel's header.
     pub fn grammar_prefix(&self, prompt: PromptThinking) -> Option<(&'static str, bool)> {
         if self.name == ReasoningParserName::OpenAiGptOss {
-            return Some((harmony::GRAMMAR_PREFIX, false));
+            return (prompt != PromptThinking::Closed).then_some((harmony::GRAMMAR_PREFIX, false));
         }
         match self.starts_thinking(prompt) {
             Some(false) => None,
@@ -291,6 +300,23 @@ mod tests {
             streamed(&QWEN3, PromptThinking::Open, "hmm</think>Paris."),
             ("hmm".into(), "Paris.".into())
         );
+    }
+
+    #[test]
+    fn a_harmony_prompt_inside_its_final_message_leaves_the_reply_all_answer() {
+        let gptoss = ReasoningParser::new(ReasoningParserName::OpenAiGptOss);
+        let fresh = "<|start|>user<|message|>Hi<|end|><|start|>assistant";
+        let begun = format!("{fresh}<|channel|>final<|message|>{{\"a\":");
+        let done =
+            format!("{begun}1}}<|end|><|start|>user<|message|>Again<|end|><|start|>assistant");
+        assert_eq!(PromptThinking::of(&begun), PromptThinking::Closed);
+        assert_eq!(gptoss.grammar_prefix(PromptThinking::of(&begun)), None);
+        for prompt in [fresh, &done] {
+            assert!(
+                gptoss.grammar_prefix(PromptThinking::of(prompt)).is_some(),
+                "{prompt}"
+            );
+        }
     }
 
     #[test]

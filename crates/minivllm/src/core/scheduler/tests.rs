@@ -1,6 +1,7 @@
 use super::*;
 use crate::core::kv_cache_manager::KvCacheManagerConfig;
 use crate::ids::{BlockId, CpuBlockId};
+use crate::sequence::SequenceStatus;
 
 const BS: usize = 4;
 
@@ -78,7 +79,7 @@ fn a_victim_is_swapped_out_and_back_in_with_its_computed_tokens() {
     assert_eq!(s.num_free_cpu_blocks(), 2);
     assert!(out.swap_in.is_empty());
     let seq = &s.seqs[&SeqId(2)];
-    assert_eq!(seq.status, SequenceStatus::Swapped);
+    assert_eq!(s.status(SeqId(2)), Some(SequenceStatus::Swapped));
     assert_eq!(seq.num_computed_tokens, 8);
     assert!(s.kv_cache_manager.block_table(SeqId(2)).is_empty());
     assert_eq!((s.num_swapped(), s.num_swapped_out()), (1, 1));
@@ -103,13 +104,18 @@ fn a_victim_is_swapped_out_and_back_in_with_its_computed_tokens() {
     assert_eq!(cpu, swapped_out_cpu);
     assert_eq!(gpu, back[..2]);
     assert_eq!(back.len(), 3);
-    assert_eq!(s.seqs[&SeqId(2)].status, SequenceStatus::Running);
+    assert_eq!(s.status(SeqId(2)), Some(SequenceStatus::Running));
     assert_eq!(s.num_swapped_in(), 1);
     assert_eq!(s.num_free_cpu_blocks(), 4);
     // With nothing left swapped out, the waiting prompt is admitted in that step too.
     assert_eq!(ids(&out), [2, 3]);
 
     s.finish_seq(SeqId(2));
+    assert_eq!(
+        s.status(SeqId(2)),
+        None,
+        "a finished sequence is in no queue"
+    );
     s.finish_seq(SeqId(3));
     assert!(!s.has_unfinished());
     assert_eq!(s.kv_cache_manager.num_free_blocks(), 5);
@@ -123,7 +129,7 @@ fn a_full_swap_pool_falls_back_to_recompute() {
     let out = run_until_preempted(&mut s);
     assert!(out.swap_out.is_empty());
     let seq = &s.seqs[&SeqId(2)];
-    assert_eq!(seq.status, SequenceStatus::Waiting);
+    assert_eq!(s.status(SeqId(2)), Some(SequenceStatus::Waiting));
     assert_eq!(seq.num_computed_tokens, 0);
     assert_eq!((s.num_swapped(), s.num_swapped_out()), (0, 0));
     assert_eq!(s.num_free_cpu_blocks(), 1);
@@ -140,7 +146,7 @@ fn without_swap_space_preemption_recomputes() {
     let mut s = scheduler(5, 0);
     let out = run_until_preempted(&mut s);
     assert!(out.swap_out.is_empty());
-    assert_eq!(s.seqs[&SeqId(2)].status, SequenceStatus::Waiting);
+    assert_eq!(s.status(SeqId(2)), Some(SequenceStatus::Waiting));
 }
 
 #[test]

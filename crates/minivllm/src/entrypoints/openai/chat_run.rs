@@ -257,7 +257,8 @@ impl Reply {
         // `None` until an output comes (a request the engine ended first has no usage).
         let mut usage: Option<Usage> = None;
         while let Some(out) = rx.recv().await {
-            usage.get_or_insert_default().add_delta(&out);
+            let first = usage.is_none();
+            usage.get_or_insert_default().add_delta(&out, first);
             for mut o in out.outputs {
                 let c = &mut choices[o.index];
                 let finished = o.finish_reason.is_some();

@@ -226,7 +226,7 @@ impl Reply {
         // tokens come with the text they release).
         let mut firsts: Vec<Option<RequestOutput>> = vec![None; self.prompts.len()];
         while let Some((i, mut out)) = merged.recv().await {
-            usage.add_delta(&out);
+            usage.add_delta(&out, firsts[i].is_none());
             let outputs = std::mem::take(&mut out.outputs);
             let first = &*firsts[i].get_or_insert(out);
             for mut o in outputs {

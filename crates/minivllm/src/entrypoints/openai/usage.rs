@@ -28,11 +28,12 @@ impl Usage {
         self.cached += out.num_cached_tokens;
     }
 
-    /// Counts a `DELTA` output of one more request: its new tokens, and its prompt once it
-    /// has finished.
-    pub fn add_delta(&mut self, out: &RequestOutput) {
+    /// Counts a `DELTA` output of a request: its new tokens, and with its `first` output
+    /// its prompt and what of it the prefix cache held (known once its prefill is done,
+    /// which its first output follows), so a request the engine ends early still counts it.
+    pub fn add_delta(&mut self, out: &RequestOutput, first: bool) {
         self.completion += out.num_generated_tokens();
-        if out.finished {
+        if first {
             self.prompt += out.prompt_token_ids.len();
             self.cached += out.num_cached_tokens;
         }
