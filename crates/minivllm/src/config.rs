@@ -90,7 +90,7 @@ pub enum Activation {
 
 /// gpt-oss's SwiGLU as its configs and llama.cpp's graph (which reads neither from the
 /// file) fix it.
-pub const GPT_OSS_SWIGLU: Activation = Activation::SwigluOai {
+pub(crate) const GPT_OSS_SWIGLU: Activation = Activation::SwigluOai {
     alpha: 1.702,
     limit: 7.0,
 };
@@ -123,7 +123,7 @@ const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
 ];
 
 /// For error messages: every name [`ModelFamily::from_name`] takes, from the table.
-pub fn supported_architectures() -> String {
+pub(crate) fn supported_architectures() -> String {
     ARCHITECTURES
         .iter()
         .map(|(gguf, hf, _)| format!("{gguf} ({hf})"))
@@ -133,7 +133,7 @@ pub fn supported_architectures() -> String {
 
 impl ModelFamily {
     /// The family of a GGUF architecture name or a Hugging Face class (or `model_type`).
-    pub fn from_name(name: &str) -> Result<Self, ConfigError> {
+    pub(crate) fn from_name(name: &str) -> Result<Self, ConfigError> {
         // Gemma 3's text-only checkpoints say `model_type: gemma3_text`; Qwen's MoE
         // `model_type`s have an underscore that their GGUF names lack.
         let name = match name {
@@ -172,7 +172,7 @@ impl ModelFamily {
     }
 
     /// Where q and k go through an RMSNorm before RoPE.
-    pub fn qk_norm(self) -> QkNorm {
+    pub(crate) fn qk_norm(self) -> QkNorm {
         match self {
             ModelFamily::Qwen3 | ModelFamily::Qwen3Moe | ModelFamily::Gemma3 => QkNorm::PerHead,
             ModelFamily::Olmoe => QkNorm::Whole,
@@ -184,11 +184,11 @@ impl ModelFamily {
 /// The largest width, vocabulary, layer or head count a configuration may give (16,777,216):
 /// a thousand times today's largest models, and small enough that products of two such
 /// sizes cannot overflow a 64-bit `usize`.
-pub const MAX_DIMENSION: usize = 1 << 24;
+pub(crate) const MAX_DIMENSION: usize = 1 << 24;
 
 /// The largest `head_dim` (LLaMA-family models use 64 to 256): the RoPE table built at load
 /// holds 8,192 positions of it.
-pub const MAX_HEAD_DIM: usize = 1 << 12;
+pub(crate) const MAX_HEAD_DIM: usize = 1 << 12;
 
 /// Hyper-parameters of a LLaMA-family decoder.
 #[derive(Debug, Clone, PartialEq)]
@@ -392,7 +392,7 @@ impl ModelConfig {
     /// over them in whole KV groups (KV heads fewer than the ranks are replicated on the
     /// ranks whose query heads use them, as vLLM does); `None` when it does not, and every
     /// rank then computes all the heads.
-    pub fn attention_split(&self, world_size: usize) -> Option<(usize, usize)> {
+    pub(crate) fn attention_split(&self, world_size: usize) -> Option<(usize, usize)> {
         let (heads, kv) = (self.num_attention_heads, self.num_key_value_heads);
         if world_size <= 1 {
             return Some((heads, kv));
@@ -413,7 +413,7 @@ impl ModelConfig {
     /// Rank `rank`'s part of the model out of `world_size`: its attention heads and KV heads
     /// ([`Self::attention_split`], or all of them), and its share of the MLP's width and of
     /// the vocabulary ([`share`]: any width splits, the first ranks holding one more).
-    pub fn tensor_parallel_part(&self, rank: usize, world_size: usize) -> ModelConfig {
+    pub(crate) fn tensor_parallel_part(&self, rank: usize, world_size: usize) -> ModelConfig {
         let (heads, kv) = self
             .attention_split(world_size)
             .unwrap_or((self.num_attention_heads, self.num_key_value_heads));
@@ -431,24 +431,24 @@ impl ModelConfig {
     }
 
     /// The sliding window of layer `i`, if it is a sliding-window layer.
-    pub fn layer_window(&self, i: usize) -> Option<usize> {
+    pub(crate) fn layer_window(&self, i: usize) -> Option<usize> {
         self.sliding_window
             .filter(|_| self.sliding_layers.get(i).copied().unwrap_or(false))
     }
 
     /// The scale of attention scores.
-    pub fn attention_scale(&self) -> f32 {
+    pub(crate) fn attention_scale(&self) -> f32 {
         1.0 / self
             .query_pre_attn_scalar
             .unwrap_or(self.head_dim as f32)
             .sqrt()
     }
 
-    pub fn q_size(&self) -> usize {
+    pub(crate) fn q_size(&self) -> usize {
         self.num_attention_heads * self.head_dim
     }
 
-    pub fn kv_size(&self) -> usize {
+    pub(crate) fn kv_size(&self) -> usize {
         self.num_key_value_heads * self.head_dim
     }
 

@@ -34,7 +34,7 @@ pub struct BlockId(pub u32);
 impl BlockId {
     /// No block: the entry of a sliding-window group's block table whose block has left
     /// every window of its sequence and gone back to the pool. Attention never reads it.
-    pub const NULL: BlockId = BlockId(u32::MAX);
+    pub(crate) const NULL: BlockId = BlockId(u32::MAX);
 }
 
 impl fmt::Display for BlockId {

@@ -79,7 +79,7 @@ impl TokenLogprobs {
     }
 
     /// `token`'s entry first, then the top-k without repeating it.
-    pub fn with_chosen(
+    pub(crate) fn with_chosen(
         token: TokenId,
         logprob: f32,
         top: Vec<(TokenId, f32)>,
@@ -107,7 +107,7 @@ impl TokenLogprobs {
     /// the place the sampler gave it (tokens as likely by ascending id), else after them with
     /// its rank in the vocabulary. The one ranking that the server's routes and the Python
     /// `LLM` report. Linear, as it must be for `logprobs: -1`'s vocabulary-wide lists.
-    pub fn ranked(&self) -> Vec<(TokenId, f32, usize)> {
+    pub(crate) fn ranked(&self) -> Vec<(TokenId, f32, usize)> {
         let Some((&(id, lp), rest)) = self.entries.split_first() else {
             return Vec::new();
         };
@@ -226,7 +226,7 @@ pub struct RequestMetrics {
 /// `arrival_time` in its API server's processor). The monotonic instant every later stamp
 /// is read from, and the same moment as Unix time.
 #[derive(Debug, Clone, Copy)]
-pub struct Arrival {
+pub(crate) struct Arrival {
     pub instant: Instant,
     pub unix: f64,
 }
@@ -243,13 +243,13 @@ impl Arrival {
     }
 
     /// `Instant::now()` as Unix time on this clock.
-    pub fn now_unix(&self) -> f64 {
+    pub(crate) fn now_unix(&self) -> f64 {
         self.unix + self.instant.elapsed().as_secs_f64()
     }
 }
 
 impl RequestMetrics {
-    pub fn arrived_at(arrival: &Arrival) -> Self {
+    pub(crate) fn arrived_at(arrival: &Arrival) -> Self {
         Self {
             arrival_time: arrival.unix,
             ..Self::default()

@@ -22,7 +22,7 @@ pub use structural_tag::{StructuralTag, Structure};
 pub use structured_outputs::{Constraint, StructuredOutputsParams, MAX_CONSTRAINT_BYTES};
 
 /// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
-pub const SAMPLING_EPS: f32 = 1e-5;
+pub(crate) const SAMPLING_EPS: f32 = 1e-5;
 
 /// A sampling parameter out of range: vLLM's message, and the parameter at fault where
 /// there is one (the OpenAI error's `param`).
@@ -57,18 +57,18 @@ impl ValidationError {
 /// Most stop strings one request may have, and the longest each may be: they bound the
 /// work of building a request's stop-string automaton (matching then costs per output
 /// byte, whatever the list). OpenAI allows 4; llama.cpp and vLLM set no bound.
-pub const MAX_STOP_STRINGS: usize = 1024;
-pub const MAX_STOP_STRING_BYTES: usize = 4096;
+pub(crate) const MAX_STOP_STRINGS: usize = 1024;
+pub(crate) const MAX_STOP_STRING_BYTES: usize = 4096;
 
 /// Most `stop_token_ids` one request may have: each sampled token is looked up in them,
 /// and each prompt holds a copy. vLLM sets no bound; a vocabulary's special tokens are a
 /// few hundred at most.
-pub const MAX_STOP_TOKEN_IDS: usize = 2048;
+pub(crate) const MAX_STOP_TOKEN_IDS: usize = 2048;
 
 /// Most log-probabilities a request may ask for per position unless the engine allows more
 /// (vLLM's `max_logprobs` default): each costs a top-k pass over the vocabulary and a share
 /// of every output.
-pub const MAX_LOGPROBS: usize = 20;
+pub(crate) const MAX_LOGPROBS: usize = 20;
 
 /// What each `RequestOutput` of a request carries (vLLM's `RequestOutputKind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -191,12 +191,12 @@ impl SamplingParams {
         }
     }
 
-    pub fn is_greedy(&self) -> bool {
+    pub(crate) fn is_greedy(&self) -> bool {
         self.temperature < SAMPLING_EPS
     }
 
     /// What the sampler reads of these settings, for one step.
-    pub fn sampling_options(&self) -> SamplingOptions<'_> {
+    pub(crate) fn sampling_options(&self) -> SamplingOptions<'_> {
         SamplingOptions {
             greedy: self.is_greedy(),
             temperature: self.temperature,
@@ -215,7 +215,7 @@ impl SamplingParams {
 
     /// How many sequences the request runs: `best_of` when set, else `n` (the larger, for
     /// parameters not checked yet). The one formula every layer uses.
-    pub fn num_sequences(&self) -> usize {
+    pub(crate) fn num_sequences(&self) -> usize {
         self.best_of.unwrap_or(self.n).max(self.n)
     }
 
@@ -227,7 +227,7 @@ impl SamplingParams {
     /// The output budget's own rules (at least one token, and no fewer than `min_tokens`):
     /// part of [`validate`](Self::validate), and all that changes when a checked request's
     /// budget is fixed for its prompt.
-    pub fn check_max_tokens(&self) -> Result<(), ValidationError> {
+    pub(crate) fn check_max_tokens(&self) -> Result<(), ValidationError> {
         if let Some(max_tokens) = self.max_tokens {
             if max_tokens < 1 {
                 return Err(ValidationError::of(

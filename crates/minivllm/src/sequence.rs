@@ -43,7 +43,8 @@ pub enum StopReason {
 /// Where an unfinished sequence is: which of the scheduler's queues holds it (that queue
 /// is the one record of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SequenceStatus {
+#[cfg(test)]
+pub(crate) enum SequenceStatus {
     /// Not started, or preempted and waiting to be recomputed.
     Waiting,
     Running,
@@ -117,7 +118,7 @@ impl Sequence {
     }
 
     /// The same sequence, as completion `index` of `request`.
-    pub fn of_request(self, request: RequestId, index: usize) -> Self {
+    pub(crate) fn of_request(self, request: RequestId, index: usize) -> Self {
         Self {
             request,
             index,
@@ -126,7 +127,7 @@ impl Sequence {
     }
 
     /// The same sequence, sampled with `params` and stopping as they and `max_tokens` say.
-    pub fn with_sampling(
+    pub(crate) fn with_sampling(
         self,
         params: Arc<SamplingParams>,
         max_tokens: usize,
@@ -152,19 +153,19 @@ impl Sequence {
         &self.token_ids[self.prompt_len..]
     }
 
-    pub fn num_uncomputed(&self) -> usize {
+    pub(crate) fn num_uncomputed(&self) -> usize {
         self.token_ids.len() - self.num_computed_tokens
     }
 
     /// Whether it scores its prompt's tokens: the first completion of a request that asked
     /// for prompt logprobs.
-    pub fn scores_prompt(&self) -> bool {
+    pub(crate) fn scores_prompt(&self) -> bool {
         self.index == 0 && self.params.prompt_logprobs.is_some()
     }
 
     /// An embedding request that averages every prompt position's hidden state: cached
     /// prefix blocks have none, so it computes its prompt whole.
-    pub fn pools_every_position(&self) -> bool {
+    pub(crate) fn pools_every_position(&self) -> bool {
         self.params
             .pooling
             .is_some_and(|p| p.pooling_type == PoolingType::Mean)
@@ -172,7 +173,7 @@ impl Sequence {
 
     /// How many of its draft tokens a step may verify: none under a grammar (its mask is
     /// for the next token only), and none past `max_tokens`.
-    pub fn num_spec_tokens(&self) -> usize {
+    pub(crate) fn num_spec_tokens(&self) -> usize {
         if self.grammar.is_some() {
             return 0;
         }
@@ -185,7 +186,7 @@ impl Sequence {
     /// Stop strings need the text, which the output processor checks.
     /// Whether the last token is the EOS or stop id that ends the sequence: a mark, not
     /// text (vLLM leaves it out of the output text).
-    pub fn ends_on_stop_token(&self) -> bool {
+    pub(crate) fn ends_on_stop_token(&self) -> bool {
         let Some(&last) = self.output_ids().last() else {
             return false;
         };
@@ -200,7 +201,7 @@ impl Sequence {
             && self.eos_token_ids.contains(&last)
     }
 
-    pub fn check_stop(&self) -> Option<(FinishReason, Option<StopReason>)> {
+    pub(crate) fn check_stop(&self) -> Option<(FinishReason, Option<StopReason>)> {
         let &last = self.output_ids().last()?;
         let n_out = self.output_ids().len();
         let p = &self.params;

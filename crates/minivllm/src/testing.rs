@@ -26,7 +26,7 @@ pub fn test_model_path() -> PathBuf {
 /// Whether the developer opted out of the tests that need `need` (`models`: the real files
 /// beyond the default model; `mpi`; `browser`; `netns`: network namespaces) by naming it in
 /// `MINIVLLM_SKIP` (space- or comma-separated).
-pub fn opted_out(need: &str) -> bool {
+pub(crate) fn opted_out(need: &str) -> bool {
     std::env::var("MINIVLLM_SKIP").is_ok_and(|v| v.split([' ', ',']).any(|n| n.trim() == need))
 }
 

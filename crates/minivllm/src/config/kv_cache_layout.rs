@@ -100,20 +100,20 @@ impl KvCacheLayout {
     }
 
     /// Layers' worth of K/V behind every block id: the number of layer stores to allocate.
-    pub fn num_slots(&self) -> usize {
+    pub(crate) fn num_slots(&self) -> usize {
         self.num_slots
     }
 
-    pub fn num_layers(&self) -> usize {
+    pub(crate) fn num_layers(&self) -> usize {
         self.places.len()
     }
 
-    pub fn place(&self, layer: usize) -> LayerPlace {
+    pub(crate) fn place(&self, layer: usize) -> LayerPlace {
         self.places[layer]
     }
 
     /// Whether some group frees the blocks that leave its window.
-    pub fn has_sliding_window(&self) -> bool {
+    pub(crate) fn has_sliding_window(&self) -> bool {
         self.windows.iter().any(Option::is_some)
     }
 }

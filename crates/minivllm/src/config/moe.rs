@@ -99,7 +99,7 @@ impl MoeConfig {
 
     /// Rank `rank`'s part out of `world_size`: each expert (and the shared one) split by
     /// its width, as vLLM's tensor parallelism splits experts.
-    pub fn tensor_parallel_part(&self, rank: usize, world_size: usize) -> MoeConfig {
+    pub(crate) fn tensor_parallel_part(&self, rank: usize, world_size: usize) -> MoeConfig {
         MoeConfig {
             moe_intermediate_size: share(self.moe_intermediate_size, rank, world_size).len(),
             shared_expert_intermediate_size: self

@@ -70,7 +70,7 @@ impl SpeculativeMethodConfig {
         }
     }
 
-    pub fn disable_by_batch_size(&self) -> Option<usize> {
+    pub(crate) fn disable_by_batch_size(&self) -> Option<usize> {
         match self {
             Self::Ngram(c) => c.disable_by_batch_size,
             Self::DraftModel(c) => c.disable_by_batch_size,

@@ -7,7 +7,7 @@ pub use crate::ids::{BlockId, CpuBlockId};
 
 /// A pool's block id: a device block, or a block of the CPU swap pool, each its own type so
 /// that the two id spaces cannot be mixed.
-pub trait PoolBlock: Copy + Eq + std::fmt::Display + std::fmt::Debug {
+pub(crate) trait PoolBlock: Copy + Eq + std::fmt::Display + std::fmt::Debug {
     fn index(self) -> u32;
     fn from_index(i: u32) -> Self;
 }
@@ -34,7 +34,7 @@ impl PoolBlock for CpuBlockId {
 /// really is the same content: a 64-bit hash alone could serve another prefix's K/V. One
 /// entry stands for the contents in every KV cache group; each group may hold a block of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CachedBlock<B = BlockId> {
+pub(crate) struct CachedBlock<B = BlockId> {
     /// Chained hash of the block: its index key in the pool.
     pub hash: u64,
     /// Unique for every registration, never reused: children name their parent by it, so a
@@ -71,7 +71,7 @@ struct Slot {
 /// uncached blocks join the front, since reusing them loses nothing. A free cached block can
 /// leave the queue from the middle when a lookup revives it, hence the linked list.
 #[derive(Debug)]
-pub struct BlockPool<B: PoolBlock = BlockId> {
+pub(crate) struct BlockPool<B: PoolBlock = BlockId> {
     slots: Vec<Slot>,
     head: u32,
     tail: u32,
@@ -117,12 +117,12 @@ impl<B: PoolBlock> BlockPool<B> {
 
     /// Blocks handed out at least once since the pool was made: those whose memory the
     /// engine has written, and so holds resident.
-    pub fn num_ever_used(&self) -> usize {
+    pub(crate) fn num_ever_used(&self) -> usize {
         self.num_ever_used
     }
 
     /// Blocks with no references, cached or not.
-    pub fn num_free(&self) -> usize {
+    pub(crate) fn num_free(&self) -> usize {
         self.num_free
     }
 
@@ -154,14 +154,14 @@ impl<B: PoolBlock> BlockPool<B> {
     }
 
     /// Adds a reference to a block, reviving it from the free queue if it had none.
-    pub fn touch(&mut self, b: B) {
+    pub(crate) fn touch(&mut self, b: B) {
         if self.slots[b.index() as usize].ref_cnt == 0 {
             self.unlink(b.index());
         }
         self.slots[b.index() as usize].ref_cnt += 1;
     }
 
-    pub fn ref_count(&self, b: B) -> u32 {
+    pub(crate) fn ref_count(&self, b: B) -> u32 {
         self.slots[b.index() as usize].ref_cnt
     }
 
@@ -180,7 +180,7 @@ impl<B: PoolBlock> BlockPool<B> {
     /// entry's id. `b` must not be cached yet. If `hash` names an entry already, the caller
     /// has checked it holds these contents, and `b` joins it only where the group has no
     /// block of it (the first registration wins, as in vLLM); otherwise a new entry starts.
-    pub fn register(
+    pub(crate) fn register(
         &mut self,
         b: B,
         group: usize,
@@ -218,7 +218,7 @@ impl<B: PoolBlock> BlockPool<B> {
 
     /// Takes `b` out of the cache (its content turned out never to have been computed); a
     /// free `b` moves to the front of the free queue, as uncached blocks go.
-    pub fn unregister(&mut self, b: B) {
+    pub(crate) fn unregister(&mut self, b: B) {
         let slot = &mut self.slots[b.index() as usize];
         let Some((hash, group)) = slot.cached.take() else {
             return;
@@ -237,13 +237,15 @@ impl<B: PoolBlock> BlockPool<B> {
     }
 
     /// Blocks holding cached contents, over all groups.
-    pub fn num_cached(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn num_cached(&self) -> usize {
         self.slots.iter().filter(|s| s.cached.is_some()).count()
     }
 
     /// Forgets every cached block; refused (false) while any block is in use, since a running
     /// sequence may be about to extend a chain through them.
-    pub fn reset_cache(&mut self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn reset_cache(&mut self) -> bool {
         if self.num_free != self.slots.len() {
             return false;
         }
@@ -255,7 +257,8 @@ impl<B: PoolBlock> BlockPool<B> {
     }
 
     /// The free queue from front (next to be reused) to back.
-    pub fn free_queue(&self) -> Vec<B> {
+    #[cfg(test)]
+    pub(crate) fn free_queue(&self) -> Vec<B> {
         let mut out = Vec::with_capacity(self.num_free);
         let mut i = self.head;
         while i != NIL {
@@ -266,7 +269,8 @@ impl<B: PoolBlock> BlockPool<B> {
     }
 
     /// Every (hash, group, block) in the cache index.
-    pub fn cache_index(&self) -> impl Iterator<Item = (u64, usize, B)> + '_ {
+    #[cfg(test)]
+    pub(crate) fn cache_index(&self) -> impl Iterator<Item = (u64, usize, B)> + '_ {
         self.by_hash.iter().flat_map(|(&h, e)| {
             (e.blocks.iter().enumerate()).filter_map(move |(g, b)| b.map(|b| (h, g, b)))
         })

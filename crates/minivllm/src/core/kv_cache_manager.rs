@@ -63,7 +63,7 @@ impl KvCacheManagerConfig {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PrefixCacheStats {
+pub(crate) struct PrefixCacheStats {
     /// Tokens looked up.
     pub queries: u64,
     /// Tokens found.
@@ -71,7 +71,7 @@ pub struct PrefixCacheStats {
 }
 
 /// Chained block hash: (parent block's hash, this block's token ids) -> hash.
-pub type BlockHasher = fn(Option<u64>, &[u32]) -> u64;
+pub(crate) type BlockHasher = fn(Option<u64>, &[u32]) -> u64;
 
 /// `DefaultHasher::new()` has fixed keys, so hashes agree across sequences and runs.
 fn default_block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
@@ -135,7 +135,7 @@ impl KvCacheManager {
     }
 
     /// With a given block hash, so tests can force collisions.
-    pub fn with_hasher(cfg: KvCacheManagerConfig, hasher: BlockHasher) -> Self {
+    pub(crate) fn with_hasher(cfg: KvCacheManagerConfig, hasher: BlockHasher) -> Self {
         assert!(cfg.block_size > 0, "block_size must be positive");
         assert!(!cfg.group_windows.is_empty(), "no KV cache group");
         Self {
@@ -165,7 +165,7 @@ impl KvCacheManager {
 
     /// Whether a sequence's blocks are all of one table with no block given back early, as
     /// swapping a sequence out and in again needs.
-    pub fn can_swap(&self) -> bool {
+    pub(crate) fn can_swap(&self) -> bool {
         self.group_windows == [None]
     }
 
@@ -180,7 +180,7 @@ impl KvCacheManager {
     /// (so there are logits to sample). Returns the number of cached tokens, a multiple of the
     /// block size; 0 with prefix caching off. Takes no references: `allocate_slots` with this
     /// as `num_computed_tokens`, before anything else allocates, commits them.
-    pub fn get_computed_tokens(&mut self, token_ids: &[u32]) -> usize {
+    pub(crate) fn get_computed_tokens(&mut self, token_ids: &[u32]) -> usize {
         if !self.enable_prefix_caching {
             return 0;
         }
@@ -205,7 +205,7 @@ impl KvCacheManager {
     /// whether blocks are short or the cached prefix was evicted since the lookup, but for
     /// the sliding-window blocks no query can read any more, which go back first either way.
     /// `token_ids` are all the sequence's known tokens, for hashing.
-    pub fn allocate_slots(
+    pub(crate) fn allocate_slots(
         &mut self,
         seq: SeqId,
         token_ids: &[u32],
@@ -387,7 +387,7 @@ impl KvCacheManager {
     /// [`forget_step`](Self::forget_step) takes the registrations back. A block whose
     /// content is already cached in another block is left uncached: the first registration
     /// wins, as in vLLM.
-    pub fn cache_full_blocks(&mut self, seq: SeqId, token_ids: &[u32], num_tokens: usize) {
+    pub(crate) fn cache_full_blocks(&mut self, seq: SeqId, token_ids: &[u32], num_tokens: usize) {
         if !self.enable_prefix_caching {
             return;
         }
@@ -441,14 +441,14 @@ impl KvCacheManager {
     }
 
     /// Starts a step's bookkeeping: the blocks registered before it are computed.
-    pub fn start_step(&mut self) {
+    pub(crate) fn start_step(&mut self) {
         self.registered.clear();
     }
 
     /// Takes back the registrations made since `start_step`, for a step that failed: those
     /// blocks may never have been written. Free the step's sequences first (only they
     /// registered blocks in it); the blocks become plain free blocks.
-    pub fn forget_step(&mut self) {
+    pub(crate) fn forget_step(&mut self) {
         for b in self.registered.drain(..) {
             self.pool.unregister(b);
         }
@@ -474,7 +474,7 @@ impl KvCacheManager {
     /// sequence's reference). `None`, changing nothing, when swapping cannot keep the
     /// sequence whole: no swap pool or too little of it, nothing computed, or sliding-window
     /// groups (their early blocks are gone).
-    pub fn swap_out(
+    pub(crate) fn swap_out(
         &mut self,
         seq: SeqId,
         num_computed_tokens: usize,
@@ -501,7 +501,7 @@ impl KvCacheManager {
     /// make before the model runs (so the blocks may serve prefix hits at once), and frees
     /// its CPU blocks. `None`, changing nothing, when
     /// the device blocks are short.
-    pub fn swap_in(
+    pub(crate) fn swap_in(
         &mut self,
         seq: SeqId,
         token_ids: &[u32],
@@ -535,7 +535,7 @@ impl KvCacheManager {
     }
 
     /// The first group's table; empty for an unknown sequence.
-    pub fn block_table(&self, seq: SeqId) -> &[BlockId] {
+    pub(crate) fn block_table(&self, seq: SeqId) -> &[BlockId] {
         self.seqs
             .get(&seq)
             .and_then(|s| s.tables.first())
@@ -557,7 +557,7 @@ impl KvCacheManager {
     }
 
     /// Blocks handed out at least once (their memory is resident).
-    pub fn num_blocks_ever_used(&self) -> usize {
+    pub(crate) fn num_blocks_ever_used(&self) -> usize {
         self.pool.num_ever_used()
     }
 
@@ -569,12 +569,13 @@ impl KvCacheManager {
         }
     }
 
-    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+    pub(crate) fn prefix_cache_stats(&self) -> PrefixCacheStats {
         self.stats
     }
 
     /// Forgets all cached blocks; only while no block is in use (false otherwise).
-    pub fn reset_prefix_cache(&mut self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn reset_prefix_cache(&mut self) -> bool {
         if !self.pool.reset_cache() {
             return false;
         }
@@ -585,7 +586,8 @@ impl KvCacheManager {
     }
 
     /// References held on `block`: one per sequence whose table holds it.
-    pub fn ref_count(&self, block: BlockId) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn ref_count(&self, block: BlockId) -> u32 {
         self.pool.ref_count(block)
     }
 }

@@ -27,7 +27,7 @@ impl std::str::FromStr for Policy {
 
 /// A sequence's place under a policy: smaller is served first and preempted last. Unique
 /// per sequence (it ends with the sequence id).
-pub type PolicyKey = (i64, u64, u64);
+pub(crate) type PolicyKey = (i64, u64, u64);
 
 impl Policy {
     /// Sort key: smaller is served first and preempted last.

@@ -15,7 +15,7 @@
 
 /// Which prompts are long, and the time owed to the others.
 #[derive(Debug, Clone, Default)]
-pub struct PrefillShare {
+pub(crate) struct PrefillShare {
     /// Prompts with more tokens to prefill than this are long; 0 turns sharing off.
     threshold: usize,
     /// Seconds the other requests are owed: the last long step's, less the steps run
@@ -33,17 +33,17 @@ impl PrefillShare {
 
     /// Whether a prompt with `to_prefill` tokens to compute (those the prefix cache did not
     /// have) is long.
-    pub fn is_long(&self, to_prefill: usize) -> bool {
+    pub(crate) fn is_long(&self, to_prefill: usize) -> bool {
         self.threshold > 0 && to_prefill > self.threshold
     }
 
     /// Whether long prompts sit out this step if others have work.
-    pub fn long_prompts_wait(&self) -> bool {
+    pub(crate) fn long_prompts_wait(&self) -> bool {
         self.owed > 0.0
     }
 
     /// Records a step that took `seconds`, with or without a long prompt's chunk.
-    pub fn observe_step(&mut self, ran_long: bool, seconds: f64) {
+    pub(crate) fn observe_step(&mut self, ran_long: bool, seconds: f64) {
         if ran_long {
             self.owed = seconds;
         } else {

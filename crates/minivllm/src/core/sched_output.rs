@@ -88,7 +88,7 @@ impl SchedulerOutput {
     }
 
     /// `seq`'s block tables, flattened over its KV cache groups.
-    pub fn block_ids(&self, seq: &ScheduledSeq) -> &[u32] {
+    pub(crate) fn block_ids(&self, seq: &ScheduledSeq) -> &[u32] {
         &self.block_ids[seq.block_ids.clone()]
     }
 }

@@ -137,21 +137,21 @@ impl Scheduler {
     }
 
     /// What structured output has cost so far.
-    pub fn grammar_stats(&self) -> GrammarStats {
+    pub(crate) fn grammar_stats(&self) -> GrammarStats {
         self.grammar_stats
     }
 
-    pub fn spec_decode_stats(&self) -> SpecDecodingStats {
+    pub(crate) fn spec_decode_stats(&self) -> SpecDecodingStats {
         self.spec_decode_stats
     }
 
     /// Asks for draft tokens from now on, within `limits`, as many as each sequence's
     /// record and the batch make worth verifying (`spec_decode/draft_length.rs`).
-    pub fn enable_speculation(&mut self, limits: DraftLimits) {
+    pub(crate) fn enable_speculation(&mut self, limits: DraftLimits) {
         self.draft_length = Some(DraftLength::new(limits));
     }
 
-    pub fn draft_length(&self) -> Option<&DraftLength> {
+    pub(crate) fn draft_length(&self) -> Option<&DraftLength> {
         self.draft_length.as_ref()
     }
 
@@ -280,13 +280,13 @@ impl Scheduler {
 
     /// After a step that failed: its blocks' registrations in the prefix cache are taken
     /// back (their K/V may never have been written). Finish the step's sequences first.
-    pub fn forget_failed_step(&mut self) {
+    pub(crate) fn forget_failed_step(&mut self) {
         self.kv_cache_manager.forget_step();
     }
 
     /// The sequences finished since the last step, which the worker has yet to forget: for
     /// an engine gone idle, which runs no step to tell it.
-    pub fn take_finished(&mut self) -> Vec<SeqId> {
+    pub(crate) fn take_finished(&mut self) -> Vec<SeqId> {
         std::mem::take(&mut self.finished)
     }
 

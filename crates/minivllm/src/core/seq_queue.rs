@@ -9,7 +9,7 @@ use crate::ids::SeqId;
 
 /// Sequences by ascending policy key: the first is served first and preempted last.
 #[derive(Debug, Default)]
-pub struct SeqQueue {
+pub(crate) struct SeqQueue {
     items: VecDeque<(PolicyKey, SeqId)>,
 }
 
@@ -28,7 +28,7 @@ impl SeqQueue {
         self.items.back().map(|e| e.1)
     }
 
-    pub fn pop_first(&mut self) -> Option<SeqId> {
+    pub(crate) fn pop_first(&mut self) -> Option<SeqId> {
         self.items.pop_front().map(|e| e.1)
     }
 

@@ -18,7 +18,7 @@ pub struct SpecDecodingStats {
 
 impl SpecDecodingStats {
     /// One draft of `num_draft_tokens`, of which the first `num_accepted` were kept.
-    pub fn observe(&mut self, num_draft_tokens: usize, num_accepted: usize) {
+    pub(crate) fn observe(&mut self, num_draft_tokens: usize, num_accepted: usize) {
         let num_draft_tokens = num_draft_tokens.min(MAX_SPECULATIVE_TOKENS);
         let accepted = num_accepted.min(num_draft_tokens);
         self.num_drafts += 1;

@@ -18,7 +18,7 @@ use crate::worker::worker_config::{CacheConfig, WorkerConfig};
 /// prompt tokens already spends nearly all its time computing (the weights are read once per
 /// step, a small part of it), so prefill runs as fast as in larger steps
 /// (`docs/benchmarks.md`, "Time to first token under a burst").
-pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 256;
+pub(crate) const DEFAULT_MAX_PREFILL_TOKENS: usize = 256;
 
 /// Blocks a new sequence may not take (vLLM's watermark): a share of the cache kept free
 /// so running sequences can grow without preempting at once.

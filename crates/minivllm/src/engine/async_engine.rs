@@ -152,7 +152,7 @@ impl AsyncEngine {
     /// accepted, so that they enter the engine together: awaited one by one, each would wait
     /// for the step in progress, one prompt per step. On an error, the requests already
     /// queued are aborted as their receivers drop.
-    pub async fn generate_many(
+    pub(crate) async fn generate_many(
         &self,
         requests: Vec<NewRequest>,
     ) -> Result<Vec<mpsc::UnboundedReceiver<RequestOutput>>, AsyncEngineError> {
@@ -257,7 +257,7 @@ impl AsyncEngine {
     }
 
     /// `/metrics` in Prometheus' text format, labelled with `model_name`.
-    pub fn metrics_text(&self, model_name: &str) -> String {
+    pub(crate) fn metrics_text(&self, model_name: &str) -> String {
         self.stats().render_prometheus(model_name)
     }
 

@@ -69,7 +69,7 @@ pub enum ChatTemplateError {
 
 /// The special-token strings a template may refer to.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct TemplateTokens<'a> {
+pub(crate) struct TemplateTokens<'a> {
     pub bos_token: Option<&'a str>,
     pub eos_token: Option<&'a str>,
 }
@@ -91,7 +91,7 @@ const TEMPLATE_NAME: &str = "chat_template";
 
 /// A compiled chat template.
 #[derive(Debug)]
-pub struct ChatTemplate {
+pub(crate) struct ChatTemplate {
     env: Environment<'static>,
 }
 

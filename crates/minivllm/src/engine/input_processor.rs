@@ -39,7 +39,7 @@ impl From<Vec<TokenId>> for PromptInput {
 }
 
 /// A prompt ready for the engine: its text when it came as text, and its token ids.
-pub struct ProcessedPrompt {
+pub(crate) struct ProcessedPrompt {
     pub text: Option<String>,
     pub token_ids: Vec<TokenId>,
 }
@@ -47,7 +47,7 @@ pub struct ProcessedPrompt {
 /// What a request must satisfy to run on the engine, beyond the scheduler's settings: its
 /// prompt, the model's context and vocabulary; its logprobs, `--max-logprobs`.
 #[derive(Debug, Clone)]
-pub struct RequestLimits {
+pub(crate) struct RequestLimits {
     pub max_model_len: usize,
     pub vocab_size: usize,
     /// `--max-logprobs` ([`ALL_LOGPROBS`](crate::sampling_params::ALL_LOGPROBS) for -1).
@@ -131,7 +131,7 @@ impl CheckedParams {
         self.priority
     }
 
-    pub fn arrival(&self) -> Arrival {
+    pub(crate) fn arrival(&self) -> Arrival {
         self.arrival
     }
 
@@ -139,7 +139,7 @@ impl CheckedParams {
     /// it on a thread of its own (the server, once the request's memory is reserved): the
     /// engine and every copy of these parameters (one per prompt) then share it. The engine
     /// builds it at admission otherwise.
-    pub fn with_stop_strings(mut self) -> Self {
+    pub(crate) fn with_stop_strings(mut self) -> Self {
         if self.stop.is_none() {
             self.stop = StopStrings::new(&self.params.stop);
         }
@@ -166,7 +166,7 @@ impl CheckedParams {
 
     /// The same request with its output budget fixed for one prompt (`max_tokens_for`):
     /// the budget's own rules are checked again, nothing else changed.
-    pub fn with_max_tokens(mut self, max_tokens: usize) -> Result<Self, EngineError> {
+    pub(crate) fn with_max_tokens(mut self, max_tokens: usize) -> Result<Self, EngineError> {
         self.params.max_tokens = Some(max_tokens);
         self.params.check_max_tokens()?;
         Ok(self)
@@ -175,7 +175,7 @@ impl CheckedParams {
 
 /// Tokenises a text prompt and checks the ids against the model: never empty, within the
 /// context, every id in the vocabulary.
-pub fn process_prompt(
+pub(crate) fn process_prompt(
     tokenizer: &Tokenizer,
     prompt: PromptInput,
     limits: &RequestLimits,

@@ -176,7 +176,7 @@ impl LLMEngine {
 
     /// The sequences waiting to be admitted: a request of `n` (or `best_of`) completions
     /// waits as that many.
-    pub fn num_waiting_sequences(&self) -> usize {
+    pub(crate) fn num_waiting_sequences(&self) -> usize {
         self.scheduler.num_waiting()
     }
 
@@ -293,7 +293,7 @@ impl LLMEngine {
     }
 
     /// The constraint compiler, for callers that compile on threads of their own.
-    pub fn structured_output_manager(&self) -> &Arc<StructuredOutputManager> {
+    pub(crate) fn structured_output_manager(&self) -> &Arc<StructuredOutputManager> {
         &self.structured
     }
 

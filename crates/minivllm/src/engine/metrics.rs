@@ -56,7 +56,7 @@ impl EngineStats {
     }
 
     /// Fraction of looked-up prompt tokens found in the prefix cache.
-    pub fn prefix_cache_hit_rate(&self) -> f64 {
+    pub(crate) fn prefix_cache_hit_rate(&self) -> f64 {
         if self.prefix_cache_queries == 0 {
             0.0
         } else {
@@ -152,7 +152,7 @@ impl Histogram {
         }
     }
 
-    pub fn observe(&mut self, v: f64) {
+    pub(crate) fn observe(&mut self, v: f64) {
         if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
             self.counts[i] += 1;
         }
@@ -227,7 +227,7 @@ const REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
 /// [`RequestMetrics`](crate::outputs::RequestMetrics)) and token counts over all its
 /// completions.
 #[derive(Debug, Clone, Copy)]
-pub struct FinishedRequest {
+pub(crate) struct FinishedRequest {
     pub reason: Option<FinishReason>,
     pub e2e_latency: f64,
     pub num_prompt_tokens: usize,
@@ -242,14 +242,14 @@ pub struct FinishedRequest {
 impl RequestHistograms {
     /// A step gave a request new tokens: its first (`since_previous` `None`, `latency` since
     /// arrival) or later ones (`since_previous` since the step that gave the previous ones).
-    pub fn on_tokens(&mut self, latency: f64, since_previous: Option<f64>) {
+    pub(crate) fn on_tokens(&mut self, latency: f64, since_previous: Option<f64>) {
         match since_previous {
             None => self.time_to_first_token.observe(latency),
             Some(gap) => self.inter_token_latency.observe(gap),
         }
     }
 
-    pub fn on_finished(&mut self, f: &FinishedRequest) {
+    pub(crate) fn on_finished(&mut self, f: &FinishedRequest) {
         self.e2e_latency.observe(f.e2e_latency);
         self.prompt_tokens.observe(f.num_prompt_tokens as f64);
         self.generation_tokens
@@ -264,7 +264,7 @@ impl RequestHistograms {
 
     /// A request ended before it finished: `Abort` (its caller gave up) or `Error` (a step
     /// failed under it).
-    pub fn on_ended_early(&mut self, reason: FinishReason) {
+    pub(crate) fn on_ended_early(&mut self, reason: FinishReason) {
         self.count(Some(reason));
     }
 
@@ -282,7 +282,7 @@ impl RequestHistograms {
 impl EngineStats {
     /// The whole exposition, vLLM's names: engine gauges and counters, then the request
     /// histograms.
-    pub fn render_prometheus(&self, model_name: &str) -> String {
+    pub(crate) fn render_prometheus(&self, model_name: &str) -> String {
         let stats = self;
         let labels = format!("model_name=\"{}\"", escape_label(model_name));
         let l = labels.as_str();

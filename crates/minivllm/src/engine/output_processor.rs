@@ -23,7 +23,7 @@ use crate::sampling_params::{RequestOutputKind, SamplingParams};
 use crate::sequence::{FinishReason, StopReason};
 
 /// Every unfinished request's state beyond what the scheduler keeps.
-pub struct OutputProcessor {
+pub(crate) struct OutputProcessor {
     tokenizer: Arc<Tokenizer>,
     requests: HashMap<RequestId, RequestState>,
     /// Each running sequence's request and index in it.
@@ -33,7 +33,7 @@ pub struct OutputProcessor {
 }
 
 /// What one step did to the requests it ran.
-pub struct ProcessedOutputs {
+pub(crate) struct ProcessedOutputs {
     pub request_outputs: Vec<RequestOutput>,
     /// Sequences a stop string ended, for the scheduler to finish.
     pub stopped: Vec<SeqId>,
@@ -138,7 +138,7 @@ impl OutputProcessor {
     }
 
     /// The request `seq` is a completion of.
-    pub fn request_of(&self, seq: SeqId) -> Option<&RequestId> {
+    pub(crate) fn request_of(&self, seq: SeqId) -> Option<&RequestId> {
         self.seqs.get(&seq).map(|(r, _)| r)
     }
 
@@ -202,7 +202,7 @@ impl OutputProcessor {
     /// prompt logprobs scored, each new token's logprobs and text, stop strings; returns the
     /// outputs of the requests the step ran (each once, in order of their first sequence)
     /// and the sequences a stop string ended.
-    pub fn process_outputs(
+    pub(crate) fn process_outputs(
         &mut self,
         outputs: Vec<EngineCoreOutput>,
     ) -> Result<ProcessedOutputs, EngineError> {

@@ -50,7 +50,7 @@ impl StopStrings {
 
     /// At most what the automaton of `count` strings of `total_bytes` in all holds, for a
     /// request's memory budget: a node per byte at most, and the strings themselves.
-    pub fn bytes_for(total_bytes: usize, count: usize) -> usize {
+    pub(crate) fn bytes_for(total_bytes: usize, count: usize) -> usize {
         // label, first_child, fail, longest_match, and the child count while building.
         const NODE: usize = 1 + 4 + 4 + 4 + 4;
         (total_bytes + 1) * NODE + total_bytes + count * std::mem::size_of::<String>()
@@ -177,14 +177,14 @@ impl StopStrings {
 
 /// One sequence's position in the automaton.
 #[derive(Debug, Clone)]
-pub struct StopScanner {
+pub(crate) struct StopScanner {
     strings: Arc<StopStrings>,
     state: u32,
 }
 
 /// A stop string found in the output: where it starts, and which it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StopMatch {
+pub(crate) struct StopMatch {
     pub start: usize,
     pub pattern: String,
 }

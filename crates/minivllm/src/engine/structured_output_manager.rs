@@ -16,7 +16,7 @@ use crate::sampling_params::StructuredOutputsParams;
 use crate::structured_output::backend_guidance::{GrammarError, GuidanceBackend};
 use crate::structured_output::StructuredOutputGrammar;
 
-pub struct StructuredOutputManager {
+pub(crate) struct StructuredOutputManager {
     tokenizer: Arc<Tokenizer>,
     /// The model's logits width (the vocabulary padded).
     vocab_size: usize,

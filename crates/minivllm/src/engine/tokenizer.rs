@@ -303,7 +303,7 @@ impl Tokenizer {
     /// Builds the tokenizer a GGUF file describes, the way transformers converts it
     /// (`integrations/ggml.py`), with the pre-tokenizer picked from `tokenizer.ggml.pre`
     /// like llama.cpp.
-    pub fn from_gguf_spec(spec: &GgufTokenizerSpec) -> Result<Tokenizer, LoadError> {
+    pub(crate) fn from_gguf_spec(spec: &GgufTokenizerSpec) -> Result<Tokenizer, LoadError> {
         let n = spec.tokens.len();
         if n == 0 {
             return Err(tok_err("GGUF tokenizer has no tokens"));
@@ -461,7 +461,8 @@ impl Tokenizer {
         self.add_bos
     }
 
-    pub fn add_eos(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn add_eos(&self) -> bool {
         self.add_eos
     }
 
@@ -470,7 +471,7 @@ impl Tokenizer {
     }
 
     /// Replaces the model's chat template (e.g. with one given on the command line).
-    pub fn set_chat_template(&mut self, template: Option<String>) {
+    pub(crate) fn set_chat_template(&mut self, template: Option<String>) {
         self.chat_template = template;
         self.compiled_template = OnceLock::new();
     }

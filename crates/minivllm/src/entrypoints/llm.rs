@@ -48,7 +48,7 @@ impl LLM {
         Ok(Self::from_engine(engine))
     }
 
-    pub fn from_engine(engine: LLMEngine) -> Self {
+    pub(crate) fn from_engine(engine: LLMEngine) -> Self {
         Self {
             engine,
             next_request: 0,

@@ -87,7 +87,7 @@ impl InputMetadata {
         self.logits_indices.clear();
     }
 
-    pub fn num_tokens(&self) -> usize {
+    pub(crate) fn num_tokens(&self) -> usize {
         self.token_ids.len()
     }
 
@@ -134,14 +134,14 @@ impl InputMetadata {
     }
 
     /// Sequence `i`'s block table of group `group`.
-    pub fn block_table(&self, i: usize, group: usize) -> &[u32] {
+    pub(crate) fn block_table(&self, i: usize, group: usize) -> &[u32] {
         let s = &self.seqs[i];
         let start = s.blocks_start + group * s.num_blocks;
         &self.block_tables[start..start + s.num_blocks]
     }
 
     /// The attention kernel's view of sequence `i` in the layers of group `group`.
-    pub fn seq_attn(&self, i: usize, group: usize) -> SeqAttn<'_> {
+    pub(crate) fn seq_attn(&self, i: usize, group: usize) -> SeqAttn<'_> {
         let s = &self.seqs[i];
         SeqAttn {
             query_start: s.query_start,

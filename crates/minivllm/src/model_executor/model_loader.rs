@@ -30,7 +30,7 @@ pub fn load_model(spec: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadErr
 
 /// Loads this rank's shard of the model for a tensor-parallel group (`comm`): only its part
 /// of each split weight is kept.
-pub fn load_model_shard(
+pub(crate) fn load_model_shard(
     spec: &str,
     opts: &LoadOptions,
     comm: Arc<dyn Communicator>,

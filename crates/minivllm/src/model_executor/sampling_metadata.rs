@@ -8,7 +8,7 @@ use crate::ids::TokenId;
 
 /// One sequence's sampling settings for a step, borrowed from its request.
 #[derive(Debug, Clone, Copy)]
-pub struct SamplingOptions<'a> {
+pub(crate) struct SamplingOptions<'a> {
     /// Take the argmax (vLLM: temperature below its epsilon).
     pub greedy: bool,
     pub temperature: f32,
@@ -45,7 +45,7 @@ impl TokenBitmask {
     }
 
     /// The mask whose word `i` holds tokens `32 i ..= 32 i + 31`, lowest bit first.
-    pub fn from_words(words: Vec<u32>) -> Self {
+    pub(crate) fn from_words(words: Vec<u32>) -> Self {
         Self { words }
     }
 
@@ -64,7 +64,7 @@ impl TokenBitmask {
 
     /// Sets every disallowed entry of `row` to `-inf` (a row longer than the mask loses
     /// its tail).
-    pub fn apply(&self, row: &mut [f32]) {
+    pub(crate) fn apply(&self, row: &mut [f32]) {
         for (chunk, &w) in row
             .chunks_mut(32)
             .zip(self.words.iter().chain(std::iter::repeat(&0)))

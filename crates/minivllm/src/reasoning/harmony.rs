@@ -18,7 +18,7 @@
 /// constraint's text and `<|return|>`. The markers are special tokens, matched by name; no
 /// text matches them, so a message's content runs to its `<|end|>`. A tool call (which ends
 /// the reply with `<|call|>`) is not an answer the constraint can describe, so it is refused.
-pub const GRAMMAR_PREFIX: &str = r#"reasoning: harmony_message* <|channel|> "final" <|message|>
+pub(crate) const GRAMMAR_PREFIX: &str = r#"reasoning: harmony_message* <|channel|> "final" <|message|>
 harmony_message: <|channel|> ("analysis" | "commentary") <|message|> harmony_text? <|end|> <|start|> "assistant"
 harmony_text: /(.|\n)+/"#;
 

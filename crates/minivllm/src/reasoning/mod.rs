@@ -50,7 +50,7 @@ impl ReasoningParserName {
 
     /// Request settings the format needs: harmony's markers are special tokens, kept in
     /// the text for the parser to read.
-    pub fn adjust_params(self, params: &mut crate::sampling_params::SamplingParams) {
+    pub(crate) fn adjust_params(self, params: &mut crate::sampling_params::SamplingParams) {
         if self == ReasoningParserName::OpenAiGptOss {
             params.skip_special_tokens = false;
         }

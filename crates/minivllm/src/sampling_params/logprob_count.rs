@@ -20,7 +20,7 @@ pub fn resolve(count: usize, vocab_size: usize) -> usize {
 }
 
 /// The count as vLLM writes it: `-1` for all.
-pub fn as_i64(count: usize) -> i64 {
+pub(crate) fn as_i64(count: usize) -> i64 {
     if count == ALL_LOGPROBS {
         -1
     } else {
@@ -46,7 +46,7 @@ pub fn parse(s: &str) -> Result<usize, String> {
 
 /// An optional count from JSON: `null`, a non-negative integer, or `-1` for all. Any other
 /// negative number is refused with vLLM's message.
-pub fn deserialize_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+pub(crate) fn deserialize_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
     match Option::<i64>::deserialize(d)? {
         None => Ok(None),
         Some(-1) => Ok(Some(ALL_LOGPROBS)),
@@ -58,7 +58,7 @@ pub fn deserialize_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>,
 }
 
 /// Writes [`ALL_LOGPROBS`] back as `-1`.
-pub fn serialize_opt<S: Serializer>(count: &Option<usize>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn serialize_opt<S: Serializer>(count: &Option<usize>, s: S) -> Result<S::Ok, S::Error> {
     match *count {
         None => s.serialize_none(),
         Some(n) => s.serialize_i64(as_i64(n)),
@@ -66,12 +66,12 @@ pub fn serialize_opt<S: Serializer>(count: &Option<usize>, s: S) -> Result<S::Ok
 }
 
 /// [`serialize_opt`] for a count that is always there (`EngineArgs::max_logprobs`).
-pub fn serialize<S: Serializer>(count: &usize, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn serialize<S: Serializer>(count: &usize, s: S) -> Result<S::Ok, S::Error> {
     serialize_opt(&Some(*count), s)
 }
 
 /// [`deserialize_opt`] for a count that is always there.
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
     deserialize_opt(d)?.ok_or_else(|| serde::de::Error::custom("expected a count, got null"))
 }
 

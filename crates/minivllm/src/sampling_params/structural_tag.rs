@@ -71,7 +71,7 @@ impl StructuralTag {
     }
 
     /// The tag as a Lark grammar for llguidance.
-    pub fn to_lark(&self) -> String {
+    pub(crate) fn to_lark(&self) -> String {
         let mut lark = String::from("start: (");
         let segments: Vec<String> = (0..self.triggers.len())
             .map(|i| format!("free{i} rest{i}"))

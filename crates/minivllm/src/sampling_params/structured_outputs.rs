@@ -55,7 +55,7 @@ impl StructuredOutputsParams {
     }
 
     /// Any JSON object.
-    pub fn json_object() -> Self {
+    pub(crate) fn json_object() -> Self {
         Self {
             json_object: Some(true),
             ..Self::default()

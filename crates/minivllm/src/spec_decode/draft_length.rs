@@ -45,7 +45,7 @@ impl DraftLength {
 
     /// A step of `tokens` tokens took `seconds` (its model pass and sampling), and its
     /// proposer `draft_seconds` to guess `guesses` tokens.
-    pub fn observe_step(
+    pub(crate) fn observe_step(
         &mut self,
         tokens: usize,
         seconds: f64,
@@ -76,7 +76,7 @@ impl DraftLength {
 
     /// How many tokens to guess for a sequence with record `acceptance`, `num_running`
     /// sequences running.
-    pub fn lookahead(&self, acceptance: &DraftAcceptance, num_running: usize) -> usize {
+    pub(crate) fn lookahead(&self, acceptance: &DraftAcceptance, num_running: usize) -> usize {
         if (self.limits.disable_by_batch_size).is_some_and(|b| num_running > b) {
             return 0;
         }
@@ -118,7 +118,7 @@ impl Default for DraftAcceptance {
 impl DraftAcceptance {
     /// `drafted` guesses were verified and the first `accepted` kept: each kept one was a
     /// success, the first rejected one (if any) a failure; those after it tell nothing.
-    pub fn observe(&mut self, drafted: usize, accepted: usize) {
+    pub(crate) fn observe(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
             self.accepted *= DECAY_IDLE;
             self.tried *= DECAY_IDLE;
@@ -137,7 +137,7 @@ impl DraftAcceptance {
 
     /// The longest draft whose last position still meets `bar` (`rate^j >= bar`), at most
     /// `max`.
-    pub fn draft_len(&self, bar: f32, max: usize) -> usize {
+    pub(crate) fn draft_len(&self, bar: f32, max: usize) -> usize {
         let a = self.rate();
         let mut gain = 1.0f32;
         let mut k = 0;
@@ -167,13 +167,13 @@ pub struct StepCost {
 /// steps vary too little in size for the fit to see that (a slope of 0 would make any
 /// guess, however hopeless, look free). About 5 % of SmolLM2's decode step is sampling and
 /// scheduling (`bench latency`'s overhead line).
-pub const MIN_BAR: f32 = 0.05;
+pub(crate) const MIN_BAR: f32 = 0.05;
 
 /// Weight kept by past steps at each new one: about the last 50 steps count.
 const COST_DECAY: f64 = 0.98;
 
 impl StepCost {
-    pub fn observe(&mut self, tokens: usize, seconds: f64) {
+    pub(crate) fn observe(&mut self, tokens: usize, seconds: f64) {
         let x = tokens as f64;
         let d = COST_DECAY;
         self.w = self.w * d + 1.0;

@@ -11,18 +11,18 @@
 use serde_json::Value;
 
 /// Properties one object schema may list.
-pub const MAX_OBJECT_PROPERTIES: usize = 5_000;
+pub(crate) const MAX_OBJECT_PROPERTIES: usize = 5_000;
 /// Properties a whole constraint may list (OpenAI's strict mode allows 5,000).
-pub const MAX_PROPERTIES: usize = 20_000;
+pub(crate) const MAX_PROPERTIES: usize = 20_000;
 /// Distinct `$ref` targets: a chain of references is at most this long.
-pub const MAX_REF_TARGETS: usize = 1_000;
+pub(crate) const MAX_REF_TARGETS: usize = 1_000;
 /// Rules and terminals a Lark grammar (or a structural tag's) may define: a chain of rules
 /// referring to the next is at most this long.
-pub const MAX_LARK_DEFINITIONS: usize = 4_000;
+pub(crate) const MAX_LARK_DEFINITIONS: usize = 4_000;
 
 /// The stack a compile runs on: the bounds above at the deepest measured cost per level,
 /// twice over. Only the pages a compile touches are ever allocated.
-pub const COMPILE_STACK_BYTES: usize = 128 << 20;
+pub(crate) const COMPILE_STACK_BYTES: usize = 128 << 20;
 
 /// What a constraint holds, counted.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -130,14 +130,14 @@ fn is_definition(line: &str) -> bool {
 }
 
 /// Refuses a JSON schema past the bounds above, naming the bound.
-pub fn check_json_schema(schema: &Value) -> Result<(), String> {
+pub(crate) fn check_json_schema(schema: &Value) -> Result<(), String> {
     let mut counts = Counts::default();
     counts.add_schema(schema);
     counts.check()
 }
 
 /// Refuses a Lark grammar (and the schemas it embeds) past the bounds above.
-pub fn check_lark(lark: &str) -> Result<(), String> {
+pub(crate) fn check_lark(lark: &str) -> Result<(), String> {
     let mut counts = Counts::default();
     counts.add_lark(lark);
     counts.check()

@@ -59,7 +59,7 @@ fn for_each_schema(schema: &mut Value, f: &mut impl FnMut(&mut Map<String, Value
 
 /// `additionalProperties: false` on every object schema that lists `properties` without
 /// saying whether others may come.
-pub fn close_objects(schema: &mut Value) {
+pub(crate) fn close_objects(schema: &mut Value) {
     for_each_schema(schema, &mut |o| {
         if o.contains_key("properties") && !o.contains_key("additionalProperties") {
             o.insert("additionalProperties".into(), Value::Bool(false));
@@ -71,7 +71,7 @@ pub fn close_objects(schema: &mut Value) {
 /// they list required (OpenAI's strict schemas list all of them in `required`; an
 /// optional field is written as a union with `null`). Any output that follows the result
 /// also follows `schema`.
-pub fn make_strict(schema: &mut Value) {
+pub(crate) fn make_strict(schema: &mut Value) {
     close_objects(schema);
     for_each_schema(schema, &mut |o| {
         let Some(Value::Object(props)) = o.get("properties") else {

@@ -20,7 +20,7 @@ pub enum VocabToken {
 }
 
 /// Text to token ids with the model's own tokenizer.
-pub type TokenizeFn = Arc<dyn Fn(&str) -> Vec<TokenId> + Send + Sync>;
+pub(crate) type TokenizeFn = Arc<dyn Fn(&str) -> Vec<TokenId> + Send + Sync>;
 
 pub struct Vocabulary {
     /// Indexed by token id.

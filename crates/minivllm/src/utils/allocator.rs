@@ -3,7 +3,7 @@
 //! only calls into the allocator, kept here below every layer that frees large buffers.
 
 /// This process's resident memory, from /proc.
-pub fn resident_bytes() -> Option<u64> {
+pub(crate) fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
@@ -36,7 +36,7 @@ pub fn map_large_allocations() {}
 
 /// Gives the allocator's free pages back to the system.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     extern "C" {
         fn malloc_trim(pad: usize) -> std::ffi::c_int;
     }
@@ -47,4 +47,4 @@ pub fn release_free_memory() {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn release_free_memory() {}
+pub(crate) fn release_free_memory() {}

@@ -89,13 +89,13 @@ pub enum CacheError {
 
 impl CacheEngine {
     /// Bytes one block takes across its layers' slots, keys and values.
-    pub fn block_bytes(config: &ModelConfig, block_size: usize, dtype: KvCacheDtype) -> u64 {
+    pub(crate) fn block_bytes(config: &ModelConfig, block_size: usize, dtype: KvCacheDtype) -> u64 {
         let slots = KvCacheLayout::for_model(config).num_slots();
         (2 * slots * block_size * config.kv_size() * dtype.size()) as u64
     }
 
     /// As many blocks of `dtype` as fit in `budget_bytes`.
-    pub fn with_budget(
+    pub(crate) fn with_budget(
         config: &ModelConfig,
         block_size: usize,
         budget_bytes: u64,
@@ -152,7 +152,7 @@ impl CacheEngine {
     }
 
     /// Adds a swap pool of as many blocks as fit in `swap_space` bytes (none for 0).
-    pub fn with_swap_space(self, swap_space: u64) -> Result<Self, CacheError> {
+    pub(crate) fn with_swap_space(self, swap_space: u64) -> Result<Self, CacheError> {
         if swap_space == 0 {
             return Ok(self);
         }
@@ -184,7 +184,7 @@ impl CacheEngine {
 
     /// Bytes one block takes across its slots, keys and values ([`Self::block_bytes`] of
     /// this cache).
-    pub fn bytes_per_block(&self) -> usize {
+    pub(crate) fn bytes_per_block(&self) -> usize {
         2 * self.layers.len() * self.block_len * self.dtype.size()
     }
 
@@ -194,7 +194,7 @@ impl CacheEngine {
     }
 
     /// Replaces the swap pool with one of `num_cpu_blocks` blocks.
-    pub fn with_cpu_blocks(mut self, num_cpu_blocks: usize) -> Self {
+    pub(crate) fn with_cpu_blocks(mut self, num_cpu_blocks: usize) -> Self {
         self.cpu_layers = alloc_layers(
             self.layers.len(),
             num_cpu_blocks * self.block_len,
@@ -218,7 +218,7 @@ impl CacheEngine {
     }
 
     /// Copies whole blocks (every layer, keys and values) into the swap pool.
-    pub fn swap_out(&mut self, pairs: &[(BlockId, CpuBlockId)]) {
+    pub(crate) fn swap_out(&mut self, pairs: &[(BlockId, CpuBlockId)]) {
         let pairs: Vec<(usize, usize)> = pairs
             .iter()
             .map(|(g, c)| (g.0 as usize, c.0 as usize))
@@ -227,7 +227,7 @@ impl CacheEngine {
     }
 
     /// Copies whole blocks (every layer, keys and values) back from the swap pool.
-    pub fn swap_in(&mut self, pairs: &[(CpuBlockId, BlockId)]) {
+    pub(crate) fn swap_in(&mut self, pairs: &[(CpuBlockId, BlockId)]) {
         let pairs: Vec<(usize, usize)> = pairs
             .iter()
             .map(|(c, g)| (c.0 as usize, g.0 as usize))

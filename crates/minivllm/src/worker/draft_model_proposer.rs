@@ -36,7 +36,7 @@ use crate::worker::worker_config::WorkerError;
 /// Rows of the draft's head every sequence gets: the vocabulary's first tokens.
 pub const COMMON_TOKENS: usize = 32768;
 
-pub struct DraftModelProposer {
+pub(crate) struct DraftModelProposer {
     runner: ModelRunner,
     /// The head's rows of the first [`COMMON_TOKENS`] tokens; `None` when the vocabulary is
     /// no larger (the model's own head is used).

@@ -21,7 +21,7 @@ use crate::worker::worker_config::{WorkerConfig, WorkerError};
 use crate::worker::worker_loop::Worker;
 use crate::worker::worker_process::{driver_group, Driver};
 
-pub struct Executor {
+pub(crate) struct Executor {
     runner: ModelRunner,
     max_model_len: usize,
     /// The group, when the driver has workers on other ranks.
@@ -61,7 +61,10 @@ impl Executor {
     /// persistent batch takes in the step's changes, the blocks move to and from the swap
     /// pool, and the scheduled sequences run as one batch. An empty step only does the first
     /// two.
-    pub fn execute(&mut self, sched: &SchedulerOutput) -> Result<ModelRunnerOutput, InputError> {
+    pub(crate) fn execute(
+        &mut self,
+        sched: &SchedulerOutput,
+    ) -> Result<ModelRunnerOutput, InputError> {
         self.runner.update_batch(sched);
         let (swap_out, swap_in) = (&sched.swap_out, &sched.swap_in);
         if !swap_out.is_empty() || !swap_in.is_empty() {
@@ -101,7 +104,7 @@ impl Executor {
     }
 
     /// Sequences in the driver's persistent batch.
-    pub fn num_cached_seqs(&self) -> usize {
+    pub(crate) fn num_cached_seqs(&self) -> usize {
         self.runner.num_cached_seqs()
     }
 }

@@ -13,7 +13,7 @@ use crate::sampling_params::SamplingParams;
 
 /// One sequence as the worker keeps it.
 #[derive(Debug)]
-pub struct CachedSeq {
+pub(crate) struct CachedSeq {
     /// Prompt then sampled tokens: the scheduler's copy grows by the same tokens.
     pub token_ids: Vec<TokenId>,
     pub prompt_len: usize,
@@ -43,7 +43,7 @@ impl CachedSeq {
 }
 
 #[derive(Debug, Default)]
-pub struct InputBatch {
+pub(crate) struct InputBatch {
     seqs: HashMap<SeqId, CachedSeq>,
 }
 
@@ -72,9 +72,5 @@ impl InputBatch {
 
     pub fn len(&self) -> usize {
         self.seqs.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seqs.is_empty()
     }
 }

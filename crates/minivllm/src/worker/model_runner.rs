@@ -107,7 +107,7 @@ impl ModelRunner {
 
     /// Moves KV blocks to and from the swap pool as the scheduler ordered: swap-outs first,
     /// since a block swapped out may be a swap-in's destination.
-    pub fn apply_cache_ops(
+    pub(crate) fn apply_cache_ops(
         &mut self,
         swap_out: &[(BlockId, CpuBlockId)],
         swap_in: &[(CpuBlockId, BlockId)],
@@ -122,7 +122,7 @@ impl ModelRunner {
 
     /// Takes in the step's changes to the persistent batch: sequences new to the worker, and
     /// those finished since the last step.
-    pub fn update_batch(&mut self, sched: &SchedulerOutput) {
+    pub(crate) fn update_batch(&mut self, sched: &SchedulerOutput) {
         self.batch.update(sched);
         if let (Some(proposer), false) = (&mut self.proposer, sched.finished.is_empty()) {
             proposer.forget(&sched.finished);
@@ -131,7 +131,7 @@ impl ModelRunner {
 
     /// Lays the (non-empty) step `sched` out as one batch ([`input`](Self::input)), from the
     /// persistent batch updated with it.
-    pub fn prepare(&mut self, sched: &SchedulerOutput) {
+    pub(crate) fn prepare(&mut self, sched: &SchedulerOutput) {
         self.begin_batch();
         for s in &sched.scheduled {
             let block_size = self.cache.block_size();
@@ -353,7 +353,7 @@ impl ModelRunner {
 
     /// [`execute_model`](Self::execute_model) without the LM head: the final hidden states
     /// of the rows asked for, `[rows, hidden_size]`.
-    pub fn execute_hidden(&mut self) -> Result<&[f32], InputError> {
+    pub(crate) fn execute_hidden(&mut self) -> Result<&[f32], InputError> {
         self.num_logits = 0;
         let block_size = self.cache.block_size();
         let (model, cache, buffers) = (&self.model, &mut self.cache, &mut self.buffers);
@@ -380,7 +380,7 @@ impl ModelRunner {
     }
 
     /// Sequences in the persistent batch.
-    pub fn num_cached_seqs(&self) -> usize {
+    pub(crate) fn num_cached_seqs(&self) -> usize {
         self.batch.len()
     }
 

@@ -8,7 +8,7 @@ use crate::ids::{SeqId, TokenId};
 use crate::worker::draft_proposer::DraftProposer;
 
 #[derive(Debug, Clone)]
-pub struct NgramProposer {
+pub(crate) struct NgramProposer {
     config: NgramConfig,
 }
 

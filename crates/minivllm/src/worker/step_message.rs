@@ -35,7 +35,7 @@ pub enum Received {
     Shutdown,
 }
 
-pub fn encode_cache_ops(
+pub(crate) fn encode_cache_ops(
     buf: &mut Vec<u8>,
     swap_out: &[(BlockId, CpuBlockId)],
     swap_in: &[(CpuBlockId, BlockId)],
@@ -46,7 +46,7 @@ pub fn encode_cache_ops(
     put_pairs(buf, swap_in.iter().map(|(a, b)| (a.0, b.0)));
 }
 
-pub fn encode_execute(buf: &mut Vec<u8>, input: &InputMetadata) {
+pub(crate) fn encode_execute(buf: &mut Vec<u8>, input: &InputMetadata) {
     buf.clear();
     buf.push(EXECUTE);
     put(buf, input.num_groups());
@@ -62,7 +62,7 @@ pub fn encode_execute(buf: &mut Vec<u8>, input: &InputMetadata) {
     input.logits_indices.iter().for_each(|&i| put(buf, i));
 }
 
-pub fn encode_shutdown(buf: &mut Vec<u8>) {
+pub(crate) fn encode_shutdown(buf: &mut Vec<u8>) {
     buf.clear();
     buf.push(SHUTDOWN);
 }

@@ -54,7 +54,7 @@ impl Worker {
     }
 
     /// The driver's part: its runner, which the executor runs each step itself.
-    pub fn into_runner(self) -> ModelRunner {
+    pub(crate) fn into_runner(self) -> ModelRunner {
         self.runner
     }
 

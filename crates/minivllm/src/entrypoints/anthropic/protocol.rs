@@ -246,7 +246,7 @@ fn tool_choice(choice: &Value, chat: &mut ChatCompletionRequest) -> Result<(), A
 }
 
 /// Anthropic's error `type` for an HTTP status.
-pub fn error_type(status: StatusCode) -> &'static str {
+pub(crate) fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         401 => "authentication_error",
         403 => "permission_error",
@@ -260,14 +260,14 @@ pub fn error_type(status: StatusCode) -> &'static str {
 }
 
 /// The error body of the Messages routes, `{"type": "error", "error": {type, message}}`.
-pub fn error_body(status: StatusCode, message: &str) -> Value {
+pub(crate) fn error_body(status: StatusCode, message: &str) -> Value {
     json!({"type": "error", "error": {"type": error_type(status), "message": message}})
 }
 
 /// Rewrites every error of the Messages routes (whichever layer refused the request: the
 /// API key, the body's size, its JSON, the handler) into Anthropic's envelope, whose `type`
 /// names the SDK's exception.
-pub async fn anthropic_errors(req: Request, next: Next) -> Response {
+pub(crate) async fn anthropic_errors(req: Request, next: Next) -> Response {
     if !req.uri().path().starts_with("/v1/messages") {
         return next.run(req).await;
     }

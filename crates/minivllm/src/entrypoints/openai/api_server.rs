@@ -46,7 +46,7 @@ const BODY_GRACE: Duration = Duration::from_secs(5);
 /// How long a body of `content_length` bytes may take to arrive: the grace period plus
 /// its length at the minimum rate, never more than `timeout` (which alone bounds a
 /// chunked body, whose length is not known).
-pub fn body_deadline(content_length: Option<u64>, timeout: Duration) -> Duration {
+pub(crate) fn body_deadline(content_length: Option<u64>, timeout: Duration) -> Duration {
     match content_length {
         Some(len) => timeout
             .min(BODY_GRACE + Duration::from_secs_f64(len as f64 / MIN_BODY_BYTES_PER_SEC as f64)),

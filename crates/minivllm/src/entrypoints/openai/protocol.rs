@@ -252,7 +252,7 @@ impl ChatMessageIn {
     }
 
     /// A `tool` turn: the answer to call `call_id`.
-    pub fn tool_result(call_id: Option<String>, content: String) -> Self {
+    pub(crate) fn tool_result(call_id: Option<String>, content: String) -> Self {
         ChatMessageIn {
             tool_call_id: call_id,
             ..Self::text("tool", content)
@@ -475,7 +475,7 @@ fn default_true() -> bool {
 
 /// `POST /tokenize`: vLLM's completion form (`prompt`) or chat form (`messages`).
 #[derive(Debug, Clone, Deserialize)]
-pub struct TokenizeRequest {
+pub(crate) struct TokenizeRequest {
     pub model: Option<String>,
     pub prompt: Option<String>,
     pub messages: Option<Vec<ChatMessageIn>>,
@@ -492,7 +492,7 @@ pub struct TokenizeRequest {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct DetokenizeRequest {
+pub(crate) struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Vec<TokenId>,
 }
@@ -514,11 +514,11 @@ impl ApiError {
         }
     }
 
-    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message, param)
     }
 
-    pub fn internal(message: impl Into<String>) -> Self {
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message, None)
     }
 

@@ -43,7 +43,7 @@ pub struct Finish {
 
 impl Finish {
     /// OpenAI's `finish_reason`.
-    pub fn chat_reason(&self) -> &'static str {
+    pub(crate) fn chat_reason(&self) -> &'static str {
         if self.as_tool_calls {
             "tool_calls"
         } else {
@@ -84,7 +84,7 @@ impl ReplyEvents {
     }
 
     /// The next choice delta; `None` when the stream is over.
-    pub async fn next_delta(&mut self) -> Option<ChoiceDelta> {
+    pub(crate) async fn next_delta(&mut self) -> Option<ChoiceDelta> {
         loop {
             match self.rx.recv().await? {
                 ChatEvent::Delta(d) => return Some(d),

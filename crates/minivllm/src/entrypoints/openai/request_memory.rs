@@ -62,7 +62,7 @@ impl LogprobFormat {
 /// through `/tokenize` (`return_token_strs` too) on SmolLM2's tokenizer: 266 bytes for
 /// `"a "` repeated (a word per two bytes, 532 bytes per token), 128 for digits (a token per
 /// byte); rounded up.
-pub const TOKENIZE_BYTES_PER_BYTE: u64 = 320;
+pub(crate) const TOKENIZE_BYTES_PER_BYTE: u64 = 320;
 /// Bytes per generated token of one sequence: its id, text, and share of the response.
 const TOKEN_BYTES: u64 = 64;
 /// Bytes per prompt token held per prompt (ids, and the text echoed in each choice).
@@ -164,7 +164,7 @@ impl MemoryLimits {
     /// Per request: an eighth of the memory left once the model and KV cache are loaded,
     /// at most 1 GiB; in flight: half of it. "Left" is the smallest of what the machine has
     /// available, the cgroup allows, and the address space `ulimit -v` leaves.
-    pub fn from_headroom(headroom: u64) -> Self {
+    pub(crate) fn from_headroom(headroom: u64) -> Self {
         MemoryLimits {
             per_request: (headroom / 8).clamp(16 << 20, 1 << 30),
             in_flight: (headroom / 2).max(64 << 20),
@@ -172,7 +172,7 @@ impl MemoryLimits {
     }
 
     /// With a per-request limit the user set: the pool holds at least four such requests.
-    pub fn with_per_request(self, per_request: u64) -> Self {
+    pub(crate) fn with_per_request(self, per_request: u64) -> Self {
         MemoryLimits {
             per_request,
             in_flight: self.in_flight.max(per_request.saturating_mul(4)),
@@ -183,7 +183,7 @@ impl MemoryLimits {
 /// The memory this process may still take, as far as Linux tells: available memory, the
 /// cgroup's limit less its usage, and the address-space limit less the address space in use.
 /// `None` where none can be read.
-pub fn headroom() -> Option<u64> {
+pub(crate) fn headroom() -> Option<u64> {
     let available = proc_kib_field("/proc/meminfo", "MemAvailable");
     let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
         .ok()
@@ -220,7 +220,7 @@ pub struct MemoryPool {
 
 /// Memory a request holds from the pool until it is dropped.
 #[derive(Debug)]
-pub struct Reservation {
+pub(crate) struct Reservation {
     pool: Arc<MemoryPool>,
     bytes: u64,
 }
@@ -250,7 +250,11 @@ impl MemoryPool {
 
     /// Reserves `bytes` for a request (`what` describes it for the error), or says why not:
     /// 400 above the per-request limit, 503 while the requests in flight hold too much.
-    pub fn reserve(self: &Arc<Self>, bytes: u64, what: &str) -> Result<Reservation, ApiError> {
+    pub(crate) fn reserve(
+        self: &Arc<Self>,
+        bytes: u64,
+        what: &str,
+    ) -> Result<Reservation, ApiError> {
         if bytes > self.limits.per_request {
             return Err(ApiError::bad_request(
                 format!(
@@ -297,7 +301,7 @@ impl MemoryPool {
 /// refused ones: parsing them costs memory too) would leave the server at its peak. Freeing
 /// does not move the resident size, so a trim during the burst, while the memory was still
 /// in use, must be followed by one after it, though nothing has moved since.
-pub async fn trim_freed_memory() {
+pub(crate) async fn trim_freed_memory() {
     let Some(start) = resident_bytes() else {
         return;
     };

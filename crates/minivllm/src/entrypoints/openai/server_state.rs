@@ -47,8 +47,8 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    pub const DEFAULT_MAX_REQUEST_BODY_BYTES: usize = 8 << 20;
-    pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+    pub(crate) const DEFAULT_MAX_REQUEST_BODY_BYTES: usize = 8 << 20;
+    pub(crate) const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
     pub fn new(served_model_name: impl Into<String>) -> Self {
         Self {
@@ -68,7 +68,7 @@ impl ServerConfig {
     }
 
     /// The memory limits this configuration gives, read against the memory left now.
-    pub fn memory_limits(&self) -> MemoryLimits {
+    pub(crate) fn memory_limits(&self) -> MemoryLimits {
         // Without /proc (not Linux), as if 8 GiB were left.
         let auto = MemoryLimits::from_headroom(headroom().unwrap_or(8 << 30));
         match self.max_request_memory {

@@ -15,7 +15,7 @@ use super::request_memory::LogprobFormat;
 use super::server_state::{RequestId, Shared};
 use super::serving_engine::{json_response, now, off_async, parse, sse};
 
-pub async fn chat_completions(
+pub(crate) async fn chat_completions(
     State(s): State<Shared>,
     Extension(rid): Extension<RequestId>,
     body: Result<Bytes, BytesRejection>,

@@ -78,7 +78,7 @@ pub fn encode(s: &AppState, text: &str, add_special: bool) -> Result<Vec<TokenId
 /// building a large response) on tokio's blocking threads, at most one task per core at a
 /// time: more wait their turn, and the async workers stay free for I/O, so `/health` and
 /// the streams in flight keep answering while a multi-megabyte prompt is tokenised.
-pub async fn off_async<T: Send + 'static>(
+pub(crate) async fn off_async<T: Send + 'static>(
     s: &Shared,
     f: impl FnOnce(&AppState) -> T + Send + 'static,
 ) -> T {
@@ -95,7 +95,7 @@ pub async fn off_async<T: Send + 'static>(
 }
 
 /// `v` as a JSON response, serialised by the caller's thread.
-pub fn json_response(v: &impl serde::Serialize) -> Response {
+pub(crate) fn json_response(v: &impl serde::Serialize) -> Response {
     match serde_json::to_vec(v) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => ApiError::internal(format!("cannot write the response: {e}")).into_response(),
@@ -104,7 +104,7 @@ pub fn json_response(v: &impl serde::Serialize) -> Response {
 
 /// vLLM answers a model name it does not serve with 404, which OpenAI's clients raise as
 /// `NotFoundError`.
-pub fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         Some(m) if m != s.config.served_model_name => Err(ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
@@ -118,7 +118,7 @@ pub fn check_model(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
 /// A request's `n` (or `best_of`) times its prompts must fit in one batch: every sequence
 /// of a request is admitted together, and each holds state from the start. Checked before
 /// the prompts are tokenised, after the engine's check of one prompt's width.
-pub fn check_request_width(
+pub(crate) fn check_request_width(
     s: &AppState,
     params: &SamplingParams,
     prompts: usize,
@@ -140,7 +140,7 @@ pub fn check_request_width(
 }
 
 /// What a request holds while it runs: its share of the memory pool.
-pub struct Held {
+pub(crate) struct Held {
     _memory: Reservation,
 }
 
@@ -150,7 +150,7 @@ pub struct Held {
 /// refused here with OpenAI's message), reserves the request's memory (as `response` says
 /// the route writes it), builds its stop strings' automaton (here, off the engine thread;
 /// the copies share it), and only then copies the parameters per prompt.
-pub fn admit(
+pub(crate) fn admit(
     s: &AppState,
     checked: CheckedParams,
     prompts: &[Prompt],
@@ -196,7 +196,7 @@ pub struct Prompt {
     pub ids: Vec<TokenId>,
 }
 
-pub type Streams = Vec<mpsc::UnboundedReceiver<RequestOutput>>;
+pub(crate) type Streams = Vec<mpsc::UnboundedReceiver<RequestOutput>>;
 
 /// Queues one engine request per prompt, all at once, named `{prefix}-{request id}-{serial}-{i}`
 /// so engine logs line up with the HTTP request's id; the serial keeps the names unique when
@@ -225,7 +225,7 @@ pub async fn submit(
 
 /// A request's whole output: its one `FINAL_ONLY` output (what a route that does not
 /// stream asks for).
-pub async fn last_output(
+pub(crate) async fn last_output(
     rx: mpsc::UnboundedReceiver<RequestOutput>,
 ) -> Result<RequestOutput, ApiError> {
     collect(rx, RequestOutputKind::FinalOnly)
@@ -244,7 +244,7 @@ pub fn stop_reason(o: &CompletionOutput) -> Value {
 
 /// Sends each chunk as an SSE event; `[DONE]` ends the stream. A client that disconnects
 /// drops the body and with it the receiver, which ends `produce` and so aborts its requests.
-pub fn sse<F, Fut>(produce: F) -> Response
+pub(crate) fn sse<F, Fut>(produce: F) -> Response
 where
     F: FnOnce(mpsc::Sender<Value>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -255,7 +255,7 @@ where
 }
 
 /// `rx`'s chunks as `data:` events, then `[DONE]`.
-pub fn data_sse(rx: mpsc::Receiver<Value>) -> Response {
+pub(crate) fn data_sse(rx: mpsc::Receiver<Value>) -> Response {
     sse_events(
         rx,
         |chunk| format!("data: {chunk}\n\n"),
@@ -266,7 +266,7 @@ pub fn data_sse(rx: mpsc::Receiver<Value>) -> Response {
 /// Named events (`event: <name>` before each `data:`), as Anthropic's Messages and
 /// OpenAI's Responses streams send them, as `produce` sends them; no `[DONE]`. A client that
 /// disconnects drops the receiver, which ends `produce` (and aborts its request).
-pub fn named_sse<F, Fut>(produce: F) -> Response
+pub(crate) fn named_sse<F, Fut>(produce: F) -> Response
 where
     F: FnOnce(mpsc::Sender<(&'static str, Value)>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -303,7 +303,7 @@ pub fn sse_events<T: Send + 'static>(
 }
 
 /// Merges the requests' streams, tagging each output with its prompt's index.
-pub fn merge(streams: Streams) -> mpsc::UnboundedReceiver<(usize, RequestOutput)> {
+pub(crate) fn merge(streams: Streams) -> mpsc::UnboundedReceiver<(usize, RequestOutput)> {
     let (tx, rx) = mpsc::unbounded_channel();
     for (i, mut s) in streams.into_iter().enumerate() {
         let tx = tx.clone();
@@ -318,7 +318,7 @@ pub fn merge(streams: Streams) -> mpsc::UnboundedReceiver<(usize, RequestOutput)
     rx
 }
 
-pub fn token_text(tok: &Tokenizer, id: TokenId) -> String {
+pub(crate) fn token_text(tok: &Tokenizer, id: TokenId) -> String {
     tok.decode(&[id], false).unwrap_or_default()
 }
 

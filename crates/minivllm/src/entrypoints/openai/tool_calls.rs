@@ -12,7 +12,7 @@ use crate::structured_output::strict_schema::close_objects;
 
 /// The request's `tool_choice`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolChoice {
+pub(crate) enum ToolChoice {
     None,
     Auto,
     Required,
@@ -58,7 +58,7 @@ pub struct ToolCallConfig {
 
 /// How a chat request uses tools.
 #[derive(Debug)]
-pub struct ToolUse {
+pub(crate) struct ToolUse {
     /// The tools as the chat template gets them (as the client sent them).
     pub template_tools: Vec<Value>,
     /// Reads the reply's calls; `None` when the reply is plain text.
@@ -73,7 +73,7 @@ pub struct ToolUse {
 impl ToolUse {
     /// Checks `tools`, `tool_choice` and `parallel_tool_calls` (with vLLM's messages where
     /// it has them) against each other and the server's settings.
-    pub fn from_request(
+    pub(crate) fn from_request(
         tools: Option<&[ChatTool]>,
         tool_choice: Option<&Value>,
         parallel_tool_calls: Option<bool>,
@@ -173,7 +173,7 @@ impl ToolUse {
     }
 
     /// The request's sampling parameters as calls need them.
-    pub fn adjust_params(&self, params: &mut SamplingParams) {
+    pub(crate) fn adjust_params(&self, params: &mut SamplingParams) {
         if let Some(constraint) = &self.constraint {
             params.structured_outputs = Some(constraint.clone());
         }
@@ -310,14 +310,16 @@ fn call_variants(
 }
 
 /// A fresh call id, in vLLM's form.
-pub fn tool_call_id() -> String {
+pub(crate) fn tool_call_id() -> String {
     format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
 }
 
 /// A finished output's reply as the parsers read it: the thinking (when the model thought),
 /// the answer (`None` when only calls came back, or only thinking) and the calls, each with a
 /// fresh id.
-pub fn finished_reply(parsed: &ParsedOutput) -> (Option<String>, Option<String>, Vec<ToolCallOut>) {
+pub(crate) fn finished_reply(
+    parsed: &ParsedOutput,
+) -> (Option<String>, Option<String>, Vec<ToolCallOut>) {
     let thought = (!parsed.reasoning.is_empty()).then(|| parsed.reasoning.clone());
     let content = (!parsed.content.trim().is_empty()
         || (parsed.tool_calls.is_empty() && parsed.reasoning.is_empty()))
@@ -337,7 +339,7 @@ pub fn finished_reply(parsed: &ParsedOutput) -> (Option<String>, Option<String>,
 /// What one choice of a stream has sent: the parsed reply so far, so each delta carries
 /// only what is new.
 #[derive(Debug, Default)]
-pub struct ReplyStream {
+pub(crate) struct ReplyStream {
     reasoning: usize,
     content: usize,
     /// Per call sent: how much of its arguments.

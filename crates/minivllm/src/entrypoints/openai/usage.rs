@@ -31,7 +31,7 @@ impl Usage {
     /// Counts a `DELTA` output of a request: its new tokens, and with its `first` output
     /// its prompt and what of it the prefix cache held (known once its prefill is done,
     /// which its first output follows), so a request the engine ends early still counts it.
-    pub fn add_delta(&mut self, out: &RequestOutput, first: bool) {
+    pub(crate) fn add_delta(&mut self, out: &RequestOutput, first: bool) {
         self.completion += out.num_generated_tokens();
         if first {
             self.prompt += out.prompt_token_ids.len();

@@ -9,7 +9,7 @@ use crate::model_executor::input_metadata::InputMetadata;
 
 /// The attention kernels' view of a batch in the layers of one KV cache group, built once
 /// per forward and shared by the group's layers.
-pub struct AttentionMetadata<'a> {
+pub(crate) struct AttentionMetadata<'a> {
     pub slot_mapping: &'a [usize],
     pub seqs: Vec<SeqAttn<'a>>,
 }
@@ -37,7 +37,7 @@ pub struct LayerKvCache {
 
 /// Multi-head attention with grouped KV heads over a paged cache.
 #[derive(Clone, Copy)]
-pub struct PagedAttention<'s> {
+pub(crate) struct PagedAttention<'s> {
     shape: AttnShape<'s>,
 }
 
@@ -58,19 +58,19 @@ impl<'s> PagedAttention<'s> {
 
     /// Scores scaled by `scale` instead of `1 / sqrt(head_dim)` (Gemma's
     /// `query_pre_attn_scalar`).
-    pub fn with_scale(mut self, scale: f32) -> Self {
+    pub(crate) fn with_scale(mut self, scale: f32) -> Self {
         self.shape.scale = scale;
         self
     }
 
     /// Each query sees only the last `window` positions, its own included.
-    pub fn with_sliding_window(mut self, window: Option<usize>) -> Self {
+    pub(crate) fn with_sliding_window(mut self, window: Option<usize>) -> Self {
         self.shape.sliding_window = window;
         self
     }
 
     /// gpt-oss's sinks: a logit per query head (this rank's heads) joining each softmax.
-    pub fn with_sinks(mut self, sinks: Option<&'s [f32]>) -> Self {
+    pub(crate) fn with_sinks(mut self, sinks: Option<&'s [f32]>) -> Self {
         self.shape.sinks = sinks;
         self
     }

@@ -24,13 +24,13 @@ use crate::model_executor::loader::weights::{optional_vector, LoadOptions, Weigh
 use crate::model_executor::loader::LoadError;
 
 /// Qwen2-MoE's shared expert: a gated MLP every token runs, scaled by `sigmoid(gate · x)`.
-pub struct SharedExpert {
+pub(crate) struct SharedExpert {
     pub mlp: GatedMlp,
     /// `[hidden]`.
     pub gate: Vec<f32>,
 }
 
-pub struct FusedMoe {
+pub(crate) struct FusedMoe {
     /// `[num_experts, hidden]`, whole on every rank and kept in f32 (as vLLM and llama.cpp
     /// keep it): routing must not change with the experts' format or the rank.
     router: Linear,
@@ -49,7 +49,7 @@ pub struct FusedMoe {
 /// The step's routing and the experts' activations, kept between forward passes so that
 /// decoding allocates nothing.
 #[derive(Default)]
-pub struct MoeBuffers {
+pub(crate) struct MoeBuffers {
     router_logits: Vec<f32>,
     /// Per token, its `k` experts and their weights.
     topk_ids: Vec<u32>,
@@ -213,13 +213,13 @@ impl FusedMoe {
 
     /// Bytes one token reads: the router's, `k` experts' (all experts are the same size)
     /// and the shared expert's.
-    pub fn bytes_per_token(&self) -> usize {
+    pub(crate) fn bytes_per_token(&self) -> usize {
         let shared = self.shared.as_ref().map_or(0, |s| s.mlp.nbytes());
         self.router.weight().nbytes() + self.top_k * self.experts[0].nbytes() + shared
     }
 
     /// Multiply-adds times two of one token through the router and its experts.
-    pub fn flops_per_token(&self) -> f64 {
+    pub(crate) fn flops_per_token(&self) -> f64 {
         let shared = self.shared.as_ref().map_or(0.0, |s| s.mlp.flops_per_row());
         self.router.weight().flops_per_row()
             + self.top_k as f64 * self.experts[0].flops_per_row()

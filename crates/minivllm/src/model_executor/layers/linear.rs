@@ -39,7 +39,7 @@ impl WeightMatrix {
     /// `parts` has one): q/k/v and gate/up read the same input, so stacked they stream it
     /// through the cores once. They stay quantised when `opts` allow and every part is
     /// stored in the same computable block format.
-    pub fn load_rows(
+    pub(crate) fn load_rows(
         src: &dyn WeightSource,
         parts: &[(&str, usize)],
         cols: usize,
@@ -141,7 +141,7 @@ impl WeightMatrix {
     }
 
     /// The blocks, when the matrix is one quantised matrix.
-    pub fn as_quant(&self) -> Option<&QuantMatrix> {
+    pub(crate) fn as_quant(&self) -> Option<&QuantMatrix> {
         match self {
             WeightMatrix::Quant(q) => Some(q),
             _ => None,
@@ -167,7 +167,7 @@ impl WeightMatrix {
     }
 
     /// Bytes held, which is what one pass over the matrix reads.
-    pub fn nbytes(&self) -> usize {
+    pub(crate) fn nbytes(&self) -> usize {
         match self {
             WeightMatrix::F32 { data, .. } => data.len() * 4,
             WeightMatrix::Half(h) => h.nbytes(),
@@ -177,12 +177,12 @@ impl WeightMatrix {
     }
 
     /// Floating-point operations (two per multiply-add) of one input row through it.
-    pub fn flops_per_row(&self) -> f64 {
+    pub(crate) fn flops_per_row(&self) -> f64 {
         2.0 * (self.rows() * self.cols()) as f64
     }
 
     /// Row `r` in f32 (an embedding lookup).
-    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+    pub(crate) fn row_into(&self, r: usize, out: &mut [f32]) {
         match self {
             WeightMatrix::F32 { data, cols, .. } => {
                 out.copy_from_slice(&data[r * cols..(r + 1) * cols])
@@ -204,7 +204,7 @@ impl WeightMatrix {
 
     /// A matrix of the given rows, in that order and in the same format; `None` for a
     /// stack of formats. (A draft model's head over part of the vocabulary.)
-    pub fn select_rows(&self, rows: &[usize]) -> Option<WeightMatrix> {
+    pub(crate) fn select_rows(&self, rows: &[usize]) -> Option<WeightMatrix> {
         let cols = self.cols();
         match self {
             WeightMatrix::F32 { data, .. } => Some(Self::f32(
@@ -239,7 +239,7 @@ impl WeightMatrix {
     }
 
     /// `out[m, rows] = x[m, cols] · Wᵀ`.
-    pub fn matmul(&self, x: &[f32], out: &mut [f32], m: usize) {
+    pub(crate) fn matmul(&self, x: &[f32], out: &mut [f32], m: usize) {
         let (rows, cols) = (self.rows(), self.cols());
         let (x, out) = (&x[..m * cols], &mut out[..m * rows]);
         match self {
@@ -341,7 +341,7 @@ fn quant_matrix(
 }
 
 /// A bias-free linear layer, `y = x · Wᵀ`, weights `[out_features, in_features]`.
-pub struct Linear {
+pub(crate) struct Linear {
     weight: WeightMatrix,
 }
 
@@ -350,7 +350,8 @@ impl Linear {
         Self { weight }
     }
 
-    pub fn from_weight(weight: Vec<f32>, in_features: usize, out_features: usize) -> Self {
+    #[cfg(test)]
+    pub(crate) fn from_weight(weight: Vec<f32>, in_features: usize, out_features: usize) -> Self {
         Self::new(WeightMatrix::f32(weight, out_features, in_features))
     }
 
@@ -366,7 +367,7 @@ impl Linear {
 
     /// Stacks several projections that read the same input (q/k/v, gate/up) into one
     /// weight, so the input is streamed through the cores once instead of per projection.
-    pub fn load_merged(
+    pub(crate) fn load_merged(
         src: &dyn WeightSource,
         parts: &[(&str, usize)],
         in_features: usize,
@@ -379,11 +380,11 @@ impl Linear {
         &self.weight
     }
 
-    pub fn in_features(&self) -> usize {
+    pub(crate) fn in_features(&self) -> usize {
         self.weight.cols()
     }
 
-    pub fn out_features(&self) -> usize {
+    pub(crate) fn out_features(&self) -> usize {
         self.weight.rows()
     }
 

@@ -12,7 +12,7 @@ use crate::model_executor::loader::LoadError;
 
 /// A gated MLP's weights: gate and up stacked (`[2 * width, hidden]`, this rank's rows of
 /// each with tensor parallelism) and down (`[hidden, whole width]`, this rank's rows).
-pub struct GatedMlp {
+pub(crate) struct GatedMlp {
     pub gate_up_proj: Linear,
     pub down_proj: Linear,
     /// gpt-oss's expert biases: gate's then up's (this rank's part of each, as the rows),
@@ -26,7 +26,7 @@ pub struct GatedMlp {
 
 /// Activations of an MLP, kept between forward passes.
 #[derive(Default)]
-pub struct MlpBuffers {
+pub(crate) struct MlpBuffers {
     pub gate_up: Vec<f32>,
     pub act: Vec<f32>,
     /// With tensor parallelism: the activations put together from every rank's columns,
@@ -88,12 +88,12 @@ impl GatedMlp {
     }
 
     /// Bytes of its weights: what one token reads through it.
-    pub fn nbytes(&self) -> usize {
+    pub(crate) fn nbytes(&self) -> usize {
         self.matrices().iter().map(|m| m.nbytes()).sum()
     }
 
     /// Floating-point operations of one token through it.
-    pub fn flops_per_row(&self) -> f64 {
+    pub(crate) fn flops_per_row(&self) -> f64 {
         self.matrices().iter().map(|m| m.flops_per_row()).sum()
     }
 
@@ -141,7 +141,7 @@ impl GatedMlp {
 }
 
 /// Adds `bias` to each of `rows`' rows (of its length), if there is one.
-pub fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
+pub(crate) fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
     if let Some(bias) = bias {
         for row in rows.chunks_exact_mut(bias.len()) {
             row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
@@ -150,7 +150,7 @@ pub fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
 }
 
 /// `act = f(gate) * up` for rows laid out `[gate(width) | up(width)]`.
-pub fn activate(act_fn: Activation, gate_up: &[f32], act: &mut [f32], width: usize) {
+pub(crate) fn activate(act_fn: Activation, gate_up: &[f32], act: &mut [f32], width: usize) {
     match act_fn {
         Activation::Silu => silu_and_mul(gate_up, act, width),
         Activation::GeluTanh => gelu_tanh_and_mul(gate_up, act, width),

@@ -5,7 +5,7 @@ use minivllm_kernels::norm;
 use crate::model_executor::loader::{weights::WeightSource, LoadError};
 
 /// RMSNorm with a learned per-channel scale.
-pub struct RmsNorm {
+pub(crate) struct RmsNorm {
     weight: Vec<f32>,
     eps: f32,
 }
@@ -22,7 +22,7 @@ impl RmsNorm {
     }
 
     /// Adds `offset` to every weight (Gemma's `x·(1 + w)`, in f32 as transformers computes it).
-    pub fn with_weight_offset(mut self, offset: f32) -> Self {
+    pub(crate) fn with_weight_offset(mut self, offset: f32) -> Self {
         if offset != 0.0 {
             self.weight.iter_mut().for_each(|w| *w += offset);
         }
@@ -35,7 +35,7 @@ impl RmsNorm {
     }
 
     /// `residual += x; x = rms_norm(residual)`: one pass instead of an add then a norm.
-    pub fn forward_fused_add(&self, x: &mut [f32], residual: &mut [f32]) {
+    pub(crate) fn forward_fused_add(&self, x: &mut [f32], residual: &mut [f32]) {
         norm::fused_add_rms_norm(x, residual, &self.weight, self.eps);
     }
 }

@@ -16,7 +16,7 @@ pub fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 
 /// `local`'s `t` rows whole: where `split`, `local` holds this rank's share of the
 /// `width` columns, put together with the other ranks' in `whole`; otherwise `local` itself.
-pub fn whole_rows<'a>(
+pub(crate) fn whole_rows<'a>(
     comm: &dyn Communicator,
     split: bool,
     local: &'a [f32],
@@ -36,7 +36,7 @@ pub fn whole_rows<'a>(
 /// `out[t, width] = proj(input)`, where `proj` holds this rank's share of the `width`
 /// output rows: each rank computes its columns and they are gathered.
 #[allow(clippy::too_many_arguments)]
-pub fn project_whole(
+pub(crate) fn project_whole(
     comm: &dyn Communicator,
     proj: &Linear,
     input: &[f32],

@@ -9,7 +9,7 @@ use crate::config::{ModelConfig, RopeScaling};
 /// ([`StepRope`]), not tabled for every position the model may reach: a table for Gemma 3's
 /// 32,768 positions of 256 dims is 32 MiB per RoPE base (64 MiB for its two), Llama 3.1's
 /// 128K positions 64 MiB, while a step's rows cost a few microseconds to compute.
-pub struct RotaryEmbedding {
+pub(crate) struct RotaryEmbedding {
     inv_freq: Vec<f32>,
     theta: f32,
     scaling: RopeScaling,
@@ -23,7 +23,7 @@ pub struct RotaryEmbedding {
 /// The cosines and sines of one step's positions, `[tokens, rotary_dim]`: each token's
 /// `rotary_dim/2` cosines then as many sines (the kernel's layout). Kept between steps.
 #[derive(Default)]
-pub struct StepRope {
+pub(crate) struct StepRope {
     rows: Vec<f32>,
     /// `0..tokens`: token t reads row t.
     index: Vec<usize>,
@@ -41,7 +41,7 @@ impl RotaryEmbedding {
     }
 
     /// With another base and scaling than the config's (Gemma 3's sliding layers).
-    pub fn with_base(config: &ModelConfig, theta: f32, scaling: &RopeScaling) -> Self {
+    pub(crate) fn with_base(config: &ModelConfig, theta: f32, scaling: &RopeScaling) -> Self {
         let mut rope = Self {
             inv_freq: Vec::new(),
             theta,
@@ -60,17 +60,17 @@ impl RotaryEmbedding {
     /// size (transformers decides per forward pass, by the batch's longest position; vLLM by
     /// the batch's too, which would make a sequence's result depend on what it is batched
     /// with).
-    pub fn set_max_positions(&mut self, positions: usize) {
+    pub(crate) fn set_max_positions(&mut self, positions: usize) {
         self.inv_freq = inverse_frequencies(self.theta, self.rotary_dim, &self.scaling, positions);
         self.max_positions = positions;
     }
 
-    pub fn max_positions(&self) -> usize {
+    pub(crate) fn max_positions(&self) -> usize {
         self.max_positions
     }
 
     /// The cosines and sines of `positions` (each below [`Self::max_positions`]).
-    pub fn prepare(&self, positions: &[usize], step: &mut StepRope) {
+    pub(crate) fn prepare(&self, positions: &[usize], step: &mut StepRope) {
         let rot = self.rotary_dim;
         step.rows.resize(positions.len() * rot, 0.0);
         fill_cos_sin_rows(&mut step.rows, rot, &self.inv_freq, positions);
@@ -98,7 +98,7 @@ impl RotaryEmbedding {
 
 /// `1 / theta^(2i/d)` over the `rotary_dim` rotated dims, adjusted by the model's scaling
 /// rule for a context of `positions`.
-pub fn inverse_frequencies(
+pub(crate) fn inverse_frequencies(
     theta: f32,
     rotary_dim: usize,
     scaling: &RopeScaling,

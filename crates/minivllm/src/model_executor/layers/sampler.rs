@@ -18,7 +18,7 @@ const MIN_TEMPERATURE: f32 = 1e-2;
 
 /// A sequence's sampling state that outlives one step: its RNG.
 #[derive(Debug, Clone)]
-pub struct SeqSamplingState {
+pub(crate) struct SeqSamplingState {
     rng: ChaCha8Rng,
 }
 
@@ -40,7 +40,7 @@ impl SeqSamplingState {
 }
 
 /// What the sampler needs to know about one sequence for one row of logits.
-pub struct SamplingContext<'a> {
+pub(crate) struct SamplingContext<'a> {
     pub options: SamplingOptions<'a>,
     pub prompt_ids: &'a [TokenId],
     pub output_ids: &'a [TokenId],
@@ -68,7 +68,7 @@ pub struct SampledToken {
 /// Samples rows of logits. Holds scratch buffers so that steady decoding allocates only the
 /// returned tokens.
 #[derive(Debug, Default)]
-pub struct Sampler {
+pub(crate) struct Sampler {
     /// The current row's raw log-softmax.
     raw: Vec<f32>,
     /// The current row's probabilities after temperature.
@@ -84,6 +84,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
@@ -92,6 +93,7 @@ impl Sampler {
     /// On return each row holds the processed logits (bias, bans, penalties; before
     /// temperature). Only each sequence's own RNG is used, one draw per random sample, so a
     /// seeded request gets the same tokens whatever else is in the batch.
+    #[cfg(test)]
     pub fn sample(
         &mut self,
         logits: &mut [f32],
@@ -115,7 +117,11 @@ impl Sampler {
     }
 
     /// Samples one token from one row of logits (see [`sample`](Self::sample)).
-    pub fn sample_row(&mut self, row: &mut [f32], ctx: &mut SamplingContext<'_>) -> SampledToken {
+    pub(crate) fn sample_row(
+        &mut self,
+        row: &mut [f32],
+        ctx: &mut SamplingContext<'_>,
+    ) -> SampledToken {
         let params = ctx.options;
         if let Some(mask) = ctx.allowed {
             mask.apply(row);
@@ -280,7 +286,7 @@ impl Sampler {
 /// Raw log-probability of `next_token` at this row, and the `k` most likely tokens (most
 /// likely first), as the sampler reports them; for prompt logprobs. A token past the
 /// vocabulary gets `-inf`.
-pub fn logprobs_for(
+pub(crate) fn logprobs_for(
     row: &[f32],
     next_token: TokenId,
     k: usize,

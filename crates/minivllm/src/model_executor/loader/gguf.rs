@@ -62,7 +62,7 @@ impl GgufValue {
     }
 
     /// Any integer that fits an i64.
-    pub fn as_i64(&self) -> Option<i64> {
+    pub(crate) fn as_i64(&self) -> Option<i64> {
         match *self {
             GgufValue::I8(v) => Some(v.into()),
             GgufValue::I16(v) => Some(v.into()),
@@ -260,7 +260,7 @@ impl GgufFile {
     /// slices kept 1.5 GB of the file mapped that way with a 64 KiB margin, 0.8 GB with
     /// none (Qwen3-30B-A3B's shape, 19.8 GB), 13 MB with 2 MiB. Pages dropped early are read
     /// back from the file if needed, so releasing more than was copied is always safe.
-    pub fn release_bytes(&self, info: &GgufTensorInfo, from: usize, len: usize) {
+    pub(crate) fn release_bytes(&self, info: &GgufTensorInfo, from: usize, len: usize) {
         const FAULT_AROUND: usize = 2 << 20;
         let start = self
             .data_offset

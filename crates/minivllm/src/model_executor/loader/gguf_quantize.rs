@@ -63,7 +63,7 @@ impl FileQuantization {
 
     /// The format for tensor `name` (a GGUF name: `blk.3.attn_v.weight`) with rows of
     /// `cols` values, in a model of `n_layers`; `None` keeps the tensor as it is.
-    pub fn tensor_type(self, name: &str, cols: usize, n_layers: usize) -> Option<GgmlType> {
+    pub(crate) fn tensor_type(self, name: &str, cols: usize, n_layers: usize) -> Option<GgmlType> {
         let base = match self {
             FileQuantization::Plain(q) => q,
             FileQuantization::Q4_K_M => Quantization::Q4_K,

@@ -179,7 +179,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
 }
 
 /// The layer of a `blk.N.…` tensor.
-pub fn layer_index(name: &str) -> Option<usize> {
+pub(crate) fn layer_index(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 

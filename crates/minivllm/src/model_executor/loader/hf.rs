@@ -67,7 +67,7 @@ fn looks_like_repo_id(spec: &str) -> bool {
 }
 
 /// The hub cache folder, with the same precedence as `huggingface_hub`.
-pub fn hub_cache_dir() -> PathBuf {
+pub(crate) fn hub_cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("HF_HUB_CACHE") {
         return PathBuf::from(p);
     }
@@ -81,7 +81,7 @@ pub fn hub_cache_dir() -> PathBuf {
 }
 
 /// `org/name` -> `<cache>/models--org--name/snapshots/<revision of refs/main>`.
-pub fn resolve_repo_id(repo: &str, cache: &Path) -> Result<ModelLocation, LoadError> {
+pub(crate) fn resolve_repo_id(repo: &str, cache: &Path) -> Result<ModelLocation, LoadError> {
     let repo_dir = cache.join(format!("models--{}", repo.replace('/', "--")));
     let snapshots = repo_dir.join("snapshots");
     let not_cached = || {

@@ -14,7 +14,7 @@ pub mod sharded;
 pub mod weights;
 
 /// Reads and parses a JSON file, naming the file in any error.
-pub fn read_json(path: &std::path::Path) -> Result<serde_json::Value, LoadError> {
+pub(crate) fn read_json(path: &std::path::Path) -> Result<serde_json::Value, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
         path: path.to_path_buf(),
         source,

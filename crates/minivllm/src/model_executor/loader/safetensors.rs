@@ -12,7 +12,7 @@ use super::weights::{Tensor, WeightSource};
 use super::LoadError;
 use minivllm_kernels::hmatmul::HalfKind;
 
-pub struct SafetensorsWeights {
+pub(crate) struct SafetensorsWeights {
     shards: Vec<(PathBuf, Mmap)>,
     /// Tensor name -> shard index.
     index: HashMap<String, usize>,
@@ -20,7 +20,7 @@ pub struct SafetensorsWeights {
 
 impl SafetensorsWeights {
     /// Opens the weights in a Hugging Face model folder.
-    pub fn open_dir(dir: &Path) -> Result<Self, LoadError> {
+    pub(crate) fn open_dir(dir: &Path) -> Result<Self, LoadError> {
         let index_path = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         if index_path.is_file() {
@@ -56,7 +56,7 @@ impl SafetensorsWeights {
 
     /// Opens each file, which must be a regular file: opening a FIFO or a device would
     /// block or read without end.
-    pub fn open_files(paths: &[PathBuf]) -> Result<Self, LoadError> {
+    pub(crate) fn open_files(paths: &[PathBuf]) -> Result<Self, LoadError> {
         let mut shards = Vec::with_capacity(paths.len());
         let mut index = HashMap::new();
         for (i, path) in paths.iter().enumerate() {

@@ -14,7 +14,11 @@ pub struct Tensor {
 
 impl Tensor {
     /// The data, after checking the shape is the one the model expects.
-    pub fn expect_shape(self, name: &str, expected: &[usize]) -> Result<Vec<f32>, LoadError> {
+    pub(crate) fn expect_shape(
+        self,
+        name: &str,
+        expected: &[usize],
+    ) -> Result<Vec<f32>, LoadError> {
         if self.shape != expected {
             return Err(LoadError::ShapeMismatch {
                 tensor: name.to_string(),
@@ -70,7 +74,7 @@ pub trait WeightSource: Sync {
 }
 
 /// Tensor `name` as a vector of `len` (a bias), or `None` when the checkpoint has none.
-pub fn optional_vector(
+pub(crate) fn optional_vector(
     src: &dyn WeightSource,
     name: &str,
     len: usize,
@@ -82,7 +86,7 @@ pub fn optional_vector(
 }
 
 /// Slice `index` of `t`'s first dimension.
-pub fn slice_first(name: &str, t: Tensor, index: usize) -> Result<Tensor, LoadError> {
+pub(crate) fn slice_first(name: &str, t: Tensor, index: usize) -> Result<Tensor, LoadError> {
     match t.shape.split_first() {
         Some((&n, rest)) if index < n => {
             let len: usize = rest.iter().product();
@@ -180,7 +184,7 @@ impl Quantization {
     /// output projection): below 6 bits, Q6_K, as llama.cpp's quantizer gives
     /// `output.weight`, since rounding the logits' own weights to 4 or 5 bits moves them the
     /// most.
-    pub fn for_output(self) -> Quantization {
+    pub(crate) fn for_output(self) -> Quantization {
         match self {
             Quantization::Q8_0 | Quantization::Q6_K => self,
             _ => Quantization::Q6_K,
@@ -190,7 +194,7 @@ impl Quantization {
     /// The format for rows of `cols` values: this one, or where rows are not whole blocks
     /// of 256 the 32-value format that llama.cpp's quantizer falls back to (Q4_K to Q5_0,
     /// Q5_K to Q5_1, Q6_K to Q8_0); `None` if rows are not whole blocks of 32 either.
-    pub fn ggml_type_for(self, cols: usize) -> Option<GgmlType> {
+    pub(crate) fn ggml_type_for(self, cols: usize) -> Option<GgmlType> {
         let ty = self.ggml_type();
         let fallback = match ty {
             GgmlType::Q4_K => GgmlType::Q5_0,
@@ -235,7 +239,7 @@ impl LoadOptions {
 
     /// The options for the output projection and the token embeddings: see
     /// [`Quantization::for_output`] (Q8_0 where rows are not whole blocks of 256).
-    pub fn for_output(&self) -> LoadOptions {
+    pub(crate) fn for_output(&self) -> LoadOptions {
         let quantization = self.quantization.map(Quantization::for_output);
         LoadOptions {
             quantization,

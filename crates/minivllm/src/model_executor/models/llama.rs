@@ -168,14 +168,14 @@ impl ForwardBuffers {
     }
 
     /// The same, to change in place (sampling's bias, bans and penalties).
-    pub fn logits_mut(&mut self, len: usize) -> &mut [f32] {
+    pub(crate) fn logits_mut(&mut self, len: usize) -> &mut [f32] {
         &mut self.logits[..len]
     }
 
     /// Frees the buffers if a past batch grew them large (a step scoring a long prompt's
     /// logprobs needs a vocabulary-wide row per token): called when the engine goes idle,
     /// so one such request does not leave its peak in the server for good.
-    pub fn release_if_large(&mut self) {
+    pub(crate) fn release_if_large(&mut self) {
         let floats: usize = [
             &self.hidden,
             &self.residual,
@@ -432,7 +432,7 @@ impl LlamaForCausalLM {
     /// [`forward`](Self::forward) up to the LM head: the final-normed hidden states of the
     /// positions in `input.logits_indices`, `[logits_indices.len(), hidden_size]`, on every
     /// rank. For callers with a head of their own (a draft model's partial vocabulary).
-    pub fn forward_hidden<'b>(
+    pub(crate) fn forward_hidden<'b>(
         &self,
         input: &InputMetadata,
         kv_caches: &mut [LayerKvCache],

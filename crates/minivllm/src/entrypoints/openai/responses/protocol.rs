@@ -114,7 +114,7 @@ impl ResponsesRequest {
         Ok(chat)
     }
 
-    pub fn wants_logprobs(&self) -> bool {
+    pub(crate) fn wants_logprobs(&self) -> bool {
         self.include.iter().flatten().any(|i| i == OUTPUT_LOGPROBS)
     }
 }

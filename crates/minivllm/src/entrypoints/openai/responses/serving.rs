@@ -55,7 +55,7 @@ pub async fn responses(
 }
 
 /// `GET /v1/responses/{id}`: nothing is kept, so every id is unknown.
-pub async fn retrieve(Path(id): Path<String>) -> ApiError {
+pub(crate) async fn retrieve(Path(id): Path<String>) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!("Response with id '{id}' not found: this server keeps no responses"),

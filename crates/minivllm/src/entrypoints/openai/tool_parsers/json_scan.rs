@@ -5,7 +5,7 @@
 /// The length of the JSON value at the start of `s`, or `None` when `s` ends inside it.
 /// Objects and arrays end at their matching bracket, strings at their closing quote,
 /// numbers and literals at the first character that cannot continue them.
-pub fn value_end(s: &str) -> Option<usize> {
+pub(crate) fn value_end(s: &str) -> Option<usize> {
     let b = s.as_bytes();
     match b.first()? {
         b'"' => string_end(b),
@@ -51,14 +51,14 @@ fn string_end(b: &[u8]) -> Option<usize> {
     None
 }
 
-pub fn skip_ws(s: &str, from: usize) -> usize {
+pub(crate) fn skip_ws(s: &str, from: usize) -> usize {
     from + s[from..].len() - s[from..].trim_start().len()
 }
 
 /// A member of a JSON object found so far: its key and its value's span, the end `None`
 /// while the value is still being written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     pub key: String,
     pub start: usize,
     pub end: Option<usize>,
@@ -67,7 +67,7 @@ pub struct Member {
 /// The members of the (possibly unfinished) object at the start of `s`, in order, and the
 /// object's length once it is closed. Stops quietly at anything that is not JSON: the
 /// complete text is parsed properly before it is trusted.
-pub fn object_members(s: &str) -> (Vec<Member>, Option<usize>) {
+pub(crate) fn object_members(s: &str) -> (Vec<Member>, Option<usize>) {
     let mut members = Vec::new();
     let b = s.as_bytes();
     if b.first() != Some(&b'{') {
@@ -111,7 +111,7 @@ pub fn object_members(s: &str) -> (Vec<Member>, Option<usize>) {
 /// The spans of the objects at the start of `s` separated by any of `separators` (and
 /// whitespace), the last one's end `None` while it is being written. Stops at anything
 /// else.
-pub fn object_sequence(s: &str, separators: &[u8]) -> Vec<(usize, Option<usize>)> {
+pub(crate) fn object_sequence(s: &str, separators: &[u8]) -> Vec<(usize, Option<usize>)> {
     let mut spans = Vec::new();
     let mut i = 0;
     loop {

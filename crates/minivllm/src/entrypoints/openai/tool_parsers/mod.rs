@@ -152,7 +152,7 @@ impl std::str::FromStr for ToolParserName {
 /// What a request's `tool_choice` of `required` or a named function makes the model write:
 /// JSON constrained by the tools' schemas (see `entrypoints::openai::tools`), read back here.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ForcedToolParser {
+pub(crate) enum ForcedToolParser {
     /// The output is the named function's arguments object.
     Named(String),
     /// The output is a list of `{"name": ..., "parameters": {...}}`.
