@@ -184,10 +184,10 @@ struct Reply {
 }
 
 impl Reply {
-    fn logprobs(&self, o: &CompletionOutput, from: usize) -> Option<Vec<TokenLogprob>> {
+    fn logprobs(&self, o: &CompletionOutput) -> Option<Vec<TokenLogprob>> {
         let k = self.top_logprobs?;
         let lps = o.logprobs.as_deref()?;
-        Some(token_logprobs(&self.tok, o, lps, from, k))
+        Some(token_logprobs(&self.tok, o, lps, k))
     }
 
     /// How `o` finished, if it has; `called`: the reply called tools.
@@ -218,7 +218,7 @@ impl Reply {
                     reasoning,
                     content,
                     tool_calls,
-                    logprobs: self.logprobs(o, 0),
+                    logprobs: self.logprobs(o),
                     finish,
                 }
             })
@@ -290,7 +290,7 @@ impl Reply {
                 let d = ChoiceDelta {
                     index: unsent.index,
                     pieces,
-                    logprobs: self.logprobs(&unsent, 0),
+                    logprobs: self.logprobs(&unsent),
                     finish: self.finish(&unsent, called),
                 };
                 if tx.send(ChatEvent::Delta(d)).await.is_err() {
@@ -313,19 +313,16 @@ struct ChoiceStream {
     unsent: Option<CompletionOutput>,
 }
 
-/// The generated tokens' logprobs (`lps`, one per token of `o`) from token `from` on, `k`
-/// alternatives each.
+/// The generated tokens' logprobs (`lps`, one per token of `o`), `k` alternatives each.
 fn token_logprobs(
     tok: &Tokenizer,
     o: &CompletionOutput,
     lps: &[TokenLogprobs],
-    from: usize,
     k: usize,
 ) -> Vec<TokenLogprob> {
     o.token_ids
         .iter()
         .zip(lps)
-        .skip(from)
         .map(|(&id, lp)| {
             let token = token_text(tok, id);
             TokenLogprob {

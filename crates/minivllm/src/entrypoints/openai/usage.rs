@@ -21,11 +21,10 @@ impl Usage {
         u
     }
 
-    /// Counts one more request's prompt, cached prompt and generated tokens.
+    /// Counts one more request's prompt, cached prompt and generated tokens: its whole
+    /// output is its first and only delta.
     pub fn add(&mut self, out: &RequestOutput) {
-        self.prompt += out.prompt_token_ids.len();
-        self.completion += out.num_generated_tokens();
-        self.cached += out.num_cached_tokens;
+        self.add_delta(out, true);
     }
 
     /// Counts a `DELTA` output of a request: its new tokens, and with its `first` output
