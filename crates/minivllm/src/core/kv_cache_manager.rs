@@ -104,7 +104,25 @@ impl SeqBlocks {
     }
 }
 
+/// A prefix-cache lookup for a sequence about to start
+/// ([`KvCacheManager::get_computed_blocks`]): the cached blocks of the longest usable prefix
+/// of its tokens, which [`KvCacheManager::allocate_new_slots`] then takes over, so an
+/// admission looks its prefix up once (vLLM's `new_computed_blocks`).
+#[derive(Debug, Default)]
+pub(crate) struct ComputedBlocks {
+    hits: Vec<Hit>,
+    num_tokens: usize,
+}
+
+impl ComputedBlocks {
+    /// The tokens the cached blocks hold: a whole number of blocks, never the last token.
+    pub(crate) fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+}
+
 /// The cached blocks found for one block of a prefix.
+#[derive(Debug)]
 struct Hit {
     /// The block in each group, `None` where the group does not need it (before a window).
     blocks: Vec<Option<BlockId>>,
@@ -177,18 +195,50 @@ impl KvCacheManager {
 
     /// Prefix-cache lookup for a sequence about to start (or restart after preemption): the
     /// longest run of full blocks of `token_ids` already cached, never covering the last token
-    /// (so there are logits to sample). Returns the number of cached tokens, a multiple of the
-    /// block size; 0 with prefix caching off. Takes no references: `allocate_slots` with this
-    /// as `num_computed_tokens`, before anything else allocates, commits them.
-    pub(crate) fn get_computed_tokens(&mut self, token_ids: &[u32]) -> usize {
+    /// (so there are logits to sample); none with prefix caching off. Takes no references:
+    /// [`allocate_new_slots`](Self::allocate_new_slots), before anything else allocates,
+    /// commits them.
+    pub(crate) fn get_computed_blocks(&mut self, token_ids: &[u32]) -> ComputedBlocks {
         if !self.enable_prefix_caching {
-            return 0;
+            return ComputedBlocks::default();
         }
         let max_blocks = token_ids.len().saturating_sub(1) / self.block_size;
-        let tokens = self.find_cached(token_ids, max_blocks).len() * self.block_size;
+        let hits = self.find_cached(token_ids, max_blocks);
+        let num_tokens = hits.len() * self.block_size;
         self.stats.queries += token_ids.len() as u64;
-        self.stats.hits += tokens as u64;
-        tokens
+        self.stats.hits += num_tokens as u64;
+        ComputedBlocks { hits, num_tokens }
+    }
+
+    /// Admits `seq`, which holds no blocks: it takes the cached blocks `computed` found for
+    /// its first `computed.num_tokens()` tokens and fresh ones for `num_new_tokens` more,
+    /// if the watermark's worth of blocks stays free, and registers its full blocks as
+    /// [`allocate_slots`](Self::allocate_slots) does. All or nothing: `None` changes
+    /// nothing, whether blocks are short or a cached block was evicted since the lookup.
+    pub(crate) fn allocate_new_slots(
+        &mut self,
+        seq: SeqId,
+        token_ids: &[u32],
+        computed: ComputedBlocks,
+        num_new_tokens: usize,
+    ) -> Option<()> {
+        debug_assert!(
+            self.block_table(seq).is_empty(),
+            "{seq} already holds blocks"
+        );
+        let num_tokens = computed.num_tokens + num_new_tokens;
+        let still_cached = computed.hits.iter().all(|hit| {
+            self.pool.lookup(hit.hashed.hash).is_some_and(|c| {
+                Some(c.id) == hit.hashed.entry
+                    && (hit.blocks.iter().zip(&c.blocks)).all(|(h, c)| h.is_none() || h == c)
+            })
+        });
+        if !still_cached {
+            return None;
+        }
+        self.allocate_new(seq, computed.hits, num_tokens.div_ceil(self.block_size))?;
+        self.cache_full_blocks(seq, token_ids, num_tokens);
+        Some(())
     }
 
     /// Ensures `seq` has blocks for `num_computed_tokens + num_new_tokens` tokens, and
@@ -199,12 +249,10 @@ impl KvCacheManager {
     ///
     /// [`cache_full_blocks`]: Self::cache_full_blocks
     ///
-    /// A sequence without blocks first takes the cached blocks for its first
-    /// `num_computed_tokens` tokens (as `get_computed_tokens` found them) and is admitted only
-    /// if the watermark's worth of blocks stays free. All or nothing: `None` changes nothing,
-    /// whether blocks are short or the cached prefix was evicted since the lookup, but for
-    /// the sliding-window blocks no query can read any more, which go back first either way.
-    /// `token_ids` are all the sequence's known tokens, for hashing.
+    /// A sequence without blocks (swapped in, or started with nothing cached) is admitted
+    /// only if the watermark's worth of blocks stays free. All or nothing: `None` changes
+    /// nothing but for the sliding-window blocks no query can read any more, which go back
+    /// first either way. `token_ids` are all the sequence's known tokens, for hashing.
     pub(crate) fn allocate_slots(
         &mut self,
         seq: SeqId,
@@ -215,7 +263,11 @@ impl KvCacheManager {
         let num_tokens = num_computed_tokens + num_new_tokens;
         let required = num_tokens.div_ceil(self.block_size);
         if self.block_table(seq).is_empty() {
-            self.allocate_new(seq, token_ids, num_computed_tokens, required)?;
+            debug_assert_eq!(
+                num_computed_tokens, 0,
+                "{seq}: cached blocks go through allocate_new_slots"
+            );
+            self.allocate_new(seq, Vec::new(), required)?;
         } else {
             self.free_skipped_blocks(seq, num_computed_tokens);
             let state = self.seqs.get_mut(&seq).expect("non-empty table");
@@ -249,28 +301,9 @@ impl KvCacheManager {
         }
     }
 
-    fn allocate_new(
-        &mut self,
-        seq: SeqId,
-        token_ids: &[u32],
-        num_computed_tokens: usize,
-        required: usize,
-    ) -> Option<()> {
-        let bs = self.block_size;
-        let whole_blocks = num_computed_tokens.is_multiple_of(bs);
-        debug_assert!(
-            whole_blocks,
-            "{seq}: {num_computed_tokens} computed tokens is not a whole number of blocks"
-        );
-        let hit_blocks = num_computed_tokens / bs;
-        let hits = if hit_blocks == 0 {
-            Vec::new()
-        } else {
-            self.find_cached(token_ids, hit_blocks)
-        };
-        if hits.len() < hit_blocks || !whole_blocks {
-            return None;
-        }
+    /// Gives `seq` its first tables: the cached blocks of `hits`, then fresh ones up to
+    /// `required` blocks per group.
+    fn allocate_new(&mut self, seq: SeqId, hits: Vec<Hit>, required: usize) -> Option<()> {
         let held = || hits.iter().flat_map(|h| h.blocks.iter().flatten());
         let revived = held().filter(|&&b| self.pool.ref_count(b) == 0).count();
         let groups = self.group_windows.len();

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use crate::core::kv_cache_manager::KvCacheManager;
+use crate::core::kv_cache_manager::{ComputedBlocks, KvCacheManager};
 use crate::core::policy::Policy;
 use crate::core::prefill_share::PrefillShare;
 pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
@@ -525,11 +525,12 @@ impl Scheduler {
                 break;
             }
             let seq = &self.seqs[&id];
-            let cached = if seq.skip_prefix_cache {
-                0
+            let computed = if seq.skip_prefix_cache {
+                ComputedBlocks::default()
             } else {
-                self.kv_cache_manager.get_computed_tokens(&seq.token_ids)
+                self.kv_cache_manager.get_computed_blocks(&seq.token_ids)
             };
+            let cached = computed.num_tokens();
             let remaining = seq.len() - cached;
             let long = self.prefill_share.is_long(remaining);
             if long && long_wait {
@@ -549,7 +550,7 @@ impl Scheduler {
             }
             let num_new = remaining.min(room);
             if (self.kv_cache_manager)
-                .allocate_slots(id, &seq.token_ids, cached, num_new)
+                .allocate_new_slots(id, &seq.token_ids, computed, num_new)
                 .is_none()
             {
                 break;

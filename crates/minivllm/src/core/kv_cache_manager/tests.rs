@@ -14,11 +14,26 @@ fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
 /// Admits `seq` with its cached prefix, computes all of `tokens`, and caches its blocks,
 /// as the scheduler would over a prefill; returns the cached-token count it started from.
 fn prefill(m: &mut KvCacheManager, seq: u64, tokens: &[u32]) -> usize {
-    let computed = m.get_computed_tokens(tokens);
-    m.allocate_slots(SeqId(seq), tokens, computed, tokens.len() - computed)
+    let computed = m.get_computed_blocks(tokens);
+    let cached = computed.num_tokens();
+    m.allocate_new_slots(SeqId(seq), tokens, computed, tokens.len() - cached)
         .expect("room");
     m.cache_full_blocks(SeqId(seq), tokens, tokens.len());
-    computed
+    cached
+}
+
+/// Admits `seq` for `new` tokens past the cached prefix a lookup finds, which must hold
+/// `cached` tokens.
+fn admit(m: &mut KvCacheManager, seq: u64, tokens: &[u32], cached: usize, new: usize) {
+    let computed = m.get_computed_blocks(tokens);
+    assert_eq!(computed.num_tokens(), cached);
+    m.allocate_new_slots(SeqId(seq), tokens, computed, new)
+        .expect("room");
+}
+
+/// The cached tokens a lookup finds, taking nothing.
+fn cached_tokens(m: &mut KvCacheManager, tokens: &[u32]) -> usize {
+    m.get_computed_blocks(tokens).num_tokens()
 }
 
 #[test]
@@ -58,8 +73,7 @@ fn second_sequence_reuses_a_shared_prefix() {
     let a: Vec<u32> = prefix.iter().copied().chain([1, 2, 3]).collect();
     let b: Vec<u32> = prefix.iter().copied().chain([7, 8]).collect();
     assert_eq!(prefill(&mut m, 1, &a), 0);
-    assert_eq!(m.get_computed_tokens(&b), 32);
-    m.allocate_slots(SeqId(2), &b, 32, b.len() - 32).unwrap();
+    admit(&mut m, 2, &b, 32, b.len() - 32);
     let (ta, tb) = (m.block_table(SeqId(1)), m.block_table(SeqId(2)));
     assert_eq!(ta[..2], tb[..2]);
     assert_ne!(ta[2], tb[2]);
@@ -80,12 +94,12 @@ fn the_last_token_is_always_recomputed() {
     let t = toks(0..48);
     prefill(&mut m, 1, &t);
     // floor((len - 1) / bs) blocks at most.
-    assert_eq!(m.get_computed_tokens(&t[..48]), 32);
-    assert_eq!(m.get_computed_tokens(&t[..33]), 32);
-    assert_eq!(m.get_computed_tokens(&t[..32]), 16);
-    assert_eq!(m.get_computed_tokens(&t[..17]), 16);
-    assert_eq!(m.get_computed_tokens(&t[..16]), 0);
-    assert_eq!(m.get_computed_tokens(&[]), 0);
+    assert_eq!(cached_tokens(&mut m, &t[..48]), 32);
+    assert_eq!(cached_tokens(&mut m, &t[..33]), 32);
+    assert_eq!(cached_tokens(&mut m, &t[..32]), 16);
+    assert_eq!(cached_tokens(&mut m, &t[..17]), 16);
+    assert_eq!(cached_tokens(&mut m, &t[..16]), 0);
+    assert_eq!(cached_tokens(&mut m, &[]), 0);
 }
 
 #[test]
@@ -109,14 +123,16 @@ fn a_prefix_evicted_between_lookup_and_allocation_is_refused() {
     let t = toks(0..9);
     prefill(&mut m, 1, &t);
     m.free(SeqId(1));
-    assert_eq!(m.get_computed_tokens(&t), 8);
+    let stale = m.get_computed_blocks(&t);
+    assert_eq!(stale.num_tokens(), 8);
     // Takes the free uncached blocks, then the second cached block (the tail goes first).
     m.allocate_slots(SeqId(2), &toks(100..112), 0, 12).unwrap();
     m.free(SeqId(2));
-    assert_eq!(m.allocate_slots(SeqId(3), &t, 8, 1), None);
+    // The lookup's second block was evicted since: the admission takes nothing.
+    assert_eq!(m.allocate_new_slots(SeqId(3), &t, stale, 1), None);
     assert!(m.block_table(SeqId(3)).is_empty());
     assert_eq!(m.num_free_blocks(), 4);
-    assert_eq!(m.get_computed_tokens(&t), 4);
+    assert_eq!(cached_tokens(&mut m, &t), 4);
 }
 
 #[test]
@@ -127,7 +143,7 @@ fn prefix_caching_off_finds_nothing() {
     });
     let t = toks(0..9);
     prefill(&mut m, 1, &t);
-    assert_eq!(m.get_computed_tokens(&t), 0);
+    assert_eq!(cached_tokens(&mut m, &t), 0);
     assert_eq!(m.prefix_cache_stats(), PrefixCacheStats::default());
 }
 
@@ -139,8 +155,7 @@ fn blocks_registered_while_scheduling_serve_a_sibling_in_the_same_step() {
     // full blocks before the step runs.
     assert_eq!(m.allocate_slots(SeqId(1), &t, 0, 10), Some(()));
     // Its sibling, scheduled next in that step, takes them and computes only its tail.
-    assert_eq!(m.get_computed_tokens(&t), 8);
-    assert_eq!(m.allocate_slots(SeqId(2), &t, 8, 2), Some(()));
+    admit(&mut m, 2, &t, 8, 2);
     let (a, b) = (m.block_table(SeqId(1)), m.block_table(SeqId(2)));
     assert_eq!(a[..2], b[..2]);
     assert_ne!(a[2], b[2]);
@@ -155,14 +170,13 @@ fn a_failed_step_takes_its_registrations_back() {
     prefill(&mut m, 1, &t);
     m.start_step();
     let longer = toks(0..13);
-    assert_eq!(m.get_computed_tokens(&longer), 8);
-    assert_eq!(m.allocate_slots(SeqId(2), &longer, 8, 5), Some(()));
-    assert_eq!(m.get_computed_tokens(&toks(0..14)), 12);
+    admit(&mut m, 2, &longer, 8, 5);
+    assert_eq!(cached_tokens(&mut m, &toks(0..14)), 12);
     // The step fails: its sequence goes, and its block is no longer a hit, while the
     // blocks computed before the step still are.
     m.free(SeqId(2));
     m.forget_step();
-    assert_eq!(m.get_computed_tokens(&toks(0..14)), 8);
+    assert_eq!(cached_tokens(&mut m, &toks(0..14)), 8);
     assert_eq!(m.pool.num_cached(), 2);
     m.free(SeqId(1));
     assert_eq!(m.num_free_blocks(), 8);
@@ -177,7 +191,7 @@ fn eviction_takes_the_least_recently_freed_and_forgets_it() {
         m.free(SeqId(s as u64));
     }
     let found = |m: &mut KvCacheManager| -> Vec<usize> {
-        prompts.iter().map(|t| m.get_computed_tokens(t)).collect()
+        prompts.iter().map(|t| cached_tokens(m, t)).collect()
     };
     assert_eq!(found(&mut m), [2, 2, 2, 2]);
     // The free uncached block goes first, then cached ones in the order they were freed.
@@ -196,11 +210,11 @@ fn a_freed_sequence_loses_its_tail_blocks_first() {
     let t = toks(0..7);
     prefill(&mut m, 1, &t);
     m.free(SeqId(1));
-    assert_eq!(m.get_computed_tokens(&t), 6);
+    assert_eq!(cached_tokens(&mut m, &t), 6);
     m.allocate_slots(SeqId(2), &[900], 0, 1).unwrap();
-    assert_eq!(m.get_computed_tokens(&t), 6);
+    assert_eq!(cached_tokens(&mut m, &t), 6);
     m.allocate_slots(SeqId(2), &[900, 901, 902], 1, 2).unwrap();
-    assert_eq!(m.get_computed_tokens(&t), 4);
+    assert_eq!(cached_tokens(&mut m, &t), 4);
 }
 
 #[test]
@@ -229,7 +243,7 @@ fn a_block_after_a_duplicate_is_still_cached_under_the_same_chain() {
     m.cache_full_blocks(SeqId(1), &short, 5);
     m.cache_full_blocks(SeqId(2), &long, 13);
     // Block 0 comes from seq 1, blocks 1 and 2 from seq 2.
-    assert_eq!(m.get_computed_tokens(&long), 12);
+    assert_eq!(cached_tokens(&mut m, &long), 12);
 }
 
 /// A full-attention group and a sliding one of 8 positions, blocks of 4.
@@ -282,8 +296,7 @@ fn a_prefix_hit_takes_only_the_window_of_a_sliding_group() {
     let t = toks(0..41);
     assert_eq!(prefill(&mut m, 1, &t), 0);
     m.free(SeqId(1));
-    assert_eq!(m.get_computed_tokens(&t), 40);
-    m.allocate_slots(SeqId(2), &t, 40, 1).unwrap();
+    admit(&mut m, 2, &t, 40, 1);
     let tables = m.block_tables(SeqId(2));
     // The next query (position 40) sees 33..=40: blocks 8 to 10 of the sliding group.
     assert!(tables[0].iter().all(|&b| b != BlockId::NULL));
@@ -312,8 +325,8 @@ fn a_prefix_hit_stops_where_a_sliding_group_lost_its_window() {
     m.free(SeqId(9));
     // The full group still has every block, the sliding one only blocks 8-10: a prompt
     // may resume at 40 (window 8-9) but no earlier cut has its window.
-    assert_eq!(m.get_computed_tokens(&long), 40);
-    assert_eq!(m.get_computed_tokens(&t[..37]), 0);
+    assert_eq!(cached_tokens(&mut m, &long), 40);
+    assert_eq!(cached_tokens(&mut m, &t[..37]), 0);
 }
 
 fn constant_hash(_: Option<u64>, _: &[u32]) -> u64 {
@@ -324,12 +337,12 @@ fn constant_hash(_: Option<u64>, _: &[u32]) -> u64 {
 fn a_hash_collision_is_never_a_hit() {
     let mut m = KvCacheManager::with_hasher(KvCacheManagerConfig::new(8, 4), constant_hash);
     prefill(&mut m, 1, &toks(0..5));
-    assert_eq!(m.get_computed_tokens(&toks(0..5)), 4);
-    assert_eq!(m.get_computed_tokens(&toks(10..15)), 0);
+    assert_eq!(cached_tokens(&mut m, &toks(0..5)), 4);
+    assert_eq!(cached_tokens(&mut m, &toks(10..15)), 0);
     // The colliding block stays uncached rather than replacing the first.
     prefill(&mut m, 2, &toks(10..15));
-    assert_eq!(m.get_computed_tokens(&toks(10..15)), 0);
-    assert_eq!(m.get_computed_tokens(&toks(0..5)), 4);
+    assert_eq!(cached_tokens(&mut m, &toks(10..15)), 0);
+    assert_eq!(cached_tokens(&mut m, &toks(0..5)), 4);
 }
 
 /// Hashes only the block position, so every first block collides, as does every second.
@@ -344,8 +357,8 @@ fn a_child_of_a_colliding_block_is_not_cached() {
     let b: Vec<u32> = [2, 2, 2, 2, 5, 5, 5, 5, 0].into();
     prefill(&mut m, 1, &a[..5]);
     prefill(&mut m, 2, &b);
-    assert_eq!(m.get_computed_tokens(&a), 4);
-    assert_eq!(m.get_computed_tokens(&b), 0);
+    assert_eq!(cached_tokens(&mut m, &a), 4);
+    assert_eq!(cached_tokens(&mut m, &b), 0);
 }
 
 #[test]
@@ -368,7 +381,7 @@ fn a_parent_replaced_under_the_same_hash_does_not_vouch_for_old_children() {
     // a's first block takes the freed hash; b's second block has a's second block's
     // tokens and hash, but was computed after other tokens.
     assert_eq!(prefill(&mut m, 3, &a), 0);
-    assert_eq!(m.get_computed_tokens(&a), 4);
+    assert_eq!(cached_tokens(&mut m, &a), 4);
 }
 
 #[test]
@@ -397,8 +410,7 @@ fn the_watermark_counts_revived_cached_blocks() {
     prefill(&mut m, 1, &t);
     m.free(SeqId(1));
     // 5 cached blocks to revive and 1 fresh leaves 2 free: admitted.
-    assert_eq!(m.get_computed_tokens(&t), 20);
-    assert_eq!(m.allocate_slots(SeqId(2), &t, 20, 1), Some(()));
+    admit(&mut m, 2, &t, 20, 1);
     assert_eq!(m.num_free_blocks(), 2);
 }
 
@@ -409,9 +421,9 @@ fn reset_prefix_cache_only_when_idle() {
     prefill(&mut m, 1, &t);
     assert!(!m.reset_prefix_cache());
     m.free(SeqId(1));
-    assert_eq!(m.get_computed_tokens(&t), 8);
+    assert_eq!(cached_tokens(&mut m, &t), 8);
     assert!(m.reset_prefix_cache());
-    assert_eq!(m.get_computed_tokens(&t), 0);
+    assert_eq!(cached_tokens(&mut m, &t), 0);
 }
 
 mod props {
@@ -494,11 +506,12 @@ mod props {
             Op::Add(tokens) => {
                 let id = model.new_id();
                 let free = m.num_free_blocks();
-                let computed = m.get_computed_tokens(&tokens);
+                let blocks = m.get_computed_blocks(&tokens);
+                let computed = blocks.num_tokens();
                 assert!(computed.is_multiple_of(bs));
                 assert!(computed <= (tokens.len() - 1) / bs * bs);
                 let new = tokens.len() - computed;
-                if m.allocate_slots(id, &tokens, computed, new).is_none() {
+                if m.allocate_new_slots(id, &tokens, blocks, new).is_none() {
                     assert!(m.block_table(id).is_empty());
                     assert_eq!(m.num_free_blocks(), free);
                     return;
