@@ -117,21 +117,13 @@ fn vector_quantisers_match_scalar_bit_for_bit() {
         };
         eprintln!("vector_quantisers_match_scalar_bit_for_bit: {isa:?}: {verdict}");
         if ran {
-            for share in [1, activations::shared_blocks(GgmlType::Q4_K)] {
-                // SAFETY: `isa` is `best` or lower; check_quantiser passes whole rows.
-                check_quantiser(isa, share, |x, qs, sums| unsafe {
-                    quantize_row(x, qs, sums, share, isa)
-                });
-            }
+            // SAFETY: `isa` is `best` or lower; check_quantiser passes whole rows.
+            check_quantiser(isa, |x, qs, sums| unsafe { quantize_row(x, qs, sums, isa) });
         }
     }
 }
 
-fn check_quantiser(
-    isa: activations::QuantIsa,
-    share: usize,
-    quantize: impl Fn(&[f32], &mut [i8], RowSums),
-) {
+fn check_quantiser(isa: activations::QuantIsa, quantize: impl Fn(&[f32], &mut [i8], RowSums)) {
     let mut r = rng(11);
     let mut x = rand_vec(&mut r, 40 * QK);
     for (t, v) in x[..QK].iter_mut().enumerate() {
@@ -148,26 +140,15 @@ fn check_quantiser(
     let nb = x.len() / QK;
     let mut qs = vec![0i8; nb * QK];
     let (mut d, mut s, mut offsets) = (vec![0.0; nb], vec![0.0; nb], vec![[0; 2]; nb]);
-    let mut qsum = vec![0; nb];
     let sums = RowSums {
         d: &mut d,
         s: &mut s,
         offsets: &mut offsets,
-        qsum: &mut qsum,
     };
     quantize(&x, &mut qs, sums);
-    let mut blocks = vec![BlockQ8::default(); nb];
-    qdot::quantize_row_q8_shared(&x, &mut blocks, share);
-    if share == 1 {
-        for (b, xb) in x.chunks_exact(QK).enumerate() {
-            let want = qdot::quantize_block(xb);
-            let got = &blocks[b];
-            let bits = |q: &BlockQ8| (q.qs, q.d.to_bits(), q.s.to_bits());
-            assert_eq!(bits(got), bits(&want), "block {b}");
-        }
-    }
-    for (b, want) in blocks.iter().enumerate() {
-        let what = format!("{isa:?} share {share} block {b}");
+    for (b, xb) in x.chunks_exact(QK).enumerate() {
+        let want = qdot::quantize_block(xb);
+        let what = format!("{isa:?} block {b}");
         assert_eq!(&qs[b * QK..(b + 1) * QK], &want.qs, "{what} quants");
         assert_eq!(d[b].to_bits(), want.d.to_bits(), "{what} scale");
         assert_eq!(s[b].to_bits(), want.s.to_bits(), "{what} sum");
@@ -182,20 +163,10 @@ fn check_quantiser(
             [-32 * half(0), -32 * half(1)],
             "{what} half offsets"
         );
-        assert_eq!(qsum[b] as i32, half(0) + half(1), "{what} sum of quants");
-        if share > 1 {
-            assert_eq!(
-                want.d,
-                blocks[b / share * share].d,
-                "{what}: one scale per run"
-            );
-        }
     }
-    if share == 1 {
-        assert_eq!(qs[1], -15, "-14.5 rounds away from zero");
-        assert_eq!(qs[2], -14, "-13.5 rounds away from zero");
-        assert_eq!(qs[17], 2, "1.5 rounds away from zero");
-    }
+    assert_eq!(qs[1], -15, "-14.5 rounds away from zero");
+    assert_eq!(qs[2], -14, "-13.5 rounds away from zero");
+    assert_eq!(qs[17], 2, "1.5 rounds away from zero");
 }
 
 #[test]
@@ -355,9 +326,9 @@ fn scalar_dot_equals_dot_of_dequantised_blocks() {
 }
 
 /// Quantises `x` (`m` rows of `k`) as `matmul_quant` does.
-fn q8_rows(x: &[f32], m: usize, k: usize, ty: GgmlType) -> Q8Rows {
+fn q8_rows(x: &[f32], m: usize, k: usize) -> Q8Rows {
     let mut q = Q8Rows::default();
-    q.quantize(x, m, k / QK, activations::shared_blocks(ty));
+    q.quantize(x, m, k / QK);
     q
 }
 
@@ -387,7 +358,7 @@ fn matmul_quant_matches_reference_on_odd_shapes() {
             let what = format!("{ty} m={m} k={k} n={n}");
             assert_close(&got, &want, 1e-4, 1e-4, &what);
             // The portable path, whatever the CPU.
-            let xq = q8_rows(&x, m, k, ty);
+            let xq = q8_rows(&x, m, k);
             let mut portable = vec![0.0; m * n];
             dot_rows(
                 &xq,

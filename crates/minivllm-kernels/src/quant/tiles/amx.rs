@@ -172,14 +172,6 @@ impl Drop for Tiles {
     }
 }
 
-/// Whether the AMX tiles run products with weights of type `ty`: not Q4_K and Q5_K, whose
-/// 512-bit tiles sum a super-block's scaled sub-block sums in integers
-/// ([`super::tile_nibbles`]); these tiles apply each block's scales in floats, and AMX
-/// measured no faster than AVX512-VNNI anyway (it is opt-in).
-pub(in crate::quant) fn takes(ty: GgmlType) -> bool {
-    crate::quant::activations::shared_blocks(ty) == 1
-}
-
 /// `out[r][c] = w[g·GROUP + c] · x[i + r]` for 16 activation rows: the 512-bit tile's
 /// results ([`super::tile`]), bit for bit. (Tiles of 32 rows measured no faster: their
 /// 32 accumulators do not fit in registers.)
@@ -198,7 +190,6 @@ pub(in crate::quant) unsafe fn tile_group(
     i: usize,
 ) -> [[f32; GROUP]; TILE_ROWS] {
     assert_eq!(tiles.ty, w.ty, "AMX tiles configured for another format");
-    assert!(takes(w.ty), "AMX tiles do not take {}", w.ty);
     // SAFETY: (each arm) the caller's contract, forwarded; `tiles` has the tile registers
     // configured for this format.
     unsafe {
@@ -207,6 +198,8 @@ pub(in crate::quant) unsafe fn tile_group(
             GgmlType::Q4_1 => tile_nibbles::<formats::Q4_1>(w, g, bq, x, i),
             GgmlType::Q5_0 => tile_nibbles::<formats::Q5_0>(w, g, bq, x, i),
             GgmlType::Q5_1 => tile_nibbles::<formats::Q5_1>(w, g, bq, x, i),
+            GgmlType::Q4_K => tile_nibbles::<formats::Q4_K>(w, g, bq, x, i),
+            GgmlType::Q5_K => tile_nibbles::<formats::Q5_K>(w, g, bq, x, i),
             GgmlType::Q6_K => tile_nibbles::<formats::Q6_K>(w, g, bq, x, i),
             GgmlType::MXFP4 => tile_nibbles::<formats::MXFP4>(w, g, bq, x, i),
             _ => tile_q8_0(w, g, bq, x, i),
@@ -351,6 +344,7 @@ struct Epilogue<F> {
     wm: *const f16,
     wsub: *const u8,
     sub_step: usize,
+    wmh: *const u8,
     x: XRows,
     format: std::marker::PhantomData<F>,
 }
@@ -392,8 +386,19 @@ impl<F: QuantFormat> BlockScale for Epilogue<F> {
             } else {
                 Zmm::zero_f()
             };
-            let (dlo, dhi, mlo) =
-                block_scales::<Zmm, F>(dsup, msup, self.wsub.wrapping_add(b * self.sub_step));
+            // The minima's top bits for block b: its super-block's nibbles shifted on.
+            let mins_hi = if F::SCALES == Scales::SubMin {
+                let shift = _mm512_set1_epi32(4 * (b % KSUB) as i32);
+                _mm512_srlv_epi32(Zmm::load(self.wmh.add(at * 4)), shift)
+            } else {
+                Zmm::zero_i()
+            };
+            let (dlo, dhi, mlo) = block_scales::<Zmm, F>(
+                dsup,
+                msup,
+                self.wsub.wrapping_add(b * self.sub_step),
+                mins_hi,
+            );
             for r in 0..TILE_ROWS {
                 let at = (x.i + r) * x.nb + b;
                 let dx = Zmm::splat(*x.d.add(at));
@@ -522,6 +527,7 @@ unsafe fn tile_nibbles<F: QuantFormat>(
         wm: w.mins.as_ptr().wrapping_add(at),
         wsub: w.sub.as_ptr().wrapping_add(g * nb * sub_bytes(w.ty)),
         sub_step: sub_bytes(w.ty),
+        wmh: w.mins_hi.as_ptr().wrapping_add(at * 4),
         x: XRows::new(x, nb, i),
         format: std::marker::PhantomData,
     };

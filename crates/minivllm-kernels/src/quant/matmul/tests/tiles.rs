@@ -64,7 +64,7 @@ fn check_group_tiles(
     want: &[f32],
     what: &str,
 ) -> [[f32; GROUP]; 4] {
-    let xq = q8_rows(x, 8, w.cols(), w.ty);
+    let xq = q8_rows(x, 8, w.cols());
     let mut all = [[0.0; GROUP]; 4];
     for t in 0..2 {
         let what = format!("{} {what} half {t}", kernel.name());
@@ -127,7 +127,7 @@ fn check_wide_tiles(
     narrow: Option<&[[f32; GROUP]; 4]>,
     what: &str,
 ) {
-    let xq = q8_rows(x, 8, w.cols(), w.ty);
+    let xq = q8_rows(x, 8, w.cols());
     // SAFETY: the caller checked that the CPU has AVX512-VNNI (and -BW); w has group 0,
     // and rows 0..8 of xq exist.
     let (one, three, four, eight) = unsafe {
@@ -179,16 +179,14 @@ fn amx_tiles_match_wide_tiles() {
     {
         const M: usize = 40;
         let mut r = rng(9);
-        // Q4_K and Q5_K run on the 512-bit tiles even where AMX is asked for (the whole
-        // products below check that).
-        for ty in TYPES.into_iter().filter(|&ty| amx::takes(ty)) {
+        for ty in TYPES {
             for nb in [1, 2, 7, 8, 9, 18] {
                 let k = cols_for(ty, nb * QK);
                 let w = random_matrix(&mut r, ty, 2 * GROUP, k);
                 let x = rand_vec(&mut r, M * k);
                 let mut want = vec![0.0; M * 2 * GROUP];
                 matmul_quant_scalar(&x, &w, &mut want, M);
-                let xq = q8_rows(&x, M, k, ty);
+                let xq = q8_rows(&x, M, k);
                 let what = format!("AMX {ty} nb={nb}");
                 for g in 0..2 {
                     // SAFETY: AMX (with AVX512-VNNI) is available; w has groups 0 and 1,
@@ -229,7 +227,7 @@ fn amx_tiles_match_wide_tiles() {
             let k = cols_for(ty, k);
             let w = random_matrix(&mut r, ty, n, k);
             let x = rand_vec(&mut r, m * k);
-            let xq = q8_rows(&x, m, k, ty);
+            let xq = q8_rows(&x, m, k);
             let [amx, vnni] = [QKernel::Amx, QKernel::Avx512Vnni].map(|kernel| {
                 let mut out = vec![0.0; m * n];
                 dot_rows(&xq, &w, SendPtr(out.as_mut_ptr()), m, 0, n, kernel);
