@@ -31,6 +31,17 @@ pub struct ScheduledSeq {
     /// How many tokens the draft proposer should guess after the token this step samples
     /// for it (0: none), as the scheduler judged worth verifying next step.
     pub num_lookahead: usize,
+    /// The worker samples its next token this step: the scheduler's one decision
+    /// ([`reaches_end`], and not an embedding request), which the grammar masks, the
+    /// runner's sample rows and the outputs follow.
+    pub samples: bool,
+}
+
+/// Whether a step that computes a sequence's tokens up to `num_computed + num_new` reaches
+/// the end of its `len` known ones (draft tokens counted in both), so that its last
+/// position's logits give the next token: a prompt chunk short of the end samples nothing.
+pub(crate) fn reaches_end(num_computed: usize, num_new: usize, len: usize) -> bool {
+    num_computed + num_new >= len
 }
 
 /// A sequence the worker has not seen: everything it needs to run and sample it until it

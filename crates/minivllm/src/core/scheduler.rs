@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use crate::core::kv_cache_manager::{ComputedBlocks, KvCacheManager};
 use crate::core::policy::Policy;
 use crate::core::prefill_share::PrefillShare;
+use crate::core::sched_output::reaches_end;
 pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
 use crate::core::spec_decode_stats::SpecDecodingStats;
@@ -344,8 +345,9 @@ impl Scheduler {
             out.block_ids.extend(tables.iter().flatten().map(|b| b.0));
             s.block_ids = start..out.block_ids.len();
             let seq = self.seqs.get_mut(&s.id).expect("scheduled seq exists");
-            let samples = s.num_computed + s.num_new_tokens >= seq.len();
-            if let Some(grammar) = seq.grammar.as_mut().filter(|_| samples) {
+            s.samples = seq.params.pooling.is_none()
+                && reaches_end(s.num_computed, s.num_new_tokens, seq.len());
+            if let Some(grammar) = seq.grammar.as_mut().filter(|_| s.samples) {
                 let started = std::time::Instant::now();
                 out.token_masks.push((s.id, grammar.token_mask()));
                 self.grammar_stats.mask_seconds += started.elapsed().as_secs_f64();
@@ -440,6 +442,7 @@ impl Scheduler {
                         block_ids: 0..0,
                         spec_token_ids,
                         num_lookahead,
+                        samples: false,
                     });
                     *budget -= num_new;
                     if uncomputed > 1 {
@@ -492,6 +495,7 @@ impl Scheduler {
                     block_ids: 0..0,
                     spec_token_ids: Vec::new(),
                     num_lookahead: 0,
+                    samples: false,
                 });
                 *budget -= num_new;
             }
@@ -569,6 +573,7 @@ impl Scheduler {
                 block_ids: 0..0,
                 spec_token_ids: Vec::new(),
                 num_lookahead: self.lookahead(id),
+                samples: false,
             });
             *budget -= num_new;
             *prefill = prefill.saturating_sub(num_new);

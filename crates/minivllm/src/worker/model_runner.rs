@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use crate::core::sched_output::SchedulerOutput;
+use crate::core::sched_output::{reaches_end, SchedulerOutput};
 use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::sampler::{logprobs_for, Sampler, SamplingContext};
@@ -149,12 +149,10 @@ impl ModelRunner {
                 prompt_logprobs_from: seq.prompt_logprobs_from,
             };
             let (batch, samples) = (&mut self.input, &mut self.sample_rows);
-            // An embedding request samples nothing: its prompt's hidden states are pooled.
             let num_drafts = s.spec_token_ids.len();
-            let sample = seq.params.pooling.is_none();
             let table = sched.block_ids(s);
             let rows = lay_out(
-                batch, samples, block_size, &input, table, num_drafts, sample,
+                batch, samples, block_size, &input, table, num_drafts, s.samples,
             );
             seq.token_ids.truncate(len);
             self.rows.push(rows);
@@ -317,7 +315,7 @@ impl ModelRunner {
                 &s,
                 &self.table,
                 0,
-                true,
+                reaches_end(s.num_computed, s.num_new, s.token_ids.len()),
             );
             self.rows.push(r);
         }
@@ -395,11 +393,11 @@ impl ModelRunner {
     }
 }
 
-/// Adds sequence `s` (its block tables flattened in `table`) to the batch in `input`, its
-/// sample rows if it `sample`s (indices into the batch's tokens: its last token's, after
-/// `num_drafts` more for the draft tokens its last new ones are) to `sample_rows`; returns
-/// where its logits will be, the first sample row counted among `sample_rows` until
-/// `end_batch` places it.
+/// Adds sequence `s` (its block tables flattened in `table`) to the batch in `input`, and
+/// if it `sample`s (as the scheduler decided, `ScheduledSeq::samples`) its sample rows to
+/// `sample_rows` (indices into the batch's tokens: its last token's, after `num_drafts`
+/// more for the draft tokens its last new ones are); returns where its logits will be, the
+/// first sample row counted among `sample_rows` until `end_batch` places it.
 fn lay_out(
     input: &mut InputMetadata,
     sample_rows: &mut Vec<usize>,
@@ -426,7 +424,7 @@ fn lay_out(
             input.logits_indices.extend(rows);
         }
     }
-    if sample && end == s.token_ids.len() {
+    if sample {
         r.sample = Some(sample_rows.len());
         let last = start_row + s.num_new - 1;
         sample_rows.extend(last - num_drafts..=last);
