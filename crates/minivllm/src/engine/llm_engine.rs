@@ -16,7 +16,7 @@ pub use crate::engine::errors::EngineError;
 pub use crate::engine::input_processor::PromptInput;
 use crate::engine::input_processor::{process_prompt, CheckedParams, RequestChecks, RequestLimits};
 pub use crate::engine::metrics::EngineStats;
-use crate::engine::metrics::StatsLogger;
+use crate::engine::metrics::{EngineCounters, StatsLogger};
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
 use crate::engine::speculative::start_proposer;
 use crate::engine::structured_output_manager::StructuredOutputManager;
@@ -41,7 +41,7 @@ pub struct LLMEngine {
     next_arrival: u64,
     next_seq_id: u64,
     eos_token_ids: Arc<[TokenId]>,
-    stats: EngineStats,
+    counters: EngineCounters,
     stats_logger: StatsLogger,
     started: Instant,
     /// Compiles requests' structured-output constraints (shared with the async front,
@@ -107,7 +107,7 @@ impl LLMEngine {
             executor,
             next_arrival: 0,
             next_seq_id: 0,
-            stats: EngineStats::default(),
+            counters: EngineCounters::default(),
             stats_logger: StatsLogger::new(),
             started: Instant::now(),
             structured,
@@ -199,7 +199,7 @@ impl LLMEngine {
             spec_decode: self.scheduler.spec_decode_stats(),
             spec_draft_length: self.scheduler.draft_length().copied(),
             requests: *self.outputs.histograms(),
-            ..self.stats.clone()
+            ..self.counters.as_stats()
         }
     }
 
@@ -261,7 +261,7 @@ impl LLMEngine {
         let arrived = params.arrival();
         // Built once the request can no longer be refused.
         let (params, stop) = params.into_params_and_stop();
-        self.stats.num_prompt_tokens += prompt.token_ids.len() as u64;
+        self.counters.num_prompt_tokens += prompt.token_ids.len() as u64;
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         let width = params.num_sequences();
@@ -326,10 +326,10 @@ impl LLMEngine {
         if sched.is_empty() {
             return Ok(Vec::new());
         }
-        self.stats.num_steps += 1;
-        self.stats.num_computed_tokens += sched.num_batched_tokens as u64;
-        self.stats.forward_seconds += results.forward_seconds;
-        self.stats.num_generation_tokens += results.sampled.len() as u64;
+        self.counters.num_steps += 1;
+        self.counters.num_computed_tokens += sched.num_batched_tokens as u64;
+        self.counters.forward_seconds += results.forward_seconds;
+        self.counters.num_generation_tokens += results.sampled.len() as u64;
         let core_outputs = self.scheduler.update_from_output(&sched, results);
         let ProcessedOutputs {
             request_outputs,
@@ -338,7 +338,7 @@ impl LLMEngine {
         for id in stopped {
             self.scheduler.finish_seq(id);
         }
-        self.stats.step_seconds += started.elapsed().as_secs_f64();
+        self.counters.step_seconds += started.elapsed().as_secs_f64();
         if tracing::enabled!(tracing::Level::INFO) {
             self.stats_logger.maybe_log(&self.stats());
         }

@@ -65,6 +65,33 @@ impl EngineStats {
     }
 }
 
+/// What the engine counts itself, step by step; the rest of [`EngineStats`] is read from
+/// the scheduler, the cache and the output processor when asked.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EngineCounters {
+    pub(crate) num_computed_tokens: u64,
+    pub(crate) num_prompt_tokens: u64,
+    pub(crate) num_generation_tokens: u64,
+    pub(crate) num_steps: u64,
+    pub(crate) step_seconds: f64,
+    pub(crate) forward_seconds: f64,
+}
+
+impl EngineCounters {
+    /// Stats with these counters and every other field at its default.
+    pub(crate) fn as_stats(&self) -> EngineStats {
+        EngineStats {
+            num_computed_tokens: self.num_computed_tokens,
+            num_prompt_tokens: self.num_prompt_tokens,
+            num_generation_tokens: self.num_generation_tokens,
+            num_steps: self.num_steps,
+            step_seconds: self.step_seconds,
+            forward_seconds: self.forward_seconds,
+            ..EngineStats::default()
+        }
+    }
+}
+
 /// Rates between two stats snapshots, for vLLM-style periodic log lines.
 pub(crate) struct StatsLogger {
     last: Instant,
