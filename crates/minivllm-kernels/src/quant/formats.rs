@@ -188,6 +188,10 @@ pub(crate) enum Scales {
     /// A super-block's `d` and `dmin` times each block's 6-bit scale and minimum, values
     /// `d·sc·q - dmin·m`: Q4_K, Q5_K.
     SubMin,
+    /// [`Scales::SubMin`] where the activations share one scale per super-block
+    /// (`activations::shared_blocks`): the sub-block sums times their integer scales and
+    /// the minima are summed exactly over a super-block, and the floats apply once.
+    SubMinShared,
     /// A super-block's `d` times each half block's i8 scale, values `d·sc·(q - 32)`: Q6_K.
     SubSigned,
 }
@@ -202,26 +206,34 @@ pub(crate) trait QuantFormat {
     const BITS: u32;
     const SCALES: Scales;
     /// Scales per super-block of 256 values ([`QK_K`]) rather than per block of [`QK`].
-    const KQUANT: bool = matches!(Self::SCALES, Scales::SubMin | Scales::SubSigned);
+    const KQUANT: bool = matches!(
+        Self::SCALES,
+        Scales::SubMin | Scales::SubMinShared | Scales::SubSigned
+    );
     /// Whether a minimum is stored beside each scale.
-    const MINS: bool = matches!(Self::SCALES, Scales::Min | Scales::SubMin);
+    const MINS: bool = matches!(
+        Self::SCALES,
+        Scales::Min | Scales::SubMin | Scales::SubMinShared
+    );
     /// A table the nibbles index to give the unsigned quants (MXFP4's E2M1 codes, whose
     /// values are not evenly spaced); `None`: the nibbles are the quants.
     const LUT: Option<[u8; 16]> = None;
 }
 
 macro_rules! formats {
-    ($($name:ident: $bits:literal, $scales:expr;)*) => {$(
+    ($($name:ident $(= $ty:ident)?: $bits:literal, $scales:expr;)*) => {$(
         // ggml's spellings, as `GgmlType`'s.
         #[allow(non_camel_case_types)]
         pub(crate) struct $name;
 
         impl QuantFormat for $name {
-            const TYPE: GgmlType = GgmlType::$name;
+            const TYPE: GgmlType = formats!(@ty $name $($ty)?);
             const BITS: u32 = $bits;
             const SCALES: Scales = $scales;
         }
     )*};
+    (@ty $name:ident) => { GgmlType::$name };
+    (@ty $name:ident $ty:ident) => { GgmlType::$ty };
 }
 
 /// MXFP4 (gpt-oss's experts): E2M1 codes looked up as ggml's doubled values
@@ -253,4 +265,7 @@ formats! {
     Q4_K: 4, Scales::SubMin;
     Q5_K: 5, Scales::SubMin;
     Q6_K: 6, Scales::SubSigned;
+    // Q4_K and Q5_K against activations with one scale per super-block.
+    Q4_K_Shared = Q4_K: 4, Scales::SubMinShared;
+    Q5_K_Shared = Q5_K: 5, Scales::SubMinShared;
 }

@@ -55,6 +55,11 @@ pub struct QuantMatrix {
     /// The bits above each quant's low nibble, per group and block, as [`hbits_bytes`]
     /// describes (Q5_0, Q5_1, Q5_K, Q6_K; empty otherwise).
     pub(super) hbits: Vec<u8>,
+    /// Q4_K and Q5_K: the products quantise their activations with one scale per block of
+    /// 32, as for every other format, instead of one per super-block
+    /// ([`super::activations::shared_blocks`]). Set by [`Self::keep_block_activation_scales`]
+    /// for matrices whose inputs carry large outliers.
+    pub(super) block_activations: bool,
 }
 
 /// K-quant sub-block scale bytes per group and block (see [`QuantMatrix::sub`]).
@@ -181,6 +186,7 @@ impl QuantMatrix {
                 }
             ],
             hbits: vec![0; group_blocks * hbits_bytes(ty)],
+            block_activations: false,
         };
         // Filled from the last rows back, the source's tail freed as it goes (with glibc a
         // large block shrinks in place): a large matrix, such as a 262k-token vocabulary's
@@ -390,6 +396,22 @@ impl QuantMatrix {
     fn group_quad(&self, r: usize, b: usize, j: usize) -> usize {
         let vectors = self.quant_bytes() / 4;
         (((r / GROUP) * self.nb + b) * vectors + j) * VEC_BYTES + (r % GROUP) * 4
+    }
+
+    /// Keeps a scale per block of 32 for the activations of this matrix's products (no
+    /// change but for Q4_K and Q5_K, whose products otherwise share one per super-block of
+    /// 256, as ggml's Q8_K). Meant for down projections: their inputs, the gated
+    /// activations, carry the largest outliers, and one scale per 256 values left the rest
+    /// of a super-block a few levels (SmolLM2 re-quantised to Q4_K_M, whose Q4_K tensors
+    /// are its down projections, moved a nat from its float32 path). Costs these matrices'
+    /// products about a sixth of their speed on AVX2.
+    pub fn keep_block_activation_scales(&mut self) {
+        self.block_activations = true;
+    }
+
+    /// Whether [`Self::keep_block_activation_scales`] was called.
+    pub fn keeps_block_activation_scales(&self) -> bool {
+        self.block_activations
     }
 
     pub fn ty(&self) -> GgmlType {

@@ -1,8 +1,9 @@
 //! Linear layers over weights kept in their GGML block format.
 //!
 //! Every row of `x` is quantised once to 8-bit blocks of 32 (ggml's Q8_0/Q8_1,
-//! `activations`) and every output is an integer dot product of blocks, as
-//! llama.cpp computes ([`super::reference`] has ggml's reference formulas). Decoding a few
+//! `activations`; for Q4_K and Q5_K weights a super-block's 8 blocks share one scale, as
+//! ggml's Q8_K) and every output is an integer dot product of blocks, as llama.cpp computes
+//! ([`super::reference`] has ggml's reference formulas). Decoding a few
 //! rows is bound by reading the weights (`layout`), which stay 4-8x smaller than
 //! f32; many rows (prefill) run the same products in tiles (`tiles`: 8 activation
 //! rows against 16 weight rows with AVX512-VNNI, 8 against 8 with 256-bit registers), so that
@@ -18,7 +19,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use super::activations::Q8Rows;
+use super::activations::{shared_blocks, Q8Rows};
 use super::formats::{GgmlType, MXFP4_OFFSET, MXFP4_UNSIGNED, QK};
 use super::kquants;
 use super::layout::{GROUP, KSUB, LANES};
@@ -73,7 +74,7 @@ pub fn matmul_quant(x: &[f32], w: &QuantMatrix, out: &mut [f32], m: usize) {
     // finds an empty buffer instead of a borrowed one.
     let mut xq = XQ.take();
     let kernel = QKernel::best();
-    xq.quantize(x, m, w.nb);
+    xq.quantize(x, m, w.nb, shared_blocks(w));
     let rows = rows_per_task(m, w.cols, w.rows, rayon::current_num_threads());
     let ptr = SendPtr(out.as_mut_ptr());
     if rows >= w.rows {
@@ -155,7 +156,7 @@ pub fn matmul_quant_grouped<'w>(
             "matmul_quant_grouped: group {g}'s weight must be [{out_cols}, {cols}]"
         );
         let m = r1 - r0;
-        xqs[g].quantize(&x[r0 * cols..r1 * cols], m, w.nb);
+        xqs[g].quantize(&x[r0 * cols..r1 * cols], m, w.nb, shared_blocks(w));
         let per_task = rows_per_task(m, cols, out_cols, threads);
         // SAFETY (of the pointer's later use): rows r0..r1 of `out` are this group's alone.
         let group_out = SendPtr(out[r0 * out_cols..].as_mut_ptr());
@@ -268,7 +269,8 @@ fn dot_groups(
     // Configured once for every tile of the call; nothing else runs on this thread until it
     // is dropped, as nothing below yields to rayon.
     // SAFETY: `QKernel::Amx` is available only where `amx::available` holds.
-    let tiles = (amx && m >= amx::TILE_ROWS).then(|| unsafe { amx::Tiles::new(w.ty) });
+    let tiles =
+        (amx && m >= amx::TILE_ROWS && amx::takes(w)).then(|| unsafe { amx::Tiles::new(w.ty) });
     let mut unpacked = if tiles.is_some() {
         AMX_GROUP.take()
     } else {
@@ -387,6 +389,10 @@ struct PortableRow {
     q: Vec<[u8; QK]>,
     scales: Vec<[f32; 2]>,
     offset: Vec<f32>,
+    /// Q4_K and Q5_K: each block's integer scale and minimum, and each super-block's `d`
+    /// and `dmin` (their tiles' integer sums per super-block).
+    sub: Vec<[i32; 2]>,
+    sup: Vec<[f32; 2]>,
 }
 
 impl PortableRow {
@@ -395,13 +401,20 @@ impl PortableRow {
         self.q.clear();
         self.scales.clear();
         self.offset.clear();
+        self.sub.clear();
+        self.sup.clear();
         for b in 0..w.nb {
             if kquants::is_kquant(w.ty) {
                 let at = w.super_index(j, b / KSUB);
                 let d = w.d[at].to_f32();
                 let (s0, s1, q) = w.k_block(j, b);
                 self.q.push(q);
-                if w.ty == GgmlType::Q6_K {
+                if shared_blocks(w) > 1 {
+                    self.sub.push([s0 as i32, s1 as i32]);
+                    if b % KSUB == 0 {
+                        self.sup.push([d, w.mins[at].to_f32()]);
+                    }
+                } else if w.ty == GgmlType::Q6_K {
                     self.scales.push([d * s0 as i8 as f32, d * s1 as i8 as f32]);
                     self.offset.push(0.0);
                 } else {
@@ -431,6 +444,9 @@ impl PortableRow {
     /// taken off each half's integer sum through the activations' half sums.
     fn dot(&self, w: &QuantMatrix, x: &Q8Rows, i: usize) -> f32 {
         let nb = w.nb;
+        if shared_blocks(w) > 1 {
+            return self.dot_super_blocks(nb, x, i);
+        }
         let signed = w.ty == GgmlType::Q8_0;
         let (mut sum, mut offs) = (0.0f32, 0.0f32);
         for b in 0..nb {
@@ -452,6 +468,30 @@ impl PortableRow {
             }
         }
         sum + offs
+    }
+
+    /// [`PortableRow::dot`] for Q4_K and Q5_K, as their tiles: per super-block, the
+    /// blocks' integer sums times their scales and the activations' block sums times the
+    /// minima, exact, then the floats `d`, `dmin` and `dx` once.
+    fn dot_super_blocks(&self, nb: usize, x: &Q8Rows, i: usize) -> f32 {
+        let mut sum = 0.0f32;
+        for (sb, &[d, dmin]) in self.sup.iter().enumerate() {
+            let (mut isum, mut mins) = (0i32, 0i32);
+            for b in sb * KSUB..(sb + 1) * KSUB {
+                let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
+                let dot: i32 = self.q[b]
+                    .iter()
+                    .zip(y)
+                    .map(|(&q, &y)| q as i32 * y as i32)
+                    .sum();
+                let [sc, m] = self.sub[b];
+                isum += sc * dot;
+                mins += m * x.qsum[i * nb + b] as i32;
+            }
+            let dx = x.d[i * nb + sb * KSUB];
+            sum += (isum as f32 * d - mins as f32 * dmin) * dx;
+        }
+        sum
     }
 }
 
@@ -490,7 +530,7 @@ pub fn matmul_quant_scalar(x: &[f32], w: &QuantMatrix, out: &mut [f32], m: usize
         .chunks_exact(w.cols.max(1))
         .zip(out.chunks_exact_mut(w.rows.max(1)))
     {
-        reference::quantize_row_q8(xr, &mut xq);
+        reference::quantize_row_q8_shared(xr, &mut xq, shared_blocks(w));
         for (o, wr) in orow.iter_mut().zip(&rows) {
             *o = reference::vec_dot_scalar(w.ty, wr, &xq);
         }

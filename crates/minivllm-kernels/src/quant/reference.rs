@@ -55,16 +55,41 @@ fn round_f16(x: f32) -> f32 {
 /// Quantises `x` (a multiple of 32 long) into `out` as ggml's `quantize_row_q8_1_ref`
 /// (but for `s`, see [`BlockQ8`]).
 pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8]) {
+    quantize_row_q8_shared(x, out, 1);
+}
+
+/// [`quantize_row_q8`] with one scale for every `share` blocks: that of their largest
+/// magnitude (each block keeps its own copy of it). `share` = [`super::formats::QK_K`] /
+/// [`QK`] is the
+/// activations of the K-quants' products, as ggml quantises them to Q8_K: one scale per
+/// super-block lets the kernels sum a super-block's sub-block products, each times its
+/// integer sub-block scale, exactly in 32 bits and apply the floats once per super-block.
+/// A trailing run of fewer than `share` blocks shares its own scale.
+pub fn quantize_row_q8_shared(x: &[f32], out: &mut [BlockQ8], share: usize) {
     assert_eq!(x.len(), out.len() * QK, "quantize_row_q8: length");
-    for (xb, yb) in x.chunks_exact(QK).zip(out.iter_mut()) {
-        *yb = quantize_block(xb);
+    assert!(share > 0, "quantize_row_q8: share");
+    for (xg, yg) in x.chunks(share * QK).zip(out.chunks_mut(share)) {
+        let amax = abs_max(xg);
+        for (xb, yb) in xg.chunks_exact(QK).zip(yg.iter_mut()) {
+            *yb = quantize_block_scaled(xb, amax);
+        }
     }
+}
+
+/// The largest magnitude in `x` (NaN ignored, as `f32::max` does).
+pub(crate) fn abs_max(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |a, v| a.max(v.abs()))
 }
 
 /// One block of [`quantize_row_q8`].
 #[inline]
 pub fn quantize_block(xb: &[f32]) -> BlockQ8 {
-    let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    quantize_block_scaled(xb, abs_max(xb))
+}
+
+/// One block quantised against `amax` (its own largest magnitude, or its super-block's).
+#[inline]
+pub(crate) fn quantize_block_scaled(xb: &[f32], amax: f32) -> BlockQ8 {
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut b = BlockQ8::default();

@@ -56,7 +56,7 @@ pub(super) trait Width {
     unsafe fn shl16<const N: i32>(v: Self::I) -> Self::I;
     /// 16-bit lanes shifted right by `N` (1-4).
     unsafe fn shr16<const N: i32>(v: Self::I) -> Self::I;
-    /// 32-bit lanes shifted left by `N` (2, 4 or 6).
+    /// 32-bit lanes shifted left by `N` (2, 4, 6 or 16).
     unsafe fn shl32<const N: i32>(v: Self::I) -> Self::I;
     /// 32-bit lanes shifted right by `N` (2, 4 or 6).
     unsafe fn shr32<const N: i32>(v: Self::I) -> Self::I;
@@ -79,6 +79,23 @@ pub(super) trait Width {
     /// broadcast instead of zeroing the sum and subtracting afterwards.)
     unsafe fn quad_dot<const N: usize, const CHUNK: usize>(
         init: Self::I,
+        v: &[Self::I; N],
+        y: *const i8,
+    ) -> Self::I;
+    /// `a + b` per 32-bit lane.
+    unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
+    /// `vpmaddwd`: per 32-bit lane, the sum of its two 16-bit products of `a` and `b`.
+    unsafe fn madd16(a: Self::I, b: Self::I) -> Self::I;
+    /// Per-lane integer scales `sc` (0-63, one per 32-bit lane) in the form
+    /// [`Width::quad_dot_scaled`] takes.
+    unsafe fn scale_operand(sc: Self::I) -> Self::I;
+    /// `acc + sc · Σ_n v[n] · quad n of y` per 32-bit lane, exact: [`Width::quad_dot`]
+    /// (zero `init`) times the lane's scale, `sc` from [`Width::scale_operand`]. Where a
+    /// width sums in 16 bits the scale widens them (`vpmaddwd` by the scale instead of by
+    /// ones), so it costs nothing there.
+    unsafe fn quad_dot_scaled<const N: usize, const CHUNK: usize>(
+        acc: Self::I,
+        sc: Self::I,
         v: &[Self::I; N],
         y: *const i8,
     ) -> Self::I;
@@ -134,8 +151,14 @@ pub(super) unsafe fn tile_units<const R: usize, const U: usize, W: Width>(
             GgmlType::Q4_1 => tile_nibbles::<R, U, W, formats::Q4_1>(w, u, x, i),
             GgmlType::Q5_0 => tile_nibbles::<R, U, W, formats::Q5_0>(w, u, x, i),
             GgmlType::Q5_1 => tile_nibbles::<R, U, W, formats::Q5_1>(w, u, x, i),
-            GgmlType::Q4_K => tile_nibbles::<R, U, W, formats::Q4_K>(w, u, x, i),
-            GgmlType::Q5_K => tile_nibbles::<R, U, W, formats::Q5_K>(w, u, x, i),
+            GgmlType::Q4_K if w.block_activations => {
+                tile_nibbles::<R, U, W, formats::Q4_K>(w, u, x, i)
+            }
+            GgmlType::Q5_K if w.block_activations => {
+                tile_nibbles::<R, U, W, formats::Q5_K>(w, u, x, i)
+            }
+            GgmlType::Q4_K => tile_nibbles::<R, U, W, formats::Q4_K_Shared>(w, u, x, i),
+            GgmlType::Q5_K => tile_nibbles::<R, U, W, formats::Q5_K_Shared>(w, u, x, i),
             GgmlType::Q6_K => tile_nibbles::<R, U, W, formats::Q6_K>(w, u, x, i),
             GgmlType::MXFP4 => tile_nibbles::<R, U, W, formats::MXFP4>(w, u, x, i),
             _ => W::tile_q8_0::<R, U>(w, u, x, i),
@@ -233,6 +256,9 @@ unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>
         let low = W::splat_i8(0x0F);
         let lut = W::table(&F::LUT.unwrap_or([0; 16]));
         let mut acc = [[W::zero_f(); R]; U];
+        // Q4_K and Q5_K with shared activation scales: a super-block's sub-block sums
+        // times their integer scales, exact (`activations::shared_blocks`).
+        let mut iacc = [[W::zero_i(); R]; U];
         let mut dsup = [W::zero_f(); U];
         let mut msup = [W::zero_f(); U];
         let mut mins_hi = [W::zero_i(); U];
@@ -243,7 +269,7 @@ unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>
             prefetch_block(wh.wrapping_add((b + GROUP_PREFETCH / block_bytes) * hb), hb);
             for_each_row!(U, k, {
                 let lane = k * W::ROWS;
-                if !F::KQUANT || b % KSUB == 0 {
+                if F::SCALES != Scales::SubMinShared && (!F::KQUANT || b % KSUB == 0) {
                     let at = if F::KQUANT { b / KSUB } else { b } * GROUP + lane;
                     dsup[k] = W::scales(wd.add(at));
                     if F::MINS {
@@ -265,41 +291,69 @@ unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>
                         *n = W::lookup(lut, *n);
                     }
                 }
-                let (dlo, dhi, mlo) = block_scales::<W, F>(
-                    dsup[k],
-                    msup[k],
-                    wsub.wrapping_add(b * sub_step + lane),
-                    mins_hi[k],
-                );
-                if F::SCALES == Scales::SubMin {
-                    mins_hi[k] = W::shr32::<4>(mins_hi[k]);
-                }
-                let acc = &mut acc[k];
-                for_each_row!(R, r, {
-                    let y = x.qs[r].add(b * QK);
-                    let dx = W::splat(*x.d[r].add(b));
-                    if F::SCALES == Scales::SubSigned {
-                        let [v0, v1, v2, v3, v4, v5, v6, v7] = v;
-                        let [olo, ohi] = *x.offsets[r].add(b);
-                        let lo = W::quad_dot::<4, 2>(W::splat_i32(olo), &[v0, v1, v2, v3], y);
-                        let hi = W::quad_dot::<4, 2>(
-                            W::splat_i32(ohi),
-                            &[v4, v5, v6, v7],
-                            y.add(QK / 2),
-                        );
-                        acc[r] = W::fmadd(W::cvt(lo), W::mul(dlo, dx), acc[r]);
-                        acc[r] = W::fmadd(W::cvt(hi), W::mul(dhi, dx), acc[r]);
-                    } else {
-                        // MXFP4's looked-up quants reach 24: 5-bit range.
-                        let isum = if F::BITS == 5 || F::LUT.is_some() {
-                            W::quad_dot::<8, 4>(W::zero_i(), &v, y)
+                if F::SCALES == Scales::SubMinShared {
+                    let packed = W::bytes_u32(wsub.wrapping_add(b * sub_step + lane));
+                    let sc = W::scale_operand(W::and(packed, W::splat_i32(0x3F)));
+                    let sums = &mut iacc[k];
+                    for_each_row!(R, r, {
+                        let y = x.qs[r].add(b * QK);
+                        sums[r] = if F::BITS == 5 {
+                            W::quad_dot_scaled::<8, 4>(sums[r], sc, &v, y)
                         } else {
-                            W::quad_dot::<8, 8>(W::zero_i(), &v, y)
+                            W::quad_dot_scaled::<8, 8>(sums[r], sc, &v, y)
                         };
-                        acc[r] = W::fmadd(W::cvt(isum), W::mul(dlo, dx), acc[r]);
-                        acc[r] = W::fmadd(mlo, W::splat(*x.s[r].add(b)), acc[r]);
+                    });
+                    if b % KSUB == KSUB - 1 {
+                        let sb = b / KSUB;
+                        let at = sb * GROUP + lane;
+                        flush_super_block::<R, W>(
+                            &mut acc[k],
+                            &mut iacc[k],
+                            [W::scales(wd.add(at)), W::scales(wm.add(at))],
+                            wsub.wrapping_add(sb * KSUB * sub_step + lane),
+                            sub_step,
+                            W::load(wmh.add(at * 4)),
+                            &x,
+                            sb * KSUB,
+                        );
                     }
-                });
+                } else {
+                    let (dlo, dhi, mlo) = block_scales::<W, F>(
+                        dsup[k],
+                        msup[k],
+                        wsub.wrapping_add(b * sub_step + lane),
+                        mins_hi[k],
+                    );
+                    if F::SCALES == Scales::SubMin {
+                        mins_hi[k] = W::shr32::<4>(mins_hi[k]);
+                    }
+                    let acc = &mut acc[k];
+                    for_each_row!(R, r, {
+                        let y = x.qs[r].add(b * QK);
+                        let dx = W::splat(*x.d[r].add(b));
+                        if F::SCALES == Scales::SubSigned {
+                            let [v0, v1, v2, v3, v4, v5, v6, v7] = v;
+                            let [olo, ohi] = *x.offsets[r].add(b);
+                            let lo = W::quad_dot::<4, 2>(W::splat_i32(olo), &[v0, v1, v2, v3], y);
+                            let hi = W::quad_dot::<4, 2>(
+                                W::splat_i32(ohi),
+                                &[v4, v5, v6, v7],
+                                y.add(QK / 2),
+                            );
+                            acc[r] = W::fmadd(W::cvt(lo), W::mul(dlo, dx), acc[r]);
+                            acc[r] = W::fmadd(W::cvt(hi), W::mul(dhi, dx), acc[r]);
+                        } else {
+                            // MXFP4's looked-up quants reach 24: 5-bit range.
+                            let isum = if F::BITS == 5 || F::LUT.is_some() {
+                                W::quad_dot::<8, 4>(W::zero_i(), &v, y)
+                            } else {
+                                W::quad_dot::<8, 8>(W::zero_i(), &v, y)
+                            };
+                            acc[r] = W::fmadd(W::cvt(isum), W::mul(dlo, dx), acc[r]);
+                            acc[r] = W::fmadd(mlo, W::splat(*x.s[r].add(b)), acc[r]);
+                        }
+                    });
+                }
             });
         }
         let mut out = [[W::Out::default(); R]; U];
@@ -320,6 +374,59 @@ pub(super) unsafe fn store_rows<const R: usize, W: Width>(acc: [W::F; R]) -> [W:
         *o = unsafe { W::store(a) };
     }
     out
+}
+
+/// The end of a Q4_K or Q5_K super-block (blocks `b0..b0 + KSUB`) for one unit of weight
+/// rows: `acc[r] += dx · (d · I[r] - dmin · Σ_t m_t · Σ q_t)`, `I` the super-block's
+/// scaled integer sums (`iacc`, cleared for the next), `m_t` block `t`'s 6-bit minimum and
+/// `Σ q_t` the activations' block sum, summed exactly by `vpmaddwd` two blocks at a time.
+/// `ds` holds the unit's `d` and `dmin`; `sub` points to block `b0`'s [`sub_bytes`] (each
+/// block `sub_step` further), whose top two bits are the minima's low bits, and
+/// `mins_hi` the minima's top nibbles (block `t`'s at bits `4t..4t + 4`).
+///
+/// # Safety
+/// The sub-block bytes are readable; activation rows of `x` hold block `b0 + KSUB - 1`;
+/// the CPU has `W`'s features.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn flush_super_block<const R: usize, W: Width>(
+    acc: &mut [W::F; R],
+    iacc: &mut [W::I; R],
+    ds: [W::F; 2],
+    sub: *const u8,
+    sub_step: usize,
+    mins_hi: W::I,
+    x: &XRows<R>,
+    b0: usize,
+) {
+    // SAFETY: (whole body) the caller's contract; the rest is register arithmetic.
+    unsafe {
+        let neg_dmin = W::neg(ds[1]);
+        let mut top = mins_hi;
+        let mut pairs = [W::zero_i(); KSUB / 2];
+        for t in 0..KSUB {
+            let packed = W::bytes_u32(sub.add(t * sub_step));
+            let high = W::and(W::shl32::<2>(top), W::splat_i32(0x3C));
+            let m = W::or(W::shr32::<6>(packed), high);
+            top = W::shr32::<4>(top);
+            pairs[t / 2] = if t % 2 == 0 {
+                m
+            } else {
+                W::or(pairs[t / 2], W::shl32::<16>(m))
+            };
+        }
+        for_each_row!(R, r, {
+            let q = x.qsum[r].add(b0) as *const i32;
+            let mut mins = W::madd16(pairs[0], W::splat_i32(q.read_unaligned()));
+            for (p, &m) in pairs.iter().enumerate().skip(1) {
+                mins = W::add32(mins, W::madd16(m, W::splat_i32(q.add(p).read_unaligned())));
+            }
+            let dx = W::splat(*x.d[r].add(b0));
+            let sum = W::fmadd(W::cvt(mins), neg_dmin, W::mul(W::cvt(iacc[r]), ds[0]));
+            acc[r] = W::fmadd(sum, dx, acc[r]);
+            iacc[r] = W::zero_i();
+        });
+    }
 }
 
 /// Ors the bits above the nibbles into a block's eight nibble vectors, from its high-bit
@@ -369,7 +476,8 @@ unsafe fn merge_high_bits<W: Width, F: QuantFormat>(v: &mut [W::I; 8], h: *const
 /// K-quants' `-dmin·m`). K-quants' scales `d·sc` are made per block from the super-block's
 /// `d` (`dsup`, and `dmin` in `msup`) and the 6- or 8-bit `sc` of the unit's rows at `sub`;
 /// Q4_K's and Q5_K's minima from the two bits above `sc` and the low nibble of each lane of
-/// `mins_hi` (the block's top bits: see `QuantMatrix::mins_hi`).
+/// `mins_hi` (the block's top bits: see `QuantMatrix::mins_hi`). (With shared activation
+/// scales, Q4_K and Q5_K take theirs per super-block: [`flush_super_block`].)
 ///
 /// # Safety
 /// For K-quants, `sub` must point to the block's [`sub_bytes`] (less the unit's offset);
@@ -401,6 +509,7 @@ unsafe fn block_scales<W: Width, F: QuantFormat>(
                 let m = W::mul(msup, W::cvt(m));
                 (d, d, W::neg(m))
             }
+            Scales::SubMinShared => unreachable!("shared activation scales: per super-block"),
         }
     }
 }
@@ -413,6 +522,7 @@ pub(super) struct XRows<const R: usize> {
     pub(super) d: [*const f32; R],
     pub(super) s: [*const f32; R],
     pub(super) offsets: [*const [i32; 2]; R],
+    pub(super) qsum: [*const i16; R],
 }
 
 impl<const R: usize> XRows<R> {
@@ -423,6 +533,7 @@ impl<const R: usize> XRows<R> {
             d: std::array::from_fn(|r| x.d.as_ptr().wrapping_add((i + r) * nb)),
             s: std::array::from_fn(|r| x.s.as_ptr().wrapping_add((i + r) * nb)),
             offsets: std::array::from_fn(|r| x.offsets.as_ptr().wrapping_add((i + r) * nb)),
+            qsum: std::array::from_fn(|r| x.qsum.as_ptr().wrapping_add((i + r) * nb)),
         }
     }
 }

@@ -20,6 +20,39 @@ const TYPES: [GgmlType; 9] = [
     GgmlType::MXFP4,
 ];
 
+/// How the products can run: every format (Q4_K and Q5_K with one activation scale per
+/// super-block), then Q4_K and Q5_K keeping one per block
+/// (`QuantMatrix::keep_block_activation_scales`).
+fn variants() -> impl Iterator<Item = (GgmlType, bool)> {
+    TYPES
+        .into_iter()
+        .map(|ty| (ty, false))
+        .chain([(GgmlType::Q4_K, true), (GgmlType::Q5_K, true)])
+}
+
+/// [`random_matrix`] of a [`variants`] entry.
+fn variant_matrix(
+    rng: &mut StdRng,
+    (ty, block_activations): (GgmlType, bool),
+    rows: usize,
+    cols: usize,
+) -> QuantMatrix {
+    let mut w = random_matrix(rng, ty, rows, cols);
+    if block_activations {
+        w.keep_block_activation_scales();
+    }
+    w
+}
+
+/// How a test names a [`variants`] entry.
+fn variant_name((ty, block_activations): (GgmlType, bool)) -> String {
+    if block_activations {
+        format!("{ty} (block activation scales)")
+    } else {
+        ty.to_string()
+    }
+}
+
 /// `rows × cols` random weights of `ty`: random scales and quants, as a file could hold.
 fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> QuantMatrix {
     QuantMatrix::new(ty, rows, cols, random_bytes(rng, ty, rows, cols)).unwrap()
@@ -117,13 +150,21 @@ fn vector_quantisers_match_scalar_bit_for_bit() {
         };
         eprintln!("vector_quantisers_match_scalar_bit_for_bit: {isa:?}: {verdict}");
         if ran {
-            // SAFETY: `isa` is `best` or lower; check_quantiser passes whole rows.
-            check_quantiser(isa, |x, qs, sums| unsafe { quantize_row(x, qs, sums, isa) });
+            for share in [1, KSUB] {
+                // SAFETY: `isa` is `best` or lower; check_quantiser passes whole rows.
+                check_quantiser(isa, share, |x, qs, sums| unsafe {
+                    quantize_row(x, qs, sums, share, isa)
+                });
+            }
         }
     }
 }
 
-fn check_quantiser(isa: activations::QuantIsa, quantize: impl Fn(&[f32], &mut [i8], RowSums)) {
+fn check_quantiser(
+    isa: activations::QuantIsa,
+    share: usize,
+    quantize: impl Fn(&[f32], &mut [i8], RowSums),
+) {
     let mut r = rng(11);
     let mut x = rand_vec(&mut r, 40 * QK);
     for (t, v) in x[..QK].iter_mut().enumerate() {
@@ -140,15 +181,26 @@ fn check_quantiser(isa: activations::QuantIsa, quantize: impl Fn(&[f32], &mut [i
     let nb = x.len() / QK;
     let mut qs = vec![0i8; nb * QK];
     let (mut d, mut s, mut offsets) = (vec![0.0; nb], vec![0.0; nb], vec![[0; 2]; nb]);
+    let mut qsum = vec![0; nb];
     let sums = RowSums {
         d: &mut d,
         s: &mut s,
         offsets: &mut offsets,
+        qsum: &mut qsum,
     };
     quantize(&x, &mut qs, sums);
-    for (b, xb) in x.chunks_exact(QK).enumerate() {
-        let want = qdot::quantize_block(xb);
-        let what = format!("{isa:?} block {b}");
+    let mut blocks = vec![BlockQ8::default(); nb];
+    qdot::quantize_row_q8_shared(&x, &mut blocks, share);
+    if share == 1 {
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            let want = qdot::quantize_block(xb);
+            let got = &blocks[b];
+            let bits = |q: &BlockQ8| (q.qs, q.d.to_bits(), q.s.to_bits());
+            assert_eq!(bits(got), bits(&want), "block {b}");
+        }
+    }
+    for (b, want) in blocks.iter().enumerate() {
+        let what = format!("{isa:?} share {share} block {b}");
         assert_eq!(&qs[b * QK..(b + 1) * QK], &want.qs, "{what} quants");
         assert_eq!(d[b].to_bits(), want.d.to_bits(), "{what} scale");
         assert_eq!(s[b].to_bits(), want.s.to_bits(), "{what} sum");
@@ -163,10 +215,20 @@ fn check_quantiser(isa: activations::QuantIsa, quantize: impl Fn(&[f32], &mut [i
             [-32 * half(0), -32 * half(1)],
             "{what} half offsets"
         );
+        assert_eq!(qsum[b] as i32, half(0) + half(1), "{what} sum of quants");
+        if share > 1 {
+            assert_eq!(
+                want.d,
+                blocks[b / share * share].d,
+                "{what}: one scale per run"
+            );
+        }
     }
-    assert_eq!(qs[1], -15, "-14.5 rounds away from zero");
-    assert_eq!(qs[2], -14, "-13.5 rounds away from zero");
-    assert_eq!(qs[17], 2, "1.5 rounds away from zero");
+    if share == 1 {
+        assert_eq!(qs[1], -15, "-14.5 rounds away from zero");
+        assert_eq!(qs[2], -14, "-13.5 rounds away from zero");
+        assert_eq!(qs[17], 2, "1.5 rounds away from zero");
+    }
 }
 
 #[test]
@@ -326,9 +388,9 @@ fn scalar_dot_equals_dot_of_dequantised_blocks() {
 }
 
 /// Quantises `x` (`m` rows of `k`) as `matmul_quant` does.
-fn q8_rows(x: &[f32], m: usize, k: usize) -> Q8Rows {
+fn q8_rows(x: &[f32], m: usize, k: usize, w: &QuantMatrix) -> Q8Rows {
     let mut q = Q8Rows::default();
-    q.quantize(x, m, k / QK);
+    q.quantize(x, m, k / QK, activations::shared_blocks(w));
     q
 }
 
@@ -339,7 +401,8 @@ mod tiles;
 #[test]
 fn matmul_quant_matches_reference_on_odd_shapes() {
     let mut r = rng(4);
-    for ty in TYPES {
+    for v in variants() {
+        let (ty, name) = (v.0, variant_name(v));
         for (m, k, n) in [
             (1, 32, 1),
             (2, 96, 67),
@@ -349,16 +412,16 @@ fn matmul_quant_matches_reference_on_odd_shapes() {
             (70, 160, 50),
         ] {
             let k = cols_for(ty, k);
-            let w = random_matrix(&mut r, ty, n, k);
+            let w = variant_matrix(&mut r, v, n, k);
             let x = rand_vec(&mut r, m * k);
             let mut want = vec![0.0; m * n];
             matmul_quant_scalar(&x, &w, &mut want, m);
             let mut got = vec![0.0; m * n];
             matmul_quant(&x, &w, &mut got, m);
-            let what = format!("{ty} m={m} k={k} n={n}");
+            let what = format!("{name} m={m} k={k} n={n}");
             assert_close(&got, &want, 1e-4, 1e-4, &what);
             // The portable path, whatever the CPU.
-            let xq = q8_rows(&x, m, k);
+            let xq = q8_rows(&x, m, k, &w);
             let mut portable = vec![0.0; m * n];
             dot_rows(
                 &xq,
@@ -379,9 +442,9 @@ fn matmul_quant_matches_reference_on_odd_shapes() {
 #[test]
 fn each_row_is_independent_of_the_batch() {
     let mut r = rng(5);
-    for ty in TYPES {
-        let (k, n) = (cols_for(ty, 192), 37);
-        let w = random_matrix(&mut r, ty, n, k);
+    for v in variants() {
+        let (k, n) = (cols_for(v.0, 192), 37);
+        let w = variant_matrix(&mut r, v, n, k);
         let x = rand_vec(&mut r, 70 * k);
         let mut batch = vec![0.0; 70 * n];
         matmul_quant(&x, &w, &mut batch, 70);
@@ -392,7 +455,11 @@ fn each_row_is_independent_of_the_batch() {
                 .iter()
                 .zip(&batch[i * n..])
                 .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{ty}: row {i} alone differs from the batch of 70");
+            assert!(
+                same,
+                "{}: row {i} alone differs from the batch of 70",
+                variant_name(v)
+            );
         }
     }
 }
@@ -460,17 +527,18 @@ fn grouped_products_equal_each_groups_own_product() {
     let mut r = rng(6);
     let (k, n) = (256, 300);
     let types = [
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q5_K,
+        (GgmlType::Q4_K, false),
+        (GgmlType::Q6_K, false),
+        (GgmlType::Q8_0, false),
+        (GgmlType::Q4_0, false),
+        (GgmlType::Q5_K, false),
+        (GgmlType::Q4_K, true),
     ];
     let weights: Vec<QuantMatrix> = types
         .iter()
-        .map(|&ty| random_matrix(&mut r, ty, n, k))
+        .map(|&v| variant_matrix(&mut r, v, n, k))
         .collect();
-    for sizes in [[3, 0, 1, 9, 2], [0, 0, 1, 0, 0], [70, 1, 0, 0, 5]] {
+    for sizes in [[3, 0, 1, 9, 2, 4], [0, 0, 1, 0, 0, 0], [70, 1, 0, 0, 5, 33]] {
         let offsets: Vec<usize> = std::iter::once(0)
             .chain(sizes.iter().scan(0, |acc, &s| {
                 *acc += s;
@@ -489,7 +557,7 @@ fn grouped_products_equal_each_groups_own_product() {
                 .iter()
                 .zip(&got[r0 * n..r1 * n])
                 .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "group {g} ({}) of {sizes:?}", types[g]);
+            assert!(same, "group {g} ({}) of {sizes:?}", variant_name(types[g]));
         }
     }
 }

@@ -172,6 +172,15 @@ impl Drop for Tiles {
     }
 }
 
+/// Whether the AMX tiles run products with `w`: not Q4_K and Q5_K against activations
+/// with one scale per super-block (`activations::shared_blocks`), whose 512-bit tiles sum a
+/// super-block's scaled sub-block sums in integers ([`super::tile_nibbles`]); these tiles
+/// apply each block's scales in floats, and AMX measured no faster than AVX512-VNNI anyway
+/// (it is opt-in).
+pub(in crate::quant) fn takes(w: &QuantMatrix) -> bool {
+    crate::quant::activations::shared_blocks(w) == 1
+}
+
 /// `out[r][c] = w[g·GROUP + c] · x[i + r]` for 16 activation rows: the 512-bit tile's
 /// results ([`super::tile`]), bit for bit. (Tiles of 32 rows measured no faster: their
 /// 32 accumulators do not fit in registers.)
@@ -190,6 +199,11 @@ pub(in crate::quant) unsafe fn tile_group(
     i: usize,
 ) -> [[f32; GROUP]; TILE_ROWS] {
     assert_eq!(tiles.ty, w.ty, "AMX tiles configured for another format");
+    assert!(
+        takes(w),
+        "AMX tiles do not take {} with shared activation scales",
+        w.ty
+    );
     // SAFETY: (each arm) the caller's contract, forwarded; `tiles` has the tile registers
     // configured for this format.
     unsafe {

@@ -222,6 +222,31 @@ impl<D: IntDot> Width for Ymm<D> {
         unsafe { D::dot::<N, CHUNK>(init, v, &quads::<N>(y)) }
     }
     #[inline(always)]
+    unsafe fn add32(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn madd16(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_madd_epi16(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn scale_operand(sc: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { D::scale_operand(sc) }
+    }
+    #[inline(always)]
+    unsafe fn quad_dot_scaled<const N: usize, const CHUNK: usize>(
+        acc: __m256i,
+        sc: __m256i,
+        v: &[__m256i; N],
+        y: *const i8,
+    ) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { D::dot_scaled::<N, CHUNK>(acc, sc, v, &quads::<N>(y)) }
+    }
+    #[inline(always)]
     unsafe fn store(v: __m256) -> [f32; LANES] {
         let mut out = [0.0; LANES];
         // SAFETY: see the impl; `out` holds LANES = 8 floats.
@@ -334,6 +359,24 @@ pub(in crate::quant) trait IntDot {
         u: &[__m256i; N],
         s: &[__m256i; N],
     ) -> __m256i;
+
+    /// Per-lane scales (0-63 in each 32-bit lane) in the form [`IntDot::dot_scaled`] takes.
+    ///
+    /// # Safety
+    /// As [`IntDot::dot`].
+    unsafe fn scale_operand(sc: __m256i) -> __m256i;
+
+    /// `acc + sc · (Σ_t Σ_e u[t]_e · s[t]_e)` per 32-bit lane, exact, `sc` from
+    /// [`IntDot::scale_operand`].
+    ///
+    /// # Safety
+    /// As [`IntDot::dot`].
+    unsafe fn dot_scaled<const N: usize, const CHUNK: usize>(
+        acc: __m256i,
+        sc: __m256i,
+        u: &[__m256i; N],
+        s: &[__m256i; N],
+    ) -> __m256i;
 }
 
 /// AVX2: `vpmaddubsw` pair sums, `CHUNK` of them added in 16 bits, widened by `vpmaddwd`.
@@ -346,17 +389,35 @@ impl IntDot for Maddubs {
         u: &[__m256i; N],
         s: &[__m256i; N],
     ) -> __m256i {
+        // SAFETY: the caller has AVX2; a scale of one is the plain widening.
+        unsafe { Self::dot_scaled::<N, CHUNK>(acc, _mm256_set1_epi16(1), u, s) }
+    }
+
+    /// The scale in both 16-bit halves of its lane: `vpmaddwd` by it then scales both
+    /// pair sums as it widens them.
+    #[inline(always)]
+    unsafe fn scale_operand(sc: __m256i) -> __m256i {
+        // SAFETY: register-only AVX2 intrinsics; the caller has AVX2.
+        unsafe { _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc)) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_scaled<const N: usize, const CHUNK: usize>(
+        acc: __m256i,
+        sc: __m256i,
+        u: &[__m256i; N],
+        s: &[__m256i; N],
+    ) -> __m256i {
         const { assert!(CHUNK > 0) };
         // SAFETY: register-only AVX2 intrinsics; the caller has AVX2.
         unsafe {
-            let ones = _mm256_set1_epi16(1);
             let mut acc = acc;
             for c in (0..N).step_by(CHUNK) {
                 let mut s16 = _mm256_maddubs_epi16(u[c], s[c]);
                 for t in c + 1..(c + CHUNK).min(N) {
                     s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[t], s[t]));
                 }
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s16, ones));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s16, sc));
             }
             acc
         }
@@ -379,5 +440,25 @@ impl IntDot for AvxVnni {
             acc = unsafe { _mm256_dpbusd_avx_epi32(acc, u[t], s[t]) };
         }
         acc
+    }
+
+    #[inline(always)]
+    unsafe fn scale_operand(sc: __m256i) -> __m256i {
+        sc
+    }
+
+    /// `vpdpbusd`'s 32-bit sum times the scale (`vpmulld`).
+    #[inline(always)]
+    unsafe fn dot_scaled<const N: usize, const CHUNK: usize>(
+        acc: __m256i,
+        sc: __m256i,
+        u: &[__m256i; N],
+        s: &[__m256i; N],
+    ) -> __m256i {
+        // SAFETY: register-only intrinsics; the caller has AVX-VNNI (and AVX2).
+        unsafe {
+            let sum = Self::dot::<N, CHUNK>(_mm256_setzero_si256(), u, s);
+            _mm256_add_epi32(acc, _mm256_mullo_epi32(sum, sc))
+        }
     }
 }

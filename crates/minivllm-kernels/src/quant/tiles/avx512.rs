@@ -130,6 +130,7 @@ impl Width for Zmm {
                 2 => _mm512_slli_epi32::<2>(v),
                 4 => _mm512_slli_epi32::<4>(v),
                 6 => _mm512_slli_epi32::<6>(v),
+                16 => _mm512_slli_epi32::<16>(v),
                 _ => unreachable!("shift by {N}"),
             }
         }
@@ -196,6 +197,34 @@ impl Width for Zmm {
     ) -> __m512i {
         // SAFETY: see the impl.
         unsafe { quad_sum(init, v, y) }
+    }
+    #[inline(always)]
+    unsafe fn add32(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn madd16(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_madd_epi16(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn scale_operand(sc: __m512i) -> __m512i {
+        sc
+    }
+    /// `vpdpbusd`'s 32-bit sum times the scale (`vpmulld`).
+    #[inline(always)]
+    unsafe fn quad_dot_scaled<const N: usize, const CHUNK: usize>(
+        acc: __m512i,
+        sc: __m512i,
+        v: &[__m512i; N],
+        y: *const i8,
+    ) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe {
+            let sum = quad_sum(_mm512_setzero_si512(), v, y);
+            _mm512_add_epi32(acc, _mm512_mullo_epi32(sum, sc))
+        }
     }
     #[inline(always)]
     unsafe fn store(v: __m512) -> [f32; GROUP] {

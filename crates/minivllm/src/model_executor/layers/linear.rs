@@ -176,6 +176,19 @@ impl WeightMatrix {
         }
     }
 
+    /// Keeps one activation scale per block of 32 in this matrix's quantised products
+    /// (`QuantMatrix::keep_block_activation_scales`): for a matrix whose inputs carry
+    /// large outliers, a down projection's.
+    pub(crate) fn keep_block_activation_scales(&mut self) {
+        match self {
+            WeightMatrix::Quant(q) => q.keep_block_activation_scales(),
+            WeightMatrix::Stacked { parts, .. } => parts
+                .iter_mut()
+                .for_each(Self::keep_block_activation_scales),
+            WeightMatrix::F32 { .. } | WeightMatrix::Half(_) => {}
+        }
+    }
+
     /// Floating-point operations (two per multiply-add) of one input row through it.
     pub(crate) fn flops_per_row(&self) -> f64 {
         2.0 * (self.rows() * self.cols()) as f64
@@ -230,9 +243,11 @@ impl WeightMatrix {
             }
             WeightMatrix::Quant(q) => {
                 let blocks = rows.iter().flat_map(|&r| q.row_blocks(r)).collect();
-                QuantMatrix::new(q.ty(), rows.len(), cols, blocks)
-                    .ok()
-                    .map(WeightMatrix::Quant)
+                let mut m = QuantMatrix::new(q.ty(), rows.len(), cols, blocks).ok()?;
+                if q.keeps_block_activation_scales() {
+                    m.keep_block_activation_scales();
+                }
+                Some(WeightMatrix::Quant(m))
             }
             WeightMatrix::Stacked { .. } => None,
         }
@@ -380,6 +395,12 @@ impl Linear {
         &self.weight
     }
 
+    /// [`WeightMatrix::keep_block_activation_scales`].
+    pub(crate) fn keep_block_activation_scales(mut self) -> Self {
+        self.weight.keep_block_activation_scales();
+        self
+    }
+
     pub(crate) fn in_features(&self) -> usize {
         self.weight.cols()
     }
@@ -395,7 +416,7 @@ impl Linear {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::HashMap;
 
     use minivllm_kernels::quant::GgmlType;
@@ -404,7 +425,7 @@ mod tests {
     use crate::model_executor::loader::weights::Tensor;
 
     /// Tensors held in memory in a block format.
-    struct Blocks(HashMap<&'static str, QuantTensor>);
+    pub(crate) struct Blocks(pub(crate) HashMap<&'static str, QuantTensor>);
 
     impl WeightSource for Blocks {
         fn load(&self, name: &str) -> Result<Tensor, LoadError> {
@@ -424,7 +445,8 @@ mod tests {
         }
     }
 
-    fn tensor(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> QuantTensor {
+    /// `rows × cols` values in -1..1, quantised to `ty`.
+    pub(crate) fn tensor(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> QuantTensor {
         let x: Vec<f32> = (0..rows * cols)
             .map(|i| {
                 (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 1000) as f32

@@ -74,7 +74,10 @@ impl GatedMlp {
         };
         Ok(Self {
             gate_up_proj: Linear::load_merged(src, &[(gate, width), (up, width)], hidden, opts)?,
-            down_proj: Linear::load(src, down, whole_width, own_hidden, opts)?,
+            // Its input, the gated activations, carries the largest outliers: one
+            // activation scale per K-quant super-block cost too much accuracy there.
+            down_proj: Linear::load(src, down, whole_width, own_hidden, opts)?
+                .keep_block_activation_scales(),
             gate_up_bias,
             // Whole on every rank: tensor parallelism leaves `.bias` of down unsplit.
             down_bias: bias(down, hidden)?,
@@ -157,5 +160,71 @@ pub(crate) fn activate(act_fn: Activation, gate_up: &[f32], act: &mut [f32], wid
         Activation::SwigluOai { alpha, limit } => {
             swiglu_oai_and_mul(gate_up, act, width, alpha, limit)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use minivllm_kernels::quant::GgmlType;
+
+    use super::*;
+    use crate::model_executor::layers::linear::tests::{tensor, Blocks};
+
+    /// A gated MLP's down projection keeps one activation scale per block of 32 in its
+    /// Q4_K products (its input carries the largest outliers); gate and up share one per
+    /// super-block, as ggml's Q8_K. The choice changes the product, so it is checked here
+    /// where the loader makes it.
+    #[test]
+    fn down_projections_keep_block_activation_scales() {
+        let (hidden, width) = (256, 512);
+        let src = Blocks(HashMap::from([
+            ("gate.weight", tensor(GgmlType::Q4_K, width, hidden, 1)),
+            ("up.weight", tensor(GgmlType::Q4_K, width, hidden, 2)),
+            ("down.weight", tensor(GgmlType::Q4_K, hidden, width, 3)),
+        ]));
+        let opts = LoadOptions::default();
+        let mlp = GatedMlp::load(
+            &src,
+            ["gate.weight", "up.weight", "down.weight"],
+            hidden,
+            width,
+            width,
+            hidden,
+            &opts,
+        )
+        .unwrap();
+        let kept = |w: &WeightMatrix| match w {
+            WeightMatrix::Quant(q) => q.keeps_block_activation_scales(),
+            _ => panic!("expected a Q4_K matrix, got {}", w.format()),
+        };
+        assert!(!kept(mlp.gate_up_proj.weight()));
+        assert!(kept(mlp.down_proj.weight()));
+        // What the down projection computes is the plain matrix's with the flag set, and
+        // not the same as with shared scales (an input with one outlier per super-block).
+        let x: Vec<f32> = (0..width)
+            .map(|i| {
+                if i % 256 == 7 {
+                    40.0
+                } else {
+                    ((i * 5) % 11) as f32 / 11.0 - 0.5
+                }
+            })
+            .collect();
+        let plain = Linear::load(&src, "down.weight", width, hidden, &opts).unwrap();
+        let kept_copy = Linear::load(&src, "down.weight", width, hidden, &opts)
+            .unwrap()
+            .keep_block_activation_scales();
+        let run = |l: &Linear| {
+            let mut out = vec![0.0; hidden];
+            l.forward(&x, &mut out, 1);
+            out
+        };
+        assert_eq!(run(&mlp.down_proj), run(&kept_copy));
+        assert_ne!(run(&mlp.down_proj), run(&plain));
+        // A draft head's selected rows keep the choice.
+        let picked = mlp.down_proj.weight().select_rows(&[3, 1]).unwrap();
+        assert!(kept(&picked));
     }
 }
