@@ -2,9 +2,9 @@
 //! sends the other ranks of a tensor-parallel group their configuration, loads the driver's
 //! shard and sizes its KV cache as every worker does (`worker/worker_loop.rs`). It holds the
 //! driver's model runner and the group of the other ranks' workers: each step's cache
-//! operations and laid-out batch are broadcast to them before the driver runs its own part,
-//! so every rank makes the same collective calls in the same order, and dropping the
-//! executor stops them.
+//! operations and batch are broadcast to them before the driver runs its own part (the
+//! batch as its new tokens and the blocks its tables gained, `step_message`), so every rank
+//! makes the same collective calls in the same order, and dropping the executor stops them.
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use crate::outputs::ModelRunnerOutput;
 use crate::worker::cache_engine::CacheEngine;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::model_runner::ModelRunner;
-use crate::worker::step_message::{encode_cache_ops, encode_execute, encode_shutdown};
+use crate::worker::step_message::{encode_cache_ops, encode_execute, encode_shutdown, HeldTables};
 use crate::worker::worker_config::{WorkerConfig, WorkerError};
 use crate::worker::worker_loop::Worker;
 use crate::worker::worker_process::{driver_group, Driver};
@@ -28,6 +28,8 @@ pub(crate) struct Executor {
     workers: Option<Arc<dyn Communicator>>,
     /// The step message for the workers, reused.
     message: Vec<u8>,
+    /// The block tables the workers hold, which each step sends the changes to.
+    held: HeldTables,
 }
 
 impl Executor {
@@ -48,6 +50,7 @@ impl Executor {
             max_model_len,
             workers,
             message: Vec::new(),
+            held: HeldTables::default(),
         })
     }
 
@@ -79,7 +82,8 @@ impl Executor {
         }
         self.runner.prepare(sched);
         if let Some(workers) = &self.workers {
-            encode_execute(&mut self.message, self.runner.input());
+            let ids = sched.scheduled.iter().map(|s| s.id);
+            encode_execute(&mut self.message, self.runner.input(), ids, &mut self.held);
             workers.broadcast_bytes(0, &mut self.message)?;
         }
         self.runner.run(sched)

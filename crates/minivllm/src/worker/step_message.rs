@@ -2,12 +2,17 @@
 //! bytes for one broadcast: the KV-cache operations the scheduler ordered, the batch to run,
 //! or the end of the group.
 //!
-//! The batch goes as the sequences' new tokens, context lengths and block tables, from which
-//! each rank rebuilds the same `InputMetadata` (positions and slots follow from them): a
-//! decode step of 64 sequences is a few kilobytes, however long their contexts.
+//! The batch goes as the sequences' new tokens and context lengths and what changed in
+//! their block tables, from which each rank rebuilds the same `InputMetadata` (positions
+//! and slots follow from them). Both ends keep the tables of the last batch's sequences
+//! ([`HeldTables`]), so a sequence's table goes whole once and then as the blocks it
+//! gained (vLLM's `new_block_ids`): a decode step of 64 sequences is about two kilobytes,
+//! however long their contexts.
+
+use std::collections::HashMap;
 
 use crate::distributed::CommError;
-use crate::ids::{BlockId, CpuBlockId};
+use crate::ids::{BlockId, CpuBlockId, SeqId};
 use crate::model_executor::input_metadata::InputMetadata;
 
 const CACHE_OPS: u8 = 1;
@@ -46,18 +51,118 @@ pub(crate) fn encode_cache_ops(
     put_pairs(buf, swap_in.iter().map(|(a, b)| (a.0, b.0)));
 }
 
-pub(crate) fn encode_execute(buf: &mut Vec<u8>, input: &InputMetadata) {
+/// The block tables of the sequences in the last batch sent (on the driver) or received
+/// (on a worker), each as `InputMetadata` holds it (every KV cache group's table, one after
+/// another). Both ends update theirs from the same messages by the same rules, so they
+/// stay equal; a sequence that a batch leaves out is dropped from both (a later batch sends
+/// its table whole again), which bounds them by the batch.
+#[derive(Debug, Default)]
+pub(crate) struct HeldTables {
+    tables: HashMap<SeqId, Vec<u32>>,
+    /// Sequences of the batch being sent or received, and tables dropped for reuse.
+    in_batch: Vec<SeqId>,
+    spare: Vec<Vec<u32>>,
+    /// The encoder's `(from, to)` of each table's new tail, per sequence and group.
+    tails: Vec<(usize, usize)>,
+}
+
+impl HeldTables {
+    /// The table held for `id` (empty if none), for `groups` KV cache groups.
+    fn held(&self, id: SeqId) -> &[u32] {
+        self.tables.get(&id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Holds `table` for `id`, built into a reused buffer by `fill`.
+    fn hold(&mut self, id: SeqId, fill: impl FnOnce(&[u32], &mut Vec<u32>)) {
+        let mut table = self.spare.pop().unwrap_or_default();
+        table.clear();
+        fill(self.held(id), &mut table);
+        if let Some(old) = self.tables.insert(id, table) {
+            self.spare.push(old);
+        }
+        self.in_batch.push(id);
+    }
+
+    /// Drops the sequences the batch just sent or received left out.
+    fn end_batch(&mut self) {
+        let HeldTables {
+            tables,
+            in_batch,
+            spare,
+            ..
+        } = self;
+        if tables.len() > in_batch.len() {
+            in_batch.sort_unstable();
+            tables.retain(|id, table| {
+                let keep = in_batch.binary_search(id).is_ok();
+                if !keep {
+                    spare.push(std::mem::take(table));
+                }
+                keep
+            });
+        }
+        in_batch.clear();
+        // Enough to refill a batch of as many sequences, no more.
+        spare.truncate(tables.len());
+    }
+
+    /// Sequences held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.tables.len()
+    }
+}
+
+/// The batch `input`, whose sequences are `ids` in order, for the workers, with each block
+/// table sent as its change from `held`'s (updated to the batch's).
+pub(crate) fn encode_execute(
+    buf: &mut Vec<u8>,
+    input: &InputMetadata,
+    ids: impl ExactSizeIterator<Item = SeqId>,
+    held: &mut HeldTables,
+) {
+    assert_eq!(
+        ids.len(),
+        input.seqs.len(),
+        "a sequence id for each sequence"
+    );
+    let groups = input.num_groups();
     buf.clear();
     buf.push(EXECUTE);
-    put(buf, input.num_groups());
+    put(buf, groups);
     put(buf, input.seqs.len());
-    for s in &input.seqs {
+    // Per sequence: id, query_len, context_len, num_blocks and, per group, how many of
+    // the held table's first blocks it keeps; the tails follow the tokens.
+    let mut tails_at = std::mem::take(&mut held.tails);
+    tails_at.clear();
+    for (s, id) in input.seqs.iter().zip(ids) {
+        put_u32(buf, id.0 as u32);
+        put_u32(buf, (id.0 >> 32) as u32);
         put(buf, s.query_len);
         put(buf, s.context_len);
         put(buf, s.num_blocks);
+        let table = &input.block_tables[s.blocks_start..s.blocks_start + s.num_blocks * groups];
+        let old = held.held(id);
+        let old_blocks = old.len() / groups;
+        for g in 0..groups {
+            let now = &table[g * s.num_blocks..(g + 1) * s.num_blocks];
+            let before = &old[g * old_blocks..(g + 1) * old_blocks];
+            let keep = now.iter().zip(before).take_while(|(a, b)| a == b).count();
+            put(buf, keep);
+            tails_at.push((g * s.num_blocks + keep, (g + 1) * s.num_blocks));
+        }
+        held.hold(id, |_, into| into.extend_from_slice(table));
     }
+    held.end_batch();
     input.token_ids.iter().for_each(|&t| put_u32(buf, t));
-    input.block_tables.iter().for_each(|&b| put_u32(buf, b));
+    let mut at = tails_at.iter();
+    for s in &input.seqs {
+        let table = &input.block_tables[s.blocks_start..s.blocks_start + s.num_blocks * groups];
+        for &(from, to) in at.by_ref().take(groups) {
+            table[from..to].iter().for_each(|&b| put_u32(buf, b));
+        }
+    }
+    held.tails = tails_at;
     put(buf, input.logits_indices.len());
     input.logits_indices.iter().for_each(|&i| put(buf, i));
 }
@@ -72,8 +177,9 @@ pub(crate) fn encode_shutdown(buf: &mut Vec<u8>) {
 pub struct StepBuffers {
     pub ops: CacheOps,
     pub input: InputMetadata,
+    /// The tables of the last batch's sequences, which the next batch's changes apply to.
+    held: HeldTables,
     tokens: Vec<u32>,
-    table: Vec<u32>,
 }
 
 /// Decodes a message into `into` (its cache operations or its batch, rebuilt for KV blocks
@@ -109,46 +215,79 @@ fn decode_execute(
     block_size: usize,
     into: &mut StepBuffers,
 ) -> Result<(), CommError> {
-    // The KV cache groups; (query_len, context_len, num_blocks) for each sequence, then the
-    // tokens and tables (each sequence's table of every group).
+    // The KV cache groups; (id, query_len, context_len, num_blocks, blocks kept per group)
+    // for each sequence, then the tokens and the tables' new tails.
     let groups = r.u32()? as usize;
     if groups == 0 || groups > MAX_GROUPS {
         return Err(malformed(format!("{groups} KV cache groups")));
     }
-    let num_seqs = r.len(12)?;
-    let header = r.take(num_seqs * 12)?;
-    let field = |s: usize, f: usize| read_u32(&header[s * 12 + f * 4..]) as usize;
-    let num_tokens: usize = (0..num_seqs).map(|s| field(s, 0)).sum();
-    let num_blocks: usize = (0..num_seqs).map(|s| field(s, 2) * groups).sum();
-    let (tokens, tables) = (r.take(num_tokens * 4)?, r.take(num_blocks * 4)?);
+    let fields = 5 + groups;
+    let num_seqs = r.len(fields * 4)?;
+    let header = r.take(num_seqs * fields * 4)?;
+    let field = |s: usize, f: usize| read_u32(&header[(s * fields + f) * 4..]) as usize;
+    let mut num_tokens = 0usize;
+    let mut num_tail_blocks = 0usize;
+    for s in 0..num_seqs {
+        let blocks = field(s, 4);
+        num_tokens += field(s, 2);
+        for g in 0..groups {
+            // A tail longer than the table is caught below, with the sequence named.
+            num_tail_blocks += blocks.saturating_sub(field(s, 5 + g));
+        }
+    }
+    let tokens = r.take(
+        num_tokens
+            .checked_mul(4)
+            .ok_or_else(|| malformed("tokens".into()))?,
+    )?;
+    let tails = r.take(
+        num_tail_blocks
+            .checked_mul(4)
+            .ok_or_else(|| malformed("tables".into()))?,
+    )?;
     let StepBuffers {
         input,
+        held,
         tokens: seq_tokens,
-        table,
         ..
     } = into;
     if input.num_groups() != groups {
         *input = InputMetadata::with_groups(groups);
     }
     input.clear();
-    let (mut token_at, mut block_at) = (0, 0);
+    let (mut token_at, mut tail_at) = (0, 0);
     for s in 0..num_seqs {
-        let (query_len, context_len, blocks) = (field(s, 0), field(s, 1), field(s, 2));
-        let words_of_tables = blocks * groups;
+        let id = SeqId(field(s, 0) as u64 | (field(s, 1) as u64) << 32);
+        let (query_len, context_len, blocks) = (field(s, 2), field(s, 3), field(s, 4));
         if query_len > context_len || context_len > blocks * block_size {
             return Err(malformed(format!(
                 "sequence {s}: {query_len} new tokens, context {context_len}, {blocks} blocks"
             )));
         }
+        let old_blocks = held.held(id).len() / groups;
+        if let Some(keep) = (0..groups)
+            .map(|g| field(s, 5 + g))
+            .find(|&k| k > blocks.min(old_blocks))
+        {
+            return Err(malformed(format!(
+                "sequence {s} keeps {keep} blocks of {old_blocks} held, {blocks} now"
+            )));
+        }
+        held.hold(id, |old, table| {
+            for g in 0..groups {
+                let keep = field(s, 5 + g);
+                table.extend_from_slice(&old[g * old_blocks..g * old_blocks + keep]);
+                let new = blocks - keep;
+                table.extend(words(&tails[tail_at * 4..(tail_at + new) * 4]));
+                tail_at += new;
+            }
+        });
         seq_tokens.clear();
         seq_tokens.extend(words(&tokens[token_at * 4..(token_at + query_len) * 4]));
-        table.clear();
-        table.extend(words(
-            &tables[block_at * 4..(block_at + words_of_tables) * 4],
-        ));
-        (token_at, block_at) = (token_at + query_len, block_at + words_of_tables);
-        input.add_sequence(seq_tokens, context_len, table, block_size, false);
+        token_at += query_len;
+        input.add_sequence(seq_tokens, context_len, held.held(id), block_size, false);
     }
+    held.end_batch();
     for _ in 0..r.len(4)? {
         input.logits_indices.push(r.u32()? as usize);
     }
