@@ -285,10 +285,14 @@ impl Scheduler {
         self.kv_cache_manager.forget_step();
     }
 
-    /// The sequences finished since the last step, which the worker has yet to forget: for
-    /// an engine gone idle, which runs no step to tell it.
-    pub(crate) fn take_finished(&mut self) -> Vec<SeqId> {
-        std::mem::take(&mut self.finished)
+    /// A step that runs nothing and only tells the worker which sequences finished since
+    /// the last one: for an engine gone idle, so that the worker learns of them the one way
+    /// it always does (`SchedulerOutput::finished`) without waiting for a next request.
+    pub(crate) fn schedule_idle(&mut self) -> SchedulerOutput {
+        SchedulerOutput {
+            finished: std::mem::take(&mut self.finished),
+            ..SchedulerOutput::default()
+        }
     }
 
     /// Removes a sequence (finished or aborted) and frees its blocks.

@@ -149,11 +149,16 @@ impl LLMEngine {
         !self.outputs.is_empty()
     }
 
-    /// Gives back the memory a past large batch left in the step buffers; the async engine
+    /// Gives back the memory a past large batch left in the step buffers and what the
+    /// worker held for the sequences that finished (told in an empty step); the async engine
     /// calls it whenever it goes idle.
     pub fn release_idle_memory(&mut self) {
-        let finished = self.scheduler.take_finished();
-        self.executor.release_idle_memory(&finished);
+        // A step that runs nothing and moves no block makes no collective call, so it
+        // cannot fail.
+        if let Err(e) = self.executor.execute(&self.scheduler.schedule_idle()) {
+            tracing::warn!("an idle step failed: {e}");
+        }
+        self.executor.release_idle_memory();
     }
 
     /// Has `proposer` guess draft tokens for every running sequence, verified in the step

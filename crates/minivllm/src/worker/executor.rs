@@ -103,8 +103,8 @@ impl Executor {
     }
 
     /// Frees what an idle engine need not hold; see `ModelRunner::release_idle_memory`.
-    pub fn release_idle_memory(&mut self, finished: &[crate::ids::SeqId]) {
-        self.runner.release_idle_memory(finished);
+    pub fn release_idle_memory(&mut self) {
+        self.runner.release_idle_memory();
     }
 
     /// Sequences in the driver's persistent batch.

@@ -367,13 +367,8 @@ impl ModelRunner {
     }
 
     /// Frees step buffers that a large batch left grown (see
-    /// `ForwardBuffers::release_if_large`) and forgets the `finished` sequences; for when no
-    /// request is running.
-    pub fn release_idle_memory(&mut self, finished: &[SeqId]) {
-        self.batch.remove(finished);
-        if let Some(proposer) = &mut self.proposer {
-            proposer.forget(finished);
-        }
+    /// `ForwardBuffers::release_if_large`); for when no request is running.
+    pub fn release_idle_memory(&mut self) {
         self.buffers.release_if_large();
     }
 
