@@ -5,6 +5,9 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
     llama  (LlamaForCausalLM, tied embeddings)
     qwen2  (Qwen2ForCausalLM, q/k/v bias, untied lm_head)
     qwen3  (Qwen3ForCausalLM, per-head q_norm/k_norm, head_dim 32 != hidden/heads, untied)
+    gemma2 (Gemma2ForCausalLM: 4 layers, layers 0 and 2 sliding (window 16); scores
+            soft-capped at 1.5 and the final logits at 4, low enough that both caps bite;
+            query_pre_attn_scalar 24 != head_dim 32; tied embeddings)
     gemma3 (Gemma3ForCausalLM from a text-only Gemma3TextConfig: 6 layers, layers 0-4
             sliding (window 16), layer 5 full; query_pre_attn_scalar 24 != head_dim 32;
             separate rope thetas for full/sliding layers; tied embeddings)
@@ -87,6 +90,8 @@ import numpy as np
 import torch
 import transformers
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     LlamaConfig,
@@ -161,6 +166,23 @@ def qwen3_config():
         use_sliding_window=False,
         attention_bias=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
+def gemma2_config():
+    cfg = dict(COMMON)
+    cfg["num_hidden_layers"] = 4
+    return Gemma2Config(
+        **cfg,
+        head_dim=32,
+        query_pre_attn_scalar=24,  # deliberately not head_dim: scaling is 24**-0.5
+        hidden_activation="gelu_pytorch_tanh",
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        attn_logit_softcapping=1.5,
+        final_logit_softcapping=4.0,
+        tie_word_embeddings=True,
     )
 
 
@@ -333,6 +355,7 @@ FAMILIES = {
     "llama": (llama_config, LlamaForCausalLM, 1000, (0.5, 1.5)),
     "qwen2": (qwen2_config, Qwen2ForCausalLM, 2000, (0.5, 1.5)),
     "qwen3": (qwen3_config, Qwen3ForCausalLM, 3000, (0.5, 1.5)),
+    "gemma2": (gemma2_config, Gemma2ForCausalLM, 13000, (-0.5, 0.5)),
     "gemma3": (gemma3_config, Gemma3ForCausalLM, 4000, (-0.5, 0.5)),
     "llama3": (llama3_config, LlamaForCausalLM, 5000, (0.5, 1.5)),
     "phi3": (phi3_config, Phi3ForCausalLM, 6000, (0.5, 1.5)),

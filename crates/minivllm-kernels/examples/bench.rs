@@ -92,6 +92,7 @@ fn bench_attention(label: &str, lens: &[(usize, usize)]) {
         scale: 0.125,
         sliding_window: None,
         sinks: None,
+        softcap: None,
     };
     let blocks: Vec<usize> = lens
         .iter()

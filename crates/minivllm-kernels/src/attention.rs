@@ -41,6 +41,16 @@ pub struct AttnShape<'s> {
     /// gpt-oss's attention sinks, one logit per query head: each joins its head's softmax as
     /// one more score that has no value, so a head may attend to nothing much.
     pub sinks: Option<&'s [f32]>,
+    /// Gemma 2's soft-capping of the scores: each scaled score `x` becomes
+    /// `cap · tanh(x / cap)` before the softmax ([`softcap`]).
+    pub softcap: Option<f32>,
+}
+
+/// `cap · tanh(x / cap)`, as `cap · (1 - 2 / (1 + e^(2x / cap)))`: the form the vector code
+/// computes (it saturates to ±cap without a NaN), so the scalar paths give the same values.
+#[inline]
+pub fn softcap(x: f32, cap: f32) -> f32 {
+    cap * (1.0 - 2.0 / (1.0 + (2.0 * x / cap).exp()))
 }
 
 impl AttnShape<'_> {
@@ -467,7 +477,8 @@ pub fn paged_attention_scalar<'c>(
                     // Keys are stored transposed in their block: [head_dim, block_size].
                     let at = shape.head_block_offset(s.block_table, pos, kvh) + pos % bs;
                     let dot: f32 = (0..hd).map(|d| q[d] * key_cache.get(at + d * bs)).sum();
-                    scores.push(dot * shape.scale);
+                    let x = dot * shape.scale;
+                    scores.push(shape.softcap.map_or(x, |cap| softcap(x, cap)));
                 }
                 // A sink is one more score whose probability is dropped.
                 if let Some(sinks) = shape.sinks {

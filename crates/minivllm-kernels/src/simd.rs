@@ -353,6 +353,25 @@ pub(crate) fn exp_shifted<S: Simd, const STORE: bool>(s: S, x: &mut [f32], shift
     total
 }
 
+/// `x[i] = cap · tanh(x[i] / cap)`, as [`crate::attention::softcap`] computes it.
+#[inline(always)]
+pub(crate) fn softcap<S: Simd>(s: S, x: &mut [f32], cap: f32) {
+    let (one, two, k) = (s.splat(1.0), s.splat(2.0), s.splat(2.0 / cap));
+    let cv = s.splat(cap);
+    let n = x.len();
+    let tail = vector_loop!(S, n, |i| {
+        // SAFETY: i + LANES <= n.
+        unsafe {
+            let p = x.as_mut_ptr().wrapping_add(i);
+            let e = s.exp(s.mul(k, s.load(p)));
+            s.store(p, s.mul(cv, s.sub(one, s.div(two, s.add(one, e)))));
+        }
+    });
+    x[tail..]
+        .iter_mut()
+        .for_each(|v| *v = crate::attention::softcap(*v, cap));
+}
+
 /// `x[i] += c`.
 #[inline(always)]
 pub(crate) fn add_scalar<S: Simd>(s: S, x: &mut [f32], c: f32) {

@@ -44,8 +44,12 @@ pub enum ModelFamily {
     Qwen2,
     /// Qwen3: LLaMA with an RMSNorm over each head's q and k before RoPE.
     Qwen3,
-    /// Gemma 3's text model: GeGLU, (1 + w) norms around attention and the MLP, q/k norms,
-    /// scaled embeddings, sliding-window layers with their own RoPE base.
+    /// Gemma 2: GeGLU, (1 + w) norms around attention and the MLP, scaled embeddings,
+    /// every other layer sliding, and its scores and logits soft-capped (`cap · tanh(x /
+    /// cap)`).
+    Gemma2,
+    /// Gemma 3's text model: Gemma 2 with q/k norms instead of the soft-capping, five
+    /// sliding layers to one global, and the sliding layers' own RoPE base.
     Gemma3,
     /// Phi-3 and Phi-4: LLaMA with q/k/v and gate/up stored fused, LongRoPE for the 128k
     /// variants, a partial rotary dimension (Phi-4-mini) and a window on every layer.
@@ -113,6 +117,7 @@ const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("mistral", "MistralForCausalLM", ModelFamily::Mistral),
     ("qwen2", "Qwen2ForCausalLM", ModelFamily::Qwen2),
     ("qwen3", "Qwen3ForCausalLM", ModelFamily::Qwen3),
+    ("gemma2", "Gemma2ForCausalLM", ModelFamily::Gemma2),
     ("gemma3", "Gemma3ForCausalLM", ModelFamily::Gemma3),
     ("phi3", "Phi3ForCausalLM", ModelFamily::Phi3),
     ("qwen2moe", "Qwen2MoeForCausalLM", ModelFamily::Qwen2Moe),
@@ -166,6 +171,12 @@ impl ModelFamily {
         )
     }
 
+    /// Gemma's layout: GeGLU, (1 + w) norms around attention and the MLP, embeddings
+    /// scaled by √hidden, scores by `query_pre_attn_scalar`.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, ModelFamily::Gemma2 | ModelFamily::Gemma3)
+    }
+
     /// Whether the attention's output projection carries a bias, and each head a sink.
     pub fn o_bias_and_sinks(self) -> bool {
         self == ModelFamily::GptOss
@@ -214,6 +225,10 @@ pub struct ModelConfig {
     pub norm_weight_offset: f32,
     /// Scores are scaled by `1/√query_pre_attn_scalar` (Gemma) instead of `1/√head_dim`.
     pub query_pre_attn_scalar: Option<f32>,
+    /// Gemma 2's soft-capping of the scaled attention scores and of the final logits: each
+    /// `x` becomes `cap · tanh(x / cap)`.
+    pub attn_logit_softcapping: Option<f32>,
+    pub final_logit_softcapping: Option<f32>,
     /// The window of the sliding-window layers (a query sees its last `w` positions).
     pub sliding_window: Option<usize>,
     /// Which layers slide (`[num_hidden_layers]`; empty when none do).
@@ -298,6 +313,8 @@ impl ModelConfig {
             ("query_pre_attn_scalar", self.query_pre_attn_scalar),
             ("rope_local_base_freq", self.rope_local_theta),
             ("embedding multiplier", self.embedding_multiplier),
+            ("attn_logit_softcapping", self.attn_logit_softcapping),
+            ("final_logit_softcapping", self.final_logit_softcapping),
         ];
         if let Some((name, Some(v))) = optional
             .iter()
@@ -478,21 +495,26 @@ impl ModelConfig {
             // gpt-oss says `silu` but its experts run their own clamped SwiGLU.
             _ if family == ModelFamily::GptOss => gpt_oss_swiglu(json)?,
             Some(name) => Activation::from_hf(name)?,
-            None if family == ModelFamily::Gemma3 => Activation::GeluTanh,
+            None if family.is_gemma() => Activation::GeluTanh,
             None => Activation::Silu,
         };
-        // Gemma 2's logit soft-capping (Gemma 3's configs set none); OLMoE's clipping of
-        // q, k and v (its released checkpoints set none).
-        for key in [
-            "final_logit_softcapping",
-            "attn_logit_softcapping",
-            "clip_qkv",
-        ] {
-            if json.get(key).is_some_and(|v| !v.is_null()) {
-                return Err(ConfigError::Invalid(format!("{key} is not supported")));
-            }
+        // OLMoE's clipping of q, k and v (its released checkpoints set none).
+        if json.get("clip_qkv").is_some_and(|v| !v.is_null()) {
+            return Err(ConfigError::Invalid("clip_qkv is not supported".into()));
         }
-        let gemma = family == ModelFamily::Gemma3;
+        let gemma = family.is_gemma();
+        // Gemma 2's soft-capping, which transformers applies wherever a config sets it.
+        let softcap = |key: &str| -> Result<Option<f32>, ConfigError> {
+            match json.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => match v.as_f64() {
+                    Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x as f32)),
+                    _ => Err(ConfigError::Invalid(format!(
+                        "{key} must be a positive number, got {v}"
+                    ))),
+                },
+            }
+        };
         let hidden_size = req_usize(json, "hidden_size")?;
         let num_attention_heads = req_usize(json, "num_attention_heads")?;
         let head_dim = match opt_usize(json, "head_dim")? {
@@ -525,7 +547,7 @@ impl ModelConfig {
             .or_else(|| json.get("rope_local_base_freq"))
             .and_then(Value::as_f64)
             .map(|t| t as f32)
-            .or(gemma.then_some(10_000.0));
+            .or((family == ModelFamily::Gemma3).then_some(10_000.0));
         // Phi-4-mini rotates only the first dims of each head; transformers 5 keeps the
         // factor among the rope parameters, 4 at the top level (and truncates the product).
         let partial = scaling
@@ -563,6 +585,8 @@ impl ModelConfig {
             } else {
                 None
             },
+            attn_logit_softcapping: softcap("attn_logit_softcapping")?,
+            final_logit_softcapping: softcap("final_logit_softcapping")?,
             sliding_window,
             sliding_layers,
             rope_local_theta,
@@ -644,6 +668,8 @@ fn sliding_layers_from_hf(
         });
     }
     let sliding: Vec<bool> = match family {
+        // transformers' default `layer_types`: sliding first, then every other layer.
+        ModelFamily::Gemma2 | ModelFamily::GptOss => (0..layers).map(|i| i % 2 == 0).collect(),
         ModelFamily::Gemma3 => {
             let pattern = opt_usize(json, "sliding_window_pattern")?
                 .unwrap_or(6)
@@ -651,8 +677,6 @@ fn sliding_layers_from_hf(
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
         ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => vec![true; layers],
-        // transformers' default `layer_types`: sliding first, then every other layer.
-        ModelFamily::GptOss => (0..layers).map(|i| i % 2 == 0).collect(),
         ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
             if json.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok((None, Vec::new()));

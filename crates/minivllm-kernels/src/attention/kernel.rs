@@ -317,8 +317,7 @@ fn chunk_states_of<S: Simd, T: Load>(
             let sc = &mut scores[r * span..r * span + n];
             // Positions before the window weigh nothing; each row here sees one at least.
             let hidden = rows.first(r).saturating_sub(p0);
-            sc[..hidden].fill(f32::NEG_INFINITY);
-            softmax_step(s, &mut st, r, sc, sh.scale);
+            softmax_step(s, &mut st, r, sc, hidden, (sh.scale, sh.softcap));
         }
         for (k, b0) in (p0..p1).step_by(bs).enumerate() {
             let (mut r, re) = block_rows(rows, b0, bs, r_end);
@@ -353,11 +352,24 @@ fn prefetch<S: Simd, T>(s: S, x: &[T]) {
 
 const CACHE_LINE: usize = 64;
 
-/// Folds one span's raw scores `sc` into row `r`'s max and sum, rescaling its accumulator
-/// if the max grew, and leaves the span's probabilities (relative to the new max) in `sc`.
+/// Folds one span's raw scores `sc` into row `r`'s max and sum (its first `hidden`, before
+/// the row's window, weighing nothing), rescaling its accumulator if the max grew, and
+/// leaves the span's probabilities (relative to the new max) in `sc`.
 #[inline(always)]
-fn softmax_step<S: Simd>(s: S, st: &mut States<'_>, r: usize, sc: &mut [f32], scale: f32) {
+fn softmax_step<S: Simd>(
+    s: S,
+    st: &mut States<'_>,
+    r: usize,
+    sc: &mut [f32],
+    hidden: usize,
+    (scale, cap): (f32, Option<f32>),
+) {
     simd::scale(s, sc, scale);
+    if let Some(cap) = cap {
+        simd::softcap(s, sc, cap);
+    }
+    // After the cap, which would turn -inf into -cap.
+    sc[..hidden].fill(f32::NEG_INFINITY);
     let old = st.max[r];
     let new = old.max(simd::max(s, sc));
     if new > old && old != f32::NEG_INFINITY {

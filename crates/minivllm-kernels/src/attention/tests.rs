@@ -86,6 +86,7 @@ fn reference(b: &Batch) -> Vec<f32> {
         scale,
         sliding_window,
         sinks,
+        softcap,
         ..
     } = b.shape;
     let mut out = vec![0.0; b.query.len()];
@@ -113,6 +114,7 @@ fn reference(b: &Batch) -> Vec<f32> {
                             .sum::<f64>()
                             * scale as f64
                     })
+                    .map(|x| softcap.map_or(x, |c| f64::from(c) * (x / f64::from(c)).tanh()))
                     .collect();
                 // transformers' gpt-oss: the sink joins the scores, and its probability is
                 // dropped.
@@ -155,6 +157,14 @@ fn sinked(shape: AttnShape<'static>, seed: u64) -> AttnShape<'static> {
     }
 }
 
+/// `shape` with Gemma 2's score soft-capping at `cap`.
+fn capped(shape: AttnShape<'static>, cap: f32) -> AttnShape<'static> {
+    AttnShape {
+        softcap: Some(cap),
+        ..shape
+    }
+}
+
 fn shapes() -> Vec<(AttnShape<'static>, Vec<(usize, usize)>)> {
     let s = |nh, nkv, hd: usize, bs| AttnShape {
         num_heads: nh,
@@ -164,6 +174,7 @@ fn shapes() -> Vec<(AttnShape<'static>, Vec<(usize, usize)>)> {
         scale: 1.0 / (hd as f32).sqrt(),
         sliding_window: None,
         sinks: None,
+        softcap: None,
     };
     vec![
         // SmolLM2: GQA 9/3, mixed prefill (with and without a cached prefix) and decodes.
@@ -196,6 +207,15 @@ fn shapes() -> Vec<(AttnShape<'static>, Vec<(usize, usize)>)> {
         (
             sinked(windowed(s(8, 2, 16, 16), 20), 6),
             vec![(40, 300), (1, 257), (1, 7), (30, 30)],
+        ),
+        // Gemma 2's soft-capping, low enough to bite on these scores, with its windows.
+        (
+            capped(s(9, 3, 64, 16), 0.3),
+            vec![(5, 5), (1, 37), (40, 600), (1, 513)],
+        ),
+        (
+            capped(windowed(s(4, 1, 13, 3), 5), 0.2),
+            vec![(1, 10), (9, 9)],
         ),
     ]
 }
@@ -329,6 +349,7 @@ fn reshape_and_cache_rounds_to_the_cache_type() {
         scale: 1.0,
         sliding_window: None,
         sinks: None,
+        softcap: None,
     };
     let mut kc = KvBuffer::zeros(KvCacheDtype::BFloat16, shape.block_len());
     let mut vc = KvBuffer::zeros(KvCacheDtype::BFloat16, shape.block_len());
@@ -377,6 +398,7 @@ fn reshape_and_cache_places_rows() {
         scale: 1.0,
         sliding_window: None,
         sinks: None,
+        softcap: None,
     };
     let mut kc = vec![0.0; 3 * shape.block_len()];
     let mut vc = kc.clone();
@@ -407,6 +429,7 @@ fn empty_batch_is_noop() {
         scale: 0.5,
         sliding_window: None,
         sinks: None,
+        softcap: None,
     };
     // A cache with contents, which a batch of no tokens must leave as it is.
     let mut kc: Vec<f32> = (0..2 * shape.block_len()).map(|v| v as f32).collect();

@@ -286,6 +286,8 @@ mod tests {
             embedding_multiplier: None,
             norm_weight_offset: 0.0,
             query_pre_attn_scalar: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
             sliding_window: None,
             sliding_layers: Vec::new(),
             rope_local_theta: None,

@@ -10,6 +10,7 @@ mod bad_input;
 mod batch_invariance;
 mod embeddings;
 mod engine;
+mod family_gguf;
 mod gguf_dequant;
 mod gguf_model;
 mod hf_folder;

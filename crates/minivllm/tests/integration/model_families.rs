@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use minivllm::config::{KvCacheLayout, RopeScaling};
+use minivllm::config::KvCacheLayout;
 use minivllm::ids::BlockId;
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::models::llama::LlamaForCausalLM;
@@ -19,10 +19,11 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 12] = [
+const FAMILIES: [&str; 13] = [
     "llama",
     "qwen2",
     "qwen3",
+    "gemma2",
     "gemma3",
     "llama3",
     "phi3",
@@ -303,132 +304,4 @@ fn phi3_runs_the_short_factors_within_the_original_context() {
         moved > 1e-2,
         "long factors moved the logits by {moved} only"
     );
-}
-
-/// Phi-3 read from a GGUF file in llama.cpp's layout (its converter's names and keys: q/k/v
-/// fused in `attn_qkv`, gate/up in `ffn_up`, `rope_factors_long`/`_short` tensors,
-/// `phi3.rope.dimension_count`, `phi3.rope.scaling.original_context_length` and
-/// `.attn_factor`) gives transformers' logits. On a prompt within the window: llama.cpp
-/// ignores a Phi-3 file's sliding window, and so does our GGUF reader.
-#[test]
-fn phi3_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
-    use std::collections::BTreeMap;
-
-    use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
-    use minivllm::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
-    use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
-    use minivllm::model_executor::loader::weights::WeightSource;
-    use minivllm_kernels::quant::GgmlType;
-
-    let hf = TinyWeights::of("phi3");
-    let config = tiny_models::config("phi3");
-    let gguf_name = |name: &str| -> String {
-        let fixed = [
-            ("model.embed_tokens.weight", "token_embd.weight"),
-            ("model.norm.weight", "output_norm.weight"),
-            ("lm_head.weight", "output.weight"),
-        ];
-        if let Some((_, g)) = fixed.iter().find(|(h, _)| *h == name) {
-            return g.to_string();
-        }
-        let rest = name.strip_prefix("model.layers.").unwrap();
-        let (layer, part) = rest.split_once('.').unwrap();
-        let part = match part {
-            "input_layernorm.weight" => "attn_norm.weight",
-            "post_attention_layernorm.weight" => "ffn_norm.weight",
-            "self_attn.qkv_proj.weight" => "attn_qkv.weight",
-            "self_attn.o_proj.weight" => "attn_output.weight",
-            "mlp.gate_up_proj.weight" => "ffn_up.weight",
-            "mlp.down_proj.weight" => "ffn_down.weight",
-            other => panic!("no GGUF name for {other}"),
-        };
-        format!("blk.{layer}.{part}")
-    };
-    let RopeScaling::LongRope {
-        short_factor,
-        long_factor,
-        original_max_position_embeddings,
-        attention_factor,
-    } = &config.rope_scaling
-    else {
-        panic!("the tiny Phi-3 has LongRoPE");
-    };
-    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = hf
-        .names()
-        .map(|name| {
-            let t = hf.load(name).unwrap();
-            (gguf_name(name), t.shape, t.data)
-        })
-        .collect();
-    for (name, factors) in [
-        ("rope_factors_long.weight", long_factor),
-        ("rope_factors_short.weight", short_factor),
-    ] {
-        tensors.push((name.into(), vec![factors.len()], factors.clone()));
-    }
-    let u32_ = |v: usize| GgufValue::U32(v as u32);
-    let c = &config;
-    let metadata: BTreeMap<String, GgufValue> = [
-        ("general.architecture", GgufValue::String("phi3".into())),
-        ("phi3.context_length", u32_(c.max_position_embeddings)),
-        ("phi3.embedding_length", u32_(c.hidden_size)),
-        ("phi3.feed_forward_length", u32_(c.intermediate_size)),
-        ("phi3.block_count", u32_(c.num_hidden_layers)),
-        ("phi3.attention.head_count", u32_(c.num_attention_heads)),
-        ("phi3.attention.head_count_kv", u32_(c.num_key_value_heads)),
-        (
-            "phi3.attention.layer_norm_rms_epsilon",
-            GgufValue::F32(c.rms_norm_eps),
-        ),
-        ("phi3.attention.sliding_window", u32_(16)),
-        ("phi3.rope.dimension_count", u32_(c.rotary_dim)),
-        ("phi3.rope.freq_base", GgufValue::F32(c.rope_theta)),
-        (
-            "phi3.rope.scaling.original_context_length",
-            u32_(*original_max_position_embeddings),
-        ),
-        (
-            "phi3.rope.scaling.attn_factor",
-            GgufValue::F32(*attention_factor),
-        ),
-        ("phi3.vocab_size", u32_(c.vocab_size)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let entries: Vec<TensorEntry> = tensors
-        .iter()
-        .map(|(name, shape, _)| TensorEntry {
-            name: name.clone(),
-            // ggml lists dimensions innermost first.
-            dims: shape.iter().rev().map(|&d| d as u64).collect(),
-            ty: GgmlType::F32,
-        })
-        .collect();
-    let path = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    write_gguf(&path, &metadata, &entries, 32, |i| {
-        Ok(tensors[i].2.iter().flat_map(|x| x.to_le_bytes()).collect())
-    })
-    .unwrap();
-
-    let file = GgufFile::open(&path).unwrap();
-    let from_file = config_from_gguf(&file).unwrap();
-    assert_eq!(
-        (from_file.rotary_dim, from_file.sliding_window),
-        (8, None),
-        "rotary dims and (ignored) window"
-    );
-    assert_eq!(from_file.rope_scaling, config.rope_scaling);
-    let weights = GgufWeights::new(&file, &from_file);
-    let model = LlamaForCausalLM::load(&from_file, &weights, &LoadOptions::FLOAT32).unwrap();
-    let cache = CacheEngine::with_dtype(&from_file, BLOCK_SIZE, 8, KvCacheDtype::Float32);
-    let mut runner = ModelRunner::new(model, cache);
-    let case = &cases("phi3")[0];
-    assert!(case.prompt.len() <= 16, "a prompt within the window");
-    let out = step(
-        &mut runner,
-        &[(&case.prompt, 0, case.prompt.len(), 0, false)],
-    );
-    let worst = assert_close(&out[0].1, &case.last_logits, "phi3 from GGUF");
-    eprintln!("phi3 from a GGUF file: worst difference from transformers {worst:.2e}");
 }

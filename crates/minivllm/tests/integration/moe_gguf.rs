@@ -173,20 +173,9 @@ fn metadata(family: &str, c: &ModelConfig) -> BTreeMap<String, GgufValue> {
     };
     let u32_ = |v: usize| GgufValue::U32(v as u32);
     let mut kv = vec![
-        ("context_length", u32_(c.max_position_embeddings)),
-        ("embedding_length", u32_(c.hidden_size)),
-        ("feed_forward_length", u32_(c.intermediate_size)),
-        ("block_count", u32_(c.num_hidden_layers)),
-        ("attention.head_count", u32_(c.num_attention_heads)),
-        ("attention.head_count_kv", u32_(c.num_key_value_heads)),
-        (
-            "attention.layer_norm_rms_epsilon",
-            GgufValue::F32(c.rms_norm_eps),
-        ),
         ("rope.freq_base", GgufValue::F32(c.rope_theta)),
         ("expert_count", u32_(moe.num_experts)),
         ("expert_used_count", u32_(moe.num_experts_per_tok)),
-        ("vocab_size", u32_(c.vocab_size)),
     ];
     if c.head_dim != c.hidden_size / c.num_attention_heads {
         kv.push(("attention.key_length", u32_(c.head_dim)));
@@ -227,13 +216,7 @@ fn metadata(family: &str, c: &ModelConfig) -> BTreeMap<String, GgufValue> {
     if let Some(w) = moe.shared_expert_intermediate_size {
         kv.push(("expert_shared_feed_forward_length", u32_(w)));
     }
-    kv.into_iter()
-        .map(|(k, v)| (format!("{arch}.{k}"), v))
-        .chain([(
-            "general.architecture".to_string(),
-            GgufValue::String(arch.into()),
-        )])
-        .collect()
+    super::family_gguf::metadata(arch, c, kv)
 }
 
 /// llama.cpp's formats for a `Q4_0` file of the tiny model: the layers' matrices and

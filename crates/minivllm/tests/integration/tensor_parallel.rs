@@ -383,7 +383,7 @@ fn decodes_alike_with(
 #[test]
 fn every_family_decodes_alike_on_one_to_four_ranks() {
     minivllm::kernels::threading::init_threads(2);
-    for family in ["llama", "qwen2", "qwen3", "gemma3", "phi3"] {
+    for family in ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"] {
         let config = super::tiny_models::config(family);
         let weights = super::tiny_models::TinyWeights::of(family);
         decodes_alike_on_one_to_four_ranks(family, &config, &weights);

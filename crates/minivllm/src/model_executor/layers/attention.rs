@@ -52,6 +52,7 @@ impl<'s> PagedAttention<'s> {
                 scale: 1.0 / (head_dim as f32).sqrt(),
                 sliding_window: None,
                 sinks: None,
+                softcap: None,
             },
         }
     }
@@ -66,6 +67,12 @@ impl<'s> PagedAttention<'s> {
     /// Each query sees only the last `window` positions, its own included.
     pub(crate) fn with_sliding_window(mut self, window: Option<usize>) -> Self {
         self.shape.sliding_window = window;
+        self
+    }
+
+    /// Gemma 2's soft-capping of the scaled scores at `cap` (`attn_logit_softcapping`).
+    pub(crate) fn with_softcap(mut self, cap: Option<f32>) -> Self {
+        self.shape.softcap = cap;
         self
     }
 

@@ -110,7 +110,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         }
         _ => None,
     };
-    let gemma = family == ModelFamily::Gemma3;
+    let gemma = family.is_gemma();
+    // Gemma 2's sliding layers: every other one from the first (llama.cpp's pattern of 2).
     // Gemma 3's sliding layers: llama.cpp reads the window from the file and fixes the rest
     // (five sliding layers to one global, a local RoPE base of 10,000). Phi-3's files name a
     // window too, which llama.cpp ignores ("Phi SWA is currently disabled"), as we do.
@@ -120,7 +121,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     } else {
         None
     };
-    let pattern = if gpt_oss { 2 } else { 6 };
+    let pattern = if gpt_oss || family == ModelFamily::Gemma2 {
+        2
+    } else {
+        6
+    };
     let sliding_layers = match sliding_window {
         Some(_) => (0..num_hidden_layers)
             .map(|i| (i + 1) % pattern != 0)
@@ -145,18 +150,26 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         embedding_multiplier: gemma.then(|| (hidden_size as f64).sqrt() as f32),
         // The converter stored Gemma's norm weights as 1 + w already.
         norm_weight_offset: 0.0,
-        // Not in the file: llama.cpp scales by 1/√head_dim except for Gemma 3 27B (62
-        // layers), whose query_pre_attn_scalar is hidden / heads.
+        // Not in the file: llama.cpp scales by 1/√head_dim except for Gemma 2 and 3 27B
+        // (46 and 62 layers), whose query_pre_attn_scalar is hidden / heads.
         query_pre_attn_scalar: gemma.then(|| {
-            if num_hidden_layers == 62 {
+            let layers_27b = if family == ModelFamily::Gemma2 {
+                46
+            } else {
+                62
+            };
+            if num_hidden_layers == layers_27b {
                 (hidden_size / num_attention_heads.max(1)) as f32
             } else {
                 head_dim as f32
             }
         }),
+        // Gemma 2's soft-capping, which its GGUF files always state.
+        attn_logit_softcapping: float("attn_logit_softcapping"),
+        final_logit_softcapping: float("final_logit_softcapping"),
         sliding_window,
         sliding_layers,
-        rope_local_theta: gemma.then_some(10_000.0),
+        rope_local_theta: (family == ModelFamily::Gemma3).then_some(10_000.0),
         vocab_size,
         hidden_size,
         intermediate_size,
@@ -362,7 +375,7 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
     let layer: usize = layer.parse().ok()?;
     // Gemma's norm after attention takes LLaMA's name for the norm before the MLP, which
     // Gemma calls `pre_feedforward_layernorm`. Phi-3's `ffn_up` holds gate and up fused.
-    let gemma = family == ModelFamily::Gemma3;
+    let gemma = family.is_gemma();
     let phi3 = family == ModelFamily::Phi3;
     // gpt-oss's MLP norm is written under Gemma's name for the norm after attention.
     let gpt_oss = family == ModelFamily::GptOss;

@@ -4,9 +4,11 @@
 //! - Llama 2/3, Mistral, SmolLM2, TinyLlama: the plain decoder;
 //! - Qwen2 / Qwen2.5: a bias on q, k and v;
 //! - Qwen3: an RMSNorm over each head's q and k before RoPE;
-//! - Gemma 3: q/k norms, norms after attention and after the MLP too, (1 + w) norm weights,
-//!   GeGLU, embeddings scaled by √hidden, scores scaled by `query_pre_attn_scalar`, and
-//!   sliding-window layers with their own RoPE base;
+//! - Gemma 2: norms after attention and after the MLP too, (1 + w) norm weights, GeGLU,
+//!   embeddings scaled by √hidden, scores scaled by `query_pre_attn_scalar`, every other
+//!   layer sliding, scores and final logits soft-capped (`cap · tanh(x / cap)`);
+//! - Gemma 3: Gemma 2 with q/k norms and no soft-capping, and sliding-window layers with
+//!   their own RoPE base;
 //! - Phi-3 / Phi-4: q/k/v and gate/up stored fused (split at load, `loader/fused.rs`),
 //!   LongRoPE and a partial rotary dimension (`layers/rotary.rs`);
 //! - Mixture-of-Experts families (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE): routed experts in
@@ -18,6 +20,8 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+
+use minivllm_kernels::attention::softcap;
 
 use crate::config::{KvCacheLayout, ModelConfig, RopeScaling};
 use crate::distributed::{
@@ -475,7 +479,8 @@ impl LlamaForCausalLM {
             c.head_dim,
             block_size,
         )
-        .with_scale(c.attention_scale());
+        .with_scale(c.attention_scale())
+        .with_softcap(c.attn_logit_softcapping);
         let meta = AttentionMetadata::groups(input);
         self.rotary.prepare(&input.positions, &mut buf.rope);
         if let Some(local) = &self.local_rotary {
@@ -668,6 +673,10 @@ impl LlamaForCausalLM {
             n * part,
         );
         self.lm_head().matmul(last, own, n);
+        if let Some(cap) = self.config.final_logit_softcapping {
+            // Elementwise, so each rank caps its own columns.
+            own.iter_mut().for_each(|x| *x = softcap(*x, cap));
+        }
         if world == 1 {
             return Ok(&buf.logits[..n * vocab]);
         }

@@ -1,0 +1,250 @@
+//! Families read from GGUF files written here in llama.cpp's layout (its converter's tensor
+//! names and `<arch>.*` keys) from the tiny models of `model_families.rs`: the configuration
+//! llama.cpp would read, and transformers' logits (or the folder's, where llama.cpp's files
+//! cannot say what the folder does).
+
+use std::collections::BTreeMap;
+
+use minivllm::config::{KvCacheLayout, ModelConfig, RopeScaling};
+use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
+use minivllm::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
+use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
+use minivllm::model_executor::loader::weights::{LoadOptions, WeightSource};
+use minivllm::model_executor::models::llama::LlamaForCausalLM;
+use minivllm::worker::cache_engine::CacheEngine;
+use minivllm::worker::model_runner::ModelRunner;
+use minivllm_kernels::attention::KvCacheDtype;
+use minivllm_kernels::quant::GgmlType;
+
+use super::model_families::{assert_close, cases, step, BLOCK_SIZE};
+use super::tiny_models::{self, TinyWeights};
+
+/// A tensor as written: its GGUF name, its shape (outermost first) and its values.
+type Tensor = (String, Vec<usize>, Vec<f32>);
+
+/// `family`'s tiny weights under llama.cpp's names (`gguf_part` names each layer's tensors),
+/// each passed through `adjust` (name, values) as llama.cpp's converter changes them.
+fn tensors(
+    family: &str,
+    gguf_part: impl Fn(&str) -> &'static str,
+    adjust: impl Fn(&str, &mut [f32]),
+) -> Vec<Tensor> {
+    let hf = TinyWeights::of(family);
+    let gguf_name = |name: &str| -> String {
+        let fixed = [
+            ("model.embed_tokens.weight", "token_embd.weight"),
+            ("model.norm.weight", "output_norm.weight"),
+            ("lm_head.weight", "output.weight"),
+        ];
+        if let Some((_, g)) = fixed.iter().find(|(h, _)| *h == name) {
+            return g.to_string();
+        }
+        let rest = name.strip_prefix("model.layers.").unwrap();
+        let (layer, part) = rest.split_once('.').unwrap();
+        format!("blk.{layer}.{}", gguf_part(part))
+    };
+    hf.names()
+        .map(|name| {
+            let mut t = hf.load(name).unwrap();
+            adjust(name, &mut t.data);
+            (gguf_name(name), t.shape, t.data)
+        })
+        .collect()
+}
+
+/// The `<arch>.*` keys every family's file has, from `c`, then `more`.
+pub(crate) fn metadata(
+    arch: &str,
+    c: &ModelConfig,
+    more: Vec<(&str, GgufValue)>,
+) -> BTreeMap<String, GgufValue> {
+    let u32_ = |v: usize| GgufValue::U32(v as u32);
+    let common = vec![
+        ("context_length", u32_(c.max_position_embeddings)),
+        ("embedding_length", u32_(c.hidden_size)),
+        ("feed_forward_length", u32_(c.intermediate_size)),
+        ("block_count", u32_(c.num_hidden_layers)),
+        ("attention.head_count", u32_(c.num_attention_heads)),
+        ("attention.head_count_kv", u32_(c.num_key_value_heads)),
+        (
+            "attention.layer_norm_rms_epsilon",
+            GgufValue::F32(c.rms_norm_eps),
+        ),
+        ("vocab_size", u32_(c.vocab_size)),
+    ];
+    std::iter::once((
+        "general.architecture".to_string(),
+        GgufValue::String(arch.into()),
+    ))
+    .chain(
+        common
+            .into_iter()
+            .chain(more)
+            .map(|(k, v)| (format!("{arch}.{k}"), v)),
+    )
+    .collect()
+}
+
+/// Writes `tensors` (f32) with `metadata` to a temporary GGUF file and opens it.
+fn write(
+    metadata: &BTreeMap<String, GgufValue>,
+    tensors: &[Tensor],
+) -> (tempfile::TempPath, GgufFile) {
+    let entries: Vec<TensorEntry> = tensors
+        .iter()
+        .map(|(name, shape, _)| TensorEntry {
+            name: name.clone(),
+            // ggml lists dimensions innermost first.
+            dims: shape.iter().rev().map(|&d| d as u64).collect(),
+            ty: GgmlType::F32,
+        })
+        .collect();
+    let path = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    write_gguf(&path, metadata, &entries, 32, |i| {
+        Ok(tensors[i].2.iter().flat_map(|x| x.to_le_bytes()).collect())
+    })
+    .unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    (path, file)
+}
+
+/// The last logits of `family`'s reference prompt `case` through the model `config` and
+/// `src` load.
+fn last_logits(
+    family: &str,
+    case: usize,
+    config: &ModelConfig,
+    src: &dyn WeightSource,
+) -> Vec<f32> {
+    let model = LlamaForCausalLM::load(config, src, &LoadOptions::FLOAT32).unwrap();
+    let groups = KvCacheLayout::for_model(config).num_groups();
+    let cache = CacheEngine::with_dtype(config, BLOCK_SIZE, 32 * groups, KvCacheDtype::Float32);
+    let mut runner = ModelRunner::new(model, cache);
+    let prompt = &cases(family)[case].prompt;
+    let out = step(&mut runner, &[(prompt, 0, prompt.len(), 0, false)]);
+    out[0].1.clone()
+}
+
+/// Phi-3 (its converter's names and keys: q/k/v fused in `attn_qkv`, gate/up in `ffn_up`,
+/// `rope_factors_long`/`_short` tensors, `phi3.rope.dimension_count`,
+/// `phi3.rope.scaling.original_context_length` and `.attn_factor`) gives transformers'
+/// logits. On a prompt within the window: llama.cpp ignores a Phi-3 file's sliding window,
+/// and so does our GGUF reader.
+#[test]
+fn phi3_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
+    let config = tiny_models::config("phi3");
+    let part = |part: &str| match part {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "self_attn.qkv_proj.weight" => "attn_qkv.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "mlp.gate_up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        other => panic!("no GGUF name for {other}"),
+    };
+    let mut tensors = tensors("phi3", part, |_, _| {});
+    let RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings,
+        attention_factor,
+    } = &config.rope_scaling
+    else {
+        panic!("the tiny Phi-3 has LongRoPE");
+    };
+    for (name, factors) in [
+        ("rope_factors_long.weight", long_factor),
+        ("rope_factors_short.weight", short_factor),
+    ] {
+        tensors.push((name.into(), vec![factors.len()], factors.clone()));
+    }
+    let u32_ = |v: usize| GgufValue::U32(v as u32);
+    let c = &config;
+    let more = vec![
+        ("attention.sliding_window", u32_(16)),
+        ("rope.dimension_count", u32_(c.rotary_dim)),
+        ("rope.freq_base", GgufValue::F32(c.rope_theta)),
+        (
+            "rope.scaling.original_context_length",
+            u32_(*original_max_position_embeddings),
+        ),
+        (
+            "rope.scaling.attn_factor",
+            GgufValue::F32(*attention_factor),
+        ),
+    ];
+    let (_path, file) = write(&metadata("phi3", c, more), &tensors);
+    let from_file = config_from_gguf(&file).unwrap();
+    assert_eq!(
+        (from_file.rotary_dim, from_file.sliding_window),
+        (8, None),
+        "rotary dims and (ignored) window"
+    );
+    assert_eq!(from_file.rope_scaling, config.rope_scaling);
+    let case = &cases("phi3")[0];
+    assert!(case.prompt.len() <= 16, "a prompt within the window");
+    let weights = GgufWeights::new(&file, &from_file);
+    let got = last_logits("phi3", 0, &from_file, &weights);
+    let worst = assert_close(&got, &case.last_logits, "phi3 from GGUF");
+    eprintln!("phi3 from a GGUF file: worst difference from transformers {worst:.2e}");
+}
+
+/// Gemma 2 (its names, norms stored as `1 + w`, the soft-caps and window in `gemma2.*`
+/// keys): the configuration llama.cpp reads from it, and the same logits as the Hugging
+/// Face folder given that configuration. (llama.cpp's files do not store
+/// `query_pre_attn_scalar`, so the folder's 24 becomes head_dim's 32.)
+#[test]
+fn gemma2_from_a_gguf_file_in_llama_cpp_layout_matches_its_folder() {
+    let mut config = tiny_models::config("gemma2");
+    let part = |part: &str| match part {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+        "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        other => panic!("no GGUF name for {other}"),
+    };
+    // llama.cpp's converter adds Gemma's 1 into the norm weights.
+    let tensors = tensors("gemma2", part, |name, data| {
+        if name.ends_with("norm.weight") {
+            data.iter_mut().for_each(|w| *w += 1.0);
+        }
+    });
+    let u32_ = |v: usize| GgufValue::U32(v as u32);
+    let more = vec![
+        ("attention.key_length", u32_(config.head_dim)),
+        ("attention.value_length", u32_(config.head_dim)),
+        ("attention.sliding_window", u32_(16)),
+        ("attn_logit_softcapping", GgufValue::F32(1.5)),
+        ("final_logit_softcapping", GgufValue::F32(4.0)),
+    ];
+    let (_path, file) = write(&metadata("gemma2", &config, more), &tensors);
+    let from_file = config_from_gguf(&file).unwrap();
+    assert_eq!(
+        (
+            from_file.attn_logit_softcapping,
+            from_file.final_logit_softcapping
+        ),
+        (Some(1.5), Some(4.0))
+    );
+    assert_eq!(from_file.sliding_window, Some(16));
+    assert_eq!(from_file.sliding_layers, [true, false, true, false]);
+    assert_eq!(from_file.query_pre_attn_scalar, Some(32.0));
+    config.query_pre_attn_scalar = Some(32.0);
+    // The 40-token prompt: past the window on the sliding layers.
+    let from_gguf = last_logits(
+        "gemma2",
+        2,
+        &from_file,
+        &GgufWeights::new(&file, &from_file),
+    );
+    let from_folder = last_logits("gemma2", 2, &config, &TinyWeights::of("gemma2"));
+    let worst = assert_close(&from_gguf, &from_folder, "gemma2 from GGUF");
+    eprintln!("gemma2 from a GGUF file: worst difference from its folder {worst:.2e}");
+}
