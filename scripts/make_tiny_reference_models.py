@@ -169,32 +169,34 @@ def qwen3_config():
     )
 
 
+# What the Gemma configs share: heads of 32, scores scaled by 24**-0.5 (deliberately not
+# head_dim's), tanh GELU, a window of 16 on the sliding layers, tied embeddings.
+GEMMA = dict(
+    head_dim=32,
+    query_pre_attn_scalar=24,
+    hidden_activation="gelu_pytorch_tanh",
+    sliding_window=16,
+    tie_word_embeddings=True,
+)
+
+
 def gemma2_config():
-    cfg = dict(COMMON)
+    cfg = dict(COMMON, **GEMMA)
     cfg["num_hidden_layers"] = 4
     return Gemma2Config(
         **cfg,
-        head_dim=32,
-        query_pre_attn_scalar=24,  # deliberately not head_dim: scaling is 24**-0.5
-        hidden_activation="gelu_pytorch_tanh",
-        sliding_window=16,
         layer_types=["sliding_attention", "full_attention"] * 2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         attn_logit_softcapping=1.5,
         final_logit_softcapping=4.0,
-        tie_word_embeddings=True,
     )
 
 
 def gemma3_config():
-    cfg = dict(COMMON)
+    cfg = dict(COMMON, **GEMMA)
     cfg["num_hidden_layers"] = 6
     return Gemma3TextConfig(
         **cfg,
-        head_dim=32,
-        query_pre_attn_scalar=24,  # deliberately not head_dim: scaling is 24**-0.5
-        hidden_activation="gelu_pytorch_tanh",
-        sliding_window=16,
         # Same as the legacy sliding_window_pattern=6: every 6th layer is global.
         layer_types=["sliding_attention"] * 5 + ["full_attention"],
         rope_parameters={
@@ -203,7 +205,6 @@ def gemma3_config():
         },
         final_logit_softcapping=None,
         attn_logit_softcapping=None,
-        tie_word_embeddings=True,
     )
 
 

@@ -503,18 +503,6 @@ impl ModelConfig {
             return Err(ConfigError::Invalid("clip_qkv is not supported".into()));
         }
         let gemma = family.is_gemma();
-        // Gemma 2's soft-capping, which transformers applies wherever a config sets it.
-        let softcap = |key: &str| -> Result<Option<f32>, ConfigError> {
-            match json.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => match v.as_f64() {
-                    Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x as f32)),
-                    _ => Err(ConfigError::Invalid(format!(
-                        "{key} must be a positive number, got {v}"
-                    ))),
-                },
-            }
-        };
         let hidden_size = req_usize(json, "hidden_size")?;
         let num_attention_heads = req_usize(json, "num_attention_heads")?;
         let head_dim = match opt_usize(json, "head_dim")? {
@@ -585,8 +573,9 @@ impl ModelConfig {
             } else {
                 None
             },
-            attn_logit_softcapping: softcap("attn_logit_softcapping")?,
-            final_logit_softcapping: softcap("final_logit_softcapping")?,
+            // Gemma 2's soft-capping, which transformers applies wherever a config sets it.
+            attn_logit_softcapping: opt_positive_f32(json, "attn_logit_softcapping")?,
+            final_logit_softcapping: opt_positive_f32(json, "final_logit_softcapping")?,
             sliding_window,
             sliding_layers,
             rope_local_theta,
@@ -622,19 +611,23 @@ fn gpt_oss_swiglu(json: &Value) -> Result<Activation, ConfigError> {
     let Activation::SwigluOai { alpha, limit } = GPT_OSS_SWIGLU else {
         unreachable!()
     };
-    let get = |key: &str, default: f32| match json.get(key) {
-        None | Some(Value::Null) => Ok(default),
+    Ok(Activation::SwigluOai {
+        alpha: opt_positive_f32(json, "swiglu_alpha")?.unwrap_or(alpha),
+        limit: opt_positive_f32(json, "swiglu_limit")?.unwrap_or(limit),
+    })
+}
+
+/// `key`'s positive, finite number; `None` where the config leaves it out or null.
+fn opt_positive_f32(json: &Value, key: &str) -> Result<Option<f32>, ConfigError> {
+    match json.get(key) {
+        None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_f64() {
-            Some(x) if x.is_finite() && x > 0.0 => Ok(x as f32),
+            Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x as f32)),
             _ => Err(ConfigError::Invalid(format!(
                 "{key} must be a positive number, got {v}"
             ))),
         },
-    };
-    Ok(Activation::SwigluOai {
-        alpha: get("swiglu_alpha", alpha)?,
-        limit: get("swiglu_limit", limit)?,
-    })
+    }
 }
 
 /// The sliding window and which layers use it, as transformers decides: `layer_types` where

@@ -62,8 +62,8 @@ pub(crate) struct HeldTables {
     /// Sequences of the batch being sent or received, and tables dropped for reuse.
     in_batch: Vec<SeqId>,
     spare: Vec<Vec<u32>>,
-    /// The encoder's `(from, to)` of each table's new tail, per sequence and group.
-    tails: Vec<(usize, usize)>,
+    /// The encoder's count of held blocks each table keeps, per sequence and group.
+    keeps: Vec<usize>,
 }
 
 impl HeldTables {
@@ -133,36 +133,34 @@ pub(crate) fn encode_execute(
     put(buf, input.seqs.len());
     // Per sequence: id, query_len, context_len, num_blocks and, per group, how many of
     // the held table's first blocks it keeps; the tails follow the tokens.
-    let mut tails_at = std::mem::take(&mut held.tails);
-    tails_at.clear();
-    for (s, id) in input.seqs.iter().zip(ids) {
+    let mut keeps = std::mem::take(&mut held.keeps);
+    keeps.clear();
+    for (i, (s, id)) in input.seqs.iter().zip(ids).enumerate() {
         put_u32(buf, id.0 as u32);
         put_u32(buf, (id.0 >> 32) as u32);
         put(buf, s.query_len);
         put(buf, s.context_len);
         put(buf, s.num_blocks);
-        let table = &input.block_tables[s.blocks_start..s.blocks_start + s.num_blocks * groups];
         let old = held.held(id);
         let old_blocks = old.len() / groups;
         for g in 0..groups {
-            let now = &table[g * s.num_blocks..(g + 1) * s.num_blocks];
             let before = &old[g * old_blocks..(g + 1) * old_blocks];
+            let now = input.block_table(i, g);
             let keep = now.iter().zip(before).take_while(|(a, b)| a == b).count();
             put(buf, keep);
-            tails_at.push((g * s.num_blocks + keep, (g + 1) * s.num_blocks));
+            keeps.push(keep);
         }
-        held.hold(id, |_, into| into.extend_from_slice(table));
+        held.hold(id, |_, into| {
+            (0..groups).for_each(|g| into.extend_from_slice(input.block_table(i, g)))
+        });
     }
     held.end_batch();
     input.token_ids.iter().for_each(|&t| put_u32(buf, t));
-    let mut at = tails_at.iter();
-    for s in &input.seqs {
-        let table = &input.block_tables[s.blocks_start..s.blocks_start + s.num_blocks * groups];
-        for &(from, to) in at.by_ref().take(groups) {
-            table[from..to].iter().for_each(|&b| put_u32(buf, b));
-        }
+    for (at, &keep) in keeps.iter().enumerate() {
+        let tail = &input.block_table(at / groups, at % groups)[keep..];
+        tail.iter().for_each(|&b| put_u32(buf, b));
     }
-    held.tails = tails_at;
+    held.keeps = keeps;
     put(buf, input.logits_indices.len());
     input.logits_indices.iter().for_each(|&i| put(buf, i));
 }
