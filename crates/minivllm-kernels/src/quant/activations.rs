@@ -24,10 +24,14 @@ pub(super) struct Q8Rows {
     /// `Σ q` over each block: what the K-quants' minima multiply, summed in integers
     /// (their activations share one scale per super-block, see [`shared_blocks`]).
     pub(super) qsum: Vec<i16>,
+    /// `Σ q` over each block's first and last 16 values: what Q6_K's `-32` times each half's
+    /// scale multiplies where its activations share a super-block's scale, as one 32-bit
+    /// pair that `vpmaddwd` takes whole.
+    pub(super) half_sums: Vec<[i16; 2]>,
 }
 
 /// Blocks of 32 that share one activation scale in a product with `w`: a super-block's
-/// ([`KSUB`]) for Q4_K and Q5_K, as ggml quantises the K-quants' activations (Q8_K), so
+/// ([`KSUB`]) for the K-quants (Q4_K, Q5_K and Q6_K), as ggml quantises the K-quants' activations (Q8_K), so
 /// that their tiles sum a super-block's sub-block products times the integer sub-block
 /// scales exactly and take their float steps once per super-block instead of once per
 /// block (on an AVX2 Zen 3, the float steps and the registers they hold were a third of
@@ -35,7 +39,7 @@ pub(super) struct Q8Rows {
 /// its activations' block scales (`QuantMatrix::keep_block_activation_scales`).
 pub(crate) fn shared_blocks(w: &QuantMatrix) -> usize {
     match w.ty {
-        GgmlType::Q4_K | GgmlType::Q5_K if !w.block_activations => KSUB,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K if !w.block_activations => KSUB,
         _ => 1,
     }
 }
@@ -51,6 +55,7 @@ impl Q8Rows {
         self.s.resize(m * nb, 0.0);
         self.offsets.resize(m * nb, [0; 2]);
         self.qsum.resize(m * nb, 0);
+        self.half_sums.resize(m * nb, [0; 2]);
         if nb == 0 {
             return;
         }
@@ -61,14 +66,16 @@ impl Q8Rows {
             .zip(self.d.par_chunks_exact_mut(nb))
             .zip(self.s.par_chunks_exact_mut(nb))
             .zip(self.offsets.par_chunks_exact_mut(nb))
-            .zip(self.qsum.par_chunks_exact_mut(nb));
+            .zip(self.qsum.par_chunks_exact_mut(nb))
+            .zip(self.half_sums.par_chunks_exact_mut(nb));
         rows.with_min_len(QUANTIZE_ROWS_PER_TASK).for_each(
-            |(((((x, qs), d), s), offsets), qsum)| {
+            |((((((x, qs), d), s), offsets), qsum), half_sums)| {
                 let sums = RowSums {
                     d,
                     s,
                     offsets,
                     qsum,
+                    half_sums,
                 };
                 // SAFETY: `isa` is the best this CPU has; x, qs and sums are one row's
                 // chunks of nb blocks.
@@ -87,6 +94,7 @@ pub(super) struct RowSums<'a> {
     pub(super) s: &'a mut [f32],
     pub(super) offsets: &'a mut [[i32; 2]],
     pub(super) qsum: &'a mut [i16],
+    pub(super) half_sums: &'a mut [[i16; 2]],
 }
 
 /// The activation quantiser's instruction set; every one gives the scalar reference's bits.
@@ -160,6 +168,7 @@ pub(super) fn quantize_run_into(
         };
         sums.offsets[b] = [-32 * half(0), -32 * half(1)];
         sums.qsum[b] = (half(0) + half(1)) as i16;
+        sums.half_sums[b] = [half(0) as i16, half(1) as i16];
         qs[b * QK..(b + 1) * QK].copy_from_slice(&q.qs);
     }
 }
@@ -246,6 +255,7 @@ mod avx2 {
                     let low = hsum_i32(_mm256_add_epi32(q[0], q[1]));
                     sums.offsets[b] = [-32 * low, -32 * (total - low)];
                     sums.qsum[b] = total as i16;
+                    sums.half_sums[b] = [low as i16, (total - low) as i16];
                 }
             }
         }
@@ -338,6 +348,7 @@ mod avx512 {
                     sums.s[b] = (lo + hi) as f32 * dr;
                     sums.offsets[b] = [-32 * lo, -32 * hi];
                     sums.qsum[b] = (lo + hi) as i16;
+                    sums.half_sums[b] = [lo as i16, hi as i16];
                 }
             }
         }

@@ -194,6 +194,11 @@ pub(crate) enum Scales {
     SubMinShared,
     /// A super-block's `d` times each half block's i8 scale, values `d·sc·(q - 32)`: Q6_K.
     SubSigned,
+    /// [`Scales::SubSigned`] where the activations share one scale per super-block: the
+    /// half blocks' sums times their integer scales, less 32 times the scales times the
+    /// activations' half sums, are summed exactly over a super-block, and the floats apply
+    /// once.
+    SubSignedShared,
 }
 
 /// A format the quantised tiles unpack from nibbles, as a zero-sized type. The tiles are
@@ -208,7 +213,7 @@ pub(crate) trait QuantFormat {
     /// Scales per super-block of 256 values ([`QK_K`]) rather than per block of [`QK`].
     const KQUANT: bool = matches!(
         Self::SCALES,
-        Scales::SubMin | Scales::SubMinShared | Scales::SubSigned
+        Scales::SubMin | Scales::SubMinShared | Scales::SubSigned | Scales::SubSignedShared
     );
     /// Whether a minimum is stored beside each scale.
     const MINS: bool = matches!(
@@ -265,7 +270,8 @@ formats! {
     Q4_K: 4, Scales::SubMin;
     Q5_K: 5, Scales::SubMin;
     Q6_K: 6, Scales::SubSigned;
-    // Q4_K and Q5_K against activations with one scale per super-block.
+    // The K-quants against activations with one scale per super-block.
     Q4_K_Shared = Q4_K: 4, Scales::SubMinShared;
     Q5_K_Shared = Q5_K: 5, Scales::SubMinShared;
+    Q6_K_Shared = Q6_K: 6, Scales::SubSignedShared;
 }

@@ -55,8 +55,8 @@ pub struct QuantMatrix {
     /// The bits above each quant's low nibble, per group and block, as [`hbits_bytes`]
     /// describes (Q5_0, Q5_1, Q5_K, Q6_K; empty otherwise).
     pub(super) hbits: Vec<u8>,
-    /// Q4_K and Q5_K: the products quantise their activations with one scale per block of
-    /// 32, as for every other format, instead of one per super-block
+    /// K-quants: the products quantise their activations with one scale per block of 32,
+    /// as for every other format, instead of one per super-block
     /// ([`super::activations::shared_blocks`]). Set by [`Self::keep_block_activation_scales`]
     /// for matrices whose inputs carry large outliers.
     pub(super) block_activations: bool,
@@ -399,7 +399,7 @@ impl QuantMatrix {
     }
 
     /// Keeps a scale per block of 32 for the activations of this matrix's products (no
-    /// change but for Q4_K and Q5_K, whose products otherwise share one per super-block of
+    /// change but for the K-quants, whose products otherwise share one per super-block of
     /// 256, as ggml's Q8_K). Meant for down projections: their inputs, the gated
     /// activations, carry the largest outliers, and one scale per 256 values left the rest
     /// of a super-block a few levels (SmolLM2 re-quantised to Q4_K_M, whose Q4_K tensors

@@ -1,7 +1,7 @@
 //! Linear layers over weights kept in their GGML block format.
 //!
 //! Every row of `x` is quantised once to 8-bit blocks of 32 (ggml's Q8_0/Q8_1,
-//! `activations`; for Q4_K and Q5_K weights a super-block's 8 blocks share one scale, as
+//! `activations`; for K-quant weights a super-block's 8 blocks share one scale, as
 //! ggml's Q8_K) and every output is an integer dot product of blocks, as llama.cpp computes
 //! ([`super::reference`] has ggml's reference formulas). Decoding a few
 //! rows is bound by reading the weights (`layout`), which stay 4-8x smaller than
@@ -389,8 +389,9 @@ struct PortableRow {
     q: Vec<[u8; QK]>,
     scales: Vec<[f32; 2]>,
     offset: Vec<f32>,
-    /// Q4_K and Q5_K: each block's integer scale and minimum, and each super-block's `d`
-    /// and `dmin` (their tiles' integer sums per super-block).
+    /// K-quants with shared activation scales: each block's integer scale and minimum
+    /// (Q6_K: its halves' scales), and each super-block's `d` and `dmin` (their tiles'
+    /// integer sums per super-block).
     sub: Vec<[i32; 2]>,
     sup: Vec<[f32; 2]>,
 }
@@ -410,9 +411,16 @@ impl PortableRow {
                 let (s0, s1, q) = w.k_block(j, b);
                 self.q.push(q);
                 if shared_blocks(w) > 1 {
-                    self.sub.push([s0 as i32, s1 as i32]);
+                    let six = w.ty == GgmlType::Q6_K;
+                    // Q6_K's scales are signed; the others' a 6-bit scale and minimum.
+                    self.sub.push(if six {
+                        [s0 as i8 as i32, s1 as i8 as i32]
+                    } else {
+                        [s0 as i32, s1 as i32]
+                    });
                     if b % KSUB == 0 {
-                        self.sup.push([d, w.mins[at].to_f32()]);
+                        self.sup
+                            .push([d, if six { 0.0 } else { w.mins[at].to_f32() }]);
                     }
                 } else if w.ty == GgmlType::Q6_K {
                     self.scales.push([d * s0 as i8 as f32, d * s1 as i8 as f32]);
@@ -445,7 +453,7 @@ impl PortableRow {
     fn dot(&self, w: &QuantMatrix, x: &Q8Rows, i: usize) -> f32 {
         let nb = w.nb;
         if shared_blocks(w) > 1 {
-            return self.dot_super_blocks(nb, x, i);
+            return self.dot_super_blocks(w.ty, nb, x, i);
         }
         let signed = w.ty == GgmlType::Q8_0;
         let (mut sum, mut offs) = (0.0f32, 0.0f32);
@@ -470,26 +478,35 @@ impl PortableRow {
         sum + offs
     }
 
-    /// [`PortableRow::dot`] for Q4_K and Q5_K, as their tiles: per super-block, the
+    /// [`PortableRow::dot`] for the K-quants, as their tiles: per super-block, the
     /// blocks' integer sums times their scales and the activations' block sums times the
-    /// minima, exact, then the floats `d`, `dmin` and `dx` once.
-    fn dot_super_blocks(&self, nb: usize, x: &Q8Rows, i: usize) -> f32 {
+    /// minima (Q6_K: each half's sum times its scale, and its `-32` times the activations'
+    /// half sums), exact, then the floats `d`, `dmin` and `dx` once.
+    fn dot_super_blocks(&self, ty: GgmlType, nb: usize, x: &Q8Rows, i: usize) -> f32 {
         let mut sum = 0.0f32;
         for (sb, &[d, dmin]) in self.sup.iter().enumerate() {
             let (mut isum, mut mins) = (0i32, 0i32);
             for b in sb * KSUB..(sb + 1) * KSUB {
                 let y = &x.qs[(i * nb + b) * QK..(i * nb + b + 1) * QK];
-                let dot: i32 = self.q[b]
-                    .iter()
-                    .zip(y)
-                    .map(|(&q, &y)| q as i32 * y as i32)
-                    .sum();
-                let [sc, m] = self.sub[b];
-                isum += sc * dot;
-                mins += m * x.qsum[i * nb + b] as i32;
+                let dot = |r: std::ops::Range<usize>| -> i32 {
+                    r.map(|t| self.q[b][t] as i32 * y[t] as i32).sum()
+                };
+                let [s0, s1] = self.sub[b];
+                if ty == GgmlType::Q6_K {
+                    let [lo, hi] = x.half_sums[i * nb + b];
+                    isum += s0 * (dot(0..QK / 2) - 32 * lo as i32)
+                        + s1 * (dot(QK / 2..QK) - 32 * hi as i32);
+                } else {
+                    isum += s0 * dot(0..QK);
+                    mins += s1 * x.qsum[i * nb + b] as i32;
+                }
             }
             let dx = x.d[i * nb + sb * KSUB];
-            sum += (isum as f32 * d - mins as f32 * dmin) * dx;
+            sum += if ty == GgmlType::Q6_K {
+                isum as f32 * (d * dx)
+            } else {
+                (isum as f32 * d - mins as f32 * dmin) * dx
+            };
         }
         sum
     }

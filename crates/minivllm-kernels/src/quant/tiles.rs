@@ -72,6 +72,8 @@ pub(super) trait Width {
     unsafe fn bytes_i8(p: *const u8) -> Self::F;
     /// `ROWS` bytes from `p` as u8, one per 32-bit lane.
     unsafe fn bytes_u32(p: *const u8) -> Self::I;
+    /// `ROWS` bytes from `p` as i8, one per 32-bit lane (sign-extended).
+    unsafe fn bytes_i32(p: *const u8) -> Self::I;
     /// `init + Σ_n v[n] · quad n of y`, exact, per 32-bit lane: `v` unsigned bytes, the `N`
     /// quads from `y` (`4 N` readable bytes) signed and each broadcast to every lane. `CHUNK`
     /// is how many products the operands' range lets a 16-bit sum take before widening,
@@ -84,9 +86,14 @@ pub(super) trait Width {
     ) -> Self::I;
     /// `a + b` per 32-bit lane.
     unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
+    /// `a · b` per 32-bit lane, the low 32 bits (`vpmulld`).
+    unsafe fn mul32(a: Self::I, b: Self::I) -> Self::I;
+    /// Per 32-bit lane, the low 16 bits of `lo`'s lane below those of `hi`'s: the pair
+    /// that [`Width::madd16`] multiplies by another.
+    unsafe fn pack16(lo: Self::I, hi: Self::I) -> Self::I;
     /// `vpmaddwd`: per 32-bit lane, the sum of its two 16-bit products of `a` and `b`.
     unsafe fn madd16(a: Self::I, b: Self::I) -> Self::I;
-    /// Per-lane integer scales `sc` (0-63, one per 32-bit lane) in the form
+    /// Per-lane integer scales `sc` (-128 to 127, one per 32-bit lane) in the form
     /// [`Width::quad_dot_scaled`] takes.
     unsafe fn scale_operand(sc: Self::I) -> Self::I;
     /// `acc + sc · Σ_n v[n] · quad n of y` per 32-bit lane, exact: [`Width::quad_dot`]
@@ -159,7 +166,10 @@ pub(super) unsafe fn tile_units<const R: usize, const U: usize, W: Width>(
             }
             GgmlType::Q4_K => tile_nibbles::<R, U, W, formats::Q4_K_Shared>(w, u, x, i),
             GgmlType::Q5_K => tile_nibbles::<R, U, W, formats::Q5_K_Shared>(w, u, x, i),
-            GgmlType::Q6_K => tile_nibbles::<R, U, W, formats::Q6_K>(w, u, x, i),
+            GgmlType::Q6_K if w.block_activations => {
+                tile_nibbles::<R, U, W, formats::Q6_K>(w, u, x, i)
+            }
+            GgmlType::Q6_K => tile_nibbles::<R, U, W, formats::Q6_K_Shared>(w, u, x, i),
             GgmlType::MXFP4 => tile_nibbles::<R, U, W, formats::MXFP4>(w, u, x, i),
             _ => W::tile_q8_0::<R, U>(w, u, x, i),
         }
@@ -256,8 +266,8 @@ unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>
         let low = W::splat_i8(0x0F);
         let lut = W::table(&F::LUT.unwrap_or([0; 16]));
         let mut acc = [[W::zero_f(); R]; U];
-        // Q4_K and Q5_K with shared activation scales: a super-block's sub-block sums
-        // times their integer scales, exact (`activations::shared_blocks`).
+        // K-quants with shared activation scales: a super-block's sub-block sums times
+        // their integer scales, exact (`activations::shared_blocks`).
         let mut iacc = [[W::zero_i(); R]; U];
         let mut dsup = [W::zero_f(); U];
         let mut msup = [W::zero_f(); U];
@@ -316,6 +326,33 @@ unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>
                             &x,
                             sb * KSUB,
                         );
+                    }
+                } else if F::SCALES == Scales::SubSignedShared {
+                    // Each half's integer sum times its scale, and its -32 as the scale
+                    // times -32 times the activations' half sum (`vpmaddwd` of the pairs).
+                    let sub = wsub.wrapping_add(b * sub_step + lane);
+                    let (slo, shi) = (W::bytes_i32(sub), W::bytes_i32(sub.add(GROUP)));
+                    let neg32 = W::splat_i32(-32);
+                    let offset = W::pack16(W::mul32(slo, neg32), W::mul32(shi, neg32));
+                    let (sclo, schi) = (W::scale_operand(slo), W::scale_operand(shi));
+                    let [v0, v1, v2, v3, v4, v5, v6, v7] = v;
+                    let sums = &mut iacc[k];
+                    for_each_row!(R, r, {
+                        let y = x.qs[r].add(b * QK);
+                        let half = (x.half_sums[r].add(b) as *const i32).read_unaligned();
+                        let s = W::add32(sums[r], W::madd16(offset, W::splat_i32(half)));
+                        let s = W::quad_dot_scaled::<4, 2>(s, sclo, &[v0, v1, v2, v3], y);
+                        sums[r] =
+                            W::quad_dot_scaled::<4, 2>(s, schi, &[v4, v5, v6, v7], y.add(QK / 2));
+                    });
+                    if b % KSUB == KSUB - 1 {
+                        let b0 = b + 1 - KSUB;
+                        let acc = &mut acc[k];
+                        for_each_row!(R, r, {
+                            let dx = W::mul(dsup[k], W::splat(*x.d[r].add(b0)));
+                            acc[r] = W::fmadd(W::cvt(sums[r]), dx, acc[r]);
+                            sums[r] = W::zero_i();
+                        });
                     }
                 } else {
                     let (dlo, dhi, mlo) = block_scales::<W, F>(
@@ -477,7 +514,8 @@ unsafe fn merge_high_bits<W: Width, F: QuantFormat>(v: &mut [W::I; 8], h: *const
 /// `d` (`dsup`, and `dmin` in `msup`) and the 6- or 8-bit `sc` of the unit's rows at `sub`;
 /// Q4_K's and Q5_K's minima from the two bits above `sc` and the low nibble of each lane of
 /// `mins_hi` (the block's top bits: see `QuantMatrix::mins_hi`). (With shared activation
-/// scales, Q4_K and Q5_K take theirs per super-block: [`flush_super_block`].)
+/// scales, the K-quants take theirs per super-block: Q4_K's and Q5_K's in
+/// [`flush_super_block`], Q6_K's in [`tile_nibbles`].)
 ///
 /// # Safety
 /// For K-quants, `sub` must point to the block's [`sub_bytes`] (less the unit's offset);
@@ -509,7 +547,9 @@ unsafe fn block_scales<W: Width, F: QuantFormat>(
                 let m = W::mul(msup, W::cvt(m));
                 (d, d, W::neg(m))
             }
-            Scales::SubMinShared => unreachable!("shared activation scales: per super-block"),
+            Scales::SubMinShared | Scales::SubSignedShared => {
+                unreachable!("shared activation scales: per super-block")
+            }
         }
     }
 }
@@ -523,6 +563,7 @@ pub(super) struct XRows<const R: usize> {
     pub(super) s: [*const f32; R],
     pub(super) offsets: [*const [i32; 2]; R],
     pub(super) qsum: [*const i16; R],
+    pub(super) half_sums: [*const [i16; 2]; R],
 }
 
 impl<const R: usize> XRows<R> {
@@ -534,6 +575,7 @@ impl<const R: usize> XRows<R> {
             s: std::array::from_fn(|r| x.s.as_ptr().wrapping_add((i + r) * nb)),
             offsets: std::array::from_fn(|r| x.offsets.as_ptr().wrapping_add((i + r) * nb)),
             qsum: std::array::from_fn(|r| x.qsum.as_ptr().wrapping_add((i + r) * nb)),
+            half_sums: std::array::from_fn(|r| x.half_sums.as_ptr().wrapping_add((i + r) * nb)),
         }
     }
 }

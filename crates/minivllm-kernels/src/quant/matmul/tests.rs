@@ -20,14 +20,15 @@ const TYPES: [GgmlType; 9] = [
     GgmlType::MXFP4,
 ];
 
-/// How the products can run: every format (Q4_K and Q5_K with one activation scale per
-/// super-block), then Q4_K and Q5_K keeping one per block
+/// How the products can run: every format (the K-quants with one activation scale per
+/// super-block), then the K-quants keeping one per block
 /// (`QuantMatrix::keep_block_activation_scales`).
 fn variants() -> impl Iterator<Item = (GgmlType, bool)> {
-    TYPES
-        .into_iter()
-        .map(|ty| (ty, false))
-        .chain([(GgmlType::Q4_K, true), (GgmlType::Q5_K, true)])
+    TYPES.into_iter().map(|ty| (ty, false)).chain([
+        (GgmlType::Q4_K, true),
+        (GgmlType::Q5_K, true),
+        (GgmlType::Q6_K, true),
+    ])
 }
 
 /// [`random_matrix`] of a [`variants`] entry.
@@ -181,12 +182,13 @@ fn check_quantiser(
     let nb = x.len() / QK;
     let mut qs = vec![0i8; nb * QK];
     let (mut d, mut s, mut offsets) = (vec![0.0; nb], vec![0.0; nb], vec![[0; 2]; nb]);
-    let mut qsum = vec![0; nb];
+    let (mut qsum, mut half_sums) = (vec![0; nb], vec![[0; 2]; nb]);
     let sums = RowSums {
         d: &mut d,
         s: &mut s,
         offsets: &mut offsets,
         qsum: &mut qsum,
+        half_sums: &mut half_sums,
     };
     quantize(&x, &mut qs, sums);
     let mut blocks = vec![BlockQ8::default(); nb];
@@ -216,6 +218,11 @@ fn check_quantiser(
             "{what} half offsets"
         );
         assert_eq!(qsum[b] as i32, half(0) + half(1), "{what} sum of quants");
+        assert_eq!(
+            half_sums[b].map(i32::from),
+            [half(0), half(1)],
+            "{what} half sums"
+        );
         if share > 1 {
             assert_eq!(
                 want.d,

@@ -172,7 +172,7 @@ impl Drop for Tiles {
     }
 }
 
-/// Whether the AMX tiles run products with `w`: not Q4_K and Q5_K against activations
+/// Whether the AMX tiles run products with `w`: not K-quants against activations
 /// with one scale per super-block (`activations::shared_blocks`), whose 512-bit tiles sum a
 /// super-block's scaled sub-block sums in integers ([`super::tile_nibbles`]); these tiles
 /// apply each block's scales in floats, and AMX measured no faster than AVX512-VNNI anyway

@@ -213,6 +213,11 @@ impl<D: IntDot> Width for Ymm<D> {
         unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
     }
     #[inline(always)]
+    unsafe fn bytes_i32(p: *const u8) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
+    }
+    #[inline(always)]
     unsafe fn quad_dot<const N: usize, const CHUNK: usize>(
         init: __m256i,
         v: &[__m256i; N],
@@ -225,6 +230,16 @@ impl<D: IntDot> Width for Ymm<D> {
     unsafe fn add32(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: see the impl.
         unsafe { _mm256_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul32(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_mullo_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn pack16(lo: __m256i, hi: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_blend_epi16::<0xAA>(lo, _mm256_slli_epi32::<16>(hi)) }
     }
     #[inline(always)]
     unsafe fn madd16(a: __m256i, b: __m256i) -> __m256i {
@@ -360,7 +375,8 @@ pub(in crate::quant) trait IntDot {
         s: &[__m256i; N],
     ) -> __m256i;
 
-    /// Per-lane scales (0-63 in each 32-bit lane) in the form [`IntDot::dot_scaled`] takes.
+    /// Per-lane scales (-128 to 127 in each 32-bit lane) in the form [`IntDot::dot_scaled`]
+    /// takes.
     ///
     /// # Safety
     /// As [`IntDot::dot`].
@@ -394,11 +410,12 @@ impl IntDot for Maddubs {
     }
 
     /// The scale in both 16-bit halves of its lane: `vpmaddwd` by it then scales both
-    /// pair sums as it widens them.
+    /// pair sums as it widens them. (A blend, not an or: a negative scale's top half is
+    /// all ones.)
     #[inline(always)]
     unsafe fn scale_operand(sc: __m256i) -> __m256i {
         // SAFETY: register-only AVX2 intrinsics; the caller has AVX2.
-        unsafe { _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc)) }
+        unsafe { _mm256_blend_epi16::<0xAA>(sc, _mm256_slli_epi32::<16>(sc)) }
     }
 
     #[inline(always)]

@@ -188,6 +188,11 @@ impl Width for Zmm {
         // SAFETY: see the impl.
         unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)) }
     }
+    #[inline(always)]
+    unsafe fn bytes_i32(p: *const u8) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)) }
+    }
     /// `vpdpbusd` sums in 32 bits: `CHUNK` does not apply.
     #[inline(always)]
     unsafe fn quad_dot<const N: usize, const CHUNK: usize>(
@@ -202,6 +207,16 @@ impl Width for Zmm {
     unsafe fn add32(a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul32(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mullo_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn pack16(lo: __m512i, hi: __m512i) -> __m512i {
+        // SAFETY: see the impl (AVX512-BW for the 16-bit blend).
+        unsafe { _mm512_mask_blend_epi16(0xAAAA_AAAA, lo, _mm512_slli_epi32::<16>(hi)) }
     }
     #[inline(always)]
     unsafe fn madd16(a: __m512i, b: __m512i) -> __m512i {

@@ -179,7 +179,7 @@ fn amx_tiles_match_wide_tiles() {
     {
         const M: usize = 40;
         let mut r = rng(9);
-        // Q4_K and Q5_K with shared activation scales run on the 512-bit tiles even where
+        // K-quants with shared activation scales run on the 512-bit tiles even where
         // AMX is asked for (the whole products below check that).
         for v in variants() {
             let ty = v.0;
