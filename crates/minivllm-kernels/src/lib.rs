@@ -17,7 +17,9 @@
 pub mod activation;
 pub mod amx;
 pub mod attention;
+pub mod conv1d;
 pub mod cpu;
+pub mod gated_delta;
 pub mod hmatmul;
 pub mod matmul;
 pub mod norm;

@@ -1,0 +1,171 @@
+//! The causal depthwise convolution of Gated DeltaNet (and Mamba) layers: each channel
+//! mixes its last `width` inputs, then SiLU (transformers' `causal_conv1d_fn` and
+//! `causal_conv1d_update` with `activation="silu"`). A sequence's state is the `width − 1`
+//! inputs before the tokens at hand, so a prompt split across steps and the decode steps
+//! after it give what one pass gives.
+
+use rayon::prelude::*;
+
+use crate::activation::silu;
+
+/// Channels per parallel task: a few microseconds of work each.
+const CHANNELS_PER_TASK: usize = 256;
+
+/// `x` `[t, channels]` through the convolution: `out[i][c] = silu(bias[c] +
+/// Σ_j weight[c][j] · x̃[i + j][c])`, `x̃` the `width − 1` inputs in `state` then `x`;
+/// `weight` is `[channels, width]` (the checkpoint's `[channels, 1, width]`), `state`
+/// `[channels, width − 1]` (oldest first; zeros at a sequence's start), left holding the
+/// last `width − 1` inputs.
+pub fn causal_conv1d_silu(
+    x: &[f32],
+    channels: usize,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    assert!(channels > 0, "causal_conv1d_silu: no channels");
+    let width = weight.len() / channels;
+    assert!(
+        width >= 1 && weight.len() == channels * width,
+        "causal_conv1d_silu: weight must be [channels, width]"
+    );
+    assert_eq!(
+        state.len(),
+        channels * (width - 1),
+        "causal_conv1d_silu: state must be [channels, width - 1]"
+    );
+    assert!(
+        x.len().is_multiple_of(channels) && out.len() == x.len(),
+        "causal_conv1d_silu: x and out must be [t, channels]"
+    );
+    if let Some(b) = bias {
+        assert_eq!(
+            b.len(),
+            channels,
+            "causal_conv1d_silu: bias must be [channels]"
+        );
+    }
+    let t = x.len() / channels;
+    let hist = width - 1;
+    // Each task owns a run of channels: their state rows, and their columns of `out`
+    // (written through a per-task buffer, the columns being strided).
+    let tasks = channels.div_ceil(CHANNELS_PER_TASK);
+    let states: Vec<&mut [f32]> = match hist {
+        // A width of one keeps no state: every task gets an empty one.
+        0 => (0..tasks).map(|_| Default::default()).collect(),
+        _ => state.chunks_mut(CHANNELS_PER_TASK * hist).collect(),
+    };
+    let runs: Vec<(usize, Vec<f32>)> = states
+        .into_par_iter()
+        .enumerate()
+        .map(|(task, st)| {
+            let c0 = task * CHANNELS_PER_TASK;
+            let n = CHANNELS_PER_TASK.min(channels - c0);
+            let mut cols = vec![0.0f32; n * t];
+            let mut window = vec![0.0f32; hist + t];
+            for c in 0..n {
+                let ch = c0 + c;
+                let st = &mut st[c * hist..(c + 1) * hist];
+                window[..hist].copy_from_slice(st);
+                for i in 0..t {
+                    window[hist + i] = x[i * channels + ch];
+                }
+                let w = &weight[ch * width..(ch + 1) * width];
+                let b = bias.map_or(0.0, |b| b[ch]);
+                for i in 0..t {
+                    let acc: f32 = w
+                        .iter()
+                        .zip(&window[i..i + width])
+                        .map(|(w, v)| w * v)
+                        .sum();
+                    cols[c * t + i] = silu(acc + b);
+                }
+                st.copy_from_slice(&window[t..t + hist]);
+            }
+            (c0, cols)
+        })
+        .collect();
+    for (c0, cols) in runs {
+        for (c, col) in cols.chunks_exact(t.max(1)).enumerate() {
+            for (i, &v) in col.iter().enumerate() {
+                out[i * channels + c0 + c] = v;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{assert_close, rand_vec, rng};
+
+    /// The convolution as transformers writes it: zero padding before the sequence, then
+    /// one dot product per output.
+    fn reference(x: &[f32], channels: usize, weight: &[f32], bias: &[f32]) -> Vec<f32> {
+        let width = weight.len() / channels;
+        let t = x.len() / channels;
+        let mut out = vec![0.0; x.len()];
+        for i in 0..t {
+            for c in 0..channels {
+                let mut acc = bias[c] as f64;
+                for j in 0..width {
+                    // Input position i + j - (width - 1), zero before the start.
+                    if let Some(p) = (i + j).checked_sub(width - 1) {
+                        acc += weight[c * width + j] as f64 * x[p * channels + c] as f64;
+                    }
+                }
+                out[i * channels + c] = silu(acc as f32);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_the_reference_across_split_calls() {
+        let mut r = rng(5);
+        for (channels, width, t) in [(3, 4, 1), (300, 4, 9), (600, 4, 40), (5, 1, 6), (7, 2, 3)] {
+            let x = rand_vec(&mut r, t * channels);
+            let weight = rand_vec(&mut r, channels * width);
+            let bias = rand_vec(&mut r, channels);
+            let want = reference(&x, channels, &weight, &bias);
+            // One call, then the same tokens in pieces: a prefill's chunks, then decode steps.
+            let mut state = vec![0.0; channels * (width - 1)];
+            let mut got = vec![f32::NAN; x.len()];
+            causal_conv1d_silu(&x, channels, &weight, Some(&bias), &mut state, &mut got);
+            assert_close(
+                &got,
+                &want,
+                1e-5,
+                1e-5,
+                &format!("{channels}x{width}, {t} tokens"),
+            );
+            let mut state = vec![0.0; channels * (width - 1)];
+            let mut split = vec![f32::NAN; x.len()];
+            let cut = t / 2;
+            for (a, b) in std::iter::once((0, cut)).chain((cut..t).map(|i| (i, i + 1))) {
+                let (xa, oa) = (
+                    &x[a * channels..b * channels],
+                    &mut split[a * channels..b * channels],
+                );
+                causal_conv1d_silu(xa, channels, &weight, Some(&bias), &mut state, oa);
+            }
+            assert_close(
+                &split,
+                &want,
+                1e-5,
+                1e-5,
+                &format!("{channels}x{width}, split"),
+            );
+            // The state holds the last width − 1 inputs.
+            for c in 0..channels {
+                for j in 0..width - 1 {
+                    let want = (t + j)
+                        .checked_sub(width - 1)
+                        .map_or(0.0, |p| x[p * channels + c]);
+                    assert_eq!(state[c * (width - 1) + j], want, "state of channel {c}");
+                }
+            }
+        }
+    }
+}
