@@ -8,7 +8,10 @@ a non-zero state.
     python scripts/make_gated_delta_reference.py   # a Python with torch and transformers 5.x
 
 Output: crates/minivllm-kernels/src/gated_delta/transformers.txt, one array per line
-(`name v0 v1 ...`, float32 values), read by the kernels' tests.
+(`name v0 v1 ...`, float32 values), read by the kernels' tests; and
+crates/minivllm/src/model_executor/layers/gated_delta_net/qwen3_5.txt, a whole
+`Qwen3_5GatedDeltaNet` layer (random weights, one per line as `name d0xd1 v0 v1 ...`, then
+its input `x` and output `y` for 13 tokens), read by the layer's tests.
 """
 
 import pathlib
@@ -61,6 +64,43 @@ def main():
             vals = a.detach().to(torch.float32).contiguous().reshape(-1).tolist()
             # Nine significant digits give back every float32 exactly.
             f.write(name + " " + " ".join(format(x, ".9g") for x in vals) + "\n")
+    print(f"wrote {out}")
+    layer_fixture()
+
+
+def layer_fixture():
+    """A Qwen3.5 Gated DeltaNet layer with random weights, on 13 tokens from a zero state."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
+
+    torch.manual_seed(1)
+    config = Qwen3_5TextConfig(
+        hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        num_hidden_layers=1, layer_types=["linear_attention"], hidden_act="silu",
+        rms_norm_eps=1e-6)
+    layer = q35.Qwen3_5GatedDeltaNet(config, 0).eval()
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name == "A_log":
+                p.copy_(torch.empty_like(p).uniform_(1.0, 4.0).log())
+            elif name == "norm.weight":
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.3 * torch.randn_like(p))
+        x = torch.randn(1, 13, config.hidden_size)
+        y = layer(x)
+    out = pathlib.Path(__file__).resolve().parent.parent / (
+        "crates/minivllm/src/model_executor/layers/gated_delta_net/qwen3_5.txt")
+    out.parent.mkdir(exist_ok=True)
+    with open(out, "w") as f:
+        f.write(f"# transformers {transformers.__version__} Qwen3_5GatedDeltaNet: "
+                "scripts/make_gated_delta_reference.py\n")
+        tensors = [(f"model.layers.0.linear_attn.{n}", p) for n, p in layer.named_parameters()]
+        for name, a in tensors + [("x", x[0]), ("y", y[0])]:
+            shape = "x".join(str(d) for d in a.shape)
+            vals = a.detach().to(torch.float32).contiguous().reshape(-1).tolist()
+            f.write(f"{name} {shape} " + " ".join(format(v, ".9g") for v in vals) + "\n")
     print(f"wrote {out}")
 
 

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod fused_moe;
+pub mod gated_delta_net;
 pub mod linear;
 pub mod mlp;
 pub mod norm;

@@ -1,0 +1,222 @@
+//! Gated DeltaNet, the linear-attention layer of Qwen3.5 (three layers in four) and
+//! Qwen3-Next: instead of a KV cache, each sequence keeps a fixed-size state per layer (the
+//! causal convolution's last inputs and the gated delta rule's `[k_dim, v_dim]` matrix per
+//! value head), so its cost per token does not grow with the context.
+//!
+//! Per token: one product gives q, k, v (through a causal depthwise convolution and SiLU),
+//! the output gate `z`, and per value head the write strength `β = sigmoid(b)` and the log
+//! decay `g = −exp(A_log)·softplus(a + dt_bias)`; the rule (`minivllm_kernels::gated_delta`)
+//! turns q, k, v into each head's output, which an RMSNorm gated by `silu(z)` scales before
+//! the output projection (transformers' `Qwen3_5GatedDeltaNet`).
+
+#![cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the Qwen3.5 and Qwen3-Next families that run it come with the state cache (issue 44)"
+    )
+)]
+
+use minivllm_kernels::activation::silu;
+use minivllm_kernels::conv1d::causal_conv1d_silu;
+use minivllm_kernels::gated_delta::{
+    gated_delta_rule_chunked, gated_delta_rule_recurrent, DeltaHeads, DeltaInputs,
+};
+
+use crate::model_executor::layers::linear::Linear;
+use crate::model_executor::layers::parallel::sized;
+use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
+use crate::model_executor::loader::LoadError;
+
+/// Tokens up to which a call runs the rule one token at a time: below a few tokens the
+/// chunked form's solves cost more than they save.
+const RECURRENT_MAX_TOKENS: usize = 4;
+
+/// The shape of one Gated DeltaNet layer (Qwen3.5's `linear_*` config keys).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct GatedDeltaNetConfig {
+    pub hidden_size: usize,
+    pub heads: DeltaHeads,
+    /// `linear_conv_kernel_dim`.
+    pub conv_width: usize,
+    pub rms_norm_eps: f32,
+}
+
+impl GatedDeltaNetConfig {
+    fn key_dim(&self) -> usize {
+        self.heads.num_k_heads * self.heads.k_dim
+    }
+
+    fn value_dim(&self) -> usize {
+        self.heads.num_v_heads * self.heads.v_dim
+    }
+
+    /// Channels of the convolution: q, k and v side by side.
+    fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+pub(crate) struct GatedDeltaNet {
+    cfg: GatedDeltaNetConfig,
+    /// q, k, v, then z, then b, then a: one product for everything that reads the input.
+    in_proj: Linear,
+    /// `[conv_dim, conv_width]`.
+    conv: Vec<f32>,
+    /// `−exp(A_log)` per value head: the rate of its decay.
+    neg_a: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// The gated RMSNorm's scale, `[v_dim]` (shared by the heads).
+    norm: Vec<f32>,
+    out_proj: Linear,
+}
+
+/// One sequence's state in one layer, carried from call to call (zeros at its start).
+pub(crate) struct DeltaState<'a> {
+    /// `[conv_dim, conv_width − 1]`: the convolution's last inputs.
+    pub conv: &'a mut [f32],
+    /// `[num_v_heads, k_dim, v_dim]`: the rule's state.
+    pub recurrent: &'a mut [f32],
+}
+
+/// A forward pass's intermediates, kept between calls.
+#[derive(Default)]
+pub(crate) struct DeltaBuffers {
+    proj: Vec<f32>,
+    mixed: Vec<f32>,
+    conv_out: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    core: Vec<f32>,
+}
+
+impl GatedDeltaNet {
+    /// The layer under transformers' names from `prefix` (`model.layers.N.linear_attn`).
+    pub fn load(
+        src: &dyn WeightSource,
+        prefix: &str,
+        cfg: &GatedDeltaNetConfig,
+        opts: &LoadOptions,
+    ) -> Result<Self, LoadError> {
+        let (nv, hidden) = (cfg.heads.num_v_heads, cfg.hidden_size);
+        let name = |n: &str| format!("{prefix}.{n}");
+        let in_proj = Linear::load_merged(
+            src,
+            &[
+                (&name("in_proj_qkv.weight"), cfg.conv_dim()),
+                (&name("in_proj_z.weight"), cfg.value_dim()),
+                (&name("in_proj_b.weight"), nv),
+                (&name("in_proj_a.weight"), nv),
+            ],
+            hidden,
+            opts,
+        )?;
+        let conv_name = name("conv1d.weight");
+        let conv = src
+            .load(&conv_name)?
+            .expect_shape(&conv_name, &[cfg.conv_dim(), 1, cfg.conv_width])?;
+        let vector = |n: &str, len: usize| -> Result<Vec<f32>, LoadError> {
+            src.load(&name(n))?.expect_shape(&name(n), &[len])
+        };
+        let neg_a = vector("A_log", nv)?.iter().map(|a| -a.exp()).collect();
+        Ok(Self {
+            cfg: *cfg,
+            in_proj,
+            conv,
+            neg_a,
+            dt_bias: vector("dt_bias", nv)?,
+            norm: vector("norm.weight", cfg.heads.v_dim)?,
+            out_proj: Linear::load(src, &name("out_proj.weight"), cfg.value_dim(), hidden, opts)?,
+        })
+    }
+
+    /// Floats of a sequence's convolution state and of its rule state in this layer.
+    pub fn state_lens(&self) -> [usize; 2] {
+        let conv = self.cfg.conv_dim() * (self.cfg.conv_width - 1);
+        [conv, self.cfg.heads.state_len()]
+    }
+
+    /// One sequence's `t` tokens: `x` `[t, hidden]` (normed) into `out` `[t, hidden]`,
+    /// `state` carried in and out.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        t: usize,
+        state: DeltaState<'_>,
+        buf: &mut DeltaBuffers,
+        out: &mut Vec<f32>,
+    ) {
+        let c = &self.cfg;
+        let (nv, vd) = (c.heads.num_v_heads, c.heads.v_dim);
+        let (kdim, vdim, cdim) = (c.key_dim(), c.value_dim(), c.conv_dim());
+        let width = cdim + vdim + 2 * nv;
+        let proj = sized(&mut buf.proj, t * width);
+        self.in_proj.forward(x, proj, t);
+
+        let mixed = sized(&mut buf.mixed, t * cdim);
+        for (m, row) in mixed.chunks_exact_mut(cdim).zip(proj.chunks_exact(width)) {
+            m.copy_from_slice(&row[..cdim]);
+        }
+        let conv_out = sized(&mut buf.conv_out, t * cdim);
+        causal_conv1d_silu(mixed, cdim, &self.conv, None, state.conv, conv_out);
+
+        let (q, k, v) = (
+            sized(&mut buf.q, t * kdim),
+            sized(&mut buf.k, t * kdim),
+            sized(&mut buf.v, t * vdim),
+        );
+        let (g, beta) = (sized(&mut buf.g, t * nv), sized(&mut buf.beta, t * nv));
+        for i in 0..t {
+            let row = &conv_out[i * cdim..(i + 1) * cdim];
+            q[i * kdim..(i + 1) * kdim].copy_from_slice(&row[..kdim]);
+            k[i * kdim..(i + 1) * kdim].copy_from_slice(&row[kdim..2 * kdim]);
+            v[i * vdim..(i + 1) * vdim].copy_from_slice(&row[2 * kdim..]);
+            let p = &proj[i * width + cdim + vdim..(i + 1) * width];
+            let (b, a) = p.split_at(nv);
+            for h in 0..nv {
+                beta[i * nv + h] = sigmoid(b[h]);
+                g[i * nv + h] = self.neg_a[h] * softplus(a[h] + self.dt_bias[h]);
+            }
+        }
+        let io = DeltaInputs { q, k, v, g, beta };
+        let core = sized(&mut buf.core, t * vdim);
+        if t <= RECURRENT_MAX_TOKENS {
+            gated_delta_rule_recurrent(&c.heads, &io, state.recurrent, core);
+        } else {
+            gated_delta_rule_chunked(&c.heads, &io, state.recurrent, core);
+        }
+
+        // Each head's output normed, scaled, and gated by silu(z).
+        for (i, rows) in core.chunks_exact_mut(vdim).enumerate() {
+            let z = &proj[i * width + cdim..i * width + cdim + vdim];
+            for (o, z) in rows.chunks_exact_mut(vd).zip(z.chunks_exact(vd)) {
+                let ms = o.iter().map(|v| v * v).sum::<f32>() / vd as f32;
+                let inv = (ms + c.rms_norm_eps).sqrt().recip();
+                for ((o, &w), &z) in o.iter_mut().zip(&self.norm).zip(z) {
+                    *o = w * (*o * inv) * silu(z);
+                }
+            }
+        }
+        let out = sized(out, t * c.hidden_size);
+        self.out_proj.forward(core, out, t);
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `ln(1 + eˣ)`, and `x` itself above 20 (torch's `softplus` threshold).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+#[cfg(test)]
+mod tests;
