@@ -111,7 +111,7 @@ pub fn run(
     let decode_steps = t.decode_steps;
     let spec = engine.stats().spec_decode;
     let model = engine.model();
-    let weight_bytes = model.weight_bytes_per_token() as f64;
+    let weight_bytes = model.weight_bytes_per_step(args.batch_size);
     let prefill_tps = prefill_tokens / t.prefill.as_secs_f64();
     let step_s = t.decode.as_secs_f64() / decode_steps.max(1) as f64;
     let decode_tps = decode_tokens / t.decode.as_secs_f64();

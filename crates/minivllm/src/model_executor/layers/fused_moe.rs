@@ -211,11 +211,19 @@ impl FusedMoe {
             .chain(self.shared.iter().flat_map(|s| s.mlp.matrices()))
     }
 
-    /// Bytes one token reads: the router's, `k` experts' (all experts are the same size)
-    /// and the shared expert's.
-    pub(crate) fn bytes_per_token(&self) -> usize {
+    /// Bytes a step of `batch` tokens reads: the router's, the experts' that any of them
+    /// picks (all experts are the same size) and the shared expert's. One token reads its
+    /// `k` experts; a batch reads the union of its tokens' picks, `E·(1 − (1 − k/E)^batch)`
+    /// experts expected where tokens pick evenly and independently, as random routers do
+    /// (64 tokens over Qwen3-30B-A3B's 128 experts: 126 of them).
+    pub(crate) fn bytes_per_step(&self, batch: usize) -> f64 {
         let shared = self.shared.as_ref().map_or(0, |s| s.mlp.nbytes());
-        self.router.weight().nbytes() + self.top_k * self.experts[0].nbytes() + shared
+        let e = self.experts.len() as f64;
+        let picked = match batch {
+            1 => self.top_k as f64,
+            _ => e * (1.0 - (1.0 - self.top_k as f64 / e).powi(batch as i32)),
+        };
+        (self.router.weight().nbytes() + shared) as f64 + picked * self.experts[0].nbytes() as f64
     }
 
     /// Multiply-adds times two of one token through the router and its experts.

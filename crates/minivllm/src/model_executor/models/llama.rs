@@ -89,11 +89,11 @@ impl Mlp {
         }
     }
 
-    /// Bytes of weights one token reads.
-    fn bytes_per_token(&self) -> usize {
+    /// Bytes of weights a step of `batch` tokens reads.
+    fn bytes_per_step(&self, batch: usize) -> f64 {
         match self {
-            Mlp::Dense(m) => m.nbytes(),
-            Mlp::Moe(m) => m.bytes_per_token(),
+            Mlp::Dense(m) => m.nbytes() as f64,
+            Mlp::Moe(m) => m.bytes_per_step(batch),
         }
     }
 
@@ -368,19 +368,22 @@ impl LlamaForCausalLM {
         v
     }
 
-    /// Bytes one token's decode step reads from weight matrices: every layer's (of a
-    /// Mixture-of-Experts layer, the router's and `k` experts'), and the LM head's. (The
-    /// embeddings are read a row per token; tied, they are the LM head.)
-    pub fn weight_bytes_per_token(&self) -> usize {
-        self.attention_matrices()
+    /// Bytes a decode step of `batch` sequences reads from weight matrices: every layer's
+    /// (of a Mixture-of-Experts layer, the router's and the experts' its tokens pick: `k`
+    /// for one token), and the LM head's. (The embeddings are read a row per token; tied,
+    /// they are the LM head.)
+    pub fn weight_bytes_per_step(&self, batch: usize) -> f64 {
+        let dense = self
+            .attention_matrices()
             .map(WeightMatrix::nbytes)
             .sum::<usize>()
+            + self.lm_head().nbytes();
+        dense as f64
             + self
                 .layers
                 .iter()
-                .map(|l| l.mlp.bytes_per_token())
-                .sum::<usize>()
-            + self.lm_head().nbytes()
+                .map(|l| l.mlp.bytes_per_step(batch))
+                .sum::<f64>()
     }
 
     /// Floating-point operations (two per multiply-add) of one token through the layers'

@@ -210,3 +210,19 @@ fn grouped_batch_is_each_token_alone_and_the_reference() {
         }
     }
 }
+
+/// A token reads its `k` experts; a batch the union of its tokens' picks, expected where
+/// they pick evenly: 6 experts, top 2, so 2 for one token, `6·(1 − (2/3)^b)` for `b`, all
+/// 6 in the limit, the router and the shared expert once whatever the batch.
+#[test]
+fn bytes_read_per_step_grow_with_the_batch_to_every_expert() {
+    let m = moe(true, true, true);
+    let expert = m.experts[0].nbytes() as f64;
+    let fixed = m.bytes_per_step(1) - 2.0 * expert;
+    let picked = |b: usize| (m.bytes_per_step(b) - fixed) / expert;
+    assert!((picked(1) - 2.0).abs() < 1e-9);
+    assert!((picked(2) - 6.0 * (1.0 - 4.0 / 9.0)).abs() < 1e-9);
+    assert!((picked(64) - 6.0).abs() < 1e-9);
+    let shared = m.shared.as_ref().unwrap().mlp.nbytes() as f64;
+    assert_eq!(fixed, (m.router.weight().nbytes() as f64) + shared);
+}
