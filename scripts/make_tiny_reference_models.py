@@ -40,6 +40,11 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
               learned attention sink per head; layers 0 and 2 sliding (window 8);
               YaRN as gpt-oss has it (factor 32, beta 32/1, no truncation) over an original
               context of 64)
+  Linear attention:
+    qwen35   (Qwen3_5ForCausalLM: 4 layers, three Gated DeltaNet (2 key heads, 4 value
+              heads, of 16; convolution width 4) then one full-attention layer with its
+              sigmoid output gate, per-head q/k norms, (1 + w) norms, RoPE over a quarter
+              of head_dim 32)
   Expert weights are drawn per expert under the names the hub's checkpoints use
   (`mlp.experts.E.gate_proj.weight`; transformers 5 keeps them stacked in 3-D parameters
   and writes them back per expert when saving), and a seed is kept only if no token's
@@ -112,6 +117,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
 )
 
 OUT = Path(__file__).resolve().parent.parent / "crates/minivllm/tests/data/tiny_models"
@@ -351,6 +358,28 @@ def gptoss_config():
     )
 
 
+def qwen35_config():
+    return Qwen3_5TextConfig(
+        **{**COMMON, "num_hidden_layers": 4},
+        head_dim=32,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        attention_bias=False,
+        # Three Gated DeltaNet layers, then full attention (transformers' default pattern).
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },
+    )
+
+
 FAMILIES = {
     # name: (config factory, model class, base seed, rmsnorm weight range)
     "llama": (llama_config, LlamaForCausalLM, 1000, (0.5, 1.5)),
@@ -366,6 +395,17 @@ FAMILIES = {
     "mixtral": (mixtral_config, MixtralForCausalLM, 9000, (0.5, 1.5)),
     "olmoe": (olmoe_config, OlmoeForCausalLM, 10000, (0.5, 1.5)),
     "gptoss": (gptoss_config, GptOssForCausalLM, 12000, (0.5, 1.5)),
+    # Qwen3.5's norms scale by 1 + w, but its DeltaNet's gated norm by w (LINEAR_ATTN_RULES).
+    "qwen35": (qwen35_config, Qwen3_5ForCausalLM, 14000, (-0.5, 0.5)),
+}
+
+# Qwen3.5's Gated DeltaNet parameters that are not Linear: the depthwise convolution's
+# kernel, the log decay rate and the time-step bias per value head, the gated norm's scale.
+LINEAR_ATTN_RULES = {
+    "conv1d.weight": lambda p: (0.0, math.sqrt(3.0) / math.sqrt(p.shape[-1])),
+    "A_log": lambda p: (0.0, 1.0),
+    "dt_bias": lambda p: (0.0, 1.0),
+    "norm.weight": lambda p: (1.0, 0.5),
 }
 
 # gpt-oss's checkpoints keep each layer's experts stacked under these names (the bf16
@@ -457,7 +497,11 @@ def randomise(model, norm_range, seed, family):
             for pname, p in module.named_parameters(recurse=False):
                 if id(p) in done:  # a tied lm_head keeps the embedding's values
                     continue
-                if isinstance(module, torch.nn.Embedding):
+                linear_attn = name.split(".")[-1] == "linear_attn" or ".linear_attn." in name
+                local = (name.split("linear_attn")[-1].lstrip(".") + "." + pname).lstrip(".")
+                if linear_attn and local in LINEAR_ATTN_RULES:
+                    rule = LINEAR_ATTN_RULES[local](p)
+                elif isinstance(module, torch.nn.Embedding):
                     # A tied embedding is also the lm_head matrix, so it gets the matrix
                     # rule; with N(0, 1) the residual stream is dominated by the current
                     # token's own embedding, so greedy decoding just repeats one token.

@@ -97,7 +97,10 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     let kv = m.kv_cache_dtype.resolve(m.dtype);
     // One window's blocks for every KV cache group: a window is one prefill, nothing freed.
     let groups = KvCacheLayout::for_model(&loaded.config).num_groups();
-    let cache = CacheEngine::with_dtype(&loaded.config, BLOCK_SIZE, blocks * groups, kv);
+    // One sequence at a time: a model with linear attention needs one state slot.
+    let cache = CacheEngine::with_dtype(&loaded.config, BLOCK_SIZE, blocks * groups, kv)
+        .with_state_slots(&loaded.config, 1);
+    let state_slot = (cache.num_state_slots() > 0).then_some(0);
     let mut runner = ModelRunner::new(loaded.model, cache);
     let first = n_ctx / 2;
     let scored = n_ctx - 1 - first;
@@ -139,6 +142,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
             num_new: n_ctx,
             block_tables: &tables,
             prompt_logprobs_from: Some(first),
+            state_slot,
         };
         let mut rows = Vec::new();
         runner.prepare_input([seq], &mut rows);

@@ -6,11 +6,13 @@ use serde_json::Value;
 use crate::distributed::share;
 
 mod kv_cache_layout;
+mod linear_attention;
 mod moe;
 mod rope_scaling;
 mod speculative;
 
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
+pub use linear_attention::LinearAttentionConfig;
 pub use moe::{MoeConfig, RouterScoring, MAX_EXPERTS};
 use rope_scaling::parse_hf_rope_scaling;
 pub use rope_scaling::{yarn_mscale, RopeScaling};
@@ -68,6 +70,10 @@ pub enum ModelFamily {
     /// top router logits; biases on q, k, v and o; a learned attention sink per head;
     /// every other layer sliding (window 128); YaRN.
     GptOss,
+    /// Qwen3.5 (dense): three Gated DeltaNet linear-attention layers to one full-attention
+    /// layer, whose q projection also gives a sigmoid gate on its output; Qwen3's per-head
+    /// q/k norms; (1 + w) norm weights; RoPE over a quarter of each head.
+    Qwen35,
 }
 
 /// Where q and k are normalised before RoPE.
@@ -125,6 +131,7 @@ const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("mixtral", "MixtralForCausalLM", ModelFamily::Mixtral),
     ("olmoe", "OlmoeForCausalLM", ModelFamily::Olmoe),
     ("gpt-oss", "GptOssForCausalLM", ModelFamily::GptOss),
+    ("qwen35", "Qwen3_5ForCausalLM", ModelFamily::Qwen35),
 ];
 
 /// For error messages: every name [`ModelFamily::from_name`] takes, from the table.
@@ -146,6 +153,7 @@ impl ModelFamily {
             "qwen2_moe" => "qwen2moe",
             "qwen3_moe" => "qwen3moe",
             "gpt_oss" => "gpt-oss",
+            "qwen3_5_text" | "qwen3_5" => "qwen35",
             other => other,
         };
         ARCHITECTURES
@@ -185,7 +193,10 @@ impl ModelFamily {
     /// Where q and k go through an RMSNorm before RoPE.
     pub(crate) fn qk_norm(self) -> QkNorm {
         match self {
-            ModelFamily::Qwen3 | ModelFamily::Qwen3Moe | ModelFamily::Gemma3 => QkNorm::PerHead,
+            ModelFamily::Qwen3
+            | ModelFamily::Qwen3Moe
+            | ModelFamily::Gemma3
+            | ModelFamily::Qwen35 => QkNorm::PerHead,
             ModelFamily::Olmoe => QkNorm::Whole,
             _ => QkNorm::None,
         }
@@ -253,6 +264,12 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Routed experts in place of the MLP (`None`: a dense model).
     pub moe: Option<MoeConfig>,
+    /// Linear-attention layers among the layers (`None`: every layer attends).
+    pub linear_attention: Option<LinearAttentionConfig>,
+    /// The q projection gives each head a second `head_dim` of gate logits, and the
+    /// attention output is multiplied by their sigmoid before the output projection
+    /// (Qwen3.5's full-attention layers).
+    pub attn_output_gate: bool,
 }
 
 impl ModelConfig {
@@ -345,6 +362,9 @@ impl ModelConfig {
         }
         if let Some(moe) = &self.moe {
             moe.validate(self.num_hidden_layers)?;
+        }
+        if let Some(linear) = &self.linear_attention {
+            linear.validate(self.num_hidden_layers)?;
         }
         self.rope_scaling.validate(self.rotary_dim)?;
         if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
@@ -563,7 +583,12 @@ impl ModelConfig {
             hidden_act,
             // transformers computes √hidden in double precision and rounds it to the weights'.
             embedding_multiplier: gemma.then(|| (hidden_size as f64).sqrt() as f32),
-            norm_weight_offset: if gemma { 1.0 } else { 0.0 },
+            // Qwen3.5's norms are zero-centred too (`x·(1 + w)`).
+            norm_weight_offset: if gemma || family == ModelFamily::Qwen35 {
+                1.0
+            } else {
+                0.0
+            },
             query_pre_attn_scalar: if gemma {
                 Some(
                     json.get("query_pre_attn_scalar")
@@ -600,6 +625,11 @@ impl ModelConfig {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             moe,
+            linear_attention: (family == ModelFamily::Qwen35)
+                .then(|| LinearAttentionConfig::from_hf(json, num_hidden_layers))
+                .transpose()?,
+            attn_output_gate: family == ModelFamily::Qwen35
+                && json.get("attn_output_gate").and_then(Value::as_bool) != Some(false),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -640,7 +670,8 @@ fn sliding_layers_from_hf(
     layers: usize,
 ) -> Result<(Option<usize>, Vec<bool>), ConfigError> {
     let window = opt_usize(json, "sliding_window")?;
-    let Some(window) = window else {
+    // Qwen3.5's `layer_types` say which layers are linear attention; none slides.
+    let Some(window) = window.filter(|_| family != ModelFamily::Qwen35) else {
         return Ok((None, Vec::new()));
     };
     if let Some(types) = json.get("layer_types").and_then(Value::as_array) {
@@ -677,7 +708,9 @@ fn sliding_layers_from_hf(
             let from = opt_usize(json, "max_window_layers")?.unwrap_or(layers);
             (0..layers).map(|i| i >= from).collect()
         }
-        ModelFamily::Llama | ModelFamily::Olmoe => return Ok((None, Vec::new())),
+        ModelFamily::Llama | ModelFamily::Olmoe | ModelFamily::Qwen35 => {
+            return Ok((None, Vec::new()))
+        }
     };
     Ok(if sliding.iter().any(|&s| s) {
         (Some(window), sliding)

@@ -13,6 +13,9 @@
 //! Gemma 3 270M (3 full layers, 15 with a 512-token window) gets 6 groups of 3: one full,
 //! five sliding. A model whose layers are all of one kind has one group of all its layers,
 //! and its block ids name every layer, as before groups existed.
+//!
+//! Linear-attention layers (Qwen3.5's Gated DeltaNet) have no K/V: they are left out of the
+//! groups, and keep a fixed-size state per sequence instead (`worker/cache_engine.rs`).
 
 use super::ModelConfig;
 
@@ -27,8 +30,10 @@ pub struct LayerPlace {
 pub struct KvCacheLayout {
     /// Each group's sliding window, `None` for full attention.
     windows: Vec<Option<usize>>,
-    /// Each model layer's place.
+    /// Each attention layer's place.
     places: Vec<LayerPlace>,
+    /// Each model layer's index among the attention layers (`None`: a layer with no K/V).
+    model_layers: Vec<Option<usize>>,
     /// Layers' worth of K/V behind every block id.
     num_slots: usize,
 }
@@ -72,17 +77,25 @@ impl KvCacheLayout {
         };
         Self {
             windows,
+            model_layers: (0..places.len()).map(Some).collect(),
             places,
             num_slots,
         }
     }
 
-    /// The groups of `config`'s layers.
+    /// The groups of `config`'s attention layers.
     pub fn for_model(config: &ModelConfig) -> Self {
-        let windows: Vec<_> = (0..config.num_hidden_layers)
-            .map(|i| config.layer_window(i))
+        let linear = |i| (config.linear_attention.as_ref()).is_some_and(|l| l.is_linear(i));
+        let attention: Vec<usize> = (0..config.num_hidden_layers)
+            .filter(|&i| !linear(i))
             .collect();
-        Self::new(&windows)
+        let windows: Vec<_> = attention.iter().map(|&i| config.layer_window(i)).collect();
+        let mut layout = Self::new(&windows);
+        let mut next = 0..;
+        layout.model_layers = (0..config.num_hidden_layers)
+            .map(|i| (!linear(i)).then(|| next.next().expect("unbounded")))
+            .collect();
+        layout
     }
 
     /// One group of `num_layers` full-attention layers.
@@ -108,8 +121,9 @@ impl KvCacheLayout {
         self.places.len()
     }
 
-    pub(crate) fn place(&self, layer: usize) -> LayerPlace {
-        self.places[layer]
+    /// Where model layer `layer`'s K/V live; `None` for a layer that has none.
+    pub(crate) fn place(&self, layer: usize) -> Option<LayerPlace> {
+        self.model_layers[layer].map(|a| self.places[a])
     }
 
     /// Whether some group frees the blocks that leave its window.
@@ -131,7 +145,7 @@ mod tests {
 
     fn places(l: &KvCacheLayout) -> Vec<(usize, usize)> {
         (0..l.num_layers())
-            .map(|i| (l.place(i).group, l.place(i).slot))
+            .map(|i| (l.place(i).unwrap().group, l.place(i).unwrap().slot))
             .collect()
     }
 
@@ -171,7 +185,7 @@ mod tests {
         assert_eq!(l.windows()[0], None);
         assert!(l.windows()[1..].iter().all(|&w| w == Some(512)));
         assert_eq!(
-            [l.place(5), l.place(11), l.place(17)].map(|p| (p.group, p.slot)),
+            [l.place(5), l.place(11), l.place(17)].map(|p| (p.unwrap().group, p.unwrap().slot)),
             [(0, 0), (0, 1), (0, 2)]
         );
         assert_eq!(places(&l)[..5], [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]);
@@ -183,12 +197,33 @@ mod tests {
     }
 
     #[test]
+    fn linear_attention_layers_have_no_place() {
+        let config = crate::config::ModelConfig {
+            linear_attention: Some(crate::config::LinearAttentionConfig {
+                layers: vec![true, true, true, false, true, true, true, false],
+                num_key_heads: 1,
+                num_value_heads: 1,
+                key_head_dim: 4,
+                value_head_dim: 4,
+                conv_kernel_dim: 4,
+            }),
+            num_hidden_layers: 8,
+            ..crate::worker::cache_engine::tests::tiny_config()
+        };
+        let l = KvCacheLayout::for_model(&config);
+        assert_eq!((l.num_groups(), l.num_slots(), l.num_layers()), (1, 2, 2));
+        assert_eq!(l.place(0), None);
+        assert_eq!(l.place(3), Some(LayerPlace { group: 0, slot: 0 }));
+        assert_eq!(l.place(7), Some(LayerPlace { group: 0, slot: 1 }));
+    }
+
+    #[test]
     fn an_uneven_kind_pads_its_last_group() {
         // Gemma 3 1B: 26 layers, 4 global; 22 sliding in 6 groups of 4, the last of 2.
         let l = KvCacheLayout::new(&gemma3_windows(26));
         assert_eq!(l.num_slots(), 4);
         assert_eq!(l.num_groups(), 7);
-        assert_eq!(l.place(25), LayerPlace { group: 6, slot: 1 });
+        assert_eq!(l.place(25), Some(LayerPlace { group: 6, slot: 1 }));
         assert!(places(&l).iter().all(|&(_, s)| s < 4));
     }
 }

@@ -46,6 +46,9 @@ pub struct KvCacheManagerConfig {
     pub group_windows: Vec<Option<usize>>,
     /// Blocks of the CPU swap pool (`--swap-space`); 0 preempts by recompute only.
     pub num_cpu_blocks: usize,
+    /// Linear-attention state slots (0: the model has no such layers): a sequence holds
+    /// one from its admission until it finishes or is preempted.
+    pub num_state_slots: usize,
 }
 
 impl KvCacheManagerConfig {
@@ -58,6 +61,7 @@ impl KvCacheManagerConfig {
             watermark: 0.01,
             group_windows: vec![None],
             num_cpu_blocks: 0,
+            num_state_slots: 0,
         }
     }
 }
@@ -96,6 +100,8 @@ struct SeqBlocks {
     tables: Vec<Vec<BlockId>>,
     /// One per leading full block already hashed: cache_full_blocks resumes after them.
     hashed: Vec<HashedBlock>,
+    /// Its linear-attention state slot, where the model has such layers.
+    state_slot: Option<u32>,
 }
 
 impl SeqBlocks {
@@ -145,6 +151,9 @@ pub struct KvCacheManager {
     cpu_pool: BlockPool<CpuBlockId>,
     /// Each swapped-out sequence's CPU blocks, in block-table order.
     cpu_tables: HashMap<SeqId, Vec<CpuBlockId>>,
+    /// Free linear-attention state slots, and how many there are in all.
+    free_state_slots: Vec<u32>,
+    num_state_slots: usize,
 }
 
 impl KvCacheManager {
@@ -169,6 +178,9 @@ impl KvCacheManager {
             registered: Vec::new(),
             cpu_pool: BlockPool::new(cfg.num_cpu_blocks, 1),
             cpu_tables: HashMap::new(),
+            // Popped from the end: slot 0 goes first.
+            free_state_slots: (0..cfg.num_state_slots as u32).rev().collect(),
+            num_state_slots: cfg.num_state_slots,
         }
     }
 
@@ -184,7 +196,7 @@ impl KvCacheManager {
     /// Whether a sequence's blocks are all of one table with no block given back early, as
     /// swapping a sequence out and in again needs.
     pub(crate) fn can_swap(&self) -> bool {
-        self.group_windows == [None]
+        self.group_windows == [None] && self.num_state_slots == 0
     }
 
     /// The first block of a group with `window` that a query at position `pos` (or later)
@@ -312,6 +324,11 @@ impl KvCacheManager {
         if taken + self.watermark_blocks > self.pool.num_free() {
             return None;
         }
+        // A model with linear attention runs a sequence only with a state slot.
+        let state_slot = match self.num_state_slots {
+            0 => None,
+            _ => Some(self.free_state_slots.pop()?),
+        };
         // Revive the hits before allocating, or allocation could evict them.
         for &b in held() {
             self.pool.touch(b);
@@ -331,6 +348,7 @@ impl KvCacheManager {
         let state = self.seqs.entry(seq).or_default();
         state.tables = tables;
         state.hashed = hits.iter().map(|h| h.hashed).collect();
+        state.state_slot = state_slot;
         Some(())
     }
 
@@ -494,6 +512,7 @@ impl KvCacheManager {
             self.cpu_pool.free(cpu);
         }
         if let Some(state) = self.seqs.remove(&seq) {
+            self.free_state_slots.extend(state.state_slot);
             let blocks = (0..state.len())
                 .rev()
                 .flat_map(|i| state.tables.iter().map(move |t| t[i]));
@@ -581,6 +600,16 @@ impl KvCacheManager {
     }
 
     /// Blocks with no references, cached or not.
+    /// `seq`'s linear-attention state slot (`None` without such layers, or before it runs).
+    pub fn state_slot(&self, seq: SeqId) -> Option<u32> {
+        self.seqs.get(&seq).and_then(|s| s.state_slot)
+    }
+
+    /// Free linear-attention state slots.
+    pub fn num_free_state_slots(&self) -> usize {
+        self.free_state_slots.len()
+    }
+
     pub fn num_free_blocks(&self) -> usize {
         self.pool.num_free()
     }
@@ -625,5 +654,7 @@ impl KvCacheManager {
     }
 }
 
+#[cfg(test)]
+mod state_slots;
 #[cfg(test)]
 mod tests;

@@ -24,6 +24,8 @@ pub struct ScheduledSeq {
     /// Its block tables, one per KV cache group, one after another, in
     /// [`SchedulerOutput::block_ids`].
     pub block_ids: Range<usize>,
+    /// Its linear-attention state slot, for a model with such layers.
+    pub state_slot: Option<u32>,
     /// Draft tokens to verify (speculative decoding): fed after the sequence's last token
     /// and counted in `num_new_tokens`; the worker samples at each of their positions and
     /// keeps them while they match what it samples.

@@ -339,7 +339,8 @@ impl Scheduler {
         out
     }
 
-    /// Adds what the worker needs beyond the token counts: the block tables (final only
+    /// Adds what the worker needs beyond the token counts: the block tables and state slot
+    /// (the tables final only
     /// once the whole step is scheduled: a sliding window frees blocks as it allocates),
     /// and the prompt and settings of the sequences it has not seen.
     fn describe_for_worker(&mut self, out: &mut SchedulerOutput) {
@@ -348,6 +349,7 @@ impl Scheduler {
             let tables = self.kv_cache_manager.block_tables(s.id);
             out.block_ids.extend(tables.iter().flatten().map(|b| b.0));
             s.block_ids = start..out.block_ids.len();
+            s.state_slot = self.kv_cache_manager.state_slot(s.id);
             let seq = self.seqs.get_mut(&s.id).expect("scheduled seq exists");
             s.samples = seq.params.pooling.is_none()
                 && reaches_end(s.num_computed, s.num_new_tokens, seq.len());
@@ -444,6 +446,7 @@ impl Scheduler {
                         num_computed: computed,
                         num_new_tokens: num_new,
                         block_ids: 0..0,
+                        state_slot: None,
                         spec_token_ids,
                         num_lookahead,
                         samples: false,
@@ -497,6 +500,7 @@ impl Scheduler {
                     num_computed: computed,
                     num_new_tokens: num_new,
                     block_ids: 0..0,
+                    state_slot: None,
                     spec_token_ids: Vec::new(),
                     num_lookahead: 0,
                     samples: false,
@@ -575,6 +579,7 @@ impl Scheduler {
                 num_computed: cached,
                 num_new_tokens: num_new,
                 block_ids: 0..0,
+                state_slot: None,
                 spec_token_ids: Vec::new(),
                 num_lookahead: self.lookahead(id),
                 samples: false,

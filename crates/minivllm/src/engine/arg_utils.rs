@@ -128,6 +128,7 @@ impl EngineArgs {
                 kv_cache_memory: self.kv_cache_memory,
                 kv_cache_dtype: self.kv_cache_dtype,
                 swap_space: self.swap_space,
+                max_num_seqs: self.max_num_seqs,
             },
             threads: self.threads,
             tensor_parallel_size: self.tensor_parallel_size,
@@ -158,13 +159,30 @@ fn max_num_batched_tokens(args: &EngineArgs, max_model_len: usize) -> usize {
     args.max_num_batched_tokens.unwrap_or(default_tokens)
 }
 
+/// `state_slots`: the cache's linear-attention state slots (0: none), which cap the
+/// sequences running at once.
 pub(crate) fn scheduler_config(
     args: &EngineArgs,
     max_model_len: usize,
+    state_slots: usize,
 ) -> Result<SchedulerConfig, EngineError> {
     if args.max_num_seqs == 0 {
         return Err(EngineError::Config("max_num_seqs must be positive".into()));
     }
+    let max_num_seqs = match state_slots {
+        0 => args.max_num_seqs,
+        slots => {
+            if slots < args.max_num_seqs {
+                tracing::warn!(
+                    max_num_seqs = slots,
+                    asked = args.max_num_seqs,
+                    "the linear-attention state slots that --kv-cache-memory holds cap the \
+                     running sequences: raise it to run more at once"
+                );
+            }
+            slots.min(args.max_num_seqs)
+        }
+    };
     let max_num_batched_tokens = max_num_batched_tokens(args, max_model_len);
     if max_num_batched_tokens == 0 {
         return Err(EngineError::Config(
@@ -187,7 +205,7 @@ pub(crate) fn scheduler_config(
     }
     Ok(SchedulerConfig {
         max_num_batched_tokens,
-        max_num_seqs: args.max_num_seqs,
+        max_num_seqs,
         enable_chunked_prefill: args.enable_chunked_prefill,
         max_prefill_tokens,
         long_prefill_token_threshold: args
@@ -198,12 +216,13 @@ pub(crate) fn scheduler_config(
 }
 
 /// Refuses a KV cache (the executor's, as `args` sized it) that cannot hold one sequence of
-/// `max_model_len` tokens.
+/// `max_model_len` tokens, or that `args` cannot use (see [`check_state_support`]).
 pub(crate) fn check_kv_cache_fits(
     args: &EngineArgs,
     cache: &CacheEngine,
     max_model_len: usize,
 ) -> Result<(), EngineError> {
+    check_state_support(args.speculative_config.is_some(), cache)?;
     // A new sequence is admitted only while the watermark's blocks stay free, so a prompt
     // of max_model_len must fit in the rest or it could never start.
     let watermark_blocks = (cache.num_blocks() as f32 * WATERMARK).ceil() as usize;
@@ -238,15 +257,35 @@ pub(crate) fn check_kv_cache_fits(
     Ok(())
 }
 
-/// The KV cache manager over `cache`'s blocks and its swap pool.
+/// Refuses what a model with linear-attention layers cannot run: speculative decoding
+/// (`speculative`), whose rejected draft tokens cannot be taken back out of a state.
+fn check_state_support(speculative: bool, cache: &CacheEngine) -> Result<(), EngineError> {
+    if speculative && cache.num_state_slots() > 0 {
+        return Err(EngineError::Config(
+            "speculative decoding is not supported for models with linear-attention layers \
+             (Qwen3.5): their state cannot take rejected draft tokens back"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The KV cache manager over `cache`'s blocks, its swap pool and its state slots.
 pub(crate) fn kv_cache_manager(args: &EngineArgs, cache: &CacheEngine) -> KvCacheManager {
+    let states = cache.num_state_slots() > 0;
+    if states && args.enable_prefix_caching {
+        // A cached prefix's K/V would come without the linear-attention layers' state at
+        // its end (vLLM keeps states at block boundaries for that: not done yet).
+        tracing::info!("prefix caching is off: the model has linear-attention layers");
+    }
     KvCacheManager::new(KvCacheManagerConfig {
         num_blocks: cache.num_blocks(),
         block_size: args.block_size,
-        enable_prefix_caching: args.enable_prefix_caching,
+        enable_prefix_caching: args.enable_prefix_caching && !states,
         watermark: WATERMARK,
         group_windows: cache.layout().windows().to_vec(),
         num_cpu_blocks: cache.num_cpu_blocks(),
+        num_state_slots: cache.num_state_slots(),
     })
 }
 
@@ -280,7 +319,8 @@ mod tests {
             ..EngineArgs::default()
         };
         let cache = |blocks: u64| {
-            CacheEngine::with_budget(&config, 16, blocks * bytes, KvCacheDtype::Float16).unwrap()
+            CacheEngine::with_budget(&config, 16, blocks * bytes, KvCacheDtype::Float16, 256)
+                .unwrap()
         };
         // 8192 tokens: 512 blocks for the global group, and in each of the five sliding
         // groups the window and a step, (256 + 511) / 16 + 1 = 49: 757 blocks, 8 more for

@@ -84,7 +84,7 @@ impl LLMEngine {
             "KV cache reserved: its pages become resident as blocks are first written \
              (minivllm:kv_cache_touched_bytes in /metrics)"
         );
-        let sched_cfg = scheduler_config(args, max_model_len)?;
+        let sched_cfg = scheduler_config(args, max_model_len, cache.num_state_slots())?;
         let kv_cache_manager = kv_cache_manager(args, cache);
         let tokenizer = Arc::new(tokenizer);
         let structured = Arc::new(StructuredOutputManager::new(

@@ -40,6 +40,9 @@ pub struct InputMetadata {
     pub block_tables: Vec<u32>,
     /// Flat-batch indices of the tokens whose logits are wanted, in output order.
     pub logits_indices: Vec<usize>,
+    /// Each sequence's state slot, for a model with linear-attention layers (empty for
+    /// others): where its recurrent state lives in every such layer.
+    pub state_slots: Vec<u32>,
 }
 
 /// Why a batch description is unusable.
@@ -71,6 +74,7 @@ impl InputMetadata {
             seqs: Vec::new(),
             block_tables: Vec::new(),
             logits_indices: Vec::new(),
+            state_slots: Vec::new(),
         }
     }
 
@@ -85,6 +89,7 @@ impl InputMetadata {
         self.seqs.clear();
         self.block_tables.clear();
         self.logits_indices.clear();
+        self.state_slots.clear();
     }
 
     pub(crate) fn num_tokens(&self) -> usize {
@@ -222,6 +227,13 @@ impl InputMetadata {
         if next != n {
             return Err(InputError::BadBatch(format!(
                 "sequences cover {next} of {n} tokens"
+            )));
+        }
+        if !self.state_slots.is_empty() && self.state_slots.len() != self.seqs.len() {
+            return Err(InputError::BadBatch(format!(
+                "{} state slots for {} sequences",
+                self.state_slots.len(),
+                self.seqs.len()
             )));
         }
         if let Some(i) = self.logits_indices.iter().find(|&&i| i >= n) {

@@ -6,6 +6,7 @@ use minivllm_kernels::attention::{KvBuffer, KvCacheDtype};
 use crate::config::{KvCacheLayout, ModelConfig};
 use crate::ids::{BlockId, CpuBlockId};
 use crate::model_executor::layers::attention::LayerKvCache;
+use crate::model_executor::layers::gated_delta_net::LayerStateCache;
 use crate::model_executor::loader::weights::DType;
 
 /// vLLM's `--kv-cache-dtype`: what the KV cache stores.
@@ -64,6 +65,10 @@ pub struct CacheEngine {
     /// cache capacity, as in vLLM.
     cpu_layers: Vec<LayerKvCache>,
     num_cpu_blocks: usize,
+    /// The linear-attention layers' states, one store per such layer, each of
+    /// `num_state_slots` slots (none for a model without such layers).
+    states: Vec<LayerStateCache>,
+    num_state_slots: usize,
 }
 
 /// Why a KV cache of the asked size cannot be made.
@@ -81,6 +86,11 @@ pub enum CacheError {
         block_size: usize,
     },
     #[error(
+        "KV cache budget of {budget} bytes cannot hold one sequence's linear-attention state \
+         ({state_bytes} bytes) beside the attention layers' blocks; raise --kv-cache-memory"
+    )]
+    TooSmallForState { budget: u64, state_bytes: u64 },
+    #[error(
         "swap space of {swap_space} bytes holds no block of {block_bytes} bytes; raise \
          --swap-space or leave it at 0 to preempt by recompute"
     )]
@@ -94,18 +104,37 @@ impl CacheEngine {
         (2 * slots * block_size * config.kv_size() * dtype.size()) as u64
     }
 
-    /// As many blocks of `dtype` as fit in `budget_bytes`.
+    /// As many blocks of `dtype` as fit in `budget_bytes`. A model with linear-attention
+    /// layers first takes a state slot per sequence that may run at once, up to
+    /// `max_num_seqs` and half the budget (a running sequence holds one slot; fewer slots
+    /// cap the running sequences), and gives the rest to blocks.
     pub(crate) fn with_budget(
         config: &ModelConfig,
         block_size: usize,
         budget_bytes: u64,
         dtype: KvCacheDtype,
+        max_num_seqs: usize,
     ) -> Result<Self, CacheError> {
         if block_size == 0 {
             return Err(CacheError::ZeroBlockSize);
         }
         let block_bytes = Self::block_bytes(config, block_size, dtype);
-        let num_blocks = (budget_bytes / block_bytes) as usize;
+        let state_bytes = config
+            .linear_attention
+            .as_ref()
+            .map_or(0, |l| l.state_bytes_per_seq());
+        let num_state_slots = match state_bytes {
+            0 => 0,
+            s => ((budget_bytes / 2 / s) as usize).min(max_num_seqs),
+        };
+        if state_bytes > 0 && num_state_slots == 0 {
+            return Err(CacheError::TooSmallForState {
+                budget: budget_bytes,
+                state_bytes,
+            });
+        }
+        let kv_budget = budget_bytes - num_state_slots as u64 * state_bytes;
+        let num_blocks = (kv_budget / block_bytes) as usize;
         if num_blocks == 0 {
             return Err(CacheError::TooSmall {
                 budget: budget_bytes,
@@ -113,7 +142,27 @@ impl CacheEngine {
                 block_size,
             });
         }
-        Ok(Self::with_dtype(config, block_size, num_blocks, dtype))
+        Ok(Self::with_dtype(config, block_size, num_blocks, dtype)
+            .with_state_slots(config, num_state_slots))
+    }
+
+    /// Gives every linear-attention layer of `config` `num_slots` state slots.
+    pub fn with_state_slots(mut self, config: &ModelConfig, num_slots: usize) -> Self {
+        let Some(linear) = &config.linear_attention else {
+            return self;
+        };
+        let layers = linear.layers.iter().filter(|&&l| l).count();
+        self.states = (0..layers)
+            .map(|_| LayerStateCache::zeros(linear.state_lens(), num_slots))
+            .collect();
+        self.num_state_slots = num_slots;
+        tracing::info!(
+            slots = num_slots,
+            mib = (num_slots as u64 * linear.state_bytes_per_seq()) >> 20,
+            layers,
+            "linear-attention state allocated: one slot per running sequence"
+        );
+        self
     }
 
     /// An f32 cache of `num_blocks` blocks: the reference path's.
@@ -148,12 +197,18 @@ impl CacheEngine {
             layout,
             cpu_layers: Vec::new(),
             num_cpu_blocks: 0,
+            states: Vec::new(),
+            num_state_slots: 0,
         }
     }
 
     /// Adds a swap pool of as many blocks as fit in `swap_space` bytes (none for 0).
     pub(crate) fn with_swap_space(self, swap_space: u64) -> Result<Self, CacheError> {
         if swap_space == 0 {
+            return Ok(self);
+        }
+        if !self.states.is_empty() {
+            tracing::warn!("--swap-space is unused with linear-attention layers: preempted sequences are recomputed");
             return Ok(self);
         }
         if self.layout.has_sliding_window() {
@@ -239,6 +294,16 @@ impl CacheEngine {
     pub fn layers_mut(&mut self) -> &mut [LayerKvCache] {
         &mut self.layers
     }
+
+    /// The K/V stores of the layout's slots and the linear-attention layers' state stores.
+    pub fn caches_mut(&mut self) -> (&mut [LayerKvCache], &mut [LayerStateCache]) {
+        (&mut self.layers, &mut self.states)
+    }
+
+    /// State slots of the linear-attention layers (0 for a model without them).
+    pub fn num_state_slots(&self) -> usize {
+        self.num_state_slots
+    }
 }
 
 /// `num_layers` zeroed key and value caches of `len` values each. Zeroed vectors come from
@@ -270,11 +335,11 @@ fn copy_between(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::RopeScaling;
 
-    fn tiny_config() -> ModelConfig {
+    pub(crate) fn tiny_config() -> ModelConfig {
         ModelConfig {
             architecture: "llama".into(),
             family: crate::config::ModelFamily::Llama,
@@ -305,6 +370,8 @@ mod tests {
             rope_scaling: RopeScaling::None,
             tie_word_embeddings: true,
             moe: None,
+            linear_attention: None,
+            attn_output_gate: false,
         }
     }
 

@@ -33,6 +33,8 @@ pub struct SeqInput<'a> {
     pub block_tables: &'a [Vec<BlockId>],
     /// For prompt logprobs: the first prompt position whose successor is still to be scored.
     pub prompt_logprobs_from: Option<usize>,
+    /// Its linear-attention state slot (for a model with such layers; `None` for others).
+    pub state_slot: Option<u32>,
 }
 
 /// Where one sequence's rows sit in the step's logits.
@@ -147,6 +149,7 @@ impl ModelRunner {
                 num_new: s.num_new_tokens,
                 block_tables: &[],
                 prompt_logprobs_from: seq.prompt_logprobs_from,
+                state_slot: s.state_slot,
             };
             let (batch, samples) = (&mut self.input, &mut self.sample_rows);
             let num_drafts = s.spec_token_ids.len();
@@ -357,7 +360,8 @@ impl ModelRunner {
         let (model, cache, buffers) = (&self.model, &mut self.cache, &mut self.buffers);
         let input = &self.input;
         minivllm_kernels::threading::install(|| {
-            model.forward_hidden(input, cache.layers_mut(), block_size, buffers)
+            let (kv, states) = cache.caches_mut();
+            model.forward_hidden(input, kv, states, block_size, buffers)
         })
     }
 
@@ -383,7 +387,8 @@ impl ModelRunner {
         let (model, cache, buffers) = (&self.model, &mut self.cache, &mut self.buffers);
         let input = input.unwrap_or(&self.input);
         minivllm_kernels::threading::install(|| {
-            model.forward(input, cache.layers_mut(), block_size, buffers)
+            let (kv, states) = cache.caches_mut();
+            model.forward(input, kv, states, block_size, buffers)
         })
     }
 }
@@ -406,6 +411,7 @@ fn lay_out(
     let start_row = input.num_tokens();
     let new_tokens = &s.token_ids[s.num_computed..end];
     input.add_sequence(new_tokens, end, table, block_size, false);
+    input.state_slots.extend(s.state_slot);
     let mut r = LogitsRows {
         tokens: start_row..start_row + s.num_new,
         ..LogitsRows::default()

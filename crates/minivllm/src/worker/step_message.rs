@@ -163,6 +163,8 @@ pub(crate) fn encode_execute(
     held.keeps = keeps;
     put(buf, input.logits_indices.len());
     input.logits_indices.iter().for_each(|&i| put(buf, i));
+    put(buf, input.state_slots.len());
+    input.state_slots.iter().for_each(|&s| put_u32(buf, s));
 }
 
 pub(crate) fn encode_shutdown(buf: &mut Vec<u8>) {
@@ -288,6 +290,9 @@ fn decode_execute(
     held.end_batch();
     for _ in 0..r.len(4)? {
         input.logits_indices.push(r.u32()? as usize);
+    }
+    for _ in 0..r.len(4)? {
+        input.state_slots.push(r.u32()?);
     }
     Ok(())
 }

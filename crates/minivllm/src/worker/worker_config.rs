@@ -20,6 +20,9 @@ pub struct CacheConfig {
     pub kv_cache_dtype: CacheDtype,
     /// Bytes of CPU swap pool (`--swap-space`); 0 for none.
     pub swap_space: u64,
+    /// The most sequences running at once (`--max-num-seqs`): the most linear-attention
+    /// state slots worth allocating.
+    pub max_num_seqs: usize,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

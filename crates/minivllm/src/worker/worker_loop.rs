@@ -30,11 +30,18 @@ impl Worker {
         let c = &config.cache;
         let kv_dtype = c.kv_cache_dtype.resolve(config.load.dtype);
         let local = model.local_config();
-        let cache = CacheEngine::with_budget(local, c.block_size, c.kv_cache_memory, kv_dtype)?
-            .with_swap_space(c.swap_space)?;
+        let cache = CacheEngine::with_budget(
+            local,
+            c.block_size,
+            c.kv_cache_memory,
+            kv_dtype,
+            c.max_num_seqs,
+        )?
+        .with_swap_space(c.swap_space)?;
         model.set_max_model_len(max_model_len);
         let shape = [
             cache.num_blocks(),
+            cache.num_state_slots(),
             cache.num_cpu_blocks(),
             cache.block_size(),
             max_model_len,
@@ -91,7 +98,7 @@ impl Worker {
 
 /// Block ids name the same block on every rank only if every rank's cache has the same
 /// shape; ranks on different hosts with different files or memory could disagree.
-fn check_same_on_every_rank(comm: &dyn Communicator, shape: &[usize; 4]) -> Result<(), CommError> {
+fn check_same_on_every_rank(comm: &dyn Communicator, shape: &[usize; 5]) -> Result<(), CommError> {
     if comm.world_size() == 1 {
         return Ok(());
     }
@@ -102,7 +109,8 @@ fn check_same_on_every_rank(comm: &dyn Communicator, shape: &[usize; 4]) -> Resu
         Some(rank) => Err(CommError::Mismatch {
             rank: comm.rank(),
             what: format!(
-                "rank {rank}'s KV cache (blocks, CPU blocks, block size, max_model_len) {:?} \
+                "rank {rank}'s KV cache (blocks, state slots, CPU blocks, block size, \
+                 max_model_len) {:?} \
                  differs from this rank's {shape:?}",
                 all[rank]
             ),

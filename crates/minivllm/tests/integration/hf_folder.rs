@@ -79,6 +79,7 @@ fn logits_with(spec: &str, tokens: &[u32], opts: &LoadOptions) -> Vec<f32> {
         num_new: tokens.len(),
         block_tables: &[vec![BlockId(0), BlockId(1), BlockId(2)]],
         prompt_logprobs_from: Some(0),
+        state_slot: None,
     };
     runner.prepare_input([seq], &mut Vec::new());
     runner.execute_model().unwrap().to_vec()
@@ -165,34 +166,12 @@ fn float_weights_round_to_the_asked_half_precision() {
 #[test]
 fn moe_folders_give_transformers_logits() {
     use super::model_families::{assert_close, cases, step};
-    use super::tiny_models::{self, TinyWeights};
+    use super::tiny_models;
 
     minivllm::kernels::threading::init_threads(2);
     for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"] {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(
-            tiny_models::folder(family).join("config.json"),
-            dir.path().join("config.json"),
-        )
-        .unwrap();
-        let weights = TinyWeights::of(family);
-        let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = weights
-            .names()
-            .map(|name| {
-                let t = weights.load(name).unwrap();
-                let bytes = t.data.iter().flat_map(|f| f.to_le_bytes()).collect();
-                (name.to_string(), t.shape, bytes)
-            })
-            .collect();
-        let views: Vec<(String, TensorView<'_>)> = tensors
-            .iter()
-            .map(|(n, shape, bytes)| {
-                let view = TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes);
-                (n.clone(), view.unwrap())
-            })
-            .collect();
-        safetensors::tensor::serialize_to_file(views, None, &dir.path().join("model.safetensors"))
-            .unwrap();
+        tiny_models::write_hf_folder(family, dir.path());
         let m = load_model(dir.path().to_str().unwrap(), &LoadOptions::FLOAT32)
             .unwrap_or_else(|e| panic!("{family}: {e}"));
         let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 32));

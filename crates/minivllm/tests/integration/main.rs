@@ -15,6 +15,7 @@ mod gguf_dequant;
 mod gguf_model;
 mod hf_folder;
 mod layers;
+mod linear_attention;
 mod model_families;
 mod model_reference;
 mod moe_gguf;

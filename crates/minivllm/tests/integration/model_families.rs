@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 13] = [
+const FAMILIES: [&str; 14] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -33,6 +33,7 @@ const FAMILIES: [&str; 13] = [
     "mixtral",
     "olmoe",
     "gptoss",
+    "qwen35",
 ];
 const TOL: f32 = 1e-4;
 pub(crate) const BLOCK_SIZE: usize = 16;
@@ -85,12 +86,14 @@ fn runner_for(family: &str, max_model_len: Option<usize>) -> ModelRunner {
         model.set_max_model_len(len);
     }
     let groups = KvCacheLayout::for_model(&config).num_groups();
+    // A state slot per sequence slot, for the models with linear attention.
     let cache = CacheEngine::with_dtype(
         &config,
         BLOCK_SIZE,
         BLOCKS_PER_SEQ as usize * 4 * groups,
         KvCacheDtype::Float32,
-    );
+    )
+    .with_state_slots(&config, 4);
     ModelRunner::new(model, cache)
 }
 
@@ -116,6 +119,7 @@ fn step_all(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> (Vec<SeqRows>, Ve
         runner.cache().layout().num_groups(),
         runner.cache().num_blocks(),
     );
+    let states = runner.cache().num_state_slots() > 0;
     let tables: Vec<Vec<Vec<BlockId>>> = seqs
         .iter()
         .map(|s| group_tables(&blocks(s.3), groups, (num_blocks / groups) as u32))
@@ -124,13 +128,14 @@ fn step_all(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> (Vec<SeqRows>, Ve
         seqs.iter()
             .zip(&tables)
             .map(
-                |(&(tokens, computed, new, _, score_prompt), table)| SeqInput {
+                |(&(tokens, computed, new, slot, score_prompt), table)| SeqInput {
                     token_ids: tokens,
                     prompt_len: tokens.len(),
                     num_computed: computed,
                     num_new: new,
                     block_tables: table,
                     prompt_logprobs_from: score_prompt.then_some(0),
+                    state_slot: states.then_some(slot),
                 },
             );
     let mut rows = Vec::new();

@@ -30,6 +30,7 @@ fn with_config(num_blocks: usize, cfg: SchedulerConfig) -> Scheduler {
             watermark: 0.0,
             group_windows: vec![None],
             num_cpu_blocks: 0,
+            num_state_slots: 0,
         }),
     )
 }

@@ -32,7 +32,13 @@ fn logits(opts: &LoadOptions, comm: Arc<dyn Communicator>) -> Vec<f32> {
     let mut input = InputMetadata::default();
     input.add_sequence(&third[..20], 20, &[10, 11], BLOCK_SIZE, false);
     model
-        .forward(&input, cache.layers_mut(), BLOCK_SIZE, &mut buffers)
+        .forward(
+            &input,
+            cache.layers_mut(),
+            &mut [],
+            BLOCK_SIZE,
+            &mut buffers,
+        )
         .unwrap();
     input.clear();
     input.add_sequence(&tokens(30, 1), 30, &[0, 1], BLOCK_SIZE, false);
@@ -40,7 +46,13 @@ fn logits(opts: &LoadOptions, comm: Arc<dyn Communicator>) -> Vec<f32> {
     input.add_sequence(&third[20..], 21, &[10, 11], BLOCK_SIZE, true);
     input.logits_indices.extend(0..39);
     model
-        .forward(&input, cache.layers_mut(), BLOCK_SIZE, &mut buffers)
+        .forward(
+            &input,
+            cache.layers_mut(),
+            &mut [],
+            BLOCK_SIZE,
+            &mut buffers,
+        )
         .unwrap()
         .to_vec()
 }
@@ -251,7 +263,9 @@ fn greedy_on(
 ) -> (Vec<Vec<u32>>, Vec<f32>) {
     let model = LlamaForCausalLM::load_parallel(config, src, opts, comm).unwrap();
     let groups = KvCacheLayout::for_model(config).num_groups();
-    let mut cache = CacheEngine::new(model.local_config(), BLOCK_SIZE, 8 * groups);
+    // A state slot per sequence where the model has linear attention.
+    let mut cache = CacheEngine::new(model.local_config(), BLOCK_SIZE, 8 * groups)
+        .with_state_slots(model.local_config(), 3);
     let mut buffers = ForwardBuffers::default();
     let mut seqs: Vec<Vec<u32>> = vec![vec![1, 50, 7, 200, 33], vec![9; 17], vec![128, 3]];
     let mut all_logits = Vec::new();
@@ -269,9 +283,13 @@ fn greedy_on(
                 .flat_map(|g| [g * 8 + 2 * s as u32, g * 8 + 2 * s as u32 + 1])
                 .collect();
             input.add_sequence(new, ids.len(), &table, BLOCK_SIZE, true);
+            if cache.num_state_slots() > 0 {
+                input.state_slots.push(s as u32);
+            }
         }
+        let (kv, states) = cache.caches_mut();
         let logits = model
-            .forward(&input, cache.layers_mut(), BLOCK_SIZE, &mut buffers)
+            .forward(&input, kv, states, BLOCK_SIZE, &mut buffers)
             .unwrap();
         all_logits.extend_from_slice(logits);
         let mut picked: Vec<u8> = logits
@@ -379,11 +397,14 @@ fn decodes_alike_with(
 /// Qwen3's q/k norms and Gemma 3's norms, GeGLU, scaled embeddings and sliding windows
 /// (prompts of 17 tokens decoded 12 steps cross its window of 16) split across ranks as
 /// LLaMA's layers do: the tiny models of `model_families.rs`, whose 2 KV heads are
-/// replicated at 4 ranks and not split at 3.
+/// replicated at 4 ranks and not split at 3. Qwen3.5's DeltaNet layers run whole on every
+/// rank (their weights are not split), its gated q projection split with its heads.
 #[test]
 fn every_family_decodes_alike_on_one_to_four_ranks() {
     minivllm::kernels::threading::init_threads(2);
-    for family in ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"] {
+    for family in [
+        "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen35",
+    ] {
         let config = super::tiny_models::config(family);
         let weights = super::tiny_models::TinyWeights::of(family);
         decodes_alike_on_one_to_four_ranks(family, &config, &weights);

@@ -19,6 +19,30 @@ pub fn reference(family: &str) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// `family`'s model as a Hugging Face folder in `dir`: its `config.json` and a
+/// `model.safetensors` of its weights in f32, under the names transformers gives them.
+pub fn write_hf_folder(family: &str, dir: &std::path::Path) {
+    use safetensors::tensor::TensorView;
+    std::fs::copy(folder(family).join("config.json"), dir.join("config.json")).unwrap();
+    let weights = TinyWeights::of(family);
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = weights
+        .names()
+        .map(|name| {
+            let t = weights.load(name).unwrap();
+            let bytes = t.data.iter().flat_map(|f| f.to_le_bytes()).collect();
+            (name.to_string(), t.shape, bytes)
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, shape, bytes)| {
+            let view = TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes);
+            (n.clone(), view.unwrap())
+        })
+        .collect();
+    safetensors::tensor::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
 pub fn config(family: &str) -> ModelConfig {
     let text = std::fs::read_to_string(folder(family).join("config.json")).unwrap();
     ModelConfig::from_hf_json(&serde_json::from_str(&text).unwrap()).unwrap()

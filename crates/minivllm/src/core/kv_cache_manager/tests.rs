@@ -666,6 +666,7 @@ mod props {
                 watermark,
                 group_windows,
                 num_cpu_blocks: 0,
+                num_state_slots: 0,
             };
             let mut m = if weak {
                 KvCacheManager::with_hasher(cfg, weak_hash)

@@ -9,13 +9,7 @@
 //! turns q, k, v into each head's output, which an RMSNorm gated by `silu(z)` scales before
 //! the output projection (transformers' `Qwen3_5GatedDeltaNet`).
 
-#![cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the Qwen3.5 and Qwen3-Next families that run it come with the state cache (issue 44)"
-    )
-)]
+use std::ops::Range;
 
 use minivllm_kernels::activation::silu;
 use minivllm_kernels::conv1d::causal_conv1d_silu;
@@ -23,7 +17,7 @@ use minivllm_kernels::gated_delta::{
     gated_delta_rule_chunked, gated_delta_rule_recurrent, DeltaHeads, DeltaInputs,
 };
 
-use crate::model_executor::layers::linear::Linear;
+use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::parallel::sized;
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
@@ -79,10 +73,84 @@ pub(crate) struct DeltaState<'a> {
     pub recurrent: &'a mut [f32],
 }
 
+/// One linear-attention layer's state for every state slot of the cache (the KV cache
+/// manager gives each running sequence one): what the layer keeps instead of K/V.
+pub struct LayerStateCache {
+    /// `[num_slots, conv_len + rec_len]`.
+    data: Vec<f32>,
+    conv_len: usize,
+    rec_len: usize,
+}
+
+impl LayerStateCache {
+    /// `num_slots` zeroed states of `[conv_len, rec_len]` floats. Zeroed vectors come
+    /// from the allocator as zeroed pages, resident only once a slot is first used.
+    pub fn zeros([conv_len, rec_len]: [usize; 2], num_slots: usize) -> Self {
+        Self {
+            data: vec![0.0; num_slots * (conv_len + rec_len)],
+            conv_len,
+            rec_len,
+        }
+    }
+
+    /// Whether each slot holds a state of these lengths.
+    pub(crate) fn holds(&self, lens: [usize; 2]) -> bool {
+        [self.conv_len, self.rec_len] == lens
+    }
+
+    pub fn num_slots(&self) -> usize {
+        self.data.len() / (self.conv_len + self.rec_len).max(1)
+    }
+
+    fn slot(&mut self, slot: usize) -> DeltaState<'_> {
+        let per = self.conv_len + self.rec_len;
+        let (conv, recurrent) = self.data[slot * per..(slot + 1) * per].split_at_mut(self.conv_len);
+        DeltaState { conv, recurrent }
+    }
+}
+
+/// One sequence's rows of a batch and the state slot they carry on from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DeltaSeq {
+    pub rows: Range<usize>,
+    pub slot: usize,
+    /// The rows start the sequence: its state starts from zeros, whatever the slot held
+    /// (a finished or preempted sequence's).
+    pub fresh: bool,
+}
+
 /// A forward pass's intermediates, kept between calls.
 #[derive(Default)]
 pub(crate) struct DeltaBuffers {
     proj: Vec<f32>,
+    core: Vec<f32>,
+    seq: SeqBuffers,
+}
+
+impl DeltaBuffers {
+    /// Floats held.
+    pub fn capacity(&self) -> usize {
+        let s = &self.seq;
+        [
+            &self.proj,
+            &self.core,
+            &s.mixed,
+            &s.conv_out,
+            &s.q,
+            &s.k,
+            &s.v,
+            &s.g,
+            &s.beta,
+        ]
+        .iter()
+        .map(|v| v.capacity())
+        .sum()
+    }
+}
+
+/// One sequence's intermediates.
+#[derive(Default)]
+struct SeqBuffers {
     mixed: Vec<f32>,
     conv_out: Vec<f32>,
     q: Vec<f32>,
@@ -90,7 +158,6 @@ pub(crate) struct DeltaBuffers {
     v: Vec<f32>,
     g: Vec<f32>,
     beta: Vec<f32>,
-    core: Vec<f32>,
 }
 
 impl GatedDeltaNet {
@@ -133,29 +200,74 @@ impl GatedDeltaNet {
         })
     }
 
+    /// The projections' matrices.
+    pub fn matrices(&self) -> [&WeightMatrix; 2] {
+        [self.in_proj.weight(), self.out_proj.weight()]
+    }
+
     /// Floats of a sequence's convolution state and of its rule state in this layer.
     pub fn state_lens(&self) -> [usize; 2] {
         let conv = self.cfg.conv_dim() * (self.cfg.conv_width - 1);
         [conv, self.cfg.heads.state_len()]
     }
 
-    /// One sequence's `t` tokens: `x` `[t, hidden]` (normed) into `out` `[t, hidden]`,
-    /// `state` carried in and out.
+    /// A batch's rows `x` `[t, hidden]` (normed) into `out` `[t, hidden]`: the
+    /// projections over all rows at once, the convolution and the rule per sequence of
+    /// `seqs` (rows back to back), each carrying its slot's state in `states` on.
     pub fn forward(
         &self,
         x: &[f32],
-        t: usize,
-        state: DeltaState<'_>,
+        seqs: &[DeltaSeq],
+        states: &mut LayerStateCache,
         buf: &mut DeltaBuffers,
         out: &mut Vec<f32>,
     ) {
         let c = &self.cfg;
         let (nv, vd) = (c.heads.num_v_heads, c.heads.v_dim);
+        let (vdim, cdim) = (c.value_dim(), c.conv_dim());
+        let width = cdim + vdim + 2 * nv;
+        let t = seqs.last().map_or(0, |s| s.rows.end);
+        let proj = sized(&mut buf.proj, t * width);
+        self.in_proj.forward(&x[..t * c.hidden_size], proj, t);
+        let core = sized(&mut buf.core, t * vdim);
+        for seq in seqs {
+            let state = states.slot(seq.slot);
+            if seq.fresh {
+                state.conv.fill(0.0);
+                state.recurrent.fill(0.0);
+            }
+            let rows = seq.rows.clone();
+            self.mix(
+                &proj[rows.start * width..rows.end * width],
+                state,
+                &mut buf.seq,
+                &mut core[rows.start * vdim..rows.end * vdim],
+            );
+        }
+
+        // Each head's output normed, scaled, and gated by silu(z).
+        for (i, rows) in core.chunks_exact_mut(vdim).enumerate() {
+            let z = &proj[i * width + cdim..i * width + cdim + vdim];
+            for (o, z) in rows.chunks_exact_mut(vd).zip(z.chunks_exact(vd)) {
+                let ms = o.iter().map(|v| v * v).sum::<f32>() / vd as f32;
+                let inv = (ms + c.rms_norm_eps).sqrt().recip();
+                for ((o, &w), &z) in o.iter_mut().zip(&self.norm).zip(z) {
+                    *o = w * (*o * inv) * silu(z);
+                }
+            }
+        }
+        let out = sized(out, t * c.hidden_size);
+        self.out_proj.forward(core, out, t);
+    }
+
+    /// One sequence's projected rows `proj` through the convolution and the rule into
+    /// `core` `[rows, value_dim]`, its `state` carried on.
+    fn mix(&self, proj: &[f32], state: DeltaState<'_>, buf: &mut SeqBuffers, core: &mut [f32]) {
+        let c = &self.cfg;
+        let nv = c.heads.num_v_heads;
         let (kdim, vdim, cdim) = (c.key_dim(), c.value_dim(), c.conv_dim());
         let width = cdim + vdim + 2 * nv;
-        let proj = sized(&mut buf.proj, t * width);
-        self.in_proj.forward(x, proj, t);
-
+        let t = proj.len() / width;
         let mixed = sized(&mut buf.mixed, t * cdim);
         for (m, row) in mixed.chunks_exact_mut(cdim).zip(proj.chunks_exact(width)) {
             m.copy_from_slice(&row[..cdim]);
@@ -182,26 +294,11 @@ impl GatedDeltaNet {
             }
         }
         let io = DeltaInputs { q, k, v, g, beta };
-        let core = sized(&mut buf.core, t * vdim);
         if t <= RECURRENT_MAX_TOKENS {
             gated_delta_rule_recurrent(&c.heads, &io, state.recurrent, core);
         } else {
             gated_delta_rule_chunked(&c.heads, &io, state.recurrent, core);
         }
-
-        // Each head's output normed, scaled, and gated by silu(z).
-        for (i, rows) in core.chunks_exact_mut(vdim).enumerate() {
-            let z = &proj[i * width + cdim..i * width + cdim + vdim];
-            for (o, z) in rows.chunks_exact_mut(vd).zip(z.chunks_exact(vd)) {
-                let ms = o.iter().map(|v| v * v).sum::<f32>() / vd as f32;
-                let inv = (ms + c.rms_norm_eps).sqrt().recip();
-                for ((o, &w), &z) in o.iter_mut().zip(&self.norm).zip(z) {
-                    *o = w * (*o * inv) * silu(z);
-                }
-            }
-        }
-        let out = sized(out, t * c.hidden_size);
-        self.out_proj.forward(core, out, t);
     }
 }
 

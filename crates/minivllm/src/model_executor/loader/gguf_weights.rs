@@ -39,6 +39,14 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
             .map(|f| f as f32)
     };
 
+    // llama.cpp's `qwen35` names its DeltaNet tensors `ssm_*`: not mapped yet.
+    if family == ModelFamily::Qwen35 {
+        return Err(LoadError::Config(
+            "Qwen3.5 GGUF files are not supported yet: load the model's Hugging Face folder \
+             (config.json and safetensors) instead"
+                .into(),
+        ));
+    }
     // llama.cpp files Mixtral under `llama`, with experts.
     if family == ModelFamily::Llama && uint("expert_count")?.is_some_and(|n| n > 0) {
         family = ModelFamily::Mixtral;
@@ -185,6 +193,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         // GGUF files of tied models simply have no `output.weight`.
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         moe,
+        linear_attention: None,
+        attn_output_gate: false,
     };
     cfg.validate()?;
     check_layer_count(file, cfg.num_hidden_layers)?;

@@ -16,7 +16,11 @@
 //!   over the whole q and k projections;
 //! - gpt-oss: experts with biases and a clamped SwiGLU picked by the top router logits,
 //!   biases on q, k, v and o, a learned sink per head in each softmax, every other layer
-//!   sliding.
+//!   sliding;
+//! - Qwen3.5: three Gated DeltaNet linear-attention layers to one full-attention layer
+//!   (`layers/gated_delta_net.rs`: a recurrent state per sequence in place of K/V), and on
+//!   the full-attention layers a sigmoid gate from the q projection on each head's output;
+//!   (1 + w) norms; RoPE over a quarter of each head.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -30,36 +34,30 @@ use crate::distributed::{
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
 use crate::model_executor::layers::fused_moe::{FusedMoe, MoeBuffers};
+use crate::model_executor::layers::gated_delta_net::{
+    DeltaBuffers, DeltaSeq, GatedDeltaNet, LayerStateCache,
+};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
-use crate::model_executor::layers::mlp::{add_bias, GatedMlp, MlpBuffers};
+use crate::model_executor::layers::mlp::{GatedMlp, MlpBuffers};
 use crate::model_executor::layers::norm::RmsNorm;
-use crate::model_executor::layers::parallel::{project_whole, sized, whole_rows};
+use crate::model_executor::layers::parallel::sized;
 use crate::model_executor::layers::rotary::{RotaryEmbedding, StepRope};
 use crate::model_executor::loader::fused::UnfusedSource;
 use crate::model_executor::loader::sharded::{Rank, ShardedSource};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
+mod attention;
 mod load;
+
+use attention::SelfAttention;
 
 pub use load::check_config_against_weights;
 use load::{llama_split, load_layer, load_norm};
 
 struct DecoderLayer {
     input_layernorm: RmsNorm,
-    /// q, k and v projections stacked: `[(heads + 2 kv_heads) * head_dim, hidden]`.
-    qkv_proj: Linear,
-    /// Qwen2's q, k and v biases, stacked as the projections are (this rank's part).
-    qkv_bias: Option<Vec<f32>>,
-    /// Qwen3's and Gemma's norms over each head's q and k (`[head_dim]`), or OLMoE's over
-    /// the whole q and k (`[q_size]`, `[kv_size]`).
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    o_proj: Linear,
-    /// gpt-oss's output bias (whole: added once the ranks' columns are gathered) and its
-    /// sink logit per head (this rank's heads).
-    o_bias: Option<Vec<f32>>,
-    sinks: Option<Vec<f32>>,
+    mixer: Mixer,
     /// Gemma's norm of the attention output, before the residual add.
     post_attention_norm: Option<RmsNorm>,
     /// The MLP's input norm (LLaMA's `post_attention_layernorm`, Gemma's
@@ -68,9 +66,29 @@ struct DecoderLayer {
     mlp: Mlp,
     /// Gemma's norm of the MLP output, before the residual add.
     post_mlp_norm: Option<RmsNorm>,
-    /// A sliding-window layer's window (`None`: the whole context). Such layers use the
-    /// local RoPE table where the model has one (Gemma 3's own base).
-    window: Option<usize>,
+}
+
+/// What mixes a layer's tokens: attention over the KV cache, or linear attention over a
+/// state per sequence.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Mixer {
+    Attention(SelfAttention),
+    /// `state`: the layer's index among the linear-attention layers, which is its state
+    /// store's in the cache.
+    Linear {
+        net: GatedDeltaNet,
+        state: usize,
+    },
+}
+
+impl Mixer {
+    fn matrices(&self) -> Vec<&WeightMatrix> {
+        match self {
+            Mixer::Attention(a) => vec![a.qkv_proj.weight(), a.o_proj.weight()],
+            Mixer::Linear { net, .. } => net.matrices().to_vec(),
+        }
+    }
 }
 
 /// A layer's MLP: dense, or routed experts.
@@ -138,7 +156,13 @@ pub struct ForwardBuffers {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
+    /// Qwen3.5's attention output gates, `[t, q_size]`, and the q rows before their norm.
+    gate: Vec<f32>,
+    q_raw: Vec<f32>,
     attn_out: Vec<f32>,
+    /// The linear-attention layers' sequences of the step, and their intermediates.
+    delta_seqs: Vec<DeltaSeq>,
+    delta: DeltaBuffers,
     mlp: MlpBuffers,
     moe: MoeBuffers,
     mlp_out: Vec<f32>,
@@ -187,6 +211,8 @@ impl ForwardBuffers {
             &self.q,
             &self.k,
             &self.v,
+            &self.gate,
+            &self.q_raw,
             &self.attn_out,
             &self.mlp_out,
             &self.normed,
@@ -199,6 +225,7 @@ impl ForwardBuffers {
         .map(|v| v.capacity())
         .sum::<usize>()
             + self.mlp.capacity()
+            + self.delta.capacity()
             + self.moe.capacity()
             + self.gather.capacity()
             + self.rope.capacity()
@@ -335,19 +362,26 @@ impl LlamaForCausalLM {
     }
 
     fn layer_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
-        self.layers.iter().flat_map(|l| {
-            [&l.qkv_proj, &l.o_proj]
-                .map(Linear::weight)
-                .into_iter()
-                .chain(l.mlp.matrices())
-        })
-    }
-
-    /// The attention projections' matrices of every layer.
-    fn attention_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
         self.layers
             .iter()
-            .flat_map(|l| [&l.qkv_proj, &l.o_proj].map(Linear::weight))
+            .flat_map(|l| l.mixer.matrices().into_iter().chain(l.mlp.matrices()))
+    }
+
+    /// The attention (and linear attention) projections' matrices of every layer.
+    fn attention_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
+        self.layers.iter().flat_map(|l| l.mixer.matrices())
+    }
+
+    /// Floats of one sequence's state in each linear-attention layer (`[conv, recurrent]`),
+    /// one entry per such layer: what the cache holds per state slot.
+    pub fn state_lens(&self) -> Vec<[usize; 2]> {
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.mixer {
+                Mixer::Linear { net, .. } => Some(net.state_lens()),
+                Mixer::Attention(_) => None,
+            })
+            .collect()
     }
 
     /// Every weight matrix (the embeddings once, even when tied).
@@ -422,17 +456,20 @@ impl LlamaForCausalLM {
     }
 
     /// Runs the flat batch described by `input`, writing its K/V into `kv_caches` (one per
-    /// layer, blocks of `block_size` tokens), and returns the logits of the positions in
-    /// `input.logits_indices`: `[logits_indices.len(), vocab_size]`. In a tensor-parallel
-    /// group they are gathered on rank 0, which samples; the other ranks get none.
+    /// layout slot, blocks of `block_size` tokens) and carrying the linear-attention layers'
+    /// states in `states` (one per such layer) on, and returns the logits of the positions
+    /// in `input.logits_indices`: `[logits_indices.len(), vocab_size]`. In a
+    /// tensor-parallel group they are gathered on rank 0, which samples; the other ranks
+    /// get none.
     pub fn forward<'b>(
         &self,
         input: &InputMetadata,
         kv_caches: &mut [LayerKvCache],
+        states: &mut [LayerStateCache],
         block_size: usize,
         buf: &'b mut ForwardBuffers,
     ) -> Result<&'b [f32], InputError> {
-        self.forward_hidden(input, kv_caches, block_size, buf)?;
+        self.forward_hidden(input, kv_caches, states, block_size, buf)?;
         self.compute_logits(input.logits_indices.len(), buf)
     }
 
@@ -443,6 +480,7 @@ impl LlamaForCausalLM {
         &self,
         input: &InputMetadata,
         kv_caches: &mut [LayerKvCache],
+        states: &mut [LayerStateCache],
         block_size: usize,
         buf: &'b mut ForwardBuffers,
     ) -> Result<&'b [f32], InputError> {
@@ -464,6 +502,7 @@ impl LlamaForCausalLM {
                 layout.num_slots()
             )));
         }
+        self.check_states(input, states)?;
         if let Some(p) = input
             .positions
             .iter()
@@ -490,6 +529,7 @@ impl LlamaForCausalLM {
             local.prepare(&input.positions, &mut buf.rope_local);
         }
 
+        Self::lay_out_delta_seqs(input, &mut buf.delta_seqs);
         self.embed(&input.token_ids, buf)?;
         sized(&mut buf.residual, t * h);
         if c.sandwich_norms {
@@ -506,12 +546,26 @@ impl LlamaForCausalLM {
                     .input_layernorm
                     .forward_fused_add(&mut buf.hidden, &mut buf.residual);
             }
-            let attn = attn
-                .with_sliding_window(layer.window)
-                .with_sinks(layer.sinks.as_deref());
-            let at = layout.place(i);
-            let kv = &mut kv_caches[at.slot];
-            self.attention_block(layer, input, &meta[at.group], &attn, kv, buf)?;
+            match &layer.mixer {
+                Mixer::Attention(a) => {
+                    let attn = attn
+                        .with_sliding_window(a.window)
+                        .with_sinks(a.sinks.as_deref());
+                    let at = layout.place(i).expect("an attention layer has K/V");
+                    let kv = &mut kv_caches[at.slot];
+                    self.attention_block(a, input, &meta[at.group], &attn, kv, buf)?;
+                }
+                Mixer::Linear { net, state } => {
+                    net.forward(
+                        &buf.hidden,
+                        &buf.delta_seqs,
+                        &mut states[*state],
+                        &mut buf.delta,
+                        &mut buf.mlp_out,
+                    );
+                    std::mem::swap(&mut buf.hidden, &mut buf.mlp_out);
+                }
+            }
             if let Some(norm) = &layer.post_attention_norm {
                 norm_in_place(norm, buf);
             }
@@ -559,69 +613,56 @@ impl LlamaForCausalLM {
         Ok(())
     }
 
-    /// `hidden = o_proj(attention(rope(q), rope(k), v))`, from the normed `hidden`.
-    fn attention_block(
+    /// Checks the state stores and slots against the linear-attention layers, and lays
+    /// the step's sequences out for them in `buf.delta_seqs`.
+    fn check_states(
         &self,
-        layer: &DecoderLayer,
         input: &InputMetadata,
-        meta: &AttentionMetadata<'_>,
-        attn: &PagedAttention,
-        kv: &mut LayerKvCache,
-        buf: &mut ForwardBuffers,
-    ) -> Result<(), CommError> {
-        let c = &self.local;
-        let t = input.num_tokens();
-        let (qs, kvs) = (c.q_size(), c.kv_size());
-        let qkv = sized(&mut buf.qkv, t * (qs + 2 * kvs));
-        layer.qkv_proj.forward(&buf.hidden, qkv, t);
-        add_bias(qkv, layer.qkv_bias.as_deref());
-        let q = sized(&mut buf.q, t * qs);
-        let k = sized(&mut buf.k, t * kvs);
-        let v = sized(&mut buf.v, t * kvs);
-        for (i, row) in qkv.chunks_exact(qs + 2 * kvs).enumerate() {
-            let (q, k) = (&mut q[i * qs..(i + 1) * qs], &mut k[i * kvs..(i + 1) * kvs]);
-            // The q/k norms go head by head (rows of head_dim) as the rows are split out.
-            match &layer.q_norm {
-                Some(norm) => norm.forward(&row[..qs], q),
-                None => q.copy_from_slice(&row[..qs]),
-            }
-            match &layer.k_norm {
-                Some(norm) => norm.forward(&row[qs..qs + kvs], k),
-                None => k.copy_from_slice(&row[qs..qs + kvs]),
-            }
-            v[i * kvs..(i + 1) * kvs].copy_from_slice(&row[qs + kvs..]);
+        states: &[LayerStateCache],
+    ) -> Result<(), InputError> {
+        let lens = self.state_lens();
+        if lens.is_empty() {
+            return Ok(());
         }
-        let (rotary, step) = match &self.local_rotary {
-            Some(local) if layer.window.is_some() => (local, &buf.rope_local),
-            _ => (&self.rotary, &buf.rope),
-        };
-        rotary.forward(step, q, c.num_attention_heads);
-        rotary.forward(step, k, c.num_key_value_heads);
-        let out = sized(&mut buf.attn_out, t * qs);
-        attn.forward(q, k, v, kv, meta, out);
-        let comm = &*self.comm;
-        let (q_size, h) = (self.config.q_size(), self.config.hidden_size);
-        let heads = whole_rows(
-            comm,
-            self.heads_split,
-            out,
-            t,
-            q_size,
-            &mut buf.gather,
-            &mut buf.whole,
-        )?;
-        project_whole(
-            comm,
-            &layer.o_proj,
-            heads,
-            t,
-            h,
-            &mut buf.local_out,
-            &mut buf.gather,
-            &mut buf.hidden,
-        )?;
-        add_bias(&mut buf.hidden[..t * h], layer.o_bias.as_deref());
+        let bad = |m: String| Err(InputError::BadBatch(m));
+        if states.len() != lens.len() || (states.iter().zip(&lens)).any(|(s, l)| !s.holds(*l)) {
+            return bad(format!(
+                "{} state stores for {} linear-attention layers, or of other sizes",
+                states.len(),
+                lens.len()
+            ));
+        }
+        if input.state_slots.len() != input.seqs.len() {
+            return bad(format!(
+                "{} state slots for {} sequences",
+                input.state_slots.len(),
+                input.seqs.len()
+            ));
+        }
+        let num_slots = states[0].num_slots();
+        if let Some(s) = input.state_slots.iter().find(|&&s| s as usize >= num_slots) {
+            return bad(format!(
+                "state slot {s} outside the cache ({num_slots} slots)"
+            ));
+        }
         Ok(())
+    }
+
+    /// The step's sequences as the linear-attention layers see them (`check_states`
+    /// passed): rows, state slot, and whether they start at position 0.
+    fn lay_out_delta_seqs(input: &InputMetadata, seqs: &mut Vec<DeltaSeq>) {
+        seqs.clear();
+        seqs.extend(
+            input
+                .seqs
+                .iter()
+                .zip(&input.state_slots)
+                .map(|(s, &slot)| DeltaSeq {
+                    rows: s.query_start..s.query_start + s.query_len,
+                    slot: slot as usize,
+                    fresh: s.context_len == s.query_len,
+                }),
+        );
     }
 
     /// `mlp_out = mlp(hidden)`: the dense MLP or the routed experts.

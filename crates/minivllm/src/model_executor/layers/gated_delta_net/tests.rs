@@ -54,11 +54,8 @@ const CONFIG: GatedDeltaNetConfig = GatedDeltaNetConfig {
     rms_norm_eps: 1e-6,
 };
 
-/// The layer's output equals transformers' for a whole prompt at once, and for the same
-/// tokens as a prefill of 9 (the chunked rule) then 4 decode steps (the recurrence),
-/// the state carried between calls.
-#[test]
-fn matches_transformers_whole_and_split() {
+/// The fixture, and its layer loaded in f32.
+fn fixture_layer() -> (Fixture, GatedDeltaNet) {
     let src = Fixture::read();
     let layer = GatedDeltaNet::load(
         &src,
@@ -67,29 +64,34 @@ fn matches_transformers_whole_and_split() {
         &LoadOptions::FLOAT32,
     )
     .unwrap();
+    (src, layer)
+}
+
+/// The layer's output equals transformers' for a whole prompt at once, and for the same
+/// tokens as a prefill of 9 (the chunked rule) then 4 decode steps (the recurrence),
+/// the state carried between calls.
+#[test]
+fn matches_transformers_whole_and_split() {
+    let (src, layer) = fixture_layer();
     let (x, want) = (&src.0["x"].data, &src.0["y"].data);
     let hidden = CONFIG.hidden_size;
     let t = x.len() / hidden;
-    let [conv_len, rec_len] = layer.state_lens();
     let mut buf = DeltaBuffers::default();
     let mut out = Vec::new();
     let splits: [&[usize]; 2] = [&[9, 1, 1, 1, 1], &[t]];
     for split in splits {
-        let (mut conv, mut rec) = (vec![0.0; conv_len], vec![0.0; rec_len]);
+        // Slot 1 of two, the other left as it is: a slot's state is its own.
+        let mut states = LayerStateCache::zeros(layer.state_lens(), 2);
         let mut got = Vec::new();
         let mut at = 0;
         for &n in split {
-            let state = DeltaState {
-                conv: &mut conv,
-                recurrent: &mut rec,
-            };
-            layer.forward(
-                &x[at * hidden..(at + n) * hidden],
-                n,
-                state,
-                &mut buf,
-                &mut out,
-            );
+            let seqs = [DeltaSeq {
+                rows: 0..n,
+                slot: 1,
+                fresh: at == 0,
+            }];
+            let x = &x[at * hidden..(at + n) * hidden];
+            layer.forward(x, &seqs, &mut states, &mut buf, &mut out);
             got.extend_from_slice(&out);
             at += n;
         }
@@ -105,6 +107,52 @@ fn matches_transformers_whole_and_split() {
             worst < 1e-4,
             "split {split:?}: worst relative difference {worst}"
         );
+    }
+}
+
+/// Two sequences in one batch get what each gets alone: the prompt's first 9 tokens
+/// (prefill, chunked) beside its 10th token as another sequence's decode step, then the
+/// same with the slots' earlier contents stale (`fresh` must clear them).
+#[test]
+fn a_batch_of_sequences_equals_each_alone() {
+    let (src, layer) = fixture_layer();
+    let x = &src.0["x"].data;
+    let h = CONFIG.hidden_size;
+    let (mut buf, mut out) = (DeltaBuffers::default(), Vec::new());
+    let mut alone = |rows: Range<usize>| {
+        let mut states = LayerStateCache::zeros(layer.state_lens(), 1);
+        let seqs = [DeltaSeq {
+            rows: 0..rows.len(),
+            slot: 0,
+            fresh: true,
+        }];
+        layer.forward(
+            &x[rows.start * h..rows.end * h],
+            &seqs,
+            &mut states,
+            &mut buf,
+            &mut out,
+        );
+        out.clone()
+    };
+    let want: Vec<f32> = [alone(0..9), alone(9..10)].concat();
+    let mut states = LayerStateCache::zeros(layer.state_lens(), 3);
+    for _ in 0..2 {
+        let seqs = [
+            DeltaSeq {
+                rows: 0..9,
+                slot: 2,
+                fresh: true,
+            },
+            DeltaSeq {
+                rows: 9..10,
+                slot: 0,
+                fresh: true,
+            },
+        ];
+        let (mut buf, mut out) = (DeltaBuffers::default(), Vec::new());
+        layer.forward(&x[..10 * h], &seqs, &mut states, &mut buf, &mut out);
+        assert_eq!(out, want);
     }
 }
 

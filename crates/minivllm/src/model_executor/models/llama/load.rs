@@ -1,9 +1,12 @@
 //! Reading a LLaMA-family model's weights into its layers: the config checked against the
 //! weights' shapes, each tensor's tensor-parallel split, and one decoder layer's weights.
 
-use crate::config::{ModelConfig, QkNorm};
+use minivllm_kernels::gated_delta::DeltaHeads;
+
+use crate::config::{LinearAttentionConfig, ModelConfig, QkNorm};
 use crate::distributed::share;
 use crate::model_executor::layers::fused_moe::{ExpertNames, FusedMoe};
+use crate::model_executor::layers::gated_delta_net::{GatedDeltaNet, GatedDeltaNetConfig};
 use crate::model_executor::layers::linear::Linear;
 use crate::model_executor::layers::mlp::GatedMlp;
 use crate::model_executor::layers::norm::RmsNorm;
@@ -12,7 +15,7 @@ use crate::model_executor::loader::sharded::{Rank, SplitDim};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
-use super::{DecoderLayer, Mlp};
+use super::{DecoderLayer, Mixer, Mlp, SelfAttention};
 
 /// Checks the sizes `config` gives against the shapes of the weights `src` holds (the whole
 /// model's, before any split), naming the field that disagrees. A configuration is text that
@@ -28,20 +31,41 @@ pub fn check_config_against_weights(
     let src = &UnfusedSource::new(src, config);
     let h = ("hidden_size", c.hidden_size);
     let layer = |i: usize, s: &str| format!("model.layers.{i}.{s}");
+    let is_linear = |i| c.linear_attention.as_ref().is_some_and(|l| l.is_linear(i));
+    // The first layer with attention (Qwen3.5's first three are linear attention).
+    let first = (0..c.num_hidden_layers)
+        .find(|&i| !is_linear(i))
+        .unwrap_or(0);
+    let q_rows = if c.attn_output_gate {
+        (
+            "2 × num_attention_heads × head_dim (q and its output gate)",
+            2 * c.q_size(),
+        )
+    } else {
+        ("num_attention_heads × head_dim", c.q_size())
+    };
     let mut expected = vec![
         (
             "model.embed_tokens.weight".to_string(),
             [("vocab_size", c.vocab_size), h],
         ),
+        (layer(first, "self_attn.q_proj.weight"), [q_rows, h]),
         (
-            layer(0, "self_attn.q_proj.weight"),
-            [("num_attention_heads × head_dim", c.q_size()), h],
-        ),
-        (
-            layer(0, "self_attn.k_proj.weight"),
+            layer(first, "self_attn.k_proj.weight"),
             [("num_key_value_heads × head_dim", c.kv_size()), h],
         ),
     ];
+    if let Some(linear) = &c.linear_attention {
+        if let Some(i) = (0..c.num_hidden_layers).find(|&i| is_linear(i)) {
+            expected.push((
+                layer(i, "linear_attn.in_proj_qkv.weight"),
+                [
+                    ("the linear-attention q, k and v widths", linear.conv_dim()),
+                    h,
+                ],
+            ));
+        }
+    }
     match &c.moe {
         Some(moe) if moe.is_moe_layer(0) => {
             let names = ExpertNames::find(src, 0);
@@ -80,7 +104,15 @@ pub fn check_config_against_weights(
             });
         }
     }
-    let last = layer(c.num_hidden_layers - 1, "self_attn.q_proj.weight");
+    let last = c.num_hidden_layers - 1;
+    let last = layer(
+        last,
+        if is_linear(last) {
+            "linear_attn.in_proj_qkv.weight"
+        } else {
+            "self_attn.q_proj.weight"
+        },
+    );
     if !src.contains(&last) {
         return Err(LoadError::Config(format!(
             "{origin}: num_hidden_layers {} but the weights hold no {last}",
@@ -143,11 +175,6 @@ pub(super) fn load_layer(
     let p = format!("model.layers.{i}");
     let h = c.hidden_size;
     let name = |s: &str| format!("{p}.{s}");
-    let (q, k, v) = (
-        name("self_attn.q_proj.weight"),
-        name("self_attn.k_proj.weight"),
-        name("self_attn.v_proj.weight"),
-    );
     let (gate, up, down) = (
         name("mlp.gate_proj.weight"),
         name("mlp.up_proj.weight"),
@@ -161,32 +188,12 @@ pub(super) fn load_layer(
     } else {
         "post_attention_layernorm.weight"
     };
-    let qkv_bias = if c.qkv_bias {
-        let mut stacked = Vec::with_capacity(c.q_size() + 2 * c.kv_size());
-        for (bias, len) in [("q", c.q_size()), ("k", c.kv_size()), ("v", c.kv_size())] {
-            let bias = name(&format!("self_attn.{bias}_proj.bias"));
-            stacked.extend(src.load(&bias)?.expect_shape(&bias, &[len])?);
-        }
-        Some(stacked)
-    } else {
-        None
-    };
-    let (q_norm_dim, k_norm_dim) = match c.qk_norm {
-        QkNorm::Whole => (c.q_size(), c.kv_size()),
-        _ => (c.head_dim, c.head_dim),
-    };
-    let qk_norm = c.qk_norm != QkNorm::None;
-    let (o_bias, sinks) = if c.o_bias_and_sinks {
-        let (o, sinks) = (name("self_attn.o_proj.bias"), name("self_attn.sinks"));
-        (
-            Some(src.load(&o)?.expect_shape(&o, &[whole.hidden_size])?),
-            Some(
-                src.load(&sinks)?
-                    .expect_shape(&sinks, &[c.num_attention_heads])?,
-            ),
-        )
-    } else {
-        (None, None)
+    let mixer = match &c.linear_attention {
+        Some(linear) if linear.is_linear(i) => Mixer::Linear {
+            net: GatedDeltaNet::load(src, &name("linear_attn"), &delta_config(c, linear), opts)?,
+            state: (0..i).filter(|&j| linear.is_linear(j)).count(),
+        },
+        _ => Mixer::Attention(load_attention(whole, c, src, i, own_hidden, opts)?),
     };
     let mlp = match (&c.moe, &whole.moe) {
         (Some(moe), Some(whole_moe)) if moe.is_moe_layer(i) => {
@@ -204,29 +211,98 @@ pub(super) fn load_layer(
     };
     Ok(DecoderLayer {
         input_layernorm: load_norm(c, src, &name("input_layernorm.weight"), h)?,
+        mixer,
+        post_attention_norm: optional_norm(c.sandwich_norms, "post_attention_layernorm.weight", h)?,
+        pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
+        post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
+        mlp,
+    })
+}
+
+/// The shape of a Gated DeltaNet layer of `c`.
+fn delta_config(c: &ModelConfig, linear: &LinearAttentionConfig) -> GatedDeltaNetConfig {
+    GatedDeltaNetConfig {
+        hidden_size: c.hidden_size,
+        heads: DeltaHeads {
+            num_k_heads: linear.num_key_heads,
+            num_v_heads: linear.num_value_heads,
+            k_dim: linear.key_head_dim,
+            v_dim: linear.value_head_dim,
+        },
+        conv_width: linear.conv_kernel_dim,
+        rms_norm_eps: c.rms_norm_eps,
+    }
+}
+
+/// Layer `i`'s attention (`whole` the model's configuration, `c` the rank's part).
+fn load_attention(
+    whole: &ModelConfig,
+    c: &ModelConfig,
+    src: &dyn WeightSource,
+    i: usize,
+    own_hidden: usize,
+    opts: &LoadOptions,
+) -> Result<SelfAttention, LoadError> {
+    let p = format!("model.layers.{i}.self_attn");
+    let h = c.hidden_size;
+    let name = |s: &str| format!("{p}.{s}");
+    let (q, k, v) = (
+        name("q_proj.weight"),
+        name("k_proj.weight"),
+        name("v_proj.weight"),
+    );
+    let optional_norm = |on: bool, s: &str, dim: usize| -> Result<Option<RmsNorm>, LoadError> {
+        on.then(|| load_norm(c, src, &name(s), dim)).transpose()
+    };
+    let qkv_bias = if c.qkv_bias {
+        let mut stacked = Vec::with_capacity(c.q_size() + 2 * c.kv_size());
+        for (bias, len) in [("q", c.q_size()), ("k", c.kv_size()), ("v", c.kv_size())] {
+            let bias = name(&format!("{bias}_proj.bias"));
+            stacked.extend(src.load(&bias)?.expect_shape(&bias, &[len])?);
+        }
+        Some(stacked)
+    } else {
+        None
+    };
+    let (q_norm_dim, k_norm_dim) = match c.qk_norm {
+        QkNorm::Whole => (c.q_size(), c.kv_size()),
+        _ => (c.head_dim, c.head_dim),
+    };
+    let qk_norm = c.qk_norm != QkNorm::None;
+    let (o_bias, sinks) = if c.o_bias_and_sinks {
+        let (o, sinks) = (name("o_proj.bias"), name("sinks"));
+        (
+            Some(src.load(&o)?.expect_shape(&o, &[whole.hidden_size])?),
+            Some(
+                src.load(&sinks)?
+                    .expect_shape(&sinks, &[c.num_attention_heads])?,
+            ),
+        )
+    } else {
+        (None, None)
+    };
+    let q_rows = c.q_size() * if c.attn_output_gate { 2 } else { 1 };
+    Ok(SelfAttention {
         qkv_proj: Linear::load_merged(
             src,
-            &[(&q, c.q_size()), (&k, c.kv_size()), (&v, c.kv_size())],
+            &[(&q, q_rows), (&k, c.kv_size()), (&v, c.kv_size())],
             h,
             opts,
         )?,
         qkv_bias,
-        q_norm: optional_norm(qk_norm, "self_attn.q_norm.weight", q_norm_dim)?,
-        k_norm: optional_norm(qk_norm, "self_attn.k_norm.weight", k_norm_dim)?,
+        q_norm: optional_norm(qk_norm, "q_norm.weight", q_norm_dim)?,
+        k_norm: optional_norm(qk_norm, "k_norm.weight", k_norm_dim)?,
         o_proj: Linear::load(
             src,
-            &name("self_attn.o_proj.weight"),
+            &name("o_proj.weight"),
             whole.q_size(),
             own_hidden,
             opts,
         )?,
         o_bias,
         sinks,
-        post_attention_norm: optional_norm(c.sandwich_norms, "post_attention_layernorm.weight", h)?,
-        pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
-        post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
+        output_gate: c.attn_output_gate,
         window: c.layer_window(i),
-        mlp,
     })
 }
 

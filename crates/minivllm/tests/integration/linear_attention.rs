@@ -1,0 +1,157 @@
+//! Qwen3.5's hybrid model (Gated DeltaNet layers with a recurrent state per sequence, beside
+//! full-attention layers with a paged KV cache) through the whole engine: the tiny model of
+//! `model_families.rs` as a Hugging Face folder gives transformers' greedy tokens however
+//! the scheduler runs it — batched, in prefill chunks that carry the state, with fewer
+//! state slots than requests (they wait for one), and preempted and recomputed (the slot
+//! given back and its state rebuilt from zeros).
+
+use minivllm::engine::llm_engine::{EngineArgs, PromptInput};
+use minivllm::entrypoints::llm::LLM;
+use minivllm::model_executor::loader::weights::LoadOptions;
+
+use super::model_families::cases;
+use super::tiny_models;
+use crate::common;
+
+/// The tiny Qwen3.5 as a folder, with SmolLM2's tokenizer beside it (its prompts are token
+/// ids, all below the tiny vocabulary's 256).
+fn qwen35_folder() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_models::write_hf_folder("qwen35", dir.path());
+    let src = common::reference_dir().join("smollm2-hf");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+/// The tiny model in f32, in a context of 64 and a cache of 16 MiB.
+fn engine_args(dir: &tempfile::TempDir) -> EngineArgs {
+    EngineArgs {
+        model: dir.path().to_str().unwrap().to_string(),
+        load: LoadOptions::FLOAT32,
+        max_model_len: Some(64),
+        kv_cache_memory: 16 << 20,
+        threads: Some(2),
+        ..EngineArgs::default()
+    }
+}
+
+/// Bytes of one sequence's state in the tiny model: three DeltaNet layers, each a
+/// convolution window of 3 over 128 channels and 4 value heads of 16 × 16.
+const STATE_BYTES: u64 = 3 * (3 * 128 + 4 * 16 * 16) * 4;
+/// Bytes of one f32 block of 16 tokens: one attention layer, K and V, 2 KV heads of 32.
+const BLOCK_BYTES: u64 = 2 * 16 * 2 * 32 * 4;
+
+#[test]
+fn qwen35_gives_transformers_greedy_tokens_however_it_is_scheduled() {
+    let dir = qwen35_folder();
+    let args = engine_args(&dir);
+    let cases = cases("qwen35");
+    let prompts: Vec<PromptInput> = cases
+        .iter()
+        .map(|c| PromptInput::TokenIds(c.prompt.clone()))
+        .collect();
+    let params = common::greedy(12);
+    // (name, args, preemptions expected)
+    let variants = [
+        ("batched", args.clone(), false),
+        (
+            "chunked prefill, 8-token steps",
+            EngineArgs {
+                max_num_batched_tokens: Some(8),
+                ..args.clone()
+            },
+            false,
+        ),
+        (
+            // Half the budget buys one slot: the requests run one after another.
+            "one state slot",
+            EngineArgs {
+                kv_cache_memory: 4 * STATE_BYTES - 1,
+                ..args.clone()
+            },
+            false,
+        ),
+        (
+            // Three slots, and 7 blocks where the three sequences end up needing 8.
+            "preempted",
+            EngineArgs {
+                kv_cache_memory: 6 * STATE_BYTES + BLOCK_BYTES,
+                ..args.clone()
+            },
+            true,
+        ),
+        (
+            "swap space asked for",
+            EngineArgs {
+                kv_cache_memory: 6 * STATE_BYTES + BLOCK_BYTES,
+                swap_space: 64 * BLOCK_BYTES,
+                ..args.clone()
+            },
+            true,
+        ),
+    ];
+    for (name, variant, preempts) in variants {
+        let mut llm = LLM::new(&variant).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let outs = llm.generate(prompts.clone(), &params, false).unwrap();
+        for (i, (out, case)) in outs.iter().zip(&cases).enumerate() {
+            assert_eq!(
+                out.outputs[0].token_ids, case.greedy,
+                "{name}: prompt {i} against transformers"
+            );
+        }
+        let stats = llm.engine().stats();
+        assert_eq!(
+            stats.num_preemptions > 0,
+            preempts,
+            "{name}: {} preemptions",
+            stats.num_preemptions
+        );
+        assert_eq!(stats.num_running + stats.num_waiting, 0, "{name}");
+    }
+}
+
+/// What the engine cannot do with a recurrent state is refused or turned off, saying why.
+#[test]
+fn qwen35_refuses_speculative_decoding_and_runs_without_prefix_caching() {
+    let dir = qwen35_folder();
+    let args = engine_args(&dir);
+    let e = LLM::new(&EngineArgs {
+        speculative_config: Some(
+            minivllm::config::SpeculativeConfig::from_json(
+                r#"{"method": "ngram", "num_speculative_tokens": 3}"#,
+            )
+            .unwrap(),
+        ),
+        ..args.clone()
+    })
+    .err()
+    .expect("speculative decoding refused")
+    .to_string();
+    assert!(e.contains("linear-attention"), "{e}");
+    let e = LLM::new(&EngineArgs {
+        kv_cache_memory: STATE_BYTES,
+        ..args.clone()
+    })
+    .err()
+    .expect("a budget below one state refused")
+    .to_string();
+    assert!(e.contains("--kv-cache-memory"), "{e}");
+
+    // The same prompt twice: the second finds no cached prefix (a cached prefix's K/V
+    // would come without the state at its end), and decodes the same.
+    let mut llm = LLM::new(&args).unwrap();
+    let case = &cases("qwen35")[2];
+    for _ in 0..2 {
+        let out = llm
+            .generate(
+                vec![PromptInput::TokenIds(case.prompt.clone())],
+                &common::greedy(12),
+                false,
+            )
+            .unwrap();
+        assert_eq!(out[0].outputs[0].token_ids, case.greedy);
+        assert_eq!(out[0].num_cached_tokens, 0);
+    }
+}
