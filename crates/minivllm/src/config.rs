@@ -489,7 +489,9 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
-    /// Parses a Hugging Face `config.json` (transformers 4 and 5 layouts).
+    /// Parses a Hugging Face `config.json` (transformers 4 and 5 layouts). A multimodal
+    /// checkpoint's (`…ForConditionalGeneration` with a `text_config`) gives its language
+    /// model's: the engine runs text, and its vision tower is not loaded.
     pub fn from_hf_json(json: &Value) -> Result<Self, ConfigError> {
         let arch = json
             .get("architectures")
@@ -497,6 +499,25 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .or_else(|| json.get("model_type").and_then(Value::as_str))
             .unwrap_or("<missing>");
+        if let Some(text) = json.get("text_config").filter(|t| t.is_object()) {
+            if arch.ends_with("ForConditionalGeneration") {
+                tracing::info!(
+                    architecture = arch,
+                    "a multimodal checkpoint: its text model is loaded, not its vision tower"
+                );
+                let mut text = text.clone();
+                text.as_object_mut()
+                    .expect("an object")
+                    .remove("architectures");
+                if let Some(tie) = json.get("tie_word_embeddings") {
+                    text.as_object_mut()
+                        .expect("an object")
+                        .entry("tie_word_embeddings")
+                        .or_insert_with(|| tie.clone());
+                }
+                return Self::from_hf_json(&text);
+            }
+        }
         let family = ModelFamily::from_name(arch)?;
         // Llama's `attention_bias` puts a bias on the output projection too, which the
         // shared decoder does not hold: refused rather than run without it.

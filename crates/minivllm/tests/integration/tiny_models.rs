@@ -22,16 +22,33 @@ pub fn reference(family: &str) -> Value {
 /// `family`'s model as a Hugging Face folder in `dir`: its `config.json` and a
 /// `model.safetensors` of its weights in f32, under the names transformers gives them.
 pub fn write_hf_folder(family: &str, dir: &std::path::Path) {
-    use safetensors::tensor::TensorView;
     std::fs::copy(folder(family).join("config.json"), dir.join("config.json")).unwrap();
+    write_safetensors(family, dir, |name| name.to_string(), &[]);
+}
+
+/// `family`'s weights in f32 as `dir/model.safetensors`, each under `rename(its name)`, and
+/// `extra` tensors (name, shape) of zeros beside them.
+pub fn write_safetensors(
+    family: &str,
+    dir: &std::path::Path,
+    rename: impl Fn(&str) -> String,
+    extra: &[(&str, Vec<usize>)],
+) {
+    use safetensors::tensor::TensorView;
     let weights = TinyWeights::of(family);
+    let zeros = |shape: &[usize]| vec![0u8; 4 * shape.iter().product::<usize>()];
     let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = weights
         .names()
         .map(|name| {
             let t = weights.load(name).unwrap();
             let bytes = t.data.iter().flat_map(|f| f.to_le_bytes()).collect();
-            (name.to_string(), t.shape, bytes)
+            (rename(name), t.shape, bytes)
         })
+        .chain(
+            extra
+                .iter()
+                .map(|(n, s)| (n.to_string(), s.clone(), zeros(s))),
+        )
         .collect();
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()

@@ -14,8 +14,27 @@ use minivllm_kernels::hmatmul::HalfKind;
 
 pub(crate) struct SafetensorsWeights {
     shards: Vec<(PathBuf, Mmap)>,
-    /// Tensor name -> shard index.
-    index: HashMap<String, usize>,
+    /// Tensor name, as the model asks for it -> shard index and the name stored there.
+    index: HashMap<String, (usize, String)>,
+}
+
+/// Where multimodal checkpoints keep their language model's tensors (transformers 5's
+/// `model.language_model.`, and the `language_model.model.` of earlier Gemma 3 and LLaVA
+/// files), and the text model's own names for them: such a folder loads its text model.
+const LANGUAGE_MODEL_PREFIXES: [(&str, &str); 3] = [
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+];
+
+/// The name the text model gives a stored tensor.
+fn text_model_name(stored: &str) -> std::borrow::Cow<'_, str> {
+    for (prefix, to) in LANGUAGE_MODEL_PREFIXES {
+        if let Some(rest) = stored.strip_prefix(prefix) {
+            return format!("{to}{rest}").into();
+        }
+    }
+    stored.into()
 }
 
 impl SafetensorsWeights {
@@ -89,7 +108,7 @@ impl SafetensorsWeights {
                 ))
             })?;
             for name in st.names() {
-                index.insert(name.to_string(), i);
+                index.insert(text_model_name(name).into_owned(), (i, name.to_string()));
             }
             shards.push((path.clone(), mmap));
         }
@@ -98,14 +117,14 @@ impl SafetensorsWeights {
 
     /// The tensor's header entry, its data still in the mapping.
     fn view(&self, name: &str) -> Result<TensorView<'_>, LoadError> {
-        let &shard = self
+        let (shard, stored) = self
             .index
             .get(name)
             .ok_or_else(|| LoadError::MissingTensor(name.to_string()))?;
-        let (path, mmap) = &self.shards[shard];
+        let (path, mmap) = &self.shards[*shard];
         let st = SafeTensors::deserialize(mmap)
             .map_err(|e| LoadError::Config(format!("{}: {e}", path.display())))?;
-        st.tensor(name)
+        st.tensor(stored)
             .map_err(|_| LoadError::MissingTensor(name.to_string()))
     }
 }
