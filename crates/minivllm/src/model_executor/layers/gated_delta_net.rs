@@ -26,6 +26,9 @@ use crate::model_executor::loader::LoadError;
 /// chunked form's solves cost more than they save.
 const RECURRENT_MAX_TOKENS: usize = 4;
 
+/// The name (under the layer's prefix) that GGUF files' `ssm_a`, `−exp(A_log)`, reads as.
+pub(crate) const GGUF_NEG_A: &str = "ssm_a";
+
 /// The shape of one Gated DeltaNet layer (Qwen3.5's `linear_*` config keys).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct GatedDeltaNetConfig {
@@ -162,6 +165,8 @@ struct SeqBuffers {
 
 impl GatedDeltaNet {
     /// The layer under transformers' names from `prefix` (`model.layers.N.linear_attn`).
+    /// A GGUF file's (through `GgufWeights`' names) holds `−exp(A_log)` as `ssm_a` and the
+    /// convolution's kernel without its middle axis, as llama.cpp's converter writes them.
     pub fn load(
         src: &dyn WeightSource,
         prefix: &str,
@@ -182,13 +187,19 @@ impl GatedDeltaNet {
             opts,
         )?;
         let conv_name = name("conv1d.weight");
-        let conv = src
-            .load(&conv_name)?
-            .expect_shape(&conv_name, &[cfg.conv_dim(), 1, cfg.conv_width])?;
+        let conv = src.load(&conv_name)?;
+        let conv = match conv.shape.len() {
+            2 => conv.expect_shape(&conv_name, &[cfg.conv_dim(), cfg.conv_width])?,
+            _ => conv.expect_shape(&conv_name, &[cfg.conv_dim(), 1, cfg.conv_width])?,
+        };
         let vector = |n: &str, len: usize| -> Result<Vec<f32>, LoadError> {
             src.load(&name(n))?.expect_shape(&name(n), &[len])
         };
-        let neg_a = vector("A_log", nv)?.iter().map(|a| -a.exp()).collect();
+        let neg_a = if src.contains(&name("A_log")) {
+            vector("A_log", nv)?.iter().map(|a| -a.exp()).collect()
+        } else {
+            vector(GGUF_NEG_A, nv)?
+        };
         Ok(Self {
             cfg: *cfg,
             in_proj,

@@ -13,6 +13,9 @@ use crate::config::{
 use minivllm_kernels::hmatmul::HalfKind;
 use minivllm_kernels::quant::GgmlType;
 
+mod linear_attention;
+use linear_attention::linear_attention_from_gguf;
+
 /// Reads the model's hyper-parameters from `<arch>.*` metadata.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let arch = file
@@ -39,14 +42,6 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
             .map(|f| f as f32)
     };
 
-    // llama.cpp's `qwen35` names its DeltaNet tensors `ssm_*`: not mapped yet.
-    if family == ModelFamily::Qwen35 {
-        return Err(LoadError::Config(
-            "Qwen3.5 GGUF files are not supported yet: load the model's Hugging Face folder \
-             (config.json and safetensors) instead"
-                .into(),
-        ));
-    }
     // llama.cpp files Mixtral under `llama`, with experts.
     if family == ModelFamily::Llama && uint("expert_count")?.is_some_and(|n| n > 0) {
         family = ModelFamily::Mixtral;
@@ -193,8 +188,12 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         // GGUF files of tied models simply have no `output.weight`.
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         moe,
-        linear_attention: None,
-        attn_output_gate: false,
+        linear_attention: if family == ModelFamily::Qwen35 {
+            Some(linear_attention_from_gguf(file, &arch, num_hidden_layers)?)
+        } else {
+            None
+        },
+        attn_output_gate: family == ModelFamily::Qwen35,
     };
     cfg.validate()?;
     check_layer_count(file, cfg.num_hidden_layers)?;
@@ -387,9 +386,23 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
     // Gemma calls `pre_feedforward_layernorm`. Phi-3's `ffn_up` holds gate and up fused.
     let gemma = family.is_gemma();
     let phi3 = family == ModelFamily::Phi3;
-    // gpt-oss's MLP norm is written under Gemma's name for the norm after attention.
+    // gpt-oss's MLP norm is written under Gemma's name for the norm after attention, and
+    // so is Qwen3.5's.
     let gpt_oss = family == ModelFamily::GptOss;
+    let qwen35 = family == ModelFamily::Qwen35;
     let hf = match part {
+        // Qwen3.5's Gated DeltaNet (llama.cpp's `ssm_*`): `attn_qkv` is its q/k/v
+        // projection there, `attn_gate` its z, and `ssm_a` holds −exp(A_log).
+        "attn_qkv.weight" if qwen35 => "linear_attn.in_proj_qkv.weight",
+        "attn_gate.weight" if qwen35 => "linear_attn.in_proj_z.weight",
+        "ssm_beta.weight" => "linear_attn.in_proj_b.weight",
+        "ssm_alpha.weight" => "linear_attn.in_proj_a.weight",
+        "ssm_conv1d.weight" => "linear_attn.conv1d.weight",
+        "ssm_dt.bias" => "linear_attn.dt_bias",
+        "ssm_a" => "linear_attn.ssm_a",
+        "ssm_norm.weight" => "linear_attn.norm.weight",
+        "ssm_out.weight" => "linear_attn.out_proj.weight",
+        "post_attention_norm.weight" if qwen35 => "post_attention_layernorm.weight",
         "attn_norm.weight" => "input_layernorm.weight",
         "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",

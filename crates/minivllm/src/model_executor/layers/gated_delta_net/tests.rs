@@ -49,6 +49,7 @@ const CONFIG: GatedDeltaNetConfig = GatedDeltaNetConfig {
         num_v_heads: 4,
         k_dim: 8,
         v_dim: 8,
+        tiled: false,
     },
     conv_width: 4,
     rms_norm_eps: 1e-6,

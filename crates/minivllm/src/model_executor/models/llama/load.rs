@@ -228,6 +228,7 @@ fn delta_config(c: &ModelConfig, linear: &LinearAttentionConfig) -> GatedDeltaNe
             num_v_heads: linear.num_value_heads,
             k_dim: linear.key_head_dim,
             v_dim: linear.value_head_dim,
+            tiled: linear.v_heads_tiled,
         },
         conv_width: linear.conv_kernel_dim,
         rms_norm_eps: c.rms_norm_eps,
