@@ -3,7 +3,7 @@
 //! causal convolution's last inputs and the gated delta rule's `[k_dim, v_dim]` matrix per
 //! value head), so its cost per token does not grow with the context.
 //!
-//! Per token: one product gives q, k, v (through a causal depthwise convolution and SiLU),
+//! Per token: the input's projections give q, k, v (through a causal depthwise convolution and SiLU),
 //! the output gate `z`, and per value head the write strength `β = sigmoid(b)` and the log
 //! decay `g = −exp(A_log)·softplus(a + dt_bias)`; the rule (`minivllm_kernels::gated_delta`)
 //! turns q, k, v into each head's output, which an RMSNorm gated by `silu(z)` scales before
@@ -56,8 +56,10 @@ impl GatedDeltaNetConfig {
 
 pub(crate) struct GatedDeltaNet {
     cfg: GatedDeltaNetConfig,
-    /// q, k, v, then z, then b, then a: one product for everything that reads the input.
+    /// q, k, v, then z: one product for the wide projections of the input.
     in_proj: Linear,
+    /// b, then a: each value head's write strength and decay step.
+    in_proj_ba: Linear,
     /// `[conv_dim, conv_width]`.
     conv: Vec<f32>,
     /// `−exp(A_log)` per value head: the rate of its decay.
@@ -126,6 +128,7 @@ pub(crate) struct DeltaSeq {
 #[derive(Default)]
 pub(crate) struct DeltaBuffers {
     proj: Vec<f32>,
+    ba: Vec<f32>,
     core: Vec<f32>,
     seq: SeqBuffers,
 }
@@ -136,6 +139,7 @@ impl DeltaBuffers {
         let s = &self.seq;
         [
             &self.proj,
+            &self.ba,
             &self.core,
             &s.mixed,
             &s.conv_out,
@@ -180,6 +184,15 @@ impl GatedDeltaNet {
             &[
                 (&name("in_proj_qkv.weight"), cfg.conv_dim()),
                 (&name("in_proj_z.weight"), cfg.value_dim()),
+            ],
+            hidden,
+            opts,
+        )?;
+        // Apart from q/k/v and z: quantised files may keep these small ones in f32, and a
+        // matrix stacked from an f32 part would be f32 whole.
+        let in_proj_ba = Linear::load_merged(
+            src,
+            &[
                 (&name("in_proj_b.weight"), nv),
                 (&name("in_proj_a.weight"), nv),
             ],
@@ -203,6 +216,7 @@ impl GatedDeltaNet {
         Ok(Self {
             cfg: *cfg,
             in_proj,
+            in_proj_ba,
             conv,
             neg_a,
             dt_bias: vector("dt_bias", nv)?,
@@ -212,8 +226,12 @@ impl GatedDeltaNet {
     }
 
     /// The projections' matrices.
-    pub fn matrices(&self) -> [&WeightMatrix; 2] {
-        [self.in_proj.weight(), self.out_proj.weight()]
+    pub fn matrices(&self) -> [&WeightMatrix; 3] {
+        [
+            self.in_proj.weight(),
+            self.in_proj_ba.weight(),
+            self.out_proj.weight(),
+        ]
     }
 
     /// Floats of a sequence's convolution state and of its rule state in this layer.
@@ -236,10 +254,13 @@ impl GatedDeltaNet {
         let c = &self.cfg;
         let (nv, vd) = (c.heads.num_v_heads, c.heads.v_dim);
         let (vdim, cdim) = (c.value_dim(), c.conv_dim());
-        let width = cdim + vdim + 2 * nv;
+        let width = cdim + vdim;
         let t = seqs.last().map_or(0, |s| s.rows.end);
+        let x = &x[..t * c.hidden_size];
         let proj = sized(&mut buf.proj, t * width);
-        self.in_proj.forward(&x[..t * c.hidden_size], proj, t);
+        self.in_proj.forward(x, proj, t);
+        let ba = sized(&mut buf.ba, t * 2 * nv);
+        self.in_proj_ba.forward(x, ba, t);
         let core = sized(&mut buf.core, t * vdim);
         for seq in seqs {
             let state = states.slot(seq.slot);
@@ -250,6 +271,7 @@ impl GatedDeltaNet {
             let rows = seq.rows.clone();
             self.mix(
                 &proj[rows.start * width..rows.end * width],
+                &ba[rows.start * 2 * nv..rows.end * 2 * nv],
                 state,
                 &mut buf.seq,
                 &mut core[rows.start * vdim..rows.end * vdim],
@@ -273,11 +295,18 @@ impl GatedDeltaNet {
 
     /// One sequence's projected rows `proj` through the convolution and the rule into
     /// `core` `[rows, value_dim]`, its `state` carried on.
-    fn mix(&self, proj: &[f32], state: DeltaState<'_>, buf: &mut SeqBuffers, core: &mut [f32]) {
+    fn mix(
+        &self,
+        proj: &[f32],
+        ba: &[f32],
+        state: DeltaState<'_>,
+        buf: &mut SeqBuffers,
+        core: &mut [f32],
+    ) {
         let c = &self.cfg;
         let nv = c.heads.num_v_heads;
         let (kdim, vdim, cdim) = (c.key_dim(), c.value_dim(), c.conv_dim());
-        let width = cdim + vdim + 2 * nv;
+        let width = cdim + vdim;
         let t = proj.len() / width;
         let mixed = sized(&mut buf.mixed, t * cdim);
         for (m, row) in mixed.chunks_exact_mut(cdim).zip(proj.chunks_exact(width)) {
@@ -297,8 +326,7 @@ impl GatedDeltaNet {
             q[i * kdim..(i + 1) * kdim].copy_from_slice(&row[..kdim]);
             k[i * kdim..(i + 1) * kdim].copy_from_slice(&row[kdim..2 * kdim]);
             v[i * vdim..(i + 1) * vdim].copy_from_slice(&row[2 * kdim..]);
-            let p = &proj[i * width + cdim + vdim..(i + 1) * width];
-            let (b, a) = p.split_at(nv);
+            let (b, a) = ba[i * 2 * nv..(i + 1) * 2 * nv].split_at(nv);
             for h in 0..nv {
                 beta[i * nv + h] = sigmoid(b[h]);
                 g[i * nv + h] = self.neg_a[h] * softplus(a[h] + self.dt_bias[h]);
