@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a GGUF file with a real Mixture-of-Experts model's shape and random weights, for
+"""Writes a GGUF file with a real model's shape (Mixture-of-Experts, or Qwen3.5's hybrid) and random weights, for
 speed and memory measurements on models whose weights never reach this machine.
 
     --shape qwen3-30b-a3b   Qwen3-30B-A3B: hidden 2048, 48 layers, 32 q / 4 KV heads of
@@ -16,6 +16,15 @@ speed and memory measurements on models whose weights never reach this machine.
                             tokenizer file's (o200k's 201,088 tokens do not reach this
                             machine: with Qwen2.5's 151,936 the embeddings and output are
                             a quarter smaller than the real model's).
+    --shape qwen3.5-0.8b    Qwen3.5-0.8B (dense, hybrid): hidden 1024, 24 layers, three
+                            Gated DeltaNet layers (16 key and 16 value heads of 128,
+                            convolution width 4) to one gated full-attention layer (8 q /
+                            2 KV heads of 256, RoPE over 64 dims), MLP 3,584, tied
+                            embeddings; as its public config.json gives it, in llama.cpp's
+                            `qwen35` layout; Q4_K_M-like formats (Q4_K, v and down Q6_K,
+                            embeddings Q6_K, the DeltaNet's b/a projections, convolution,
+                            decay and norms f32). The vocabulary is the tokenizer file's
+                            (Qwen3.5's 248,320 tokens do not reach this machine).
     --shape tiny            a 2-layer Qwen3-MoE of hidden 256 with 8 experts of 256 (top
                             2) in the same formats, with the vocabulary of whatever file
                             the tokenizer comes from: what the Python tests run through
@@ -82,6 +91,20 @@ SHAPES = {
         yarn=(32.0, 4096),
     ),
 }
+SHAPES["qwen3.5-0.8b"] = dict(
+    arch="qwen35",
+    hidden=1024,
+    layers=24,
+    heads=8,
+    kv_heads=2,
+    head_dim=256,
+    ffn=3584,
+    vocab=None,
+    context=262144,
+    rope_theta=10_000_000.0,
+    eps=1e-6,
+    linear=dict(k_heads=16, v_heads=16, k_dim=128, v_dim=128, conv=4, every=4),
+)
 # Two-layer models of the same families, for the tests' quick runs: the real shape with small
 # widths (the tokenizer's vocabulary, as the real ones).
 _TINY = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, experts=8, experts_used=2,
@@ -122,11 +145,14 @@ def random_blocks(rng, ty, rows, cols):
 
 def tensors(s, layers):
     """(name, PyTorch-order shape, type) of every tensor, in llama.cpp's order."""
-    h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
-    e, f = s["experts"], s["expert_ffn"]
     if s["arch"] == "gpt-oss":
         yield from gpt_oss_tensors(s, layers)
         return
+    if s["arch"] == "qwen35":
+        yield from qwen35_tensors(s, layers)
+        return
+    h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    e, f = s["experts"], s["expert_ffn"]
     yield "token_embd.weight", (s["vocab"], h), T.Q4_K
     for i in range(layers):
         b = f"blk.{i}."
@@ -170,7 +196,44 @@ def gpt_oss_tensors(s, layers):
     yield "output.weight", (s["vocab"], h), T.Q8_0
 
 
+def qwen35_tensors(s, layers):
+    """Qwen3.5's tensors (`convert_hf_to_gguf.py`'s names): DeltaNet layers and, every
+    `every`-th layer, gated full attention (q rows doubled for the gate)."""
+    h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    lin = s["linear"]
+    key, value = lin["k_heads"] * lin["k_dim"], lin["v_heads"] * lin["v_dim"]
+    conv = 2 * key + value
+    yield "token_embd.weight", (s["vocab"], h), T.Q6_K
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (h,), T.F32
+        if (i + 1) % lin["every"]:
+            yield b + "attn_qkv.weight", (conv, h), T.Q4_K
+            yield b + "attn_gate.weight", (value, h), T.Q4_K
+            yield b + "ssm_beta.weight", (lin["v_heads"], h), T.F32
+            yield b + "ssm_alpha.weight", (lin["v_heads"], h), T.F32
+            yield b + "ssm_conv1d.weight", (conv, lin["conv"]), T.F32
+            yield b + "ssm_dt.bias", (lin["v_heads"],), T.F32
+            yield b + "ssm_a", (lin["v_heads"],), T.F32
+            yield b + "ssm_norm.weight", (lin["v_dim"],), T.F32
+            yield b + "ssm_out.weight", (h, value), T.Q4_K
+        else:
+            yield b + "attn_q.weight", (2 * q, h), T.Q4_K
+            yield b + "attn_k.weight", (kv, h), T.Q4_K
+            yield b + "attn_v.weight", (kv, h), T.Q6_K
+            yield b + "attn_output.weight", (h, q), T.Q4_K
+            yield b + "attn_q_norm.weight", (s["head_dim"],), T.F32
+            yield b + "attn_k_norm.weight", (s["head_dim"],), T.F32
+        yield b + "post_attention_norm.weight", (h,), T.F32
+        yield b + "ffn_gate.weight", (s["ffn"], h), T.Q4_K
+        yield b + "ffn_up.weight", (s["ffn"], h), T.Q4_K
+        yield b + "ffn_down.weight", (h, s["ffn"]), T.Q6_K
+    yield "output_norm.weight", (h,), T.F32
+
+
 def data(rng, name, shape, ty):
+    if name.endswith("ssm_a"):  # -exp(A_log): decay rates from 1 to 16
+        return -rng.uniform(1.0, 16.0, shape).astype(np.float32)
     if ty == T.F32:
         if name.endswith(".bias") or "sinks" in name:  # small offsets
             return rng.uniform(-0.1, 0.1, shape).astype(np.float32)
@@ -219,9 +282,20 @@ def write(shape, layers, tokenizer_from, out, seed=0, progress=False):
     w.add_value_length(s["head_dim"])
     w.add_rope_freq_base(s["rope_theta"])
     w.add_layer_norm_rms_eps(s["eps"])
-    w.add_expert_count(s["experts"])
-    w.add_expert_used_count(s["experts_used"])
-    w.add_expert_feed_forward_length(s["expert_ffn"])
+    if "experts" in s:
+        w.add_expert_count(s["experts"])
+        w.add_expert_used_count(s["experts_used"])
+        w.add_expert_feed_forward_length(s["expert_ffn"])
+    if "linear" in s:
+        lin = s["linear"]
+        w.add_ssm_conv_kernel(lin["conv"])
+        w.add_ssm_state_size(lin["k_dim"])
+        w.add_ssm_group_count(lin["k_heads"])
+        w.add_ssm_time_step_rank(lin["v_heads"])
+        w.add_ssm_inner_size(lin["v_heads"] * lin["v_dim"])
+        w.add_full_attention_interval(lin["every"])
+        w.add_rope_dimension_count(s["head_dim"] // 4)
+        w.add_rope_dimension_sections([11, 11, 10, 0])
     if "sliding_window" in s:
         w.add_sliding_window(s["sliding_window"])
     if "yarn" in s:
