@@ -100,6 +100,15 @@ impl DraftModelProposer {
         kv_cache_dtype: KvCacheDtype,
     ) -> Result<Self, WorkerError> {
         let mut model = load_model(&config.model, load)?.model;
+        if model.config().linear_attention.is_some() {
+            // Its cache would need a state slot per sequence, and rejected guesses taken
+            // back out of the state.
+            return Err(WorkerError::Config(format!(
+                "the draft model {} has linear-attention layers (Qwen3.5): not supported \
+                 as a draft model",
+                config.model
+            )));
+        }
         let context = model.config().max_position_embeddings;
         if context < max_model_len {
             return Err(WorkerError::Config(format!(

@@ -130,6 +130,20 @@ fn qwen35_refuses_speculative_decoding_and_runs_without_prefix_caching() {
     .expect("speculative decoding refused")
     .to_string();
     assert!(e.contains("linear-attention"), "{e}");
+    // Nor as another model's draft (it has the test model's tokenizer).
+    let spec = format!(
+        r#"{{"method": "draft_model", "model": {:?}, "num_speculative_tokens": 2}}"#,
+        dir.path().to_str().unwrap()
+    );
+    let e = LLM::new(&EngineArgs {
+        model: common::test_model_path().to_str().unwrap().to_string(),
+        speculative_config: Some(minivllm::config::SpeculativeConfig::from_json(&spec).unwrap()),
+        ..args.clone()
+    })
+    .err()
+    .expect("a linear-attention draft model refused")
+    .to_string();
+    assert!(e.contains("linear-attention"), "{e}");
     let e = LLM::new(&EngineArgs {
         kv_cache_memory: STATE_BYTES,
         ..args.clone()
