@@ -137,6 +137,13 @@ fn check_shapes(x: &[f32], out: &[f32], d: usize) {
     );
 }
 
+/// `1 / (1 + e^-v)`: gates (Qwen2-MoE's shared expert, Gated DeltaNet's write strength,
+/// Qwen3.5's attention output).
+#[inline]
+pub fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
 /// `v · sigmoid(v)`.
 #[inline]
 pub fn silu(v: f32) -> f32 {

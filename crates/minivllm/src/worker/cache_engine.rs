@@ -65,10 +65,9 @@ pub struct CacheEngine {
     /// cache capacity, as in vLLM.
     cpu_layers: Vec<LayerKvCache>,
     num_cpu_blocks: usize,
-    /// The linear-attention layers' states, one store per such layer, each of
-    /// `num_state_slots` slots (none for a model without such layers).
+    /// The linear-attention layers' states, one store per such layer, each of the same
+    /// slots (none for a model without such layers).
     states: Vec<LayerStateCache>,
-    num_state_slots: usize,
 }
 
 /// Why a KV cache of the asked size cannot be made.
@@ -151,11 +150,10 @@ impl CacheEngine {
         let Some(linear) = &config.linear_attention else {
             return self;
         };
-        let layers = linear.layers.iter().filter(|&&l| l).count();
+        let layers = linear.num_layers();
         self.states = (0..layers)
             .map(|_| LayerStateCache::zeros(linear.state_lens(), num_slots))
             .collect();
-        self.num_state_slots = num_slots;
         tracing::info!(
             slots = num_slots,
             mib = (num_slots as u64 * linear.state_bytes_per_seq()) >> 20,
@@ -198,7 +196,6 @@ impl CacheEngine {
             cpu_layers: Vec::new(),
             num_cpu_blocks: 0,
             states: Vec::new(),
-            num_state_slots: 0,
         }
     }
 
@@ -302,7 +299,7 @@ impl CacheEngine {
 
     /// State slots of the linear-attention layers (0 for a model without them).
     pub fn num_state_slots(&self) -> usize {
-        self.num_state_slots
+        self.states.first().map_or(0, LayerStateCache::num_slots)
     }
 }
 

@@ -321,7 +321,7 @@ impl FusedMoe {
                 .zip(x.chunks_exact(hidden))
             {
                 let g: f32 = xr.iter().zip(&shared.gate).map(|(a, b)| a * b).sum();
-                let g = 1.0 / (1.0 + (-g).exp());
+                let g = minivllm_kernels::activation::sigmoid(g);
                 o.iter_mut().zip(s).for_each(|(o, &s)| *o += g * s);
             }
             buf.shared_out = shared_out;

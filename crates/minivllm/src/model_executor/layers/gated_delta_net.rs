@@ -11,11 +11,12 @@
 
 use std::ops::Range;
 
-use minivllm_kernels::activation::silu;
+use minivllm_kernels::activation::{sigmoid, silu};
 use minivllm_kernels::conv1d::causal_conv1d_silu;
 use minivllm_kernels::gated_delta::{
     gated_delta_rule_chunked, gated_delta_rule_recurrent, DeltaHeads, DeltaInputs,
 };
+use minivllm_kernels::norm::rms_norm;
 
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::parallel::sized;
@@ -130,6 +131,7 @@ pub(crate) struct DeltaBuffers {
     proj: Vec<f32>,
     ba: Vec<f32>,
     core: Vec<f32>,
+    gated: Vec<f32>,
     seq: SeqBuffers,
 }
 
@@ -141,6 +143,7 @@ impl DeltaBuffers {
             &self.proj,
             &self.ba,
             &self.core,
+            &self.gated,
             &s.mixed,
             &s.conv_out,
             &s.q,
@@ -252,7 +255,7 @@ impl GatedDeltaNet {
         out: &mut Vec<f32>,
     ) {
         let c = &self.cfg;
-        let (nv, vd) = (c.heads.num_v_heads, c.heads.v_dim);
+        let nv = c.heads.num_v_heads;
         let (vdim, cdim) = (c.value_dim(), c.conv_dim());
         let width = cdim + vdim;
         let t = seqs.last().map_or(0, |s| s.rows.end);
@@ -278,19 +281,16 @@ impl GatedDeltaNet {
             );
         }
 
-        // Each head's output normed, scaled, and gated by silu(z).
-        for (i, rows) in core.chunks_exact_mut(vdim).enumerate() {
-            let z = &proj[i * width + cdim..i * width + cdim + vdim];
-            for (o, z) in rows.chunks_exact_mut(vd).zip(z.chunks_exact(vd)) {
-                let ms = o.iter().map(|v| v * v).sum::<f32>() / vd as f32;
-                let inv = (ms + c.rms_norm_eps).sqrt().recip();
-                for ((o, &w), &z) in o.iter_mut().zip(&self.norm).zip(z) {
-                    *o = w * (*o * inv) * silu(z);
-                }
+        // Each head's output normed (rows of v_dim), scaled, and gated by silu(z).
+        let gated = sized(&mut buf.gated, t * vdim);
+        rms_norm(core, &self.norm, c.rms_norm_eps, gated);
+        for (rows, p) in gated.chunks_exact_mut(vdim).zip(proj.chunks_exact(width)) {
+            for (o, &z) in rows.iter_mut().zip(&p[cdim..]) {
+                *o *= silu(z);
             }
         }
         let out = sized(out, t * c.hidden_size);
-        self.out_proj.forward(core, out, t);
+        self.out_proj.forward(gated, out, t);
     }
 
     /// One sequence's projected rows `proj` through the convolution and the rule into
@@ -339,10 +339,6 @@ impl GatedDeltaNet {
             gated_delta_rule_chunked(&c.heads, &io, state.recurrent, core);
         }
     }
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }
 
 /// `ln(1 + eˣ)`, and `x` itself above 20 (torch's `softplus` threshold).

@@ -372,16 +372,12 @@ impl LlamaForCausalLM {
         self.layers.iter().flat_map(|l| l.mixer.matrices())
     }
 
-    /// Floats of one sequence's state in each linear-attention layer (`[conv, recurrent]`),
-    /// one entry per such layer: what the cache holds per state slot.
-    pub fn state_lens(&self) -> Vec<[usize; 2]> {
-        self.layers
-            .iter()
-            .filter_map(|l| match &l.mixer {
-                Mixer::Linear { net, .. } => Some(net.state_lens()),
-                Mixer::Attention(_) => None,
-            })
-            .collect()
+    /// The linear-attention layers, in order: one state store each in the cache.
+    fn linear_layers(&self) -> impl Iterator<Item = &GatedDeltaNet> + Clone {
+        self.layers.iter().filter_map(|l| match &l.mixer {
+            Mixer::Linear { net, .. } => Some(net),
+            Mixer::Attention(_) => None,
+        })
     }
 
     /// Every weight matrix (the embeddings once, even when tied).
@@ -620,16 +616,18 @@ impl LlamaForCausalLM {
         input: &InputMetadata,
         states: &[LayerStateCache],
     ) -> Result<(), InputError> {
-        let lens = self.state_lens();
-        if lens.is_empty() {
+        // Counted and compared in place: this runs every step.
+        let layers = self.linear_layers().count();
+        if layers == 0 {
             return Ok(());
         }
         let bad = |m: String| Err(InputError::BadBatch(m));
-        if states.len() != lens.len() || (states.iter().zip(&lens)).any(|(s, l)| !s.holds(*l)) {
+        let sizes_differ =
+            (states.iter().zip(self.linear_layers())).any(|(s, net)| !s.holds(net.state_lens()));
+        if states.len() != layers || sizes_differ {
             return bad(format!(
-                "{} state stores for {} linear-attention layers, or of other sizes",
+                "{} state stores for {layers} linear-attention layers, or of other sizes",
                 states.len(),
-                lens.len()
             ));
         }
         if input.state_slots.len() != input.seqs.len() {

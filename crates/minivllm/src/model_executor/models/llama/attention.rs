@@ -2,6 +2,8 @@
 //! Qwen3.5's output gate split out of the q rows), RoPE, paged attention over the layer's
 //! KV cache, and the output projection, its columns gathered across tensor-parallel ranks.
 
+use minivllm_kernels::activation::sigmoid;
+
 use crate::distributed::CommError;
 use crate::model_executor::input_metadata::InputMetadata;
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
@@ -123,8 +125,4 @@ impl LlamaForCausalLM {
         add_bias(&mut buf.hidden[..t * h], layer.o_bias.as_deref());
         Ok(())
     }
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }
