@@ -1,5 +1,6 @@
 //! Requests, their sequences (`n` or `best_of` of them), and their lifecycle.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub use crate::ids::{RequestId, SeqId, TokenId};
@@ -51,6 +52,10 @@ pub(crate) enum SequenceStatus {
     /// Preempted with its K/V copied to the CPU swap pool, waiting to be copied back.
     Swapped,
 }
+
+/// The unfinished sequences by id: the scheduler owns them, the executor and the output
+/// processor read them (one record of each sequence's tokens and settings).
+pub(crate) type Sequences = HashMap<SeqId, Sequence>;
 
 /// One sequence, owned by the scheduler while it runs (vLLM v1's `Request`): its tokens,
 /// how many have K/V in the cache, and what decides when it stops.

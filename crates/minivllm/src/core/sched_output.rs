@@ -1,18 +1,14 @@
 //! What one step runs, as the scheduler hands it to the executor (vLLM v1's
-//! `SchedulerOutput`): plain data, so the worker needs nothing else of the scheduler's.
+//! `SchedulerOutput`): which sequences run, how many of their tokens, where their K/V live.
 //!
-//! The worker keeps each running sequence's tokens and sampling state from step to step (its
-//! persistent batch, `worker/input_batch.rs`), so a step carries only what changed: the
-//! sequences scheduled for the first time, with their prompts and settings; the sequences
-//! that finished since the last step; and, for every scheduled sequence, its token counts
-//! and block tables.
-
-use std::ops::Range;
-use std::sync::Arc;
+//! The sequences themselves (tokens, settings) stay the scheduler's one record of them
+//! (`sequence::Sequences`), which the executor reads beside this; the worker keeps only what
+//! is its own per sequence (its RNG, pooling sums: `worker/input_batch.rs`), made when a
+//! sequence is new to it and dropped when it finishes.
 
 use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
-use crate::sampling_params::SamplingParams;
 use crate::structured_output::TokenBitmask;
+use std::ops::Range;
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,29 +42,12 @@ pub(crate) fn reaches_end(num_computed: usize, num_new: usize, len: usize) -> bo
     num_computed + num_new >= len
 }
 
-/// A sequence the worker has not seen: everything it needs to run and sample it until it
-/// finishes (vLLM v1's `NewRequestData`).
-#[derive(Debug, Clone)]
-pub struct NewSeqData {
-    pub id: SeqId,
-    /// Its tokens so far: the prompt.
-    pub token_ids: Vec<TokenId>,
-    pub prompt_len: usize,
-    /// Its place among its request's completions: its RNG stream.
-    pub index: usize,
-    pub params: Arc<SamplingParams>,
-    /// Banned, with the stop tokens, until `min_tokens` are out.
-    pub eos_token_ids: Arc<[TokenId]>,
-    /// It scores the prompt's tokens (the request asked for prompt logprobs, and it is the
-    /// completion that computes the whole prompt).
-    pub scores_prompt: bool,
-}
-
 #[derive(Debug, Default)]
 pub struct SchedulerOutput {
     pub scheduled: Vec<ScheduledSeq>,
-    /// The scheduled sequences new to the worker, in `scheduled`'s order.
-    pub new_seqs: Vec<NewSeqData>,
+    /// The scheduled sequences new to the worker (first scheduled, or rescheduled after it
+    /// forgot them), in `scheduled`'s order.
+    pub new_seqs: Vec<SeqId>,
     /// Sequences that finished or were aborted since the last step: the worker forgets them.
     pub finished: Vec<SeqId>,
     /// The tokens each grammar-constrained sequence that samples this step may sample.

@@ -15,11 +15,11 @@ use crate::core::kv_cache_manager::{ComputedBlocks, KvCacheManager};
 use crate::core::policy::Policy;
 use crate::core::prefill_share::PrefillShare;
 use crate::core::sched_output::reaches_end;
-pub use crate::core::sched_output::{NewSeqData, ScheduledSeq, SchedulerOutput};
+pub use crate::core::sched_output::{ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
 use crate::core::spec_decode_stats::SpecDecodingStats;
 use crate::outputs::{EngineCoreOutput, ModelRunnerOutput};
-use crate::sequence::{FinishReason, SeqId, Sequence};
+use crate::sequence::{FinishReason, SeqId, Sequence, Sequences};
 use crate::spec_decode::draft_length::{DraftLength, DraftLimits};
 use crate::structured_output::GrammarStats;
 
@@ -45,13 +45,16 @@ pub struct SchedulerConfig {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv_cache_manager: KvCacheManager,
-    seqs: HashMap<SeqId, Sequence>,
+    seqs: Sequences,
     waiting: SeqQueue,
     running: SeqQueue,
     /// Swapped-out sequences, served before any waiting one is admitted.
     swapped: SeqQueue,
     /// Sequences the worker knows that finished since the last step, for it to forget.
     finished: Vec<SeqId>,
+    /// Sequences finished whose records `seqs` still holds, until the engine takes them
+    /// ([`take_ended`](Self::take_ended)) for the outputs that still show them.
+    ended: Vec<SeqId>,
     num_preemptions: u64,
     num_swapped_out: u64,
     num_swapped_in: u64,
@@ -74,6 +77,7 @@ impl Scheduler {
             running: SeqQueue::default(),
             swapped: SeqQueue::default(),
             finished: Vec::new(),
+            ended: Vec::new(),
             num_preemptions: 0,
             num_swapped_out: 0,
             num_swapped_in: 0,
@@ -96,6 +100,11 @@ impl Scheduler {
 
     pub fn seq(&self, id: SeqId) -> Option<&Sequence> {
         self.seqs.get(&id)
+    }
+
+    /// Every unfinished sequence: what the executor and the output processor read.
+    pub(crate) fn seqs(&self) -> &Sequences {
+        &self.seqs
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -295,15 +304,25 @@ impl Scheduler {
         }
     }
 
-    /// Removes a sequence (finished or aborted) and frees its blocks.
-    pub fn finish_seq(&mut self, id: SeqId) -> Option<Sequence> {
-        let _ = self.waiting.remove(id) || self.running.remove(id) || self.swapped.remove(id);
+    /// Ends a sequence (finished or aborted): it leaves its queue and its blocks are freed;
+    /// its record stays readable until [`take_ended`](Self::take_ended).
+    pub fn finish_seq(&mut self, id: SeqId) {
+        let queued = self.waiting.remove(id) || self.running.remove(id) || self.swapped.remove(id);
         self.kv_cache_manager.free(id);
-        let seq = self.seqs.remove(&id)?;
+        // Not queued: it had ended already.
+        let Some(seq) = self.seqs.get(&id).filter(|_| queued) else {
+            return;
+        };
         if seq.known_to_worker {
             self.finished.push(id);
         }
-        Some(seq)
+        self.ended.push(id);
+    }
+
+    /// The records of the sequences ended since the last call, given up.
+    pub(crate) fn take_ended(&mut self) -> impl Iterator<Item = Sequence> + '_ {
+        let seqs = &mut self.seqs;
+        self.ended.drain(..).filter_map(|id| seqs.remove(&id))
     }
 
     pub fn schedule(&mut self) -> SchedulerOutput {
@@ -340,9 +359,8 @@ impl Scheduler {
     }
 
     /// Adds what the worker needs beyond the token counts: the block tables and state slot
-    /// (the tables final only
-    /// once the whole step is scheduled: a sliding window frees blocks as it allocates),
-    /// and the prompt and settings of the sequences it has not seen.
+    /// (the tables final only once the whole step is scheduled: a sliding window frees
+    /// blocks as it allocates), and which sequences it has not seen.
     fn describe_for_worker(&mut self, out: &mut SchedulerOutput) {
         for s in &mut out.scheduled {
             let start = out.block_ids.len();
@@ -361,15 +379,7 @@ impl Scheduler {
             }
             if !seq.known_to_worker {
                 seq.known_to_worker = true;
-                out.new_seqs.push(NewSeqData {
-                    id: s.id,
-                    token_ids: seq.token_ids.clone(),
-                    prompt_len: seq.prompt_len,
-                    index: seq.index,
-                    params: std::sync::Arc::clone(&seq.params),
-                    eos_token_ids: std::sync::Arc::clone(&seq.eos_token_ids),
-                    scores_prompt: seq.scores_prompt(),
-                });
+                out.new_seqs.push(s.id);
             }
         }
     }

@@ -155,7 +155,8 @@ impl LLMEngine {
     pub fn release_idle_memory(&mut self) {
         // A step that runs nothing and moves no block makes no collective call, so it
         // cannot fail.
-        if let Err(e) = self.executor.execute(&self.scheduler.schedule_idle()) {
+        let idle = self.scheduler.schedule_idle();
+        if let Err(e) = self.executor.execute(&idle, self.scheduler.seqs()) {
             tracing::warn!("an idle step failed: {e}");
         }
         self.executor.release_idle_memory();
@@ -173,7 +174,7 @@ impl LLMEngine {
         self.executor.set_draft_proposer(proposer);
     }
 
-    /// Sequences the worker's persistent batch holds (finished ones until the next step or
+    /// Sequences the worker keeps state for (finished ones until the next step or
     /// `release_idle_memory`).
     pub fn num_worker_seqs(&self) -> usize {
         self.executor.num_cached_seqs()
@@ -186,26 +187,8 @@ impl LLMEngine {
     }
 
     pub fn stats(&self) -> EngineStats {
-        let bm = self.scheduler.kv_cache_manager();
-        let pc = bm.prefix_cache_stats();
-        EngineStats {
-            num_running: self.scheduler.num_running(),
-            num_waiting: self.scheduler.num_waiting(),
-            kv_cache_usage: bm.usage(),
-            kv_cache_touched_bytes: (bm.num_blocks_ever_used() as u64)
-                .saturating_mul(self.executor.cache().bytes_per_block() as u64),
-            prefix_cache_queries: pc.queries,
-            prefix_cache_hits: pc.hits,
-            num_preemptions: self.scheduler.num_preemptions(),
-            num_swapped: self.scheduler.num_swapped(),
-            num_swapped_out: self.scheduler.num_swapped_out(),
-            num_swapped_in: self.scheduler.num_swapped_in(),
-            grammar: self.scheduler.grammar_stats(),
-            spec_decode: self.scheduler.spec_decode_stats(),
-            spec_draft_length: self.scheduler.draft_length().copied(),
-            requests: *self.outputs.histograms(),
-            ..self.counters.as_stats()
-        }
+        let bytes_per_block = self.executor.cache().bytes_per_block();
+        (self.counters).stats(&self.scheduler, bytes_per_block, self.outputs.histograms())
     }
 
     /// Seconds since the engine started (for throughput figures).
@@ -304,12 +287,11 @@ impl LLMEngine {
 
     /// Drops a request and frees its blocks; unknown ids are ignored (it may have just finished).
     pub fn abort_request(&mut self, request_id: &str) {
-        for id in self
-            .outputs
-            .abort_request(&RequestId(request_id.to_string()), FinishReason::Abort)
-        {
+        let request = RequestId(request_id.to_string());
+        for id in self.outputs.abort_request(&request, FinishReason::Abort) {
             self.scheduler.finish_seq(id);
         }
+        self.retire_ended();
         tracing::debug!(request_id, "aborted");
     }
 
@@ -318,10 +300,10 @@ impl LLMEngine {
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let started = Instant::now();
         let sched = self.scheduler.schedule();
-        self.outputs.scheduled(sched.new_seqs.iter().map(|s| s.id));
+        (self.outputs).scheduled(sched.new_seqs.iter().copied(), self.scheduler.seqs());
         // Even in an empty step: the scheduler's books already say the swaps happened, and
         // the worker forgets the sequences that finished.
-        let results = match self.executor.execute(&sched) {
+        let results = match self.executor.execute(&sched, self.scheduler.seqs()) {
             Ok(results) => results,
             Err(e) => {
                 self.fail_step(&sched);
@@ -336,13 +318,21 @@ impl LLMEngine {
         self.counters.forward_seconds += results.forward_seconds;
         self.counters.num_generation_tokens += results.sampled.len() as u64;
         let core_outputs = self.scheduler.update_from_output(&sched, results);
+        let processed = (self.outputs).process_outputs(core_outputs, self.scheduler.seqs());
         let ProcessedOutputs {
             request_outputs,
             stopped,
-        } = self.outputs.process_outputs(core_outputs)?;
+        } = match processed {
+            Ok(p) => p,
+            Err(e) => {
+                self.fail_step(&sched);
+                return Err(e);
+            }
+        };
         for id in stopped {
             self.scheduler.finish_seq(id);
         }
+        self.retire_ended();
         self.counters.step_seconds += started.elapsed().as_secs_f64();
         if tracing::enabled!(tracing::Level::INFO) {
             self.stats_logger.maybe_log(&self.stats());
@@ -356,7 +346,7 @@ impl LLMEngine {
     fn fail_step(&mut self, sched: &SchedulerOutput) {
         let mut requests: Vec<RequestId> = Vec::new();
         for s in &sched.scheduled {
-            if let Some(r) = self.outputs.request_of(s.id) {
+            if let Some(r) = self.scheduler.seq(s.id).map(|seq| &seq.request) {
                 if !requests.contains(r) {
                     requests.push(r.clone());
                 }
@@ -367,7 +357,16 @@ impl LLMEngine {
                 self.scheduler.finish_seq(id);
             }
         }
+        self.retire_ended();
         self.scheduler.forget_failed_step();
+    }
+
+    /// Hands the records of the sequences that ended to the output processor, which keeps
+    /// their tokens while their requests' outputs show them.
+    fn retire_ended(&mut self) {
+        for seq in self.scheduler.take_ended() {
+            self.outputs.retire(seq);
+        }
     }
 }
 

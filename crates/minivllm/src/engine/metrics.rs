@@ -3,6 +3,7 @@
 //! Names, units, buckets and labels are vLLM's (`vllm:` prefix, `model_name` label), so the
 //! Grafana dashboards and alerts written for vLLM read a mini-vllm server unchanged.
 
+use crate::core::scheduler::Scheduler;
 use crate::core::spec_decode_stats::SpecDecodingStats;
 use crate::spec_decode::draft_length::DraftLength;
 use std::fmt::Write;
@@ -78,16 +79,38 @@ pub(crate) struct EngineCounters {
 }
 
 impl EngineCounters {
-    /// Stats with these counters and every other field at its default.
-    pub(crate) fn as_stats(&self) -> EngineStats {
+    /// The engine's stats: these counters, and what the scheduler, the KV cache manager and
+    /// the output processor (`requests`) hold, read now.
+    pub(crate) fn stats(
+        &self,
+        scheduler: &Scheduler,
+        bytes_per_block: usize,
+        requests: &RequestHistograms,
+    ) -> EngineStats {
+        let bm = scheduler.kv_cache_manager();
+        let pc = bm.prefix_cache_stats();
         EngineStats {
+            num_running: scheduler.num_running(),
+            num_waiting: scheduler.num_waiting(),
+            kv_cache_usage: bm.usage(),
+            kv_cache_touched_bytes: (bm.num_blocks_ever_used() as u64)
+                .saturating_mul(bytes_per_block as u64),
+            prefix_cache_queries: pc.queries,
+            prefix_cache_hits: pc.hits,
+            num_preemptions: scheduler.num_preemptions(),
+            num_swapped: scheduler.num_swapped(),
+            num_swapped_out: scheduler.num_swapped_out(),
+            num_swapped_in: scheduler.num_swapped_in(),
+            grammar: scheduler.grammar_stats(),
+            spec_decode: scheduler.spec_decode_stats(),
+            spec_draft_length: scheduler.draft_length().copied(),
+            requests: *requests,
             num_computed_tokens: self.num_computed_tokens,
             num_prompt_tokens: self.num_prompt_tokens,
             num_generation_tokens: self.num_generation_tokens,
             num_steps: self.num_steps,
             step_seconds: self.step_seconds,
             forward_seconds: self.forward_seconds,
-            ..EngineStats::default()
         }
     }
 }

@@ -3,8 +3,11 @@
 //! its logprobs, the gathering of a request's `n` (or `best_of`) sequences into one output,
 //! and `RequestOutput`s of the kind the request asked for.
 //!
-//! It takes the scheduler's `EngineCoreOutput`s and never sees the scheduler: a stop string
-//! it finds goes back as a sequence for the engine to finish there.
+//! It takes the scheduler's `EngineCoreOutput`s and reads the sequences' tokens from the
+//! scheduler's records of them (`sequence::Sequences`), which it never changes: a stop
+//! string it finds goes back as a sequence for the engine to finish there. A finished
+//! sequence's record passes to it ([`OutputProcessor::retire`]) while its request's
+//! outputs still show it, so each token is kept in one place at a time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,14 +23,12 @@ use crate::outputs::{
     Arrival, CompletionOutput, EngineCoreOutput, RequestMetrics, RequestOutput, TokenLogprobs,
 };
 use crate::sampling_params::{RequestOutputKind, SamplingParams};
-use crate::sequence::{FinishReason, StopReason};
+use crate::sequence::{FinishReason, Sequence, Sequences, StopReason};
 
 /// Every unfinished request's state beyond what the scheduler keeps.
 pub(crate) struct OutputProcessor {
     tokenizer: Arc<Tokenizer>,
     requests: HashMap<RequestId, RequestState>,
-    /// Each running sequence's request and index in it.
-    seqs: HashMap<SeqId, (RequestId, usize)>,
     /// Observed as requests' metrics are stamped.
     histograms: RequestHistograms,
 }
@@ -74,7 +75,12 @@ struct SeqState {
     cumulative_logprob: f64,
     logprobs: Vec<TokenLogprobs>,
     finish: Option<(FinishReason, Option<StopReason>)>,
-    output_ids: Vec<TokenId>,
+    /// Its output tokens taken in so far: the output shows these (a stop string may end it
+    /// before tokens the scheduler appended in the same step).
+    num_tokens: usize,
+    /// Its tokens, prompt first, once it has finished and the scheduler let its record go;
+    /// until then they are read from the scheduler's record.
+    retired_tokens: Option<Vec<TokenId>>,
     /// How much of the sequence earlier `DELTA` outputs carried.
     sent: Sent,
 }
@@ -94,7 +100,8 @@ impl SeqState {
             cumulative_logprob: 0.0,
             logprobs: Vec::new(),
             finish: None,
-            output_ids: Vec::new(),
+            num_tokens: 0,
+            retired_tokens: None,
             sent: Sent::default(),
         }
     }
@@ -105,7 +112,6 @@ impl OutputProcessor {
         Self {
             tokenizer,
             requests: HashMap::new(),
-            seqs: HashMap::new(),
             histograms: RequestHistograms::default(),
         }
     }
@@ -126,20 +132,26 @@ impl OutputProcessor {
 
     /// The scheduler gave these sequences their first step (or their first after a
     /// preemption): their requests' `first_scheduled_time`, where it is not set yet.
-    pub fn scheduled(&mut self, seqs: impl IntoIterator<Item = SeqId>) {
-        for seq in seqs {
-            if let Some((request, _)) = self.seqs.get(&seq) {
-                if let Some(req) = self.requests.get_mut(request) {
-                    let now = req.now();
-                    req.metrics.scheduled(now);
-                }
+    pub fn scheduled(&mut self, ids: impl IntoIterator<Item = SeqId>, seqs: &Sequences) {
+        for id in ids {
+            if let Some(req) = seqs
+                .get(&id)
+                .and_then(|s| self.requests.get_mut(&s.request))
+            {
+                let now = req.now();
+                req.metrics.scheduled(now);
             }
         }
     }
 
-    /// The request `seq` is a completion of.
-    pub(crate) fn request_of(&self, seq: SeqId) -> Option<&RequestId> {
-        self.seqs.get(&seq).map(|(r, _)| r)
+    /// Takes the record of a sequence the scheduler has finished with: its request's
+    /// outputs show its tokens until the request ends.
+    pub fn retire(&mut self, seq: Sequence) {
+        if let Some(req) = self.requests.get_mut(&seq.request) {
+            if let Some(st) = req.seqs.get_mut(seq.index).filter(|st| st.id == seq.id) {
+                st.retired_tokens = Some(seq.token_ids);
+            }
+        }
     }
 
     /// Takes a validated request whose sequences (`n`, or `best_of`) the scheduler runs as
@@ -165,9 +177,6 @@ impl OutputProcessor {
             .iter()
             .map(|&seq| SeqState::new(seq, detok.clone()))
             .collect();
-        for (index, &seq) in seq_ids.iter().enumerate() {
-            self.seqs.insert(seq, (id.clone(), index));
-        }
         let state = RequestState {
             prompt: prompt.text.map(Arc::from),
             prompt_ids: Arc::from(prompt.token_ids),
@@ -191,11 +200,7 @@ impl OutputProcessor {
             return Vec::new();
         };
         self.histograms.on_ended_early(reason);
-        let seqs: Vec<SeqId> = req.seqs.iter().map(|s| s.id).collect();
-        for s in &seqs {
-            self.seqs.remove(s);
-        }
-        seqs
+        req.seqs.iter().map(|s| s.id).collect()
     }
 
     /// Takes in a step's results, one per scheduled sequence in the step's order: the
@@ -205,21 +210,25 @@ impl OutputProcessor {
     pub(crate) fn process_outputs(
         &mut self,
         outputs: Vec<EngineCoreOutput>,
+        seqs: &Sequences,
     ) -> Result<ProcessedOutputs, EngineError> {
-        let mut requests: Vec<RequestId> = Vec::new();
+        let mut requests: Vec<&RequestId> = Vec::new();
         let mut stopped = Vec::new();
         for o in outputs {
-            let Some((request, index)) = self.seqs.get(&o.seq) else {
+            let Some(seq) = seqs.get(&o.seq) else {
                 continue;
             };
-            let index = *index;
-            if !requests.contains(request) {
-                requests.push(request.clone());
+            let (request, index) = (&seq.request, seq.index);
+            let Some(req) = self.requests.get_mut(request) else {
+                continue;
+            };
+            if req.seqs[index].finish.is_some() {
+                // A stop string ended it earlier in this step.
+                continue;
             }
-            let req = self
-                .requests
-                .get_mut(request)
-                .expect("a running sequence's request exists");
+            if !requests.contains(&request) {
+                requests.push(request);
+            }
             if index == 0 {
                 req.num_cached_tokens = o.num_cached_tokens;
             }
@@ -230,7 +239,6 @@ impl OutputProcessor {
             if let Some(vector) = o.pooled {
                 req.pooled = Some(vector);
                 req.seqs[index].finish = o.finish;
-                self.seqs.remove(&o.seq);
                 continue;
             }
             let Some(token) = o.new_token else {
@@ -248,7 +256,7 @@ impl OutputProcessor {
                     rank,
                 ));
             }
-            st.output_ids.push(token.token_id);
+            st.num_tokens += 1;
             // The EOS or stop token that ended the sequence is not text (vLLM's rule; it
             // shows only with skip_special_tokens off, or for a stop id of a plain token).
             let stop_token = o.stop_token && !req.params.include_stop_str_in_output;
@@ -269,10 +277,9 @@ impl OutputProcessor {
             if finish.is_some() {
                 st.detok.finish();
                 st.finish = finish;
-                self.seqs.remove(&o.seq);
             }
         }
-        for id in &requests {
+        for &id in &requests {
             let req = self.requests.get_mut(id).expect("a request the step ran");
             if req.num_step_tokens > 0 {
                 let now = req.now();
@@ -283,7 +290,7 @@ impl OutputProcessor {
         }
         let request_outputs = requests
             .iter()
-            .filter_map(|id| self.make_output(id))
+            .filter_map(|id| self.make_output(id, seqs))
             .collect();
         Ok(ProcessedOutputs {
             request_outputs,
@@ -291,7 +298,7 @@ impl OutputProcessor {
         })
     }
 
-    fn make_output(&mut self, id: &RequestId) -> Option<RequestOutput> {
+    fn make_output(&mut self, id: &RequestId, seqs: &Sequences) -> Option<RequestOutput> {
         let req = self.requests.get_mut(id)?;
         let p = &req.params;
         let width = p.num_sequences();
@@ -313,7 +320,7 @@ impl OutputProcessor {
                     .first_token_time
                     .zip(m.last_token_time)
                     .map(|(f, l)| l - f),
-                num_decode_tokens: (req.seqs.iter().map(|s| s.output_ids.len()).max()).unwrap_or(0),
+                num_decode_tokens: (req.seqs.iter().map(|s| s.num_tokens).max()).unwrap_or(0),
             });
         }
         // best_of > n ranks its completions only at the end: it has no earlier output
@@ -326,10 +333,21 @@ impl OutputProcessor {
             return None;
         }
         let mut outputs: Vec<(f64, CompletionOutput)> = Vec::with_capacity(req.seqs.len());
+        let prompt_len = req.prompt_ids.len();
         for (index, st) in req.seqs.iter_mut().enumerate() {
-            if let Some(out) = completion(st, index, p, kind) {
+            // Taken out while the rest of its state is written.
+            let retired = st.retired_tokens.take();
+            let tokens = match &retired {
+                Some(tokens) => tokens,
+                None => seqs.get(&st.id).map_or(&[][..], |s| &s.token_ids),
+            };
+            let ids = tokens
+                .get(prompt_len..prompt_len + st.num_tokens)
+                .unwrap_or(&[]);
+            if let Some(out) = completion(st, ids, index, p, kind) {
                 outputs.push((st.cumulative_logprob, out));
             }
+            st.retired_tokens = retired;
         }
         if kind == RequestOutputKind::Delta && outputs.is_empty() && !finished {
             return None;
@@ -369,15 +387,15 @@ impl OutputProcessor {
     }
 }
 
-/// One completion's output of `kind`: everything so far, or (`DELTA`) only what earlier
+/// One completion's output of `kind` (its output tokens `ids`): everything so far, or (`DELTA`) only what earlier
 /// outputs did not carry, `None` when that is nothing.
 fn completion(
     st: &mut SeqState,
+    ids: &[TokenId],
     index: usize,
     p: &SamplingParams,
     kind: RequestOutputKind,
 ) -> Option<CompletionOutput> {
-    let ids = &st.output_ids;
     let finished = st.finish.is_some();
     let text = if finished {
         st.detok.output_text()
@@ -419,3 +437,6 @@ fn completion(
     }
     Some(out)
 }
+
+#[cfg(test)]
+mod tests;

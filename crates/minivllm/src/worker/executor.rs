@@ -13,6 +13,7 @@ use crate::distributed::Communicator;
 use crate::model_executor::input_metadata::InputError;
 use crate::model_executor::models::llama::LlamaForCausalLM;
 use crate::outputs::ModelRunnerOutput;
+use crate::sequence::Sequences;
 use crate::worker::cache_engine::CacheEngine;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::model_runner::ModelRunner;
@@ -60,15 +61,16 @@ impl Executor {
         self.max_model_len
     }
 
-    /// Runs the step `sched` describes on every rank and samples on the driver: the
-    /// persistent batch takes in the step's changes, the blocks move to and from the swap
-    /// pool, and the scheduled sequences run as one batch. An empty step only does the first
-    /// two.
+    /// Runs the step `sched` describes, on the sequences `seqs` (the scheduler's), on every
+    /// rank and samples on the driver: the worker's per-sequence state takes in the step's
+    /// changes, the blocks move to and from the swap pool, and the scheduled sequences run
+    /// as one batch. An empty step only does the first two.
     pub(crate) fn execute(
         &mut self,
         sched: &SchedulerOutput,
+        seqs: &Sequences,
     ) -> Result<ModelRunnerOutput, InputError> {
-        self.runner.update_batch(sched);
+        self.runner.update_batch(sched, seqs);
         let (swap_out, swap_in) = (&sched.swap_out, &sched.swap_in);
         if !swap_out.is_empty() || !swap_in.is_empty() {
             if let Some(workers) = &self.workers {
@@ -80,13 +82,13 @@ impl Executor {
         if sched.is_empty() {
             return Ok(ModelRunnerOutput::default());
         }
-        self.runner.prepare(sched);
+        self.runner.prepare(sched, seqs);
         if let Some(workers) = &self.workers {
             let ids = sched.scheduled.iter().map(|s| s.id);
             encode_execute(&mut self.message, self.runner.input(), ids, &mut self.held);
             workers.broadcast_bytes(0, &mut self.message)?;
         }
-        self.runner.run(sched)
+        self.runner.run(sched, seqs)
     }
 
     pub fn model(&self) -> &LlamaForCausalLM {
@@ -107,7 +109,7 @@ impl Executor {
         self.runner.release_idle_memory();
     }
 
-    /// Sequences in the driver's persistent batch.
+    /// Sequences the driver keeps state for.
     pub(crate) fn num_cached_seqs(&self) -> usize {
         self.runner.num_cached_seqs()
     }

@@ -1,24 +1,18 @@
-//! The worker's persistent batch (vLLM v1's `InputBatch` and `CachedRequestState`): each
-//! running sequence's tokens and sampling state, kept from step to step and changed only by
-//! what a step says changed (sequences new to the worker, sequences finished) and by the
-//! tokens the worker itself samples. A decode step therefore sends no tokens down.
+//! The worker's own state of each running sequence (what vLLM v1's `CachedRequestState`
+//! holds beyond the request): its RNG, how far its prompt is scored, its pooling sums. The
+//! sequence's tokens and settings are not here: the runner reads them from the scheduler's
+//! record of it (`sequence::Sequences`), the one place each token is appended.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use crate::core::sched_output::{NewSeqData, SchedulerOutput};
-use crate::ids::{SeqId, TokenId};
+use crate::core::sched_output::SchedulerOutput;
+use crate::ids::SeqId;
 use crate::model_executor::layers::sampler::SeqSamplingState;
-use crate::sampling_params::SamplingParams;
+use crate::sequence::{Sequence, Sequences};
 
-/// One sequence as the worker keeps it.
+/// What the worker keeps of one sequence from step to step.
 #[derive(Debug)]
 pub(crate) struct CachedSeq {
-    /// Prompt then sampled tokens: the scheduler's copy grows by the same tokens.
-    pub token_ids: Vec<TokenId>,
-    pub prompt_len: usize,
-    pub params: Arc<SamplingParams>,
-    pub eos_token_ids: Arc<[TokenId]>,
     /// Its RNG, which only its own draws advance, so its tokens do not depend on the batch.
     pub sampling: SeqSamplingState,
     /// For the sequence that scores its prompt: the first prompt position whose successor is
@@ -29,14 +23,10 @@ pub(crate) struct CachedSeq {
 }
 
 impl CachedSeq {
-    fn new(s: NewSeqData) -> Self {
+    fn new(s: &Sequence) -> Self {
         Self {
             sampling: SeqSamplingState::new(s.params.seed, s.index),
-            prompt_logprobs_from: s.scores_prompt.then_some(0),
-            token_ids: s.token_ids,
-            prompt_len: s.prompt_len,
-            params: s.params,
-            eos_token_ids: s.eos_token_ids,
+            prompt_logprobs_from: s.scores_prompt().then_some(0),
             pooled: Vec::new(),
         }
     }
@@ -48,22 +38,18 @@ pub(crate) struct InputBatch {
 }
 
 impl InputBatch {
-    /// Applies what the step changed: finished sequences are forgotten, new ones added.
-    pub fn update(&mut self, sched: &SchedulerOutput) {
-        self.remove(&sched.finished);
-        for s in &sched.new_seqs {
-            self.seqs.insert(s.id, CachedSeq::new(s.clone()));
-        }
-    }
-
-    /// Forgets finished sequences.
-    pub fn remove(&mut self, finished: &[SeqId]) {
-        for id in finished {
+    /// Applies what the step changed: finished sequences are forgotten, new ones (read from
+    /// `seqs`) added.
+    pub fn update(&mut self, sched: &SchedulerOutput, seqs: &Sequences) {
+        for id in &sched.finished {
             self.seqs.remove(id);
         }
+        for id in &sched.new_seqs {
+            self.seqs.insert(*id, CachedSeq::new(&seqs[id]));
+        }
     }
 
-    /// A sequence the scheduler has scheduled: it always sent it first.
+    /// A sequence the scheduler has scheduled: it always said so first.
     pub fn get_mut(&mut self, id: SeqId) -> &mut CachedSeq {
         self.seqs
             .get_mut(&id)

@@ -1,6 +1,7 @@
-//! Runs a step the scheduler laid out on one rank (vLLM v1's `GPUModelRunner`): updates the
-//! persistent batch, lays the step's tokens out as one flat batch, runs the model over the
-//! KV cache, scores prompt tokens and samples the next ones.
+//! Runs a step the scheduler laid out on one rank (vLLM v1's `GPUModelRunner`): updates its
+//! state of each sequence, lays the step's tokens out as one flat batch (reading them from
+//! the scheduler's records), runs the model over the KV cache, scores prompt tokens and
+//! samples the next ones.
 //!
 //! Below that, `prepare_input` and `execute_model` lay out and run any batch and give its
 //! logits (for the reference tests, perplexity, and the other ranks' workers).
@@ -15,6 +16,7 @@ use crate::model_executor::layers::sampler::{logprobs_for, Sampler, SamplingCont
 use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
 use crate::outputs::{ModelRunnerOutput, TokenLogprobs};
 use crate::sampling_params::PoolingType;
+use crate::sequence::Sequences;
 use crate::worker::cache_engine::CacheEngine;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::input_batch::InputBatch;
@@ -49,8 +51,8 @@ pub struct LogitsRows {
     pub tokens: Range<usize>,
 }
 
-/// One rank's model, its KV cache, the persistent batch and the buffers reused from step to
-/// step. It runs what it is given on its own rank: telling the other ranks of a
+/// One rank's model, its KV cache, its state of each sequence and the buffers reused from
+/// step to step. It runs what it is given on its own rank: telling the other ranks of a
 /// tensor-parallel group is the executor's (`worker/executor.rs`).
 pub struct ModelRunner {
     model: LlamaForCausalLM,
@@ -71,6 +73,9 @@ pub struct ModelRunner {
     rows: Vec<LogitsRows>,
     /// Guesses the tokens after each one sampled (speculative decoding).
     proposer: Option<Box<dyn DraftProposer>>,
+    /// Scratch: a sequence's tokens fed this step with its drafts after them, or its tokens
+    /// with those sampled this step, for the proposer.
+    tokens: Vec<TokenId>,
 }
 
 impl ModelRunner {
@@ -90,6 +95,7 @@ impl ModelRunner {
             sampler: Sampler::default(),
             rows: Vec::new(),
             proposer: None,
+            tokens: Vec::new(),
         }
     }
 
@@ -122,42 +128,45 @@ impl ModelRunner {
         }
     }
 
-    /// Takes in the step's changes to the persistent batch: sequences new to the worker, and
-    /// those finished since the last step.
-    pub(crate) fn update_batch(&mut self, sched: &SchedulerOutput) {
-        self.batch.update(sched);
+    /// Takes in the step's changes to its per-sequence state: sequences new to the worker
+    /// (read from `seqs`), and those finished since the last step.
+    pub(crate) fn update_batch(&mut self, sched: &SchedulerOutput, seqs: &Sequences) {
+        self.batch.update(sched, seqs);
         if let (Some(proposer), false) = (&mut self.proposer, sched.finished.is_empty()) {
             proposer.forget(&sched.finished);
         }
     }
 
-    /// Lays the (non-empty) step `sched` out as one batch ([`input`](Self::input)), from the
-    /// persistent batch updated with it.
-    pub(crate) fn prepare(&mut self, sched: &SchedulerOutput) {
+    /// Lays the (non-empty) step `sched` out as one batch ([`input`](Self::input)), its
+    /// sequences' tokens read from `seqs`.
+    pub(crate) fn prepare(&mut self, sched: &SchedulerOutput, seqs: &Sequences) {
         self.begin_batch();
+        let block_size = self.cache.block_size();
         for s in &sched.scheduled {
-            let block_size = self.cache.block_size();
-            let seq = self.batch.get_mut(s.id);
-            // Draft tokens are fed after the last one, for this layout only: the batch's
-            // copy takes the ones that sampling accepts.
-            let len = seq.token_ids.len();
-            seq.token_ids.extend_from_slice(&s.spec_token_ids);
-            let input = SeqInput {
-                token_ids: &seq.token_ids,
-                prompt_len: seq.prompt_len,
+            let seq = &seqs[&s.id];
+            let end = s.num_computed + s.num_new_tokens - s.spec_token_ids.len();
+            // Draft tokens are fed after the last one, for this layout only.
+            let new_tokens = match s.spec_token_ids.is_empty() {
+                true => &seq.token_ids[s.num_computed..end],
+                false => {
+                    self.tokens.clear();
+                    self.tokens
+                        .extend_from_slice(&seq.token_ids[s.num_computed..end]);
+                    self.tokens.extend_from_slice(&s.spec_token_ids);
+                    &self.tokens
+                }
+            };
+            let placed = Placement {
+                new_tokens,
                 num_computed: s.num_computed,
-                num_new: s.num_new_tokens,
-                block_tables: &[],
-                prompt_logprobs_from: seq.prompt_logprobs_from,
+                prompt_len: seq.prompt_len,
+                prompt_logprobs_from: self.batch.get_mut(s.id).prompt_logprobs_from,
                 state_slot: s.state_slot,
+                num_drafts: s.spec_token_ids.len(),
+                sample: s.samples,
             };
             let (batch, samples) = (&mut self.input, &mut self.sample_rows);
-            let num_drafts = s.spec_token_ids.len();
-            let table = sched.block_ids(s);
-            let rows = lay_out(
-                batch, samples, block_size, &input, table, num_drafts, s.samples,
-            );
-            seq.token_ids.truncate(len);
+            let rows = lay_out(batch, samples, block_size, &placed, sched.block_ids(s));
             self.rows.push(rows);
         }
         self.end_batch();
@@ -169,16 +178,20 @@ impl ModelRunner {
     }
 
     /// Runs the batch [`prepare`](Self::prepare) laid out and samples: each sequence the
-    /// step brings to the end of its tokens gets its next token (appended to the persistent
-    /// batch too), prompt tokens are scored.
-    pub fn run(&mut self, sched: &SchedulerOutput) -> Result<ModelRunnerOutput, InputError> {
+    /// step brings to the end of its tokens gets its next token (which the scheduler
+    /// appends), prompt tokens are scored.
+    pub(crate) fn run(
+        &mut self,
+        sched: &SchedulerOutput,
+        seqs: &Sequences,
+    ) -> Result<ModelRunnerOutput, InputError> {
         let mut out = ModelRunnerOutput::default();
         let forward = Instant::now();
         self.execute_model()?;
         out.forward_seconds = forward.elapsed().as_secs_f64();
-        self.score_prompts(sched, &mut out.prompt_logprobs);
-        self.pool(sched, &mut out.pooled);
-        self.sample(sched, &mut out);
+        self.score_prompts(sched, seqs, &mut out.prompt_logprobs);
+        self.pool(sched, seqs, &mut out.pooled);
+        self.sample(sched, seqs, &mut out);
         out.run_seconds = forward.elapsed().as_secs_f64() - out.draft_seconds;
         Ok(out)
     }
@@ -187,6 +200,7 @@ impl ModelRunner {
     fn score_prompts(
         &mut self,
         sched: &SchedulerOutput,
+        seqs: &Sequences,
         out: &mut Vec<(SeqId, Vec<TokenLogprobs>)>,
     ) {
         let vocab = self.model.config().vocab_size;
@@ -195,9 +209,9 @@ impl ModelRunner {
             let Some((first_row, positions)) = rows.prompt.clone() else {
                 continue;
             };
-            let seq = self.batch.get_mut(s.id);
+            let seq = &seqs[&s.id];
             let k = seq.params.prompt_logprobs.unwrap_or(0);
-            seq.prompt_logprobs_from = Some(positions.end);
+            self.batch.get_mut(s.id).prompt_logprobs_from = Some(positions.end);
             let scored = (first_row..)
                 .zip(positions)
                 .map(|(row, pos)| {
@@ -214,13 +228,19 @@ impl ModelRunner {
     /// Pools the hidden states of the step's embedding requests: the last prompt token's,
     /// or (mean) a running sum over every chunk of the prompt; a request whose prompt ends
     /// this step gets its vector.
-    fn pool(&mut self, sched: &SchedulerOutput, out: &mut Vec<(SeqId, Vec<f32>)>) {
+    fn pool(
+        &mut self,
+        sched: &SchedulerOutput,
+        seqs: &Sequences,
+        out: &mut Vec<(SeqId, Vec<f32>)>,
+    ) {
         let h = self.model.config().hidden_size;
         for (s, r) in sched.scheduled.iter().zip(&self.rows) {
-            let seq = self.batch.get_mut(s.id);
-            let Some(pooling) = seq.params.pooling else {
+            let Some(pooling) = seqs[&s.id].params.pooling else {
                 continue;
             };
+            let prompt_len = seqs[&s.id].prompt_len;
+            let seq = self.batch.get_mut(s.id);
             if s.num_computed == 0 {
                 // From the start (again, after a preemption).
                 seq.pooled.clear();
@@ -234,15 +254,15 @@ impl ModelRunner {
                         seq.pooled.iter_mut().zip(row).for_each(|(a, x)| *a += x);
                     }
                 }
-                PoolingType::Last if end == seq.prompt_len => {
+                PoolingType::Last if end == prompt_len => {
                     seq.pooled.clear();
                     seq.pooled.extend_from_slice(&rows[rows.len() - h..]);
                 }
                 PoolingType::Last => {}
             }
-            if end == seq.prompt_len {
+            if end == prompt_len {
                 let sum = std::mem::take(&mut seq.pooled);
-                out.push((s.id, pooling.finish(sum, seq.prompt_len)));
+                out.push((s.id, pooling.finish(sum, prompt_len)));
             }
         }
     }
@@ -254,7 +274,7 @@ impl ModelRunner {
     /// accepted before it as its history, and goes on while the token sampled is the
     /// draft's. Every position draws from the sequence's RNG as a plain decode step would,
     /// so the tokens are those plain decoding gives.
-    fn sample(&mut self, sched: &SchedulerOutput, out: &mut ModelRunnerOutput) {
+    fn sample(&mut self, sched: &SchedulerOutput, seqs: &Sequences, out: &mut ModelRunnerOutput) {
         let vocab = self.model.config().vocab_size;
         let all = self.buffers.logits_mut(self.num_logits);
         let from = all.len() - self.num_samples * vocab;
@@ -264,8 +284,10 @@ impl ModelRunner {
                 continue;
             }
             let mask = sched.token_mask(s.id);
-            let seq = self.batch.get_mut(s.id);
+            let seq = &seqs[&s.id];
+            let state = &mut self.batch.get_mut(s.id).sampling;
             let drafts = &s.spec_token_ids;
+            let first = out.sampled.len();
             let mut accepting = true;
             for (i, row) in rows.by_ref().take(1 + drafts.len()).enumerate() {
                 if !accepting {
@@ -276,18 +298,23 @@ impl ModelRunner {
                     options: seq.params.sampling_options(),
                     prompt_ids: &seq.token_ids[..seq.prompt_len],
                     output_ids: &seq.token_ids[seq.prompt_len..],
+                    // Those sampled before it this step: the drafts it kept.
+                    accepted: &drafts[..i],
                     eos_token_ids: &seq.eos_token_ids,
                     allowed: mask,
-                    state: &mut seq.sampling,
+                    state: &mut *state,
                 };
                 let token = self.sampler.sample_row(row, &mut ctx);
                 accepting = drafts.get(i) == Some(&token.token_id);
-                seq.token_ids.push(token.token_id);
                 out.sampled.push((s.id, token));
             }
             if let (Some(proposer), 1..) = (&mut self.proposer, s.num_lookahead) {
                 let started = Instant::now();
-                let drafts = proposer.propose(s.id, &seq.token_ids, s.num_lookahead);
+                self.tokens.clear();
+                self.tokens.extend_from_slice(&seq.token_ids);
+                self.tokens
+                    .extend(out.sampled[first..].iter().map(|(_, t)| t.token_id));
+                let drafts = proposer.propose(s.id, &self.tokens, s.num_lookahead);
                 out.draft_seconds += started.elapsed().as_secs_f64();
                 out.num_guesses += drafts.len();
                 if !drafts.is_empty() {
@@ -311,14 +338,21 @@ impl ModelRunner {
             self.table.clear();
             self.table
                 .extend(s.block_tables.iter().flatten().map(|b| b.0));
+            let placed = Placement {
+                new_tokens: &s.token_ids[s.num_computed..s.num_computed + s.num_new],
+                num_computed: s.num_computed,
+                prompt_len: s.prompt_len,
+                prompt_logprobs_from: s.prompt_logprobs_from,
+                state_slot: s.state_slot,
+                num_drafts: 0,
+                sample: reaches_end(s.num_computed, s.num_new, s.token_ids.len()),
+            };
             let r = lay_out(
                 &mut self.input,
                 &mut self.sample_rows,
                 block_size,
-                &s,
+                &placed,
                 &self.table,
-                0,
-                reaches_end(s.num_computed, s.num_new, s.token_ids.len()),
             );
             self.rows.push(r);
         }
@@ -376,7 +410,7 @@ impl ModelRunner {
         self.buffers.release_if_large();
     }
 
-    /// Sequences in the persistent batch.
+    /// Sequences it keeps state for.
     pub(crate) fn num_cached_seqs(&self) -> usize {
         self.batch.len()
     }
@@ -393,27 +427,41 @@ impl ModelRunner {
     }
 }
 
+/// One sequence's part of a batch, as [`lay_out`] places it.
+struct Placement<'a> {
+    /// The tokens fed this step: those after its `num_computed`, then its draft tokens.
+    new_tokens: &'a [TokenId],
+    num_computed: usize,
+    prompt_len: usize,
+    /// For prompt logprobs: the first prompt position whose successor is still to be scored.
+    prompt_logprobs_from: Option<usize>,
+    state_slot: Option<u32>,
+    /// How many of `new_tokens` are draft tokens, each to be sampled at.
+    num_drafts: usize,
+    /// It samples this step (as the scheduler decided, `ScheduledSeq::samples`).
+    sample: bool,
+}
+
 /// Adds sequence `s` (its block tables flattened in `table`) to the batch in `input`, and
-/// if it `sample`s (as the scheduler decided, `ScheduledSeq::samples`) its sample rows to
-/// `sample_rows` (indices into the batch's tokens: its last token's, after `num_drafts`
-/// more for the draft tokens its last new ones are); returns where its logits will be, the
-/// first sample row counted among `sample_rows` until `end_batch` places it.
+/// if it samples its sample rows to `sample_rows` (indices into the batch's tokens: its
+/// last token's, after `num_drafts` more for the draft tokens its last new ones are);
+/// returns where its logits will be, the first sample row counted among `sample_rows`
+/// until `end_batch` places it.
 fn lay_out(
     input: &mut InputMetadata,
     sample_rows: &mut Vec<usize>,
     block_size: usize,
-    s: &SeqInput<'_>,
+    s: &Placement<'_>,
     table: &[u32],
-    num_drafts: usize,
-    sample: bool,
 ) -> LogitsRows {
-    let end = s.num_computed + s.num_new;
+    let num_new = s.new_tokens.len();
+    let end = s.num_computed + num_new;
     let start_row = input.num_tokens();
-    let new_tokens = &s.token_ids[s.num_computed..end];
+    let (new_tokens, num_drafts) = (s.new_tokens, s.num_drafts);
     input.add_sequence(new_tokens, end, table, block_size, false);
     input.state_slots.extend(s.state_slot);
     let mut r = LogitsRows {
-        tokens: start_row..start_row + s.num_new,
+        tokens: start_row..start_row + num_new,
         ..LogitsRows::default()
     };
     if let Some(from) = s.prompt_logprobs_from {
@@ -425,9 +473,9 @@ fn lay_out(
             input.logits_indices.extend(rows);
         }
     }
-    if sample {
+    if s.sample {
         r.sample = Some(sample_rows.len());
-        let last = start_row + s.num_new - 1;
+        let last = start_row + num_new - 1;
         sample_rows.extend(last - num_drafts..=last);
     }
     r

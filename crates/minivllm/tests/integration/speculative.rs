@@ -203,7 +203,8 @@ fn failing_guesses_are_cut_back() {
 /// `draft_model`: the test model drafting for itself, greedily on its own KV cache. Its
 /// greedy guesses are the target's greedy tokens (the same weights and kernels, logits
 /// batch-invariant), so every one is kept and steps fall by the draft length; seeded
-/// sampling gives plain decoding's tokens too, with fewer guesses kept.
+/// sampling, with or without penalties, gives plain decoding's tokens too, with fewer
+/// guesses kept.
 #[test]
 fn a_draft_model_gives_plain_decodings_tokens() {
     let model = common::test_model_path().to_str().unwrap().to_string();
@@ -219,7 +220,16 @@ fn a_draft_model_gives_plain_decodings_tokens() {
         max_tokens: Some(30),
         ..SamplingParams::default()
     };
-    for params in [greedy(40), seeded] {
+    // Penalties and min_tokens at a draft position count the drafts kept before it.
+    let penalised = SamplingParams {
+        repetition_penalty: 1.3,
+        frequency_penalty: 0.6,
+        presence_penalty: 0.4,
+        min_tokens: 20,
+        seed: Some(5),
+        ..seeded.clone()
+    };
+    for params in [greedy(40), seeded, penalised] {
         let mut results = Vec::new();
         for llm in [&mut plain, &mut fast] {
             let engine = llm.engine_mut();

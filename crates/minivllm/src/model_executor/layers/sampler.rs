@@ -44,6 +44,9 @@ pub(crate) struct SamplingContext<'a> {
     pub options: SamplingOptions<'a>,
     pub prompt_ids: &'a [TokenId],
     pub output_ids: &'a [TokenId],
+    /// Tokens sampled for it earlier in this step (the draft tokens it kept), after
+    /// `output_ids`.
+    pub accepted: &'a [TokenId],
     /// Banned, with `options.stop_token_ids`, until `min_tokens` tokens have been generated.
     pub eos_token_ids: &'a [TokenId],
     /// The only tokens it may sample, when a grammar constrains it.
@@ -137,7 +140,7 @@ impl Sampler {
                 *l += bias;
             }
         }
-        if ctx.output_ids.len() < params.min_tokens {
+        if ctx.output_ids.len() + ctx.accepted.len() < params.min_tokens {
             // vLLM bans EOS here even with ignore_eos.
             for &token in ctx.eos_token_ids.iter().chain(params.stop_token_ids) {
                 if let Some(l) = row.get_mut(token as usize) {
@@ -145,7 +148,7 @@ impl Sampler {
                 }
             }
         }
-        self.apply_penalties(row, &params, ctx.prompt_ids, ctx.output_ids);
+        self.apply_penalties(row, &params, ctx.prompt_ids, [ctx.output_ids, ctx.accepted]);
 
         let token = if params.greedy {
             argmax(row)
@@ -176,8 +179,9 @@ impl Sampler {
         row: &mut [f32],
         params: &SamplingOptions<'_>,
         prompt: &[TokenId],
-        output: &[TokenId],
+        output: [&[TokenId]; 2],
     ) {
+        let output = || output.into_iter().flatten();
         let vocab = row.len();
         if self.counts.len() != vocab {
             self.counts.clear();
@@ -185,7 +189,7 @@ impl Sampler {
         }
         let rp = params.repetition_penalty;
         if rp != 1.0 {
-            self.count(prompt.iter().chain(output));
+            self.count(prompt.iter().chain(output()));
             for &t in &self.touched {
                 let l = &mut row[t as usize];
                 *l = if *l > 0.0 { *l / rp } else { *l * rp };
@@ -194,7 +198,7 @@ impl Sampler {
         }
         let (fp, pp) = (params.frequency_penalty, params.presence_penalty);
         if fp != 0.0 || pp != 0.0 {
-            self.count(output.iter());
+            self.count(output());
             for &t in &self.touched {
                 let t = t as usize;
                 row[t] -= fp * self.counts[t] as f32;

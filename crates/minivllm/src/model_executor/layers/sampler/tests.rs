@@ -21,6 +21,7 @@ fn run(
             options: params.sampling_options(),
             prompt_ids: h.prompt,
             output_ids: h.output,
+            accepted: &[],
             eos_token_ids: h.eos,
             allowed: None,
             state,
