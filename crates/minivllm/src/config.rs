@@ -181,7 +181,7 @@ impl ModelFamily {
 
     /// Gemma's layout: GeGLU, (1 + w) norms around attention and the MLP, embeddings
     /// scaled by √hidden, scores by `query_pre_attn_scalar`.
-    pub fn is_gemma(self) -> bool {
+    pub(crate) fn is_gemma(self) -> bool {
         matches!(self, ModelFamily::Gemma2 | ModelFamily::Gemma3)
     }
 

@@ -18,7 +18,7 @@ pub mod outputs;
 pub mod reasoning;
 pub mod sampling_params;
 pub mod sequence;
-pub mod spec_decode;
+pub(crate) mod spec_decode;
 pub mod structured_output;
 #[doc(hidden)]
 pub mod testing;

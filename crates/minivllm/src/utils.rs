@@ -1,7 +1,7 @@
 //! Small parsing helpers shared by the entry points, and the allocator's settings
 //! ([`allocator`]).
 
-pub mod allocator;
+pub(crate) mod allocator;
 
 /// Parses a byte size such as `4GiB`, `512MiB`, `1.5GB`, `1000000` (plain bytes).
 /// Binary (`KiB`, `MiB`, `GiB`, `TiB`) and decimal (`KB`, `MB`, `GB`, `TB`) suffixes, any case.

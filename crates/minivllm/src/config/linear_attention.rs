@@ -131,12 +131,12 @@ impl LinearAttentionConfig {
     }
 
     /// How many layers are linear attention.
-    pub fn num_layers(&self) -> usize {
+    pub(crate) fn num_layers(&self) -> usize {
         self.layers.iter().filter(|&&l| l).count()
     }
 
     /// Bytes of one sequence's state over all the linear layers (f32).
-    pub fn state_bytes_per_seq(&self) -> u64 {
+    pub(crate) fn state_bytes_per_seq(&self) -> u64 {
         let [conv, rec] = self.state_lens();
         (self.num_layers() * (conv + rec) * std::mem::size_of::<f32>()) as u64
     }

@@ -1,10 +1,10 @@
 //! Scheduling and KV-block bookkeeping.
 
-pub mod block_pool;
+pub(crate) mod block_pool;
 pub mod kv_cache_manager;
 pub mod policy;
-pub mod prefill_share;
-pub mod sched_output;
+pub(crate) mod prefill_share;
+pub(crate) mod sched_output;
 pub mod scheduler;
-pub mod seq_queue;
-pub mod spec_decode_stats;
+pub(crate) mod seq_queue;
+pub(crate) mod spec_decode_stats;

@@ -146,7 +146,7 @@ impl OutputProcessor {
 
     /// Takes the record of a sequence the scheduler has finished with: its request's
     /// outputs show its tokens until the request ends.
-    pub fn retire(&mut self, seq: Sequence) {
+    pub(crate) fn retire(&mut self, seq: Sequence) {
         if let Some(req) = self.requests.get_mut(&seq.request) {
             if let Some(st) = req.seqs.get_mut(seq.index).filter(|st| st.id == seq.id) {
                 st.retired_tokens = Some(seq.token_ids);

@@ -2,8 +2,8 @@
 //! view of each sequence; it never sees a request.
 
 pub mod input_metadata;
-pub mod layers;
+pub(crate) mod layers;
 pub mod loader;
 pub mod model_loader;
 pub mod models;
-pub mod sampling_metadata;
+pub(crate) mod sampling_metadata;

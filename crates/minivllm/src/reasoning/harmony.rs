@@ -24,7 +24,7 @@ harmony_text: /(.|\n)+/"#;
 
 /// One message read from a reply.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Message {
+pub(crate) struct Message {
     pub channel: String,
     /// `functions.get_weather` for a tool call; `None` for one addressed to the user.
     pub recipient: Option<String>,
@@ -149,7 +149,7 @@ fn partial_marker(s: &str) -> usize {
 /// What a harmony reply says to the user: its thinking (the `analysis` messages), its answer
 /// (`final` messages and the preambles, commentary addressed to no tool), and its calls.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub reasoning: String,
     pub content: String,
     /// (function, arguments as written).

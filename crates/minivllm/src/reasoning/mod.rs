@@ -17,7 +17,7 @@
 //!   thinking, the `final` channel (and preambles to tool calls) the answer. Their markers
 //!   are special tokens, which such requests keep in their text.
 
-pub mod harmony;
+pub(crate) mod harmony;
 
 const START: &str = "<think>";
 const END: &str = "</think>";

@@ -2,4 +2,4 @@
 //! sequence's guesses fare and how many are worth verifying. The proposers themselves run
 //! in the worker (`worker/ngram_proposer.rs`).
 
-pub mod draft_length;
+pub(crate) mod draft_length;

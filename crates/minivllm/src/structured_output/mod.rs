@@ -16,8 +16,8 @@ use crate::ids::TokenId;
 pub use crate::model_executor::sampling_metadata::TokenBitmask;
 
 pub mod backend_guidance;
-pub mod limits;
-pub mod strict_schema;
+pub(crate) mod limits;
+pub(crate) mod strict_schema;
 pub mod vocabulary;
 
 /// What structured output has cost: the tokens constrained (one mask each) and the

@@ -3,11 +3,11 @@
 pub mod cache_engine;
 pub mod draft_model_proposer;
 pub mod draft_proposer;
-pub mod executor;
-pub mod input_batch;
+pub(crate) mod executor;
+pub(crate) mod input_batch;
 pub mod model_runner;
-pub mod ngram_proposer;
-pub mod step_message;
+pub(crate) mod ngram_proposer;
+pub(crate) mod step_message;
 pub mod worker_config;
-pub mod worker_loop;
+pub(crate) mod worker_loop;
 pub mod worker_process;

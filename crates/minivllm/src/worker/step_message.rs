@@ -24,14 +24,14 @@ const MAX_GROUPS: usize = 1 << 12;
 /// Block moves to make before the next forward pass: swap-outs, then swap-ins (the order
 /// `ModelRunner::apply_cache_ops` explains).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CacheOps {
+pub(crate) struct CacheOps {
     pub swap_out: Vec<(BlockId, CpuBlockId)>,
     pub swap_in: Vec<(CpuBlockId, BlockId)>,
 }
 
 /// What a received message asks of a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Received {
+pub(crate) enum Received {
     /// Make the cache operations decoded into the `CacheOps`.
     CacheOps,
     /// Run the batch decoded into the `InputMetadata`.
@@ -174,7 +174,7 @@ pub(crate) fn encode_shutdown(buf: &mut Vec<u8>) {
 
 /// A worker's buffers for received messages, reused from step to step.
 #[derive(Debug, Default)]
-pub struct StepBuffers {
+pub(crate) struct StepBuffers {
     pub ops: CacheOps,
     pub input: InputMetadata,
     /// The tables of the last batch's sequences, which the next batch's changes apply to.

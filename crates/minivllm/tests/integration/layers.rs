@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u32)] = &[
     ("entrypoints", 70),
     ("engine", 60),
-    // The model runner and its persistent batch, which run what the scheduler hands them
-    // (as vLLM v1's worker reads the scheduler's output) and sample.
+    // The model runner and its state of each sequence, which run what the scheduler hands
+    // them (as vLLM v1's worker reads the scheduler's output) and sample.
     ("worker", 55),
     // The scheduler and KV cache manager, beside the engine, which drives them.
     ("core", 50),
@@ -39,7 +39,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("kernels", 0),
 ];
 
-fn src() -> PathBuf {
+pub(crate) fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
@@ -50,7 +50,7 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Every `.rs` file under `dir`, test files included.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+pub(crate) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.expect("directory entry").path())
@@ -223,7 +223,7 @@ fn llm_engine_is_under_300_lines_of_code() {
 }
 
 /// The module path of a source file (`["engine", "llm_engine"]`; a `mod.rs` is its folder's).
-fn module_path(path: &Path) -> Vec<String> {
+pub(crate) fn module_path(path: &Path) -> Vec<String> {
     let rel = path.strip_prefix(src()).expect("under src");
     let mut parts: Vec<String> = rel
         .components()

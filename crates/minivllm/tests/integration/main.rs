@@ -19,6 +19,7 @@ mod linear_attention;
 mod model_families;
 mod model_reference;
 mod moe_gguf;
+mod public_modules;
 mod real_models;
 mod scheduler;
 mod speculative;

@@ -3,4 +3,4 @@
 //! content blocks and Anthropic's stream events.
 
 pub mod protocol;
-pub mod serving_messages;
+pub(crate) mod serving_messages;

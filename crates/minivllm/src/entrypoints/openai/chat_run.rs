@@ -76,7 +76,6 @@ fn continue_final_message(
 /// stream's receiver aborts the request.
 pub enum ChatRun {
     Full {
-        prompt_tokens: usize,
         reply: ChatReply,
     },
     Stream {
@@ -126,10 +125,7 @@ pub async fn run_chat(
     }
     let out = last_output(rx).await?;
     let reply = off_async(s, move |_| reply.full(&out)).await;
-    Ok(ChatRun::Full {
-        prompt_tokens,
-        reply,
-    })
+    Ok(ChatRun::Full { reply })
 }
 
 /// The request checked, its messages rendered and tokenised, and its sampling parameters.

@@ -13,7 +13,7 @@ use crate::sequence::{FinishReason, StopReason};
 
 /// One piece of a choice's reply, in the order the client sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
+pub(crate) enum Piece {
     /// More thinking (`reasoning_content`, with `--reasoning-parser`).
     Reasoning(String),
     /// More of the answer.
@@ -30,7 +30,7 @@ pub enum Piece {
 
 /// How a choice finished.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Finish {
+pub(crate) struct Finish {
     pub reason: FinishReason,
     /// The stop string or token that ended it, as vLLM's `stop_reason`.
     pub stop_reason: Option<StopReason>,
@@ -55,7 +55,7 @@ impl Finish {
 /// What one step added to one choice: pieces, the logprobs of the tokens they release (when
 /// the request asked for logprobs), and how the choice finished once it has.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ChoiceDelta {
+pub(crate) struct ChoiceDelta {
     pub index: usize,
     pub pieces: Vec<Piece>,
     pub logprobs: Option<Vec<TokenLogprob>>,
@@ -65,14 +65,14 @@ pub struct ChoiceDelta {
 /// A streamed chat run's events: choice deltas as the engine produces them, then the
 /// request's usage once every choice has finished (absent when the run ended early).
 #[derive(Debug, Clone, PartialEq)]
-pub enum ChatEvent {
+pub(crate) enum ChatEvent {
     Delta(ChoiceDelta),
     Usage(Usage),
 }
 
 /// A streamed run's events as its routes read them: the deltas in turn, the usage that
 /// ends the stream kept aside. Dropping it aborts the request.
-pub struct ReplyEvents {
+pub(crate) struct ReplyEvents {
     rx: mpsc::Receiver<ChatEvent>,
     /// The request's usage, once the stream has given it.
     pub usage: Option<Usage>,
@@ -96,7 +96,7 @@ impl ReplyEvents {
 
 /// One tool call of a finished reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolCallOut {
+pub(crate) struct ToolCallOut {
     pub id: String,
     pub name: String,
     /// JSON text, as the model wrote it.
@@ -105,7 +105,7 @@ pub struct ToolCallOut {
 
 /// One finished choice, as the parsers read it whole.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ChoiceReply {
+pub(crate) struct ChoiceReply {
     pub index: usize,
     /// The thinking, when the model thought (with `--reasoning-parser`).
     pub reasoning: Option<String>,
@@ -119,7 +119,7 @@ pub struct ChoiceReply {
 
 /// A whole chat run's reply.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ChatReply {
+pub(crate) struct ChatReply {
     pub choices: Vec<ChoiceReply>,
     pub usage: Usage,
     /// The server splits thinking off (the chat reply then has `reasoning_content`, null
@@ -132,7 +132,7 @@ pub struct ChatReply {
 /// One generated token's logprob and its alternatives, as OpenAI's chat and Responses
 /// entries both give them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TokenLogprob {
+pub(crate) struct TokenLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
@@ -140,7 +140,7 @@ pub struct TokenLogprob {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TopLogprob {
+pub(crate) struct TopLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,

@@ -40,7 +40,7 @@ const PROMPT_LOGPROB_ENTRY_BYTES: u64 = 1_408;
 
 /// How a route writes logprobs into its response, for the estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogprobFormat {
+pub(crate) enum LogprobFormat {
     /// `/v1/completions`: a `{text: logprob}` map per position.
     Completions,
     /// Chat's entries (the Anthropic route asks for none).
@@ -72,7 +72,7 @@ const BIAS_ENTRY_BYTES: u64 = 48;
 
 /// One prompt of a request, as the estimate sees it.
 #[derive(Debug, Clone, Copy)]
-pub struct PromptShape {
+pub(crate) struct PromptShape {
     pub tokens: usize,
     /// Its output budget (`max_tokens` after the context check).
     pub max_tokens: usize,
@@ -80,7 +80,7 @@ pub struct PromptShape {
 
 /// What a route's response holds of a request, for the estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ResponseShape {
+pub(crate) struct ResponseShape {
     /// Every choice repeats its prompt (completions' `echo`), with its logprobs when
     /// `prompt_logprobs` is set.
     pub echo: bool,

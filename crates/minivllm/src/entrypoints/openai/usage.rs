@@ -7,7 +7,7 @@ use crate::outputs::RequestOutput;
 
 /// A response's token counts: OpenAI's `usage`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     pub prompt: usize,
     pub completion: usize,
     /// Prompt tokens the prefix cache held.

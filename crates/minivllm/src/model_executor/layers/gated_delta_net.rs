@@ -104,7 +104,7 @@ impl LayerStateCache {
         [self.conv_len, self.rec_len] == lens
     }
 
-    pub fn num_slots(&self) -> usize {
+    pub(crate) fn num_slots(&self) -> usize {
         self.data.len() / (self.conv_len + self.rec_len).max(1)
     }
 
@@ -238,7 +238,7 @@ impl GatedDeltaNet {
     }
 
     /// Floats of a sequence's convolution state and of its rule state in this layer.
-    pub fn state_lens(&self) -> [usize; 2] {
+    pub(crate) fn state_lens(&self) -> [usize; 2] {
         let conv = self.cfg.conv_dim() * (self.cfg.conv_width - 1);
         [conv, self.cfg.heads.state_len()]
     }

@@ -1,11 +1,11 @@
 //! The building blocks of a LLaMA-family decoder, each a thin owner of weights over a kernel.
 
-pub mod attention;
-pub mod fused_moe;
-pub mod gated_delta_net;
-pub mod linear;
-pub mod mlp;
-pub mod norm;
-pub mod parallel;
-pub mod rotary;
-pub mod sampler;
+pub(crate) mod attention;
+pub(crate) mod fused_moe;
+pub(crate) mod gated_delta_net;
+pub(crate) mod linear;
+pub(crate) mod mlp;
+pub(crate) mod norm;
+pub(crate) mod parallel;
+pub(crate) mod rotary;
+pub(crate) mod sampler;

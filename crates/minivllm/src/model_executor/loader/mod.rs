@@ -8,8 +8,8 @@ pub mod gguf_quantize;
 pub mod gguf_weights;
 pub mod gguf_writer;
 
-pub mod hf;
-pub mod safetensors;
+pub(crate) mod hf;
+pub(crate) mod safetensors;
 pub mod sharded;
 pub mod weights;
 

@@ -3,4 +3,4 @@
 //! output items and the Responses stream events.
 
 pub mod protocol;
-pub mod serving;
+pub(crate) mod serving;

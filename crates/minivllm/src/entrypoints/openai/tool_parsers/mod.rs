@@ -9,7 +9,7 @@
 //! difference; text that may turn out to start a call is held back until it is clear.
 
 mod hermes;
-pub mod json_scan;
+pub(crate) mod json_scan;
 mod llama3_json;
 mod mistral;
 mod openai;
