@@ -9,9 +9,11 @@ use crate::engine::arg_utils::check_width;
 use crate::engine::errors::EngineError;
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
-use crate::ids::TokenId;
+use crate::ids::{RequestId, SeqId, TokenId};
 use crate::outputs::Arrival;
 use crate::sampling_params::{SamplingParams, ValidationError};
+use crate::sequence::Sequence;
+use crate::structured_output::StructuredOutputGrammar;
 
 /// A prompt in either of vLLM's two forms.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +44,65 @@ impl From<Vec<TokenId>> for PromptInput {
 pub(crate) struct ProcessedPrompt {
     pub text: Option<String>,
     pub token_ids: Vec<TokenId>,
+}
+
+/// A request that nothing can refuse any more but a duplicate id: its prompt processed,
+/// its parameters checked, its grammar compiled (`LLMEngine::prepare_request`).
+pub(crate) struct PreparedRequest {
+    pub prompt: ProcessedPrompt,
+    pub params: CheckedParams,
+    pub grammar: Option<Box<dyn StructuredOutputGrammar>>,
+}
+
+/// A request admitted: its sequences for the scheduler, the rest for the output processor.
+pub(crate) struct AdmittedRequest {
+    pub seqs: Vec<Sequence>,
+    pub prompt: ProcessedPrompt,
+    pub params: Arc<SamplingParams>,
+    pub stop: Option<Arc<StopStrings>>,
+    pub arrived: Arrival,
+}
+
+impl PreparedRequest {
+    /// The request, `arrival`-th in order, as the scheduler and the output processor keep
+    /// it: one sequence per completion (`n`, or `best_of`) with ids after `last_seq_id`
+    /// (advanced past them), each stopping at `max_tokens` or at the model's context.
+    pub(crate) fn admit(
+        self,
+        request: &RequestId,
+        last_seq_id: &mut u64,
+        arrival: u64,
+        limits: &RequestLimits,
+        eos_token_ids: &Arc<[TokenId]>,
+    ) -> AdmittedRequest {
+        let (priority, arrived) = (self.params.priority(), self.params.arrival());
+        let (params, stop) = self.params.into_params_and_stop();
+        let prompt = self.prompt;
+        let max_tokens = (params.max_tokens.unwrap_or(usize::MAX))
+            .min(limits.max_model_len - prompt.token_ids.len());
+        let params = Arc::new(params);
+        let seqs = (0..params.num_sequences())
+            .map(|index| {
+                *last_seq_id += 1;
+                let id = SeqId(*last_seq_id);
+                let mut seq = Sequence::new(id, prompt.token_ids.clone(), priority, arrival)
+                    .of_request(request.clone(), index)
+                    .with_sampling(Arc::clone(&params), max_tokens, Arc::clone(eos_token_ids));
+                // Cached prefix blocks have no logits to score, so the sequence that scores
+                // the prompt computes it whole; its siblings then find it in the prefix cache.
+                seq.skip_prefix_cache = seq.scores_prompt() || seq.pools_every_position();
+                seq.grammar = self.grammar.clone();
+                seq
+            })
+            .collect();
+        AdmittedRequest {
+            seqs,
+            prompt,
+            params,
+            stop,
+            arrived,
+        }
+    }
 }
 
 /// What a request must satisfy to run on the engine, beyond the scheduler's settings: its

@@ -14,7 +14,9 @@ use crate::engine::arg_utils::{check_kv_cache_fits, kv_cache_manager, scheduler_
 pub use crate::engine::arg_utils::{check_width, EngineArgs};
 pub use crate::engine::errors::EngineError;
 pub use crate::engine::input_processor::PromptInput;
-use crate::engine::input_processor::{process_prompt, CheckedParams, RequestChecks, RequestLimits};
+use crate::engine::input_processor::{
+    process_prompt, CheckedParams, PreparedRequest, RequestChecks, RequestLimits,
+};
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::{EngineCounters, StatsLogger};
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
@@ -24,7 +26,7 @@ use crate::engine::tokenizer::{load_tokenizer, Tokenizer};
 use crate::outputs::RequestOutput;
 use crate::reasoning::ReasoningParser;
 use crate::sampling_params::SamplingParams;
-use crate::sequence::{FinishReason, RequestId, SeqId, Sequence, TokenId};
+use crate::sequence::{FinishReason, RequestId, SeqId, TokenId};
 use crate::spec_decode::draft_length::DraftLimits;
 use crate::structured_output::StructuredOutputGrammar;
 use crate::worker::draft_proposer::DraftProposer;
@@ -236,46 +238,51 @@ impl LLMEngine {
         params: CheckedParams,
         grammar: Option<Box<dyn StructuredOutputGrammar>>,
     ) -> Result<(), EngineError> {
-        let request_id = RequestId(request_id.into());
-        if self.outputs.contains(&request_id) {
-            return Err(EngineError::DuplicateRequest(request_id.0));
-        }
-        let priority = params.priority();
+        let request = self.prepare_request(prompt, params, grammar)?;
+        self.add_prepared_request(request_id, request)
+    }
+
+    /// What can refuse a request, done without adding it: its prompt tokenised and checked,
+    /// its grammar compiled. `LLM::generate` prepares a whole batch before adding any.
+    pub(crate) fn prepare_request(
+        &self,
+        prompt: PromptInput,
+        params: CheckedParams,
+        grammar: Option<Box<dyn StructuredOutputGrammar>>,
+    ) -> Result<PreparedRequest, EngineError> {
         let grammar = match (grammar, &params.params().structured_outputs) {
             (None, Some(so)) => Some(self.structured.compile(so, &prompt)?),
             (grammar, _) => grammar,
         };
         let prompt = process_prompt(&self.tokenizer, prompt, &self.checks.limits)?;
-        let arrived = params.arrival();
-        // Built once the request can no longer be refused.
-        let (params, stop) = params.into_params_and_stop();
-        self.counters.num_prompt_tokens += prompt.token_ids.len() as u64;
+        Ok(PreparedRequest {
+            prompt,
+            params,
+            grammar,
+        })
+    }
+
+    /// Queues a prepared request; refused only for an id already in use.
+    pub(crate) fn add_prepared_request(
+        &mut self,
+        request_id: impl Into<String>,
+        request: PreparedRequest,
+    ) -> Result<(), EngineError> {
+        let request_id = RequestId(request_id.into());
+        if self.outputs.contains(&request_id) {
+            return Err(EngineError::DuplicateRequest(request_id.0));
+        }
         let arrival = self.next_arrival;
         self.next_arrival += 1;
-        let width = params.num_sequences();
-        let max_tokens = (params.max_tokens.unwrap_or(usize::MAX))
-            .min(self.checks.limits.max_model_len - prompt.token_ids.len());
-        let params = Arc::new(params);
-        let seq_ids: Vec<SeqId> = (0..width)
-            .map(|_| {
-                self.next_seq_id += 1;
-                SeqId(self.next_seq_id)
-            })
-            .collect();
-        for (index, &id) in seq_ids.iter().enumerate() {
-            let mut seq = Sequence::new(id, prompt.token_ids.clone(), priority, arrival)
-                .of_request(request_id.clone(), index)
-                .with_sampling(
-                    Arc::clone(&params),
-                    max_tokens,
-                    Arc::clone(&self.eos_token_ids),
-                );
-            // Cached prefix blocks have no logits to score, so the sequence that scores the
-            // prompt computes it whole; its siblings then find it in the prefix cache.
-            seq.skip_prefix_cache = seq.scores_prompt() || seq.pools_every_position();
-            seq.grammar = grammar.clone();
+        let limits = &self.checks.limits;
+        let eos = &self.eos_token_ids;
+        let r = request.admit(&request_id, &mut self.next_seq_id, arrival, limits, eos);
+        self.counters.num_prompt_tokens += r.prompt.token_ids.len() as u64;
+        let seq_ids: Vec<SeqId> = r.seqs.iter().map(|s| s.id).collect();
+        for seq in r.seqs {
             self.scheduler.add_seq(seq);
         }
+        let (prompt, params, stop, arrived) = (r.prompt, r.params, r.stop, r.arrived);
         (self.outputs).add_request(request_id, prompt, params, stop, &seq_ids, arrived);
         Ok(())
     }

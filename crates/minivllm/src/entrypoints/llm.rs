@@ -82,32 +82,33 @@ impl LLM {
                 )));
             }
         }
-        let base = self.next_request;
-        self.next_request += prompts.len() as u64;
-        let mut added: Vec<String> = Vec::with_capacity(prompts.len());
+        // Every request is prepared before any is added: one that is refused then leaves
+        // nothing to take back.
+        let mut prepared = Vec::with_capacity(prompts.len());
         let mut last: Option<CheckedParams> = None;
         for (i, prompt) in prompts.into_iter().enumerate() {
             let p = match params {
                 ParamsArg::One(p) => p,
                 ParamsArg::PerPrompt(ps) => &ps[i],
             };
-            let id = (base + i as u64).to_string();
             // Only the final outputs are read, so no step builds the others (vLLM does the same).
             let p = SamplingParams {
                 output_kind: RequestOutputKind::FinalOnly,
                 ..p.clone()
             };
             // Prompts with the same stop strings share one automaton.
-            let checked = self
-                .engine
-                .request_checks()
-                .check(p, 0)
-                .map(|c| c.with_stop_strings_of(last.as_ref()));
-            let added_one = checked.and_then(|c| {
-                last = Some(c.clone());
-                self.engine.add_checked_request(id.clone(), prompt, c, None)
-            });
-            if let Err(e) = added_one {
+            let checked =
+                (self.engine.request_checks().check(p, 0))?.with_stop_strings_of(last.as_ref());
+            last = Some(checked.clone());
+            prepared.push(self.engine.prepare_request(prompt, checked, None)?);
+        }
+        let base = self.next_request;
+        self.next_request += prepared.len() as u64;
+        let mut added: Vec<String> = Vec::with_capacity(prepared.len());
+        for (i, request) in prepared.into_iter().enumerate() {
+            let id = (base + i as u64).to_string();
+            if let Err(e) = self.engine.add_prepared_request(id.clone(), request) {
+                // Only an id the caller used through `engine_mut` can be refused here.
                 for earlier in &added {
                     self.engine.abort_request(earlier);
                 }

@@ -459,6 +459,23 @@ fn request_metrics_stamp_scheduling_before_the_forward_pass() {
     assert_eq!(engine.stats().requests.success[2], 1);
 }
 
+/// `LLM::generate` refuses a batch with a bad prompt before adding any of it: nothing runs,
+/// nothing is counted as aborted, and the next batch starts clean.
+#[test]
+fn a_refused_batch_adds_nothing() {
+    let mut llm = llm(&engine_args());
+    let too_long = PromptInput::TokenIds(vec![1; 600]);
+    let prompts = [PromptInput::Text(TEXT.into()), too_long];
+    let err = llm.generate(prompts, &greedy(2), false).unwrap_err();
+    assert!(err.to_string().contains("600"), "{err}");
+    let stats = llm.engine().stats();
+    assert_eq!((stats.requests.success, stats.num_waiting), ([0; 4], 0));
+    assert!(!llm.engine().has_unfinished_requests());
+    let out = llm.generate([TEXT], &greedy(2), false).unwrap();
+    assert_eq!(out[0].outputs[0].token_ids.len(), 2);
+    assert_eq!(llm.engine().stats().requests.success[2], 0);
+}
+
 #[test]
 fn logprobs_and_prompt_logprobs_match_the_reference() {
     let mut llm = llm(&EngineArgs {
