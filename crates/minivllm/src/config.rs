@@ -7,12 +7,15 @@ use crate::distributed::share;
 
 mod kv_cache_layout;
 mod linear_attention;
+mod model_family;
 mod moe;
 mod rope_scaling;
 mod speculative;
 
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
 pub use linear_attention::LinearAttentionConfig;
+pub(crate) use model_family::supported_architectures;
+pub use model_family::ModelFamily;
 pub use moe::{MoeConfig, RouterScoring, MAX_EXPERTS};
 use rope_scaling::parse_hf_rope_scaling;
 pub use rope_scaling::{yarn_mscale, RopeScaling};
@@ -32,48 +35,6 @@ pub enum ConfigError {
         supported = supported_architectures()
     )]
     UnsupportedArchitecture(String),
-}
-
-/// The model families the engine runs, as vLLM's model registry names them: each is picked
-/// by a GGUF file's `general.architecture` or a `config.json`'s `architectures`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelFamily {
-    /// Llama 2/3, SmolLM2, TinyLlama.
-    Llama,
-    /// Mistral: LLaMA with a sliding window on every layer (v0.1).
-    Mistral,
-    /// Qwen2 and Qwen2.5: LLaMA with a bias on the q, k and v projections.
-    Qwen2,
-    /// Qwen3: LLaMA with an RMSNorm over each head's q and k before RoPE.
-    Qwen3,
-    /// Gemma 2: GeGLU, (1 + w) norms around attention and the MLP, scaled embeddings,
-    /// every other layer sliding, and its scores and logits soft-capped (`cap · tanh(x /
-    /// cap)`).
-    Gemma2,
-    /// Gemma 3's text model: Gemma 2 with q/k norms instead of the soft-capping, five
-    /// sliding layers to one global, and the sliding layers' own RoPE base.
-    Gemma3,
-    /// Phi-3 and Phi-4: LLaMA with q/k/v and gate/up stored fused, LongRoPE for the 128k
-    /// variants, a partial rotary dimension (Phi-4-mini) and a window on every layer.
-    Phi3,
-    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2 with routed experts and a gated
-    /// shared expert in place of the MLP.
-    Qwen2Moe,
-    /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): Qwen3 with routed experts.
-    Qwen3Moe,
-    /// Mixtral: Mistral with routed experts (top 2 of 8). llama.cpp's files call it
-    /// `llama` and say `llama.expert_count`.
-    Mixtral,
-    /// OLMoE: LLaMA with routed experts and an RMSNorm over the whole q and k projections.
-    Olmoe,
-    /// gpt-oss (20b, 120b): routed experts with biases and a clamped SwiGLU, picked by the
-    /// top router logits; biases on q, k, v and o; a learned attention sink per head;
-    /// every other layer sliding (window 128); YaRN.
-    GptOss,
-    /// Qwen3.5 (dense): three Gated DeltaNet linear-attention layers to one full-attention
-    /// layer, whose q projection also gives a sigmoid gate on its output; Qwen3's per-head
-    /// q/k norms; (1 + w) norm weights; RoPE over a quarter of each head.
-    Qwen35,
 }
 
 /// Where q and k are normalised before RoPE.
@@ -113,92 +74,6 @@ impl Activation {
             other => Err(ConfigError::Invalid(format!(
                 "unsupported hidden_act {other:?} (supported: silu, gelu_pytorch_tanh)"
             ))),
-        }
-    }
-}
-
-/// GGUF name, Hugging Face class, family.
-const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
-    ("llama", "LlamaForCausalLM", ModelFamily::Llama),
-    ("mistral", "MistralForCausalLM", ModelFamily::Mistral),
-    ("qwen2", "Qwen2ForCausalLM", ModelFamily::Qwen2),
-    ("qwen3", "Qwen3ForCausalLM", ModelFamily::Qwen3),
-    ("gemma2", "Gemma2ForCausalLM", ModelFamily::Gemma2),
-    ("gemma3", "Gemma3ForCausalLM", ModelFamily::Gemma3),
-    ("phi3", "Phi3ForCausalLM", ModelFamily::Phi3),
-    ("qwen2moe", "Qwen2MoeForCausalLM", ModelFamily::Qwen2Moe),
-    ("qwen3moe", "Qwen3MoeForCausalLM", ModelFamily::Qwen3Moe),
-    ("mixtral", "MixtralForCausalLM", ModelFamily::Mixtral),
-    ("olmoe", "OlmoeForCausalLM", ModelFamily::Olmoe),
-    ("gpt-oss", "GptOssForCausalLM", ModelFamily::GptOss),
-    ("qwen35", "Qwen3_5ForCausalLM", ModelFamily::Qwen35),
-];
-
-/// For error messages: every name [`ModelFamily::from_name`] takes, from the table.
-pub(crate) fn supported_architectures() -> String {
-    ARCHITECTURES
-        .iter()
-        .map(|(gguf, hf, _)| format!("{gguf} ({hf})"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-impl ModelFamily {
-    /// The family of a GGUF architecture name or a Hugging Face class (or `model_type`).
-    pub(crate) fn from_name(name: &str) -> Result<Self, ConfigError> {
-        // Gemma 3's text-only checkpoints say `model_type: gemma3_text`; Qwen's MoE
-        // `model_type`s have an underscore that their GGUF names lack.
-        let name = match name {
-            "gemma3_text" => "gemma3",
-            "qwen2_moe" => "qwen2moe",
-            "qwen3_moe" => "qwen3moe",
-            "gpt_oss" => "gpt-oss",
-            "qwen3_5_text" | "qwen3_5" => "qwen35",
-            other => other,
-        };
-        ARCHITECTURES
-            .iter()
-            .find(|(gguf, hf, _)| name == *gguf || name == *hf)
-            .map(|&(_, _, f)| f)
-            .ok_or_else(|| ConfigError::UnsupportedArchitecture(name.to_string()))
-    }
-
-    /// Its GGUF name, which `ModelConfig::architecture` holds.
-    pub fn gguf_name(self) -> &'static str {
-        ARCHITECTURES
-            .iter()
-            .find(|&&(_, _, f)| f == self)
-            .map_or("llama", |&(g, _, _)| g)
-    }
-
-    /// Whether the q, k and v projections carry a bias.
-    pub fn qkv_bias(self) -> bool {
-        matches!(
-            self,
-            ModelFamily::Qwen2 | ModelFamily::Qwen2Moe | ModelFamily::GptOss
-        )
-    }
-
-    /// Gemma's layout: GeGLU, (1 + w) norms around attention and the MLP, embeddings
-    /// scaled by √hidden, scores by `query_pre_attn_scalar`.
-    pub(crate) fn is_gemma(self) -> bool {
-        matches!(self, ModelFamily::Gemma2 | ModelFamily::Gemma3)
-    }
-
-    /// Whether the attention's output projection carries a bias, and each head a sink.
-    pub fn o_bias_and_sinks(self) -> bool {
-        self == ModelFamily::GptOss
-    }
-
-    /// Where q and k go through an RMSNorm before RoPE.
-    pub(crate) fn qk_norm(self) -> QkNorm {
-        match self {
-            ModelFamily::Qwen3
-            | ModelFamily::Qwen3Moe
-            | ModelFamily::Gemma3
-            | ModelFamily::Qwen35 => QkNorm::PerHead,
-            ModelFamily::Olmoe => QkNorm::Whole,
-            _ => QkNorm::None,
         }
     }
 }
@@ -605,7 +480,7 @@ impl ModelConfig {
             // transformers computes √hidden in double precision and rounds it to the weights'.
             embedding_multiplier: gemma.then(|| (hidden_size as f64).sqrt() as f32),
             // Qwen3.5's norms are zero-centred too (`x·(1 + w)`).
-            norm_weight_offset: if gemma || family == ModelFamily::Qwen35 {
+            norm_weight_offset: if gemma || family.is_qwen35() {
                 1.0
             } else {
                 0.0
@@ -627,7 +502,11 @@ impl ModelConfig {
             rope_local_theta,
             vocab_size: req_usize(json, "vocab_size")?,
             hidden_size,
-            intermediate_size: req_usize(json, "intermediate_size")?,
+            // Qwen3.5-MoE has no dense MLP, and no width for one.
+            intermediate_size: match (family, opt_usize(json, "intermediate_size")?) {
+                (ModelFamily::Qwen35Moe, None) => req_usize(json, "moe_intermediate_size")?,
+                _ => req_usize(json, "intermediate_size")?,
+            },
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads: opt_usize(json, "num_key_value_heads")?
@@ -646,10 +525,10 @@ impl ModelConfig {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             moe,
-            linear_attention: (family == ModelFamily::Qwen35)
+            linear_attention: (family.is_qwen35())
                 .then(|| LinearAttentionConfig::from_hf(json, num_hidden_layers))
                 .transpose()?,
-            attn_output_gate: family == ModelFamily::Qwen35
+            attn_output_gate: family.is_qwen35()
                 && json.get("attn_output_gate").and_then(Value::as_bool) != Some(false),
         };
         cfg.validate()?;
@@ -692,7 +571,7 @@ fn sliding_layers_from_hf(
 ) -> Result<(Option<usize>, Vec<bool>), ConfigError> {
     let window = opt_usize(json, "sliding_window")?;
     // Qwen3.5's `layer_types` say which layers are linear attention; none slides.
-    let Some(window) = window.filter(|_| family != ModelFamily::Qwen35) else {
+    let Some(window) = window.filter(|_| !family.is_qwen35()) else {
         return Ok((None, Vec::new()));
     };
     if let Some(types) = json.get("layer_types").and_then(Value::as_array) {
@@ -729,7 +608,7 @@ fn sliding_layers_from_hf(
             let from = opt_usize(json, "max_window_layers")?.unwrap_or(layers);
             (0..layers).map(|i| i >= from).collect()
         }
-        ModelFamily::Llama | ModelFamily::Olmoe | ModelFamily::Qwen35 => {
+        ModelFamily::Llama | ModelFamily::Olmoe | ModelFamily::Qwen35 | ModelFamily::Qwen35Moe => {
             return Ok((None, Vec::new()))
         }
     };

@@ -150,6 +150,20 @@ impl MoeConfig {
                     dense_layers: MoeConfig::dense_layers_from(dense),
                 }
             }
+            // Every layer routes, and always renormalises its top k.
+            ModelFamily::Qwen35Moe => MoeConfig {
+                num_experts: num_experts(json)?,
+                num_experts_per_tok: req_usize(json, "num_experts_per_tok")?,
+                moe_intermediate_size: req_usize(json, "moe_intermediate_size")?,
+                scoring: RouterScoring::SoftmaxThenTopK,
+                norm_topk_prob: true,
+                shared_expert_intermediate_size: opt_usize(
+                    json,
+                    "shared_expert_intermediate_size",
+                )?
+                .filter(|&w| w > 0),
+                dense_layers: Vec::new(),
+            },
             // Mixtral always renormalises; its experts are `intermediate_size` wide.
             ModelFamily::Mixtral => MoeConfig {
                 num_experts: num_experts(json)?,

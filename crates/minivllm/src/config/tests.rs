@@ -1,3 +1,4 @@
+use super::model_family::ARCHITECTURES;
 use super::*;
 use serde_json::json;
 

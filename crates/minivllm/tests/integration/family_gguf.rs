@@ -23,7 +23,8 @@ use super::tiny_models::{self, TinyWeights};
 type Tensor = (String, Vec<usize>, Vec<f32>);
 
 /// `family`'s tiny weights under llama.cpp's names (`gguf_part` names each layer's tensors),
-/// each passed through `adjust` (name, values) as llama.cpp's converter changes them.
+/// each passed through `adjust` (name, values) as llama.cpp's converter changes them;
+/// routed experts left out (llama.cpp stacks them: [`stacked_experts`]).
 fn tensors(
     family: &str,
     gguf_part: impl Fn(&str) -> &'static str,
@@ -44,12 +45,39 @@ fn tensors(
         format!("blk.{layer}.{}", gguf_part(part))
     };
     hf.names()
+        .filter(|name| !name.contains(".mlp.experts."))
         .map(|name| {
             let mut t = hf.load(name).unwrap();
             adjust(name, &mut t.data);
             (gguf_name(name), t.shape, t.data)
         })
         .collect()
+}
+
+/// Each layer's routed experts stacked as llama.cpp's converter writes them:
+/// `blk.L.ffn_{gate,up,down}_exps.weight`, `[experts, rows, columns]`.
+fn stacked_experts(family: &str, c: &ModelConfig) -> Vec<Tensor> {
+    let hf = TinyWeights::of(family);
+    let experts = c.moe.as_ref().map_or(0, |m| m.num_experts);
+    let mut out = Vec::new();
+    for layer in (0..c.num_hidden_layers).filter(|_| experts > 0) {
+        for (proj, gguf) in [
+            ("gate_proj", "ffn_gate_exps"),
+            ("up_proj", "ffn_up_exps"),
+            ("down_proj", "ffn_down_exps"),
+        ] {
+            let (mut shape, mut data) = (vec![experts], Vec::new());
+            for e in 0..experts {
+                let name = format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight");
+                let t = hf.load(&name).unwrap();
+                shape.truncate(1);
+                shape.extend(t.shape);
+                data.extend(t.data);
+            }
+            out.push((format!("blk.{layer}.{gguf}.weight"), shape, data));
+        }
+    }
+    out
 }
 
 /// The `<arch>.*` keys every family's file has, from `c`, then `more`.
@@ -270,7 +298,19 @@ fn tile_v_heads(x: &mut [f32], nk: usize, rpk: usize, unit: usize) {
 /// `scripts/check_tiny_gguf_layout.py`, which compares it with the converter's own.
 #[test]
 fn qwen35_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
-    let config = tiny_models::config("qwen35");
+    qwen35_from_gguf("qwen35");
+}
+
+/// Qwen3.5-MoE likewise (`qwen35moe`): the experts stacked, the router as `ffn_gate_inp`,
+/// the shared expert and its gate as `ffn_*_shexp`, the `expert_*` keys and no dense
+/// `feed_forward_length`.
+#[test]
+fn qwen35moe_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
+    qwen35_from_gguf("qwen35moe");
+}
+
+fn qwen35_from_gguf(family: &str) {
+    let config = tiny_models::config(family);
     let lin = config.linear_attention.clone().unwrap();
     let part = |part: &str| match part {
         "input_layernorm.weight" => "attn_norm.weight",
@@ -293,6 +333,11 @@ fn qwen35_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
         "mlp.gate_proj.weight" => "ffn_gate.weight",
         "mlp.up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
+        "mlp.gate.weight" => "ffn_gate_inp.weight",
+        "mlp.shared_expert_gate.weight" => "ffn_gate_inp_shexp.weight",
+        "mlp.shared_expert.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp.weight",
         other => panic!("no GGUF name for {other}"),
     };
     let (nk, rpk) = (lin.num_key_heads, lin.num_value_heads / lin.num_key_heads);
@@ -302,7 +347,7 @@ fn qwen35_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
         config.hidden_size,
     );
     let width = lin.conv_kernel_dim;
-    let mut tensors = tensors("qwen35", part, |name, data| {
+    let mut tensors = tensors(family, part, |name, data| {
         let leaf = name.rsplit_once("linear_attn.").map_or("", |(_, l)| l);
         match leaf {
             "in_proj_qkv.weight" => tile_v_heads(&mut data[qk * h..], nk, rpk, vd * h),
@@ -329,8 +374,9 @@ fn qwen35_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
     {
         t.1 = vec![t.1[0], t.1[2]];
     }
+    tensors.extend(stacked_experts(family, &config));
     let u32_ = |v: usize| GgufValue::U32(v as u32);
-    let more = vec![
+    let mut more = vec![
         ("attention.key_length", u32_(config.head_dim)),
         ("attention.value_length", u32_(config.head_dim)),
         ("rope.dimension_count", u32_(config.rotary_dim)),
@@ -350,9 +396,29 @@ fn qwen35_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
         ),
         ("full_attention_interval", u32_(4)),
     ];
-    let (path, file) = write(&metadata("qwen35", &config, more), &tensors);
+    if let Some(moe) = &config.moe {
+        more.extend([
+            ("expert_count", u32_(moe.num_experts)),
+            ("expert_used_count", u32_(moe.num_experts_per_tok)),
+            (
+                "expert_feed_forward_length",
+                u32_(moe.moe_intermediate_size),
+            ),
+            (
+                "expert_shared_feed_forward_length",
+                u32_(moe.shared_expert_intermediate_size.unwrap()),
+            ),
+        ]);
+    }
+    let mut metadata = metadata(family, &config, more);
+    if config.moe.is_some() {
+        // The converter writes no dense width for Qwen3.5-MoE.
+        metadata.remove(&format!("{family}.feed_forward_length"));
+    }
+    let (path, file) = write(&metadata, &tensors);
     if let Some(dir) = std::env::var_os("MINIVLLM_KEEP_TINY_GGUF") {
-        std::fs::copy(&path, std::path::Path::new(&dir).join("qwen35-f32.gguf")).unwrap();
+        let name = format!("{family}-f32.gguf");
+        std::fs::copy(&path, std::path::Path::new(&dir).join(name)).unwrap();
     }
     let from_file = config_from_gguf(&file).unwrap();
     let want = ModelConfig {
@@ -367,8 +433,8 @@ fn qwen35_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
     assert_eq!(from_file, want, "the configuration read from the file");
     let weights = GgufWeights::new(&file, &from_file);
     for case in 0..3 {
-        let got = last_logits("qwen35", case, &from_file, &weights);
-        let worst = assert_close(&got, &cases("qwen35")[case].last_logits, "qwen35 from GGUF");
-        eprintln!("qwen35 from a GGUF file, prompt {case}: worst difference {worst:.2e}");
+        let got = last_logits(family, case, &from_file, &weights);
+        let worst = assert_close(&got, &cases(family)[case].last_logits, family);
+        eprintln!("{family} from a GGUF file, prompt {case}: worst difference {worst:.2e}");
     }
 }

@@ -3,7 +3,8 @@
 //! `model_families.rs` as a Hugging Face folder gives transformers' greedy tokens however
 //! the scheduler runs it — batched, in prefill chunks that carry the state, with fewer
 //! state slots than requests (they wait for one), and preempted and recomputed (the slot
-//! given back and its state rebuilt from zeros).
+//! given back and its state rebuilt from zeros). Qwen3.5-MoE, the same layers with the
+//! experts in every MLP's place, likewise.
 
 use minivllm::engine::llm_engine::{EngineArgs, PromptInput};
 use minivllm::entrypoints::llm::LLM;
@@ -16,8 +17,13 @@ use crate::common;
 /// The tiny Qwen3.5 as a folder, with SmolLM2's tokenizer beside it (its prompts are token
 /// ids, all below the tiny vocabulary's 256).
 fn qwen35_folder() -> tempfile::TempDir {
+    folder("qwen35")
+}
+
+/// `family`'s tiny model as a folder, with SmolLM2's tokenizer.
+fn folder(family: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    tiny_models::write_hf_folder("qwen35", dir.path());
+    tiny_models::write_hf_folder(family, dir.path());
     let src = common::reference_dir().join("smollm2-hf");
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
@@ -109,6 +115,35 @@ fn qwen35_gives_transformers_greedy_tokens_however_it_is_scheduled() {
             stats.num_preemptions
         );
         assert_eq!(stats.num_running + stats.num_waiting, 0, "{name}");
+    }
+}
+
+/// Qwen3.5-MoE (every MLP routed to 2 of 8 experts beside a gated shared expert) through the
+/// engine, batched and in 8-token prefill chunks, from its Hugging Face folder.
+#[test]
+fn qwen35moe_gives_transformers_greedy_tokens_through_the_engine() {
+    let dir = folder("qwen35moe");
+    let cases = cases("qwen35moe");
+    let prompts: Vec<PromptInput> = cases
+        .iter()
+        .map(|c| PromptInput::TokenIds(c.prompt.clone()))
+        .collect();
+    for chunk in [None, Some(8)] {
+        let args = EngineArgs {
+            max_num_batched_tokens: chunk,
+            ..engine_args(&dir)
+        };
+        let mut llm = LLM::new(&args).unwrap();
+        assert!(llm.engine().model().config().moe.is_some());
+        let outs = llm
+            .generate(prompts.clone(), &common::greedy(12), false)
+            .unwrap();
+        for (i, (out, case)) in outs.iter().zip(&cases).enumerate() {
+            assert_eq!(
+                out.outputs[0].token_ids, case.greedy,
+                "{chunk:?}: prompt {i}"
+            );
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 14] = [
+const FAMILIES: [&str; 15] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -34,6 +34,7 @@ const FAMILIES: [&str; 14] = [
     "olmoe",
     "gptoss",
     "qwen35",
+    "qwen35moe",
 ];
 const TOL: f32 = 1e-4;
 pub(crate) const BLOCK_SIZE: usize = 16;

@@ -419,7 +419,14 @@ fn every_family_decodes_alike_on_one_to_four_ranks() {
 #[test]
 fn moe_families_decode_alike_on_one_to_four_ranks() {
     minivllm::kernels::threading::init_threads(2);
-    for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"] {
+    for family in [
+        "qwen3moe",
+        "qwen2moe",
+        "mixtral",
+        "olmoe",
+        "gptoss",
+        "qwen35moe",
+    ] {
         let config = super::tiny_models::config(family);
         let weights = super::tiny_models::TinyWeights::of(family);
         decodes_alike_on_one_to_four_ranks(family, &config, &weights);

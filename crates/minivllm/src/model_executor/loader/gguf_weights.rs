@@ -64,14 +64,22 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let rotary_dim = uint("rope.dimension_count")?.unwrap_or(head_dim);
     let rope_scaling = rope_scaling_from_gguf(file, &key, rotary_dim)?;
     let num_hidden_layers = req("block_count")?;
-    let intermediate_size = req("feed_forward_length")?;
+    // Qwen3.5-MoE's converter writes no dense width (it has no dense MLP).
+    let intermediate_size = match family {
+        ModelFamily::Qwen35Moe => match uint("feed_forward_length")? {
+            Some(width) => width,
+            None => req("expert_feed_forward_length")?,
+        },
+        _ => req("feed_forward_length")?,
+    };
     let gpt_oss = family == ModelFamily::GptOss;
     let moe = match family {
         ModelFamily::Qwen2Moe
         | ModelFamily::Qwen3Moe
         | ModelFamily::Mixtral
         | ModelFamily::Olmoe
-        | ModelFamily::GptOss => {
+        | ModelFamily::GptOss
+        | ModelFamily::Qwen35Moe => {
             // llama.cpp's graphs fix whether the top-k weights are renormalised per family;
             // newer converters may say so in the file.
             let norm = file
@@ -79,7 +87,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
                 .and_then(GgufValue::as_bool)
                 .unwrap_or(matches!(
                     family,
-                    ModelFamily::Qwen3Moe | ModelFamily::Mixtral
+                    ModelFamily::Qwen3Moe | ModelFamily::Mixtral | ModelFamily::Qwen35Moe
                 ));
             // A layer without a router has the dense MLP.
             let dense: Vec<bool> = (0..num_hidden_layers)
@@ -188,12 +196,12 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         // GGUF files of tied models simply have no `output.weight`.
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         moe,
-        linear_attention: if family == ModelFamily::Qwen35 {
+        linear_attention: if family.is_qwen35() {
             Some(linear_attention_from_gguf(file, &arch, num_hidden_layers)?)
         } else {
             None
         },
-        attn_output_gate: family == ModelFamily::Qwen35,
+        attn_output_gate: family.is_qwen35(),
     };
     cfg.validate()?;
     check_layer_count(file, cfg.num_hidden_layers)?;
@@ -389,7 +397,7 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
     // gpt-oss's MLP norm is written under Gemma's name for the norm after attention, and
     // so is Qwen3.5's.
     let gpt_oss = family == ModelFamily::GptOss;
-    let qwen35 = family == ModelFamily::Qwen35;
+    let qwen35 = family.is_qwen35();
     let hf = match part {
         // Qwen3.5's Gated DeltaNet (llama.cpp's `ssm_*`): `attn_qkv` is its q/k/v
         // projection there, `attn_gate` its z, and `ssm_a` holds −exp(A_log).
