@@ -48,6 +48,9 @@ Output: crates/minivllm/tests/data/tiny_models/<family>/ for family in
     qwen35moe (Qwen3_5MoeForCausalLM: qwen35's layers with the MoE block in every MLP's
               place: top 2 of 8, always renormalised, and a shared expert of width 48
               behind a sigmoid gate)
+    qwen3next (Qwen3NextForCausalLM: the same, but q/k/v/z stored fused per key-head group in
+              `in_proj_qkvz` and b/a in `in_proj_ba`, top 2 renormalised (norm_topk_prob),
+              and layer 1's MLP dense (mlp_only_layers))
   Expert weights are drawn per expert under the names the hub's checkpoints use
   (`mlp.experts.E.gate_proj.weight`; transformers 5 keeps them stacked in 3-D parameters
   and writes them back per expert when saving), and a seed is kept only if no token's
@@ -124,6 +127,8 @@ from transformers import (
     Qwen3_5TextConfig,
     Qwen3_5MoeForCausalLM,
     Qwen3_5MoeTextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 OUT = Path(__file__).resolve().parent.parent / "crates/minivllm/tests/data/tiny_models"
@@ -401,6 +406,25 @@ def qwen35moe_config():
     )
 
 
+def qwen3next_config():
+    dense = qwen35_config().to_dict()
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "num_hidden_layers", "max_position_embeddings",
+            "rms_norm_eps", "head_dim", "hidden_act", "tie_word_embeddings", "attention_bias",
+            "layer_types", "linear_num_key_heads", "linear_num_value_heads",
+            "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+            "rope_parameters", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache")
+    return Qwen3NextConfig(
+        **{k: dense[k] for k in keep},
+        **MOE,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        shared_expert_intermediate_size=48,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+    )
+
+
 FAMILIES = {
     # name: (config factory, model class, base seed, rmsnorm weight range)
     "llama": (llama_config, LlamaForCausalLM, 1000, (0.5, 1.5)),
@@ -419,6 +443,7 @@ FAMILIES = {
     # Qwen3.5's norms scale by 1 + w, but its DeltaNet's gated norm by w (LINEAR_ATTN_RULES).
     "qwen35": (qwen35_config, Qwen3_5ForCausalLM, 14000, (-0.5, 0.5)),
     "qwen35moe": (qwen35moe_config, Qwen3_5MoeForCausalLM, 15000, (-0.5, 0.5)),
+    "qwen3next": (qwen3next_config, Qwen3NextForCausalLM, 16000, (-0.5, 0.5)),
 }
 
 # Qwen3.5's Gated DeltaNet parameters that are not Linear: the depthwise convolution's

@@ -608,9 +608,11 @@ fn sliding_layers_from_hf(
             let from = opt_usize(json, "max_window_layers")?.unwrap_or(layers);
             (0..layers).map(|i| i >= from).collect()
         }
-        ModelFamily::Llama | ModelFamily::Olmoe | ModelFamily::Qwen35 | ModelFamily::Qwen35Moe => {
-            return Ok((None, Vec::new()))
-        }
+        ModelFamily::Llama
+        | ModelFamily::Olmoe
+        | ModelFamily::Qwen35
+        | ModelFamily::Qwen35Moe
+        | ModelFamily::Qwen3Next => return Ok((None, Vec::new())),
     };
     Ok(if sliding.iter().any(|&s| s) {
         (Some(window), sliding)

@@ -46,6 +46,10 @@ pub enum ModelFamily {
     /// Qwen3.5-MoE (35B-A3B, 122B-A10B, 397B-A17B): Qwen3.5 with routed experts (always
     /// renormalised) and a gated shared expert, Qwen2-MoE's, in place of every MLP.
     Qwen35Moe,
+    /// Qwen3-Next (80B-A3B): Qwen3.5-MoE's layers before it, with the DeltaNet's q, k, v and
+    /// z projections stored fused per key-head group (`in_proj_qkvz`, and b/a in
+    /// `in_proj_ba`), `norm_topk_prob` and dense MLPs where `mlp_only_layers` says.
+    Qwen3Next,
 }
 
 /// GGUF name, Hugging Face class, family.
@@ -64,6 +68,7 @@ pub(super) const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("gpt-oss", "GptOssForCausalLM", ModelFamily::GptOss),
     ("qwen35", "Qwen3_5ForCausalLM", ModelFamily::Qwen35),
     ("qwen35moe", "Qwen3_5MoeForCausalLM", ModelFamily::Qwen35Moe),
+    ("qwen3next", "Qwen3NextForCausalLM", ModelFamily::Qwen3Next),
 ];
 
 /// For error messages: every name [`ModelFamily::from_name`] takes, from the table.
@@ -87,6 +92,7 @@ impl ModelFamily {
             "gpt_oss" => "gpt-oss",
             "qwen3_5_text" | "qwen3_5" => "qwen35",
             "qwen3_5_moe_text" | "qwen3_5_moe" => "qwen35moe",
+            "qwen3_next" => "qwen3next",
             other => other,
         };
         ARCHITECTURES
@@ -118,10 +124,13 @@ impl ModelFamily {
         matches!(self, ModelFamily::Gemma2 | ModelFamily::Gemma3)
     }
 
-    /// Qwen3.5's layout (dense or MoE): Gated DeltaNet layers between gated full-attention
-    /// ones, (1 + w) norms.
+    /// Qwen3.5's layout (dense or MoE, and Qwen3-Next's before it): Gated DeltaNet layers
+    /// between gated full-attention ones, (1 + w) norms.
     pub(crate) fn is_qwen35(self) -> bool {
-        matches!(self, ModelFamily::Qwen35 | ModelFamily::Qwen35Moe)
+        matches!(
+            self,
+            ModelFamily::Qwen35 | ModelFamily::Qwen35Moe | ModelFamily::Qwen3Next
+        )
     }
 
     /// Whether the attention's output projection carries a bias, and each head a sink.
@@ -136,7 +145,8 @@ impl ModelFamily {
             | ModelFamily::Qwen3Moe
             | ModelFamily::Gemma3
             | ModelFamily::Qwen35
-            | ModelFamily::Qwen35Moe => QkNorm::PerHead,
+            | ModelFamily::Qwen35Moe
+            | ModelFamily::Qwen3Next => QkNorm::PerHead,
             ModelFamily::Olmoe => QkNorm::Whole,
             _ => QkNorm::None,
         }

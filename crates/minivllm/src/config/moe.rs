@@ -118,7 +118,7 @@ impl MoeConfig {
         let flag =
             |key: &str, default: bool| json.get(key).and_then(Value::as_bool).unwrap_or(default);
         let cfg = match family {
-            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
+            ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe | ModelFamily::Qwen3Next => {
                 let step = opt_usize(json, "decoder_sparse_step")?.unwrap_or(1);
                 if step == 0 {
                     return Err(ConfigError::Invalid(
@@ -135,7 +135,7 @@ impl MoeConfig {
                 let dense: Vec<bool> = (0..num_hidden_layers)
                     .map(|i| mlp_only.contains(&(i as u64)) || !(i + 1).is_multiple_of(step))
                     .collect();
-                let shared = if family == ModelFamily::Qwen2Moe {
+                let shared = if family != ModelFamily::Qwen3Moe {
                     opt_usize(json, "shared_expert_intermediate_size")?.filter(|&w| w > 0)
                 } else {
                     None

@@ -438,3 +438,16 @@ fn qwen35_from_gguf(family: &str) {
         eprintln!("{family} from a GGUF file, prompt {case}: worst difference {worst:.2e}");
     }
 }
+
+/// A Qwen3-Next GGUF file (llama.cpp's fused `ssm_in`/`ssm_ba`, not read yet) is refused,
+/// pointing at its Hugging Face folder, which loads.
+#[test]
+fn a_qwen3next_gguf_file_is_refused_by_name() {
+    let config = tiny_models::config("qwen3next");
+    let (_path, file) = write(&metadata("qwen3next", &config, Vec::new()), &[]);
+    let e = config_from_gguf(&file).unwrap_err().to_string();
+    assert!(
+        e.contains("Qwen3-Next") && e.contains("Hugging Face folder"),
+        "{e}"
+    );
+}

@@ -4,7 +4,8 @@
 //! the scheduler runs it — batched, in prefill chunks that carry the state, with fewer
 //! state slots than requests (they wait for one), and preempted and recomputed (the slot
 //! given back and its state rebuilt from zeros). Qwen3.5-MoE, the same layers with the
-//! experts in every MLP's place, likewise.
+//! experts in every MLP's place, and Qwen3-Next (its DeltaNet projections fused per key-head
+//! group) likewise.
 
 use minivllm::engine::llm_engine::{EngineArgs, PromptInput};
 use minivllm::entrypoints::llm::LLM;
@@ -118,12 +119,19 @@ fn qwen35_gives_transformers_greedy_tokens_however_it_is_scheduled() {
     }
 }
 
-/// Qwen3.5-MoE (every MLP routed to 2 of 8 experts beside a gated shared expert) through the
-/// engine, batched and in 8-token prefill chunks, from its Hugging Face folder.
+/// Qwen3.5-MoE (every MLP routed to 2 of 8 experts beside a gated shared expert) and
+/// Qwen3-Next through the engine, batched and in 8-token prefill chunks, from their Hugging
+/// Face folders.
 #[test]
-fn qwen35moe_gives_transformers_greedy_tokens_through_the_engine() {
-    let dir = folder("qwen35moe");
-    let cases = cases("qwen35moe");
+fn the_moe_hybrids_give_transformers_greedy_tokens_through_the_engine() {
+    for family in ["qwen35moe", "qwen3next"] {
+        moe_hybrid_through_the_engine(family);
+    }
+}
+
+fn moe_hybrid_through_the_engine(family: &str) {
+    let dir = folder(family);
+    let cases = cases(family);
     let prompts: Vec<PromptInput> = cases
         .iter()
         .map(|c| PromptInput::TokenIds(c.prompt.clone()))
@@ -139,10 +147,8 @@ fn qwen35moe_gives_transformers_greedy_tokens_through_the_engine() {
             .generate(prompts.clone(), &common::greedy(12), false)
             .unwrap();
         for (i, (out, case)) in outs.iter().zip(&cases).enumerate() {
-            assert_eq!(
-                out.outputs[0].token_ids, case.greedy,
-                "{chunk:?}: prompt {i}"
-            );
+            let what = format!("{family}, chunks {chunk:?}: prompt {i}");
+            assert_eq!(out.outputs[0].token_ids, case.greedy, "{what}");
         }
     }
 }

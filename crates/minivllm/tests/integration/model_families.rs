@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 15] = [
+const FAMILIES: [&str; 16] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -35,6 +35,7 @@ const FAMILIES: [&str; 15] = [
     "gptoss",
     "qwen35",
     "qwen35moe",
+    "qwen3next",
 ];
 const TOL: f32 = 1e-4;
 pub(crate) const BLOCK_SIZE: usize = 16;

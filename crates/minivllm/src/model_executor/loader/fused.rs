@@ -3,6 +3,10 @@
 //! part is a run of the fused tensor's rows, cut as it is read: a row is a run of whole
 //! blocks, so a quantised file keeps its blocks, and tensor parallelism then cuts each part
 //! as it cuts any other tensor (vLLM's `MergedColumnParallelLinear` split at load).
+//! Qwen3-Next's Gated DeltaNet interleaves its parts per key-head group: `in_proj_qkvz`
+//! holds, for each group, its q head, its k head, then its value heads' v and z rows, and
+//! `in_proj_ba` its value heads' b then a rows; each part (Qwen3.5's `in_proj_qkv` — every
+//! q, then every k, then every v —, `in_proj_z`, `in_proj_b`, `in_proj_a`) is several runs.
 //!
 //! gpt-oss's checkpoints stack a layer's experts in four tensors, `mlp.experts.gate_up_proj`
 //! `[experts, hidden, 2 * width]` (transposed, gate and up interleaved along the last axis:
@@ -29,9 +33,9 @@ use crate::config::ModelConfig;
 /// A weight source in which each fused tensor also answers for its parts.
 pub struct UnfusedSource<'a> {
     inner: &'a dyn WeightSource,
-    /// A part's name -> the fused tensor's name, the part's rows of it, and the rows of
-    /// all its parts together (what the fused tensor must have).
-    parts: HashMap<String, (String, Range<usize>, usize)>,
+    /// A part's name -> the fused tensor's name, the part's rows of it (runs, in order),
+    /// and the rows of all its parts together (what the fused tensor must have).
+    parts: HashMap<String, (String, Vec<Range<usize>>, usize)>,
     /// An expert's tensor -> the stacked tensor, the expert, and which part of it.
     experts: HashMap<String, (String, usize, StackedPart)>,
     /// The experts the config names: what each stacked tensor must hold.
@@ -153,8 +157,22 @@ impl<'a> UnfusedSource<'a> {
                 let mut start = 0;
                 for &(part, rows) in split {
                     let part = format!("model.layers.{i}.{part}.weight");
-                    parts.insert(part, (fused.clone(), start..start + rows, total));
+                    let runs = std::iter::once(start..start + rows).collect();
+                    parts.insert(part, (fused.clone(), runs, total));
                     start += rows;
+                }
+            }
+            if let Some(lin) = &config.linear_attention {
+                let p = format!("model.layers.{i}.linear_attn");
+                for (fused, split) in delta_net_groups(lin) {
+                    let fused = format!("{p}.{fused}.weight");
+                    if !inner.contains(&fused) {
+                        continue;
+                    }
+                    let total = split.iter().flat_map(|(_, r)| r).map(|r| r.len()).sum();
+                    for (part, runs) in split {
+                        parts.insert(format!("{p}.{part}.weight"), (fused.clone(), runs, total));
+                    }
                 }
             }
         }
@@ -239,9 +257,61 @@ impl<'a> UnfusedSource<'a> {
     }
 
     /// The fused tensor, the rows of `name` and of all the parts, when `name` is a part.
-    fn part(&self, name: &str) -> Option<&(String, Range<usize>, usize)> {
+    fn part(&self, name: &str) -> Option<&(String, Vec<Range<usize>>, usize)> {
         self.parts.get(name)
     }
+}
+
+/// A fused tensor's name and each of its parts' names and runs of rows.
+type Fusion = (&'static str, Vec<(&'static str, Vec<Range<usize>>)>);
+
+/// Qwen3-Next's fused DeltaNet projections and their parts' runs of rows: group `g` of
+/// `in_proj_qkvz` is `[q_g, k_g, v_g, z_g]` (`v_g` and `z_g` its value heads'), of
+/// `in_proj_ba` `[b_g, a_g]`.
+fn delta_net_groups(lin: &crate::config::LinearAttentionConfig) -> [Fusion; 2] {
+    let (nk, dk, dv) = (lin.num_key_heads, lin.key_head_dim, lin.value_head_dim);
+    let rpk = lin.num_value_heads / nk.max(1);
+    let runs = |unit: usize, from: usize, len: usize| -> Vec<Range<usize>> {
+        (0..nk)
+            .map(|g| g * unit + from..g * unit + from + len)
+            .collect()
+    };
+    let unit = 2 * dk + 2 * rpk * dv;
+    let qkv = [
+        runs(unit, 0, dk),
+        runs(unit, dk, dk),
+        runs(unit, 2 * dk, rpk * dv),
+    ]
+    .concat();
+    [
+        (
+            "in_proj_qkvz",
+            vec![
+                ("in_proj_qkv", qkv),
+                ("in_proj_z", runs(unit, 2 * dk + rpk * dv, rpk * dv)),
+            ],
+        ),
+        (
+            "in_proj_ba",
+            vec![
+                ("in_proj_b", runs(2 * rpk, 0, rpk)),
+                ("in_proj_a", runs(2 * rpk, rpk, rpk)),
+            ],
+        ),
+    ]
+}
+
+/// The rows `runs` of `data`, rows of `row_len` values, one after another.
+fn gather<T: Copy>(data: &[T], runs: &[Range<usize>], row_len: usize) -> Vec<T> {
+    runs.iter()
+        .flat_map(|r| &data[r.start * row_len..r.end * row_len])
+        .copied()
+        .collect()
+}
+
+/// How many rows `runs` cover.
+fn num_rows(runs: &[Range<usize>]) -> usize {
+    runs.iter().map(Range::len).sum()
 }
 
 impl UnfusedSource<'_> {
@@ -293,11 +363,11 @@ fn rows_of(
     name: &str,
     fused: &str,
     shape: &[usize],
-    rows: &Range<usize>,
+    rows: &[Range<usize>],
     parts_end: usize,
 ) -> Result<usize, LoadError> {
     match *shape {
-        [total, cols] if total == parts_end && rows.end <= total => Ok(cols),
+        [total, cols] if total == parts_end && rows.iter().all(|r| r.end <= total) => Ok(cols),
         _ => Err(LoadError::Config(format!(
             "{fused} has shape {shape:?}, but the config's sizes give its parts {parts_end} \
              rows ({name}: rows {rows:?})"
@@ -326,8 +396,8 @@ impl WeightSource for UnfusedSource<'_> {
         let t = self.inner.load(fused)?;
         let cols = rows_of(name, fused, &t.shape, rows, *total)?;
         Ok(Tensor {
-            shape: vec![rows.len(), cols],
-            data: t.data[rows.start * cols..rows.end * cols].to_vec(),
+            shape: vec![num_rows(rows), cols],
+            data: gather(&t.data, rows, cols),
         })
     }
 
@@ -344,7 +414,7 @@ impl WeightSource for UnfusedSource<'_> {
         };
         let shape = self.inner.tensor_shape(fused)?;
         let cols = rows_of(name, fused, &shape, rows, *total)?;
-        Ok(vec![rows.len(), cols])
+        Ok(vec![num_rows(rows), cols])
     }
 
     fn load_quantized(&self, name: &str) -> Result<Option<QuantTensor>, LoadError> {
@@ -360,9 +430,9 @@ impl WeightSource for UnfusedSource<'_> {
         let cols = rows_of(name, fused, &t.shape, rows, *total)?;
         let row_bytes = cols / t.ty.block_size() * t.ty.type_size();
         Ok(Some(QuantTensor {
-            shape: vec![rows.len(), cols],
+            shape: vec![num_rows(rows), cols],
             ty: t.ty,
-            data: t.data[rows.start * row_bytes..rows.end * row_bytes].to_vec(),
+            data: gather(&t.data, rows, row_bytes),
         }))
     }
 
