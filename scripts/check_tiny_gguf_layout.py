@@ -4,7 +4,7 @@ are laid out as llama.cpp's own converter writes the same models: same tensor na
 and values, and the same `<arch>.*` keys with the same values.
 
 For each tiny MoE model (qwen3moe, qwen2moe, mixtral, olmoe, gptoss), and for Qwen3.5
-(qwen35 and qwen35moe, written by tests/integration/family_gguf.rs), it rebuilds the transformers
+(qwen35, qwen35moe and qwen3next, written by tests/integration/family_gguf.rs), it rebuilds the transformers
 model from its reference.json (scripts/make_tiny_reference_models.py: same seed, same
 weights), saves it as a Hugging Face folder, converts that with llama.cpp's
 `convert_hf_to_gguf.py --outtype f32` (the tiny models have no tokenizer: the converter is
@@ -28,10 +28,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_tiny_reference_models as tiny  # noqa: E402
 
-FAMILIES = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss", "qwen35", "qwen35moe"]
+FAMILIES = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss", "qwen35", "qwen35moe", "qwen3next"]
 # Qwen3.5's converter expects multi-token-prediction layers unless told there are none
 # (released checkpoints have them; the tiny model has none, nor do our files).
-NO_MTP = ("qwen35", "qwen35moe")
+NO_MTP = ("qwen35", "qwen35moe", "qwen3next")
 # Keys about what the test's files leave out (names, file type) or what the tiny models
 # have none of (a tokenizer: the converter then writes no vocabulary size either).
 IGNORED_KEYS = ("general.", "tokenizer.", "GGUF.")

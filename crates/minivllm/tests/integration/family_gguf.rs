@@ -60,7 +60,8 @@ fn stacked_experts(family: &str, c: &ModelConfig) -> Vec<Tensor> {
     let hf = TinyWeights::of(family);
     let experts = c.moe.as_ref().map_or(0, |m| m.num_experts);
     let mut out = Vec::new();
-    for layer in (0..c.num_hidden_layers).filter(|_| experts > 0) {
+    let routed = |layer: usize| c.moe.as_ref().is_some_and(|m| m.is_moe_layer(layer));
+    for layer in (0..c.num_hidden_layers).filter(|&l| routed(l)) {
         for (proj, gguf) in [
             ("gate_proj", "ffn_gate_exps"),
             ("up_proj", "ffn_up_exps"),
@@ -309,6 +310,28 @@ fn qwen35moe_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
     qwen35_from_gguf("qwen35moe");
 }
 
+/// Qwen3-Next (`qwen3next`): its fused `in_proj_qkvz` written as the converter cuts it
+/// (`attn_qkv`, every q then every k then every v, and `attn_gate`), the value heads left
+/// grouped, `in_proj_ba` as `ssm_ba` with b and a still interleaved per group.
+#[test]
+fn qwen3next_from_a_gguf_file_in_llama_cpp_layout_matches_transformers() {
+    qwen35_from_gguf("qwen3next");
+}
+
+/// Qwen3-Next's `in_proj_qkvz` (`[q_g, k_g, v_g, z_g]` per key-head group `g`, rows of
+/// `cols`) as the converter writes it: `attn_qkv` (every q, every k, every v) and `attn_gate`.
+fn split_qkvz(data: &[f32], cols: usize, nk: usize, dk: usize, vz: usize) -> [Vec<f32>; 2] {
+    let unit = (2 * dk + 2 * vz) * cols;
+    let part = |from: usize, len: usize| -> Vec<f32> {
+        (0..nk)
+            .flat_map(|g| &data[g * unit + from * cols..g * unit + (from + len) * cols])
+            .copied()
+            .collect()
+    };
+    let qkv = [part(0, dk), part(dk, dk), part(2 * dk, vz)].concat();
+    [qkv, part(2 * dk + vz, vz)]
+}
+
 fn qwen35_from_gguf(family: &str) {
     let config = tiny_models::config(family);
     let lin = config.linear_attention.clone().unwrap();
@@ -316,6 +339,8 @@ fn qwen35_from_gguf(family: &str) {
         "input_layernorm.weight" => "attn_norm.weight",
         "post_attention_layernorm.weight" => "post_attention_norm.weight",
         "linear_attn.in_proj_qkv.weight" => "attn_qkv.weight",
+        "linear_attn.in_proj_qkvz.weight" => "attn_qkvz.weight",
+        "linear_attn.in_proj_ba.weight" => "ssm_ba.weight",
         "linear_attn.in_proj_z.weight" => "attn_gate.weight",
         "linear_attn.in_proj_b.weight" => "ssm_beta.weight",
         "linear_attn.in_proj_a.weight" => "ssm_alpha.weight",
@@ -347,9 +372,12 @@ fn qwen35_from_gguf(family: &str) {
         config.hidden_size,
     );
     let width = lin.conv_kernel_dim;
+    let tiled = family != "qwen3next";
     let mut tensors = tensors(family, part, |name, data| {
         let leaf = name.rsplit_once("linear_attn.").map_or("", |(_, l)| l);
         match leaf {
+            "A_log" if !tiled => data.iter_mut().for_each(|a| *a = -a.exp()),
+            _ if !tiled && !leaf.is_empty() => {}
             "in_proj_qkv.weight" => tile_v_heads(&mut data[qk * h..], nk, rpk, vd * h),
             "in_proj_z.weight" => tile_v_heads(data, nk, rpk, vd * h),
             "in_proj_b.weight" | "in_proj_a.weight" => tile_v_heads(data, nk, rpk, h),
@@ -373,6 +401,26 @@ fn qwen35_from_gguf(family: &str) {
         .filter(|t| t.0.ends_with("ssm_conv1d.weight"))
     {
         t.1 = vec![t.1[0], t.1[2]];
+    }
+    // Each Qwen3-Next DeltaNet layer's fused q/k/v/z, cut as the converter cuts it.
+    while let Some(i) = tensors
+        .iter()
+        .position(|t| t.0.ends_with("attn_qkvz.weight"))
+    {
+        let (name, shape, data) = tensors.remove(i);
+        let [qkv, z] = split_qkvz(&data, shape[1], nk, lin.key_head_dim, rpk * vd);
+        let layer = name.trim_end_matches("attn_qkvz.weight");
+        let rows = |d: &Vec<f32>| d.len() / shape[1];
+        tensors.push((
+            format!("{layer}attn_gate.weight"),
+            vec![rows(&z), shape[1]],
+            z,
+        ));
+        tensors.push((
+            format!("{layer}attn_qkv.weight"),
+            vec![rows(&qkv), shape[1]],
+            qkv,
+        ));
     }
     tensors.extend(stacked_experts(family, &config));
     let u32_ = |v: usize| GgufValue::U32(v as u32);
@@ -411,9 +459,13 @@ fn qwen35_from_gguf(family: &str) {
         ]);
     }
     let mut metadata = metadata(family, &config, more);
-    if config.moe.is_some() {
+    if family == "qwen35moe" {
         // The converter writes no dense width for Qwen3.5-MoE.
         metadata.remove(&format!("{family}.feed_forward_length"));
+    }
+    if !tiled {
+        // Qwen3-Next's RoPE is plain NeoX, without the multimodal sections.
+        metadata.remove(&format!("{family}.rope.dimension_sections"));
     }
     let (path, file) = write(&metadata, &tensors);
     if let Some(dir) = std::env::var_os("MINIVLLM_KEEP_TINY_GGUF") {
@@ -425,7 +477,7 @@ fn qwen35_from_gguf(family: &str) {
         architecture: from_file.architecture.clone(),
         norm_weight_offset: 0.0,
         linear_attention: Some(LinearAttentionConfig {
-            v_heads_tiled: true,
+            v_heads_tiled: tiled,
             ..lin
         }),
         ..config.clone()
@@ -437,17 +489,4 @@ fn qwen35_from_gguf(family: &str) {
         let worst = assert_close(&got, &cases(family)[case].last_logits, family);
         eprintln!("{family} from a GGUF file, prompt {case}: worst difference {worst:.2e}");
     }
-}
-
-/// A Qwen3-Next GGUF file (llama.cpp's fused `ssm_in`/`ssm_ba`, not read yet) is refused,
-/// pointing at its Hugging Face folder, which loads.
-#[test]
-fn a_qwen3next_gguf_file_is_refused_by_name() {
-    let config = tiny_models::config("qwen3next");
-    let (_path, file) = write(&metadata("qwen3next", &config, Vec::new()), &[]);
-    let e = config_from_gguf(&file).unwrap_err().to_string();
-    assert!(
-        e.contains("Qwen3-Next") && e.contains("Hugging Face folder"),
-        "{e}"
-    );
 }

@@ -24,13 +24,6 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         .ok_or_else(|| LoadError::Config("GGUF lacks general.architecture".into()))?
         .to_string();
     let mut family = ModelFamily::from_name(&arch)?;
-    if family == ModelFamily::Qwen3Next {
-        // llama.cpp keeps its DeltaNet projections fused (`ssm_in`, `ssm_ba`) in its own
-        // order, which this reader does not cut yet.
-        return Err(LoadError::Config(
-            "Qwen3-Next GGUF files are not supported yet: load its Hugging Face folder".into(),
-        ));
-    }
     let key = |k: &str| format!("{arch}.{k}");
     let uint = |k: &str| -> Result<Option<usize>, LoadError> {
         match file.get(&key(k)) {
@@ -86,7 +79,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         | ModelFamily::Mixtral
         | ModelFamily::Olmoe
         | ModelFamily::GptOss
-        | ModelFamily::Qwen35Moe => {
+        | ModelFamily::Qwen35Moe
+        | ModelFamily::Qwen3Next => {
             // llama.cpp's graphs fix whether the top-k weights are renormalised per family;
             // newer converters may say so in the file.
             let norm = file
@@ -94,7 +88,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
                 .and_then(GgufValue::as_bool)
                 .unwrap_or(matches!(
                     family,
-                    ModelFamily::Qwen3Moe | ModelFamily::Mixtral | ModelFamily::Qwen35Moe
+                    ModelFamily::Qwen3Moe
+                        | ModelFamily::Mixtral
+                        | ModelFamily::Qwen35Moe
+                        | ModelFamily::Qwen3Next
                 ));
             // A layer without a router has the dense MLP.
             let dense: Vec<bool> = (0..num_hidden_layers)
@@ -204,7 +201,15 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         moe,
         linear_attention: if family.is_qwen35() {
-            Some(linear_attention_from_gguf(file, &arch, num_hidden_layers)?)
+            // Qwen3-Next's converter keeps the value heads grouped by key head; Qwen3.5's
+            // reorders them tiled.
+            let tiled = family != ModelFamily::Qwen3Next;
+            Some(linear_attention_from_gguf(
+                file,
+                &arch,
+                num_hidden_layers,
+                tiled,
+            )?)
         } else {
             None
         },
@@ -411,6 +416,8 @@ pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
         "attn_qkv.weight" if qwen35 => "linear_attn.in_proj_qkv.weight",
         "attn_gate.weight" if qwen35 => "linear_attn.in_proj_z.weight",
         "ssm_beta.weight" => "linear_attn.in_proj_b.weight",
+        // Qwen3-Next's b and a, interleaved per key-head group as in its checkpoints.
+        "ssm_ba.weight" => "linear_attn.in_proj_ba.weight",
         "ssm_alpha.weight" => "linear_attn.in_proj_a.weight",
         "ssm_conv1d.weight" => "linear_attn.conv1d.weight",
         "ssm_dt.bias" => "linear_attn.dt_bias",

@@ -7,12 +7,13 @@ use crate::model_executor::loader::LoadError;
 /// Qwen3.5's Gated DeltaNet layers as llama.cpp's converter describes them: which layers
 /// are recurrent (`attention.recurrent_layers`, else every `full_attention_interval`-th is
 /// full), the key heads (`ssm.group_count`) of `ssm.state_size`, the value heads
-/// (`ssm.time_step_rank`) filling `ssm.inner_size`, the convolution's width, and the value
-/// heads in its tiled order.
+/// (`ssm.time_step_rank`) filling `ssm.inner_size`, the convolution's width, and whether
+/// the value heads are in its tiled order (Qwen3.5's files; Qwen3-Next's keep them grouped).
 pub(super) fn linear_attention_from_gguf(
     file: &GgufFile,
     arch: &str,
     layers: usize,
+    v_heads_tiled: bool,
 ) -> Result<LinearAttentionConfig, LoadError> {
     let key = |k: &str| format!("{arch}.{k}");
     let req = |k: &str| -> Result<usize, LoadError> {
@@ -52,6 +53,6 @@ pub(super) fn linear_attention_from_gguf(
         key_head_dim: req("ssm.state_size")?,
         value_head_dim: inner / num_value_heads,
         conv_kernel_dim: req("ssm.conv_kernel")?,
-        v_heads_tiled: true,
+        v_heads_tiled,
     })
 }
