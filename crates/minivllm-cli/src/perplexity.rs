@@ -22,6 +22,7 @@ use minivllm::config::KvCacheLayout;
 use minivllm::engine::tokenizer::Tokenizer;
 use minivllm::ids::BlockId;
 use minivllm::kernels::softmax::log_softmax_inplace;
+use minivllm::model_executor::input_metadata::StateStep;
 use minivllm::model_executor::model_loader::load_model;
 use minivllm::worker::cache_engine::CacheEngine;
 use minivllm::worker::model_runner::{ModelRunner, SeqInput};
@@ -100,7 +101,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     // One sequence at a time: a model with linear attention needs one state slot.
     let cache = CacheEngine::with_dtype(&loaded.config, BLOCK_SIZE, blocks * groups, kv)
         .with_state_slots(&loaded.config, 1);
-    let state_slot = (cache.num_state_slots() > 0).then_some(0);
+    let state = (cache.num_state_slots() > 0).then_some(StateStep::in_slot(0));
     let mut runner = ModelRunner::new(loaded.model, cache);
     let first = n_ctx / 2;
     let scored = n_ctx - 1 - first;
@@ -142,7 +143,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
             num_new: n_ctx,
             block_tables: &tables,
             prompt_logprobs_from: Some(first),
-            state_slot,
+            state,
         };
         let mut rows = Vec::new();
         runner.prepare_input([seq], &mut rows);

@@ -31,7 +31,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::block_pool::{BlockId, BlockPool, CpuBlockId};
 use crate::config::first_needed_block;
+use crate::model_executor::input_metadata::StateStep;
 use crate::sequence::SeqId;
+use state_pool::StatePool;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvCacheManagerConfig {
@@ -47,7 +49,8 @@ pub struct KvCacheManagerConfig {
     /// Blocks of the CPU swap pool (`--swap-space`); 0 preempts by recompute only.
     pub num_cpu_blocks: usize,
     /// Linear-attention state slots (0: the model has no such layers): a sequence holds
-    /// one from its admission until it finishes or is preempted.
+    /// one from its admission until it finishes or is preempted; with prefix caching, the
+    /// others keep states at block boundaries (`kv_cache_manager/state_pool.rs`).
     pub num_state_slots: usize,
 }
 
@@ -102,6 +105,12 @@ struct SeqBlocks {
     hashed: Vec<HashedBlock>,
     /// Its linear-attention state slot, where the model has such layers.
     state_slot: Option<u32>,
+    /// The prefix-cache entry its latest state kept at a block boundary is cached under.
+    snapshot_key: Option<u64>,
+    /// The state copies of the step being scheduled: a cached state it starts from, and
+    /// where the state at a block boundary inside the step goes (`StateStep`).
+    restore_from: Option<u32>,
+    snapshot: Option<(u32, u32)>,
 }
 
 impl SeqBlocks {
@@ -118,6 +127,9 @@ impl SeqBlocks {
 pub(crate) struct ComputedBlocks {
     hits: Vec<Hit>,
     num_tokens: usize,
+    /// For a model with linear attention, the cached state at the prefix's end (its key
+    /// and slot): a prefix is usable only with one.
+    state: Option<(u64, u32)>,
 }
 
 impl ComputedBlocks {
@@ -151,9 +163,8 @@ pub struct KvCacheManager {
     cpu_pool: BlockPool<CpuBlockId>,
     /// Each swapped-out sequence's CPU blocks, in block-table order.
     cpu_tables: HashMap<SeqId, Vec<CpuBlockId>>,
-    /// Free linear-attention state slots, and how many there are in all.
-    free_state_slots: Vec<u32>,
-    num_state_slots: usize,
+    /// The linear-attention state slots: held by sequences, or keeping cached states.
+    states: StatePool,
 }
 
 impl KvCacheManager {
@@ -178,9 +189,7 @@ impl KvCacheManager {
             registered: Vec::new(),
             cpu_pool: BlockPool::new(cfg.num_cpu_blocks, 1),
             cpu_tables: HashMap::new(),
-            // Popped from the end: slot 0 goes first.
-            free_state_slots: (0..cfg.num_state_slots as u32).rev().collect(),
-            num_state_slots: cfg.num_state_slots,
+            states: StatePool::new(cfg.num_state_slots),
         }
     }
 
@@ -196,7 +205,7 @@ impl KvCacheManager {
     /// Whether a sequence's blocks are all of one table with no block given back early, as
     /// swapping a sequence out and in again needs.
     pub(crate) fn can_swap(&self) -> bool {
-        self.group_windows == [None] && self.num_state_slots == 0
+        self.group_windows == [None] && self.states.num_slots() == 0
     }
 
     /// The first block of a group with `window` that a query at position `pos` (or later)
@@ -219,7 +228,12 @@ impl KvCacheManager {
         let num_tokens = hits.len() * self.block_size;
         self.stats.queries += token_ids.len() as u64;
         self.stats.hits += num_tokens as u64;
-        ComputedBlocks { hits, num_tokens }
+        let state = hits.last().and_then(|h| self.cached_state(h.hashed));
+        ComputedBlocks {
+            hits,
+            num_tokens,
+            state,
+        }
     }
 
     /// Admits `seq`, which holds no blocks: it takes the cached blocks `computed` found for
@@ -248,8 +262,10 @@ impl KvCacheManager {
         if !still_cached {
             return None;
         }
-        self.allocate_new(seq, computed.hits, num_tokens.div_ceil(self.block_size))?;
+        let required = num_tokens.div_ceil(self.block_size);
+        self.allocate_new(seq, computed.hits, required, computed.state)?;
         self.cache_full_blocks(seq, token_ids, num_tokens);
+        self.plan_snapshot(seq, computed.num_tokens, num_tokens);
         Some(())
     }
 
@@ -279,7 +295,7 @@ impl KvCacheManager {
                 num_computed_tokens, 0,
                 "{seq}: cached blocks go through allocate_new_slots"
             );
-            self.allocate_new(seq, Vec::new(), required)?;
+            self.allocate_new(seq, Vec::new(), required, None)?;
         } else {
             self.free_skipped_blocks(seq, num_computed_tokens);
             let state = self.seqs.get_mut(&seq).expect("non-empty table");
@@ -290,7 +306,39 @@ impl KvCacheManager {
             }
         }
         self.cache_full_blocks(seq, token_ids, num_tokens);
+        self.plan_snapshot(seq, num_computed_tokens, num_tokens);
         Some(())
+    }
+
+    /// The cached state at the end of a prefix whose last block is `last`.
+    fn cached_state(&self, last: HashedBlock) -> Option<(u64, u32)> {
+        let key = last.entry?;
+        Some((key, self.states.lookup(key)?))
+    }
+
+    /// For a model with linear attention and prefix caching: has `seq`'s step, which
+    /// computes its tokens from `num_computed` to `num_tokens`, keep the state at the last
+    /// block boundary it passes, under that block's cache entry, in place of the one it
+    /// kept before. Skipped when no slot is spare: a later prompt then finds less.
+    fn plan_snapshot(&mut self, seq: SeqId, num_computed: usize, num_tokens: usize) {
+        if self.states.num_slots() == 0 || !self.enable_prefix_caching {
+            return;
+        }
+        let bs = self.block_size;
+        let boundary = num_tokens / bs * bs;
+        let Some(state) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        let block = (boundary / bs)
+            .checked_sub(1)
+            .filter(|_| boundary > num_computed);
+        let Some(key) = block.and_then(|b| state.hashed.get(b)?.entry) else {
+            return;
+        };
+        if let Some(into) = self.states.snapshot(key, state.snapshot_key) {
+            state.snapshot_key = Some(key);
+            state.snapshot = Some(((boundary - num_computed) as u32, into));
+        }
     }
 
     /// Gives back the blocks of `seq`'s sliding-window groups that no query from position
@@ -314,8 +362,15 @@ impl KvCacheManager {
     }
 
     /// Gives `seq` its first tables: the cached blocks of `hits`, then fresh ones up to
-    /// `required` blocks per group.
-    fn allocate_new(&mut self, seq: SeqId, hits: Vec<Hit>, required: usize) -> Option<()> {
+    /// `required` blocks per group, and (with linear attention) a state slot, which takes
+    /// the cached state `restore` (key, slot) at the hits' end before its step.
+    fn allocate_new(
+        &mut self,
+        seq: SeqId,
+        hits: Vec<Hit>,
+        required: usize,
+        restore: Option<(u64, u32)>,
+    ) -> Option<()> {
         let held = || hits.iter().flat_map(|h| h.blocks.iter().flatten());
         let revived = held().filter(|&&b| self.pool.ref_count(b) == 0).count();
         let groups = self.group_windows.len();
@@ -324,10 +379,15 @@ impl KvCacheManager {
         if taken + self.watermark_blocks > self.pool.num_free() {
             return None;
         }
-        // A model with linear attention runs a sequence only with a state slot.
-        let state_slot = match self.num_state_slots {
+        // A model with linear attention runs a sequence only with a state slot, and
+        // resumes a prefix only from the state at its end.
+        debug_assert!(
+            hits.is_empty() || self.states.num_slots() == 0 || restore.is_some(),
+            "{seq}: a prefix hit without its state"
+        );
+        let state_slot = match self.states.num_slots() {
             0 => None,
-            _ => Some(self.free_state_slots.pop()?),
+            _ => Some(self.states.take(restore)?),
         };
         // Revive the hits before allocating, or allocation could evict them.
         for &b in held() {
@@ -349,6 +409,7 @@ impl KvCacheManager {
         state.tables = tables;
         state.hashed = hits.iter().map(|h| h.hashed).collect();
         state.state_slot = state_slot;
+        state.restore_from = restore.map(|(_, slot)| slot);
         Some(())
     }
 
@@ -409,7 +470,10 @@ impl KvCacheManager {
                 let first = self.first_needed_block(Some(w), cut * bs);
                 run[cut - 1] >= cut - first.min(cut)
             });
-            if reads_all {
+            // A recurrent state cannot be rewound: only a boundary whose state is cached.
+            let has_state =
+                self.states.num_slots() == 0 || self.cached_state(chain[cut - 1].0).is_some();
+            if reads_all && has_state {
                 break;
             }
             cut -= 1;
@@ -491,9 +555,16 @@ impl KvCacheManager {
         }
     }
 
-    /// Starts a step's bookkeeping: the blocks registered before it are computed.
+    /// Starts a step's bookkeeping: the blocks registered and the states kept before it
+    /// are computed.
     pub(crate) fn start_step(&mut self) {
         self.registered.clear();
+        if self.states.num_slots() > 0 {
+            self.states.start_step();
+            for s in self.seqs.values_mut() {
+                (s.restore_from, s.snapshot) = (None, None);
+            }
+        }
     }
 
     /// Takes back the registrations made since `start_step`, for a step that failed: those
@@ -503,6 +574,7 @@ impl KvCacheManager {
         for b in self.registered.drain(..) {
             self.pool.unregister(b);
         }
+        self.states.forget_step();
     }
 
     /// Drops the sequence's references. Its blocks are freed tail first so that, among its
@@ -512,7 +584,9 @@ impl KvCacheManager {
             self.cpu_pool.free(cpu);
         }
         if let Some(state) = self.seqs.remove(&seq) {
-            self.free_state_slots.extend(state.state_slot);
+            if let Some(slot) = state.state_slot {
+                self.states.release(slot);
+            }
             let blocks = (0..state.len())
                 .rev()
                 .flat_map(|i| state.tables.iter().map(move |t| t[i]));
@@ -599,17 +673,27 @@ impl KvCacheManager {
         self.seqs.get(&seq).map_or(&[], |s| &s.tables)
     }
 
-    /// Blocks with no references, cached or not.
     /// `seq`'s linear-attention state slot (`None` without such layers, or before it runs).
     pub fn state_slot(&self, seq: SeqId) -> Option<u32> {
         self.seqs.get(&seq).and_then(|s| s.state_slot)
     }
 
-    /// Free linear-attention state slots.
-    pub fn num_free_state_slots(&self) -> usize {
-        self.free_state_slots.len()
+    /// `seq`'s state slot and the copies of it the step being scheduled makes.
+    pub(crate) fn state_step(&self, seq: SeqId) -> Option<StateStep> {
+        let s = self.seqs.get(&seq)?;
+        Some(StateStep {
+            slot: s.state_slot?,
+            restore_from: s.restore_from,
+            snapshot: s.snapshot,
+        })
     }
 
+    /// Linear-attention state slots held by no sequence and no cached state.
+    pub fn num_free_state_slots(&self) -> usize {
+        self.states.num_free()
+    }
+
+    /// Blocks with no references, cached or not.
     pub fn num_free_blocks(&self) -> usize {
         self.pool.num_free()
     }
@@ -654,6 +738,7 @@ impl KvCacheManager {
     }
 }
 
+mod state_pool;
 #[cfg(test)]
 mod state_slots;
 #[cfg(test)]

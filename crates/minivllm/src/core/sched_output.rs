@@ -7,6 +7,7 @@
 //! sequence is new to it and dropped when it finishes.
 
 use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
+use crate::model_executor::input_metadata::StateStep;
 use crate::structured_output::TokenBitmask;
 use std::ops::Range;
 
@@ -20,8 +21,9 @@ pub struct ScheduledSeq {
     /// Its block tables, one per KV cache group, one after another, in
     /// [`SchedulerOutput::block_ids`].
     pub block_ids: Range<usize>,
-    /// Its linear-attention state slot, for a model with such layers.
-    pub state_slot: Option<u32>,
+    /// Its linear-attention state slot and the copies prefix caching makes of it, for a
+    /// model with such layers.
+    pub state: Option<StateStep>,
     /// Draft tokens to verify (speculative decoding): fed after the sequence's last token
     /// and counted in `num_new_tokens`; the worker samples at each of their positions and
     /// keeps them while they match what it samples.

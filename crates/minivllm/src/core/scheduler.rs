@@ -367,7 +367,7 @@ impl Scheduler {
             let tables = self.kv_cache_manager.block_tables(s.id);
             out.block_ids.extend(tables.iter().flatten().map(|b| b.0));
             s.block_ids = start..out.block_ids.len();
-            s.state_slot = self.kv_cache_manager.state_slot(s.id);
+            s.state = self.kv_cache_manager.state_step(s.id);
             let seq = self.seqs.get_mut(&s.id).expect("scheduled seq exists");
             s.samples = seq.params.pooling.is_none()
                 && reaches_end(s.num_computed, s.num_new_tokens, seq.len());
@@ -456,7 +456,7 @@ impl Scheduler {
                         num_computed: computed,
                         num_new_tokens: num_new,
                         block_ids: 0..0,
-                        state_slot: None,
+                        state: None,
                         spec_token_ids,
                         num_lookahead,
                         samples: false,
@@ -510,7 +510,7 @@ impl Scheduler {
                     num_computed: computed,
                     num_new_tokens: num_new,
                     block_ids: 0..0,
-                    state_slot: None,
+                    state: None,
                     spec_token_ids: Vec::new(),
                     num_lookahead: 0,
                     samples: false,
@@ -589,7 +589,7 @@ impl Scheduler {
                 num_computed: cached,
                 num_new_tokens: num_new,
                 block_ids: 0..0,
-                state_slot: None,
+                state: None,
                 spec_token_ids: Vec::new(),
                 num_lookahead: self.lookahead(id),
                 samples: false,

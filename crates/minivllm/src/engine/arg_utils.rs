@@ -129,6 +129,7 @@ impl EngineArgs {
                 kv_cache_dtype: self.kv_cache_dtype,
                 swap_space: self.swap_space,
                 max_num_seqs: self.max_num_seqs,
+                enable_prefix_caching: self.enable_prefix_caching,
             },
             threads: self.threads,
             tensor_parallel_size: self.tensor_parallel_size,
@@ -272,16 +273,10 @@ fn check_state_support(speculative: bool, cache: &CacheEngine) -> Result<(), Eng
 
 /// The KV cache manager over `cache`'s blocks, its swap pool and its state slots.
 pub(crate) fn kv_cache_manager(args: &EngineArgs, cache: &CacheEngine) -> KvCacheManager {
-    let states = cache.num_state_slots() > 0;
-    if states && args.enable_prefix_caching {
-        // A cached prefix's K/V would come without the linear-attention layers' state at
-        // its end (vLLM keeps states at block boundaries for that: not done yet).
-        tracing::info!("prefix caching is off: the model has linear-attention layers");
-    }
     KvCacheManager::new(KvCacheManagerConfig {
         num_blocks: cache.num_blocks(),
         block_size: args.block_size,
-        enable_prefix_caching: args.enable_prefix_caching && !states,
+        enable_prefix_caching: args.enable_prefix_caching,
         watermark: WATERMARK,
         group_windows: cache.layout().windows().to_vec(),
         num_cpu_blocks: cache.num_cpu_blocks(),

@@ -25,6 +25,39 @@ pub struct SeqSlice {
     pub num_blocks: usize,
 }
 
+/// What one sequence's step does with its linear-attention state (for a model with such
+/// layers): the slot its state lives in, and the copies prefix caching makes of it (vLLM's
+/// Mamba states in the hybrid cache, "align" mode): a prefix hit's cached state taken in
+/// before the step, and the state at a block boundary inside the step kept for later hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateStep {
+    pub slot: u32,
+    /// A cached state, that of the step's first position, copied into `slot` first.
+    pub restore_from: Option<u32>,
+    /// `(after, into)`: the state after the step's first `after` tokens (a block boundary)
+    /// is copied into slot `into`.
+    pub snapshot: Option<(u32, u32)>,
+}
+
+impl StateStep {
+    /// The state carried on in `slot` (or started there, at position 0), with no copy.
+    pub fn in_slot(slot: u32) -> Self {
+        Self {
+            slot,
+            restore_from: None,
+            snapshot: None,
+        }
+    }
+
+    /// The slots it reads or writes.
+    pub(crate) fn slots(&self) -> impl Iterator<Item = u32> {
+        let snapshot = self.snapshot.map(|(_, into)| into);
+        [Some(self.slot), self.restore_from, snapshot]
+            .into_iter()
+            .flatten()
+    }
+}
+
 /// The flat batch of one forward pass. Buffers are reused between steps: [`clear`](Self::clear)
 /// keeps their capacity.
 #[derive(Debug, Clone)]
@@ -40,9 +73,9 @@ pub struct InputMetadata {
     pub block_tables: Vec<u32>,
     /// Flat-batch indices of the tokens whose logits are wanted, in output order.
     pub logits_indices: Vec<usize>,
-    /// Each sequence's state slot, for a model with linear-attention layers (empty for
-    /// others): where its recurrent state lives in every such layer.
-    pub state_slots: Vec<u32>,
+    /// Each sequence's state slot and copies, for a model with linear-attention layers
+    /// (empty for others): where its recurrent state lives in every such layer.
+    pub states: Vec<StateStep>,
 }
 
 /// Why a batch description is unusable.
@@ -74,7 +107,7 @@ impl InputMetadata {
             seqs: Vec::new(),
             block_tables: Vec::new(),
             logits_indices: Vec::new(),
-            state_slots: Vec::new(),
+            states: Vec::new(),
         }
     }
 
@@ -89,7 +122,7 @@ impl InputMetadata {
         self.seqs.clear();
         self.block_tables.clear();
         self.logits_indices.clear();
-        self.state_slots.clear();
+        self.states.clear();
     }
 
     pub(crate) fn num_tokens(&self) -> usize {
@@ -229,10 +262,10 @@ impl InputMetadata {
                 "sequences cover {next} of {n} tokens"
             )));
         }
-        if !self.state_slots.is_empty() && self.state_slots.len() != self.seqs.len() {
+        if !self.states.is_empty() && self.states.len() != self.seqs.len() {
             return Err(InputError::BadBatch(format!(
                 "{} state slots for {} sequences",
-                self.state_slots.len(),
+                self.states.len(),
                 self.seqs.len()
             )));
         }

@@ -104,15 +104,15 @@ impl CacheEngine {
     }
 
     /// As many blocks of `dtype` as fit in `budget_bytes`. A model with linear-attention
-    /// layers first takes a state slot per sequence that may run at once, up to
-    /// `max_num_seqs` and half the budget (a running sequence holds one slot; fewer slots
-    /// cap the running sequences), and gives the rest to blocks.
+    /// layers first takes state slots, up to `max_state_slots` and half the budget (a
+    /// running sequence holds one slot, so fewer slots cap the running sequences; prefix
+    /// caching keeps states in the others), and gives the rest to blocks.
     pub(crate) fn with_budget(
         config: &ModelConfig,
         block_size: usize,
         budget_bytes: u64,
         dtype: KvCacheDtype,
-        max_num_seqs: usize,
+        max_state_slots: usize,
     ) -> Result<Self, CacheError> {
         if block_size == 0 {
             return Err(CacheError::ZeroBlockSize);
@@ -124,7 +124,7 @@ impl CacheEngine {
             .map_or(0, |l| l.state_bytes_per_seq());
         let num_state_slots = match state_bytes {
             0 => 0,
-            s => ((budget_bytes / 2 / s) as usize).min(max_num_seqs),
+            s => ((budget_bytes / 2 / s) as usize).min(max_state_slots),
         };
         if state_bytes > 0 && num_state_slots == 0 {
             return Err(CacheError::TooSmallForState {
@@ -158,7 +158,8 @@ impl CacheEngine {
             slots = num_slots,
             mib = (num_slots as u64 * linear.state_bytes_per_seq()) >> 20,
             layers,
-            "linear-attention state allocated: one slot per running sequence"
+            "linear-attention state allocated: a slot per running sequence, the rest for \
+             prefix caching's states at block boundaries"
         );
         self
     }

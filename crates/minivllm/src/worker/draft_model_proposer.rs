@@ -161,7 +161,7 @@ impl DraftModelProposer {
             num_new: self.tokens.len() - computed,
             block_tables: blocks,
             prompt_logprobs_from: None,
-            state_slot: None,
+            state: None,
         };
         self.runner.prepare_input([input], &mut self.rows);
         let Some(common) = &self.common_head else {

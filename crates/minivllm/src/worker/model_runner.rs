@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::core::sched_output::{reaches_end, SchedulerOutput};
 use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
-use crate::model_executor::input_metadata::{InputError, InputMetadata};
+use crate::model_executor::input_metadata::{InputError, InputMetadata, StateStep};
 use crate::model_executor::layers::sampler::{logprobs_for, Sampler, SamplingContext};
 use crate::model_executor::models::llama::{ForwardBuffers, LlamaForCausalLM};
 use crate::outputs::{ModelRunnerOutput, TokenLogprobs};
@@ -35,8 +35,9 @@ pub struct SeqInput<'a> {
     pub block_tables: &'a [Vec<BlockId>],
     /// For prompt logprobs: the first prompt position whose successor is still to be scored.
     pub prompt_logprobs_from: Option<usize>,
-    /// Its linear-attention state slot (for a model with such layers; `None` for others).
-    pub state_slot: Option<u32>,
+    /// Its linear-attention state slot and copies (for a model with such layers; `None`
+    /// for others).
+    pub state: Option<StateStep>,
 }
 
 /// Where one sequence's rows sit in the step's logits.
@@ -161,7 +162,7 @@ impl ModelRunner {
                 num_computed: s.num_computed,
                 prompt_len: seq.prompt_len,
                 prompt_logprobs_from: self.batch.get_mut(s.id).prompt_logprobs_from,
-                state_slot: s.state_slot,
+                state: s.state,
                 num_drafts: s.spec_token_ids.len(),
                 sample: s.samples,
             };
@@ -343,7 +344,7 @@ impl ModelRunner {
                 num_computed: s.num_computed,
                 prompt_len: s.prompt_len,
                 prompt_logprobs_from: s.prompt_logprobs_from,
-                state_slot: s.state_slot,
+                state: s.state,
                 num_drafts: 0,
                 sample: reaches_end(s.num_computed, s.num_new, s.token_ids.len()),
             };
@@ -435,7 +436,7 @@ struct Placement<'a> {
     prompt_len: usize,
     /// For prompt logprobs: the first prompt position whose successor is still to be scored.
     prompt_logprobs_from: Option<usize>,
-    state_slot: Option<u32>,
+    state: Option<StateStep>,
     /// How many of `new_tokens` are draft tokens, each to be sampled at.
     num_drafts: usize,
     /// It samples this step (as the scheduler decided, `ScheduledSeq::samples`).
@@ -459,7 +460,7 @@ fn lay_out(
     let start_row = input.num_tokens();
     let (new_tokens, num_drafts) = (s.new_tokens, s.num_drafts);
     input.add_sequence(new_tokens, end, table, block_size, false);
-    input.state_slots.extend(s.state_slot);
+    input.states.extend(s.state);
     let mut r = LogitsRows {
         tokens: start_row..start_row + num_new,
         ..LogitsRows::default()

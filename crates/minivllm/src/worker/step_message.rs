@@ -13,13 +13,15 @@ use std::collections::HashMap;
 
 use crate::distributed::CommError;
 use crate::ids::{BlockId, CpuBlockId, SeqId};
-use crate::model_executor::input_metadata::InputMetadata;
+use crate::model_executor::input_metadata::{InputMetadata, StateStep};
 
 const CACHE_OPS: u8 = 1;
 const EXECUTE: u8 = 2;
 const SHUTDOWN: u8 = 3;
 /// More KV cache groups than any layout makes (one per layer at most) marks a bad message.
 const MAX_GROUPS: usize = 1 << 12;
+/// A state copy's absent slot.
+const NO_SLOT: u32 = u32::MAX;
 
 /// Block moves to make before the next forward pass: swap-outs, then swap-ins (the order
 /// `ModelRunner::apply_cache_ops` explains).
@@ -163,8 +165,14 @@ pub(crate) fn encode_execute(
     held.keeps = keeps;
     put(buf, input.logits_indices.len());
     input.logits_indices.iter().for_each(|&i| put(buf, i));
-    put(buf, input.state_slots.len());
-    input.state_slots.iter().for_each(|&s| put_u32(buf, s));
+    put(buf, input.states.len());
+    for s in &input.states {
+        put_u32(buf, s.slot);
+        put_u32(buf, s.restore_from.unwrap_or(NO_SLOT));
+        let (after, into) = s.snapshot.unwrap_or((0, NO_SLOT));
+        put_u32(buf, after);
+        put_u32(buf, into);
+    }
 }
 
 pub(crate) fn encode_shutdown(buf: &mut Vec<u8>) {
@@ -291,8 +299,15 @@ fn decode_execute(
     for _ in 0..r.len(4)? {
         input.logits_indices.push(r.u32()? as usize);
     }
-    for _ in 0..r.len(4)? {
-        input.state_slots.push(r.u32()?);
+    for _ in 0..r.len(16)? {
+        let slot = r.u32()?;
+        let restore_from = Some(r.u32()?).filter(|&s| s != NO_SLOT);
+        let (after, into) = (r.u32()?, r.u32()?);
+        input.states.push(StateStep {
+            slot,
+            restore_from,
+            snapshot: (into != NO_SLOT).then_some((after, into)),
+        });
     }
     Ok(())
 }

@@ -20,9 +20,20 @@ pub struct CacheConfig {
     pub kv_cache_dtype: CacheDtype,
     /// Bytes of CPU swap pool (`--swap-space`); 0 for none.
     pub swap_space: u64,
-    /// The most sequences running at once (`--max-num-seqs`): the most linear-attention
-    /// state slots worth allocating.
+    /// The most sequences running at once (`--max-num-seqs`): with
+    /// `enable_prefix_caching`, the most linear-attention state slots worth allocating.
     pub max_num_seqs: usize,
+    /// Prefix caching (`--enable-prefix-caching`), which keeps linear-attention states at
+    /// block boundaries in slots of their own.
+    pub enable_prefix_caching: bool,
+}
+
+impl CacheConfig {
+    /// The most linear-attention state slots worth allocating: one per sequence that may
+    /// run, and as many again for prefix caching's states when it is on.
+    pub fn max_state_slots(&self) -> usize {
+        self.max_num_seqs * if self.enable_prefix_caching { 2 } else { 1 }
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

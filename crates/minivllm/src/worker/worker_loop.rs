@@ -35,7 +35,7 @@ impl Worker {
             c.block_size,
             c.kv_cache_memory,
             kv_dtype,
-            c.max_num_seqs,
+            c.max_state_slots(),
         )?
         .with_swap_space(c.swap_space)?;
         model.set_max_model_len(max_model_len);

@@ -48,7 +48,7 @@ fn input<'a>(tokens: &'a [u32], from: usize, table: &'a Vec<BlockId>) -> SeqInpu
         num_new: tokens.len() - from,
         block_tables: std::slice::from_ref(table),
         prompt_logprobs_from: None,
-        state_slot: None,
+        state: None,
     }
 }
 

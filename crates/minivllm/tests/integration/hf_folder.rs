@@ -79,7 +79,7 @@ fn logits_with(spec: &str, tokens: &[u32], opts: &LoadOptions) -> Vec<f32> {
         num_new: tokens.len(),
         block_tables: &[vec![BlockId(0), BlockId(1), BlockId(2)]],
         prompt_logprobs_from: Some(0),
-        state_slot: None,
+        state: None,
     };
     runner.prepare_input([seq], &mut Vec::new());
     runner.execute_model().unwrap().to_vec()

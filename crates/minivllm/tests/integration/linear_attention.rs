@@ -3,9 +3,10 @@
 //! `model_families.rs` as a Hugging Face folder gives transformers' greedy tokens however
 //! the scheduler runs it — batched, in prefill chunks that carry the state, with fewer
 //! state slots than requests (they wait for one), and preempted and recomputed (the slot
-//! given back and its state rebuilt from zeros). Qwen3.5-MoE, the same layers with the
-//! experts in every MLP's place, and Qwen3-Next (its DeltaNet projections fused per key-head
-//! group) likewise.
+//! given back and its state rebuilt); and a chat's second turn resumes from the state its
+//! first turn kept at a block boundary. Qwen3.5-MoE, the same layers with the experts in
+//! every MLP's place, and Qwen3-Next (its DeltaNet projections fused per key-head group)
+//! likewise.
 
 use minivllm::engine::llm_engine::{EngineArgs, PromptInput};
 use minivllm::entrypoints::llm::LLM;
@@ -153,9 +154,9 @@ fn moe_hybrid_through_the_engine(family: &str) {
     }
 }
 
-/// What the engine cannot do with a recurrent state is refused or turned off, saying why.
+/// What the engine cannot do with a recurrent state is refused, saying why.
 #[test]
-fn qwen35_refuses_speculative_decoding_and_runs_without_prefix_caching() {
+fn qwen35_refuses_speculative_decoding_and_too_small_a_cache() {
     let dir = qwen35_folder();
     let args = engine_args(&dir);
     let e = LLM::new(&EngineArgs {
@@ -193,20 +194,40 @@ fn qwen35_refuses_speculative_decoding_and_runs_without_prefix_caching() {
     .expect("a budget below one state refused")
     .to_string();
     assert!(e.contains("--kv-cache-memory"), "{e}");
+}
 
-    // The same prompt twice: the second finds no cached prefix (a cached prefix's K/V
-    // would come without the state at its end), and decodes the same.
-    let mut llm = LLM::new(&args).unwrap();
+/// A chat's second turn resumes from the state its first turn kept at its last block
+/// boundary (vLLM's prefix caching of states, "align" mode): it computes only the tokens
+/// after that boundary, and decodes what a cold run decodes. Without prefix caching it
+/// computes everything.
+#[test]
+fn qwen35_second_turn_resumes_from_the_first_turns_state() {
+    let dir = qwen35_folder();
+    let args = engine_args(&dir);
     let case = &cases("qwen35")[2];
-    for _ in 0..2 {
-        let out = llm
-            .generate(
-                vec![PromptInput::TokenIds(case.prompt.clone())],
-                &common::greedy(12),
-                false,
-            )
-            .unwrap();
-        assert_eq!(out[0].outputs[0].token_ids, case.greedy);
-        assert_eq!(out[0].num_cached_tokens, 0);
-    }
+    let run = |llm: &mut LLM, prompt: &[u32], n: usize| {
+        let input = vec![PromptInput::TokenIds(prompt.to_vec())];
+        let out = llm.generate(input, &common::greedy(n), false).unwrap();
+        (
+            out[0].outputs[0].token_ids.clone(),
+            out[0].num_cached_tokens,
+        )
+    };
+    let mut llm = LLM::new(&args).unwrap();
+    let (first, cached) = run(&mut llm, &case.prompt, 12);
+    assert_eq!((&first, cached), (&case.greedy, 0));
+    let turn = [&case.prompt[..], &first, &[17, 42, 99, 3, 250]].concat();
+    // The first turn computed its prompt and all its tokens but the last: 51 tokens,
+    // whose last block boundary (of 16) is 48.
+    let boundary = (case.prompt.len() + first.len() - 1) / 16 * 16;
+    assert_eq!(boundary, 48);
+    let warm = run(&mut llm, &turn, 6);
+    let mut cold_llm = LLM::new(&EngineArgs {
+        enable_prefix_caching: false,
+        ..args.clone()
+    })
+    .unwrap();
+    let cold = run(&mut cold_llm, &turn, 6);
+    assert_eq!(cold.1, 0);
+    assert_eq!(warm, (cold.0, boundary));
 }

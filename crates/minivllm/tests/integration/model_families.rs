@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 use minivllm::config::KvCacheLayout;
 use minivllm::ids::BlockId;
+use minivllm::model_executor::input_metadata::StateStep;
 use minivllm::model_executor::loader::weights::LoadOptions;
 use minivllm::model_executor::models::llama::LlamaForCausalLM;
 use minivllm::testing::group_tables;
@@ -137,7 +138,7 @@ fn step_all(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> (Vec<SeqRows>, Ve
                     num_new: new,
                     block_tables: table,
                     prompt_logprobs_from: score_prompt.then_some(0),
-                    state_slot: states.then_some(slot),
+                    state: states.then_some(StateStep::in_slot(slot)),
                 },
             );
     let mut rows = Vec::new();

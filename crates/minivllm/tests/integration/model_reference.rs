@@ -75,7 +75,7 @@ fn teacher_forced_logprobs(
         num_new: tokens.len(),
         block_tables: &group_tables(&blocks, runner.cache().layout().num_groups(), 64),
         prompt_logprobs_from: Some(prompt_len - 1),
-        state_slot: None,
+        state: None,
     };
     let mut rows = Vec::new();
     runner.prepare_input([seq], &mut rows);

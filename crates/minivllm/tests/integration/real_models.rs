@@ -137,7 +137,7 @@ fn chosen_logprobs(runner: &mut ModelRunner, case: &Case) -> Vec<f32> {
         num_new: tokens.len(),
         block_tables: &group_tables(&blocks, runner.cache().layout().num_groups(), 48),
         prompt_logprobs_from: Some(case.prompt.len() - 1),
-        state_slot: None,
+        state: None,
     };
     let mut rows = Vec::new();
     runner.prepare_input([seq], &mut rows);

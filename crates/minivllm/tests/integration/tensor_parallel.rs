@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use minivllm::config::{KvCacheLayout, ModelConfig};
 use minivllm::distributed::{Communicator, SingleProcess, ThreadGroup};
-use minivllm::model_executor::input_metadata::InputMetadata;
+use minivllm::model_executor::input_metadata::{InputMetadata, StateStep};
 use minivllm::model_executor::loader::gguf::GgufFile;
 use minivllm::model_executor::loader::gguf_weights::{config_from_gguf, GgufWeights};
 use minivllm::model_executor::loader::weights::{LoadOptions, WeightSource};
@@ -284,7 +284,7 @@ fn greedy_on(
                 .collect();
             input.add_sequence(new, ids.len(), &table, BLOCK_SIZE, true);
             if cache.num_state_slots() > 0 {
-                input.state_slots.push(s as u32);
+                input.states.push(StateStep::in_slot(s as u32));
             }
         }
         let (kv, states) = cache.caches_mut();

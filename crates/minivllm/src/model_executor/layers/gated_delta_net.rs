@@ -108,6 +108,13 @@ impl LayerStateCache {
         self.data.len() / (self.conv_len + self.rec_len).max(1)
     }
 
+    /// Copies slot `from`'s state into slot `to`.
+    fn copy(&mut self, from: usize, to: usize) {
+        let per = self.conv_len + self.rec_len;
+        self.data
+            .copy_within(from * per..(from + 1) * per, to * per);
+    }
+
     fn slot(&mut self, slot: usize) -> DeltaState<'_> {
         let per = self.conv_len + self.rec_len;
         let (conv, recurrent) = self.data[slot * per..(slot + 1) * per].split_at_mut(self.conv_len);
@@ -123,6 +130,25 @@ pub(crate) struct DeltaSeq {
     /// The rows start the sequence: its state starts from zeros, whatever the slot held
     /// (a finished or preempted sequence's).
     pub fresh: bool,
+    /// A slot whose state (a cached prefix's) `slot` takes before the rows.
+    pub restore_from: Option<usize>,
+    /// `(after, into)`: the state after the first `after` rows is copied into slot `into`
+    /// (kept for prefix caching at a block boundary).
+    pub snapshot: Option<(usize, usize)>,
+}
+
+#[cfg(test)]
+impl DeltaSeq {
+    /// Rows `rows` carrying on from `slot` (or starting there when `fresh`), with no copy.
+    pub fn in_slot(rows: Range<usize>, slot: usize, fresh: bool) -> Self {
+        Self {
+            rows,
+            slot,
+            fresh,
+            restore_from: None,
+            snapshot: None,
+        }
+    }
 }
 
 /// A forward pass's intermediates, kept between calls.
@@ -265,20 +291,40 @@ impl GatedDeltaNet {
         let ba = sized(&mut buf.ba, t * 2 * nv);
         self.in_proj_ba.forward(x, ba, t);
         let core = sized(&mut buf.core, t * vdim);
+        // Every restore before any sequence runs: a slot restored from may be handed out
+        // again in the same step (as another's fresh slot or snapshot).
         for seq in seqs {
-            let state = states.slot(seq.slot);
+            if let Some(from) = seq.restore_from {
+                states.copy(from, seq.slot);
+            }
+        }
+        for seq in seqs {
             if seq.fresh {
+                let state = states.slot(seq.slot);
                 state.conv.fill(0.0);
                 state.recurrent.fill(0.0);
             }
+            // Cut at the snapshot's boundary, which the state passes between the parts.
             let rows = seq.rows.clone();
-            self.mix(
-                &proj[rows.start * width..rows.end * width],
-                &ba[rows.start * 2 * nv..rows.end * 2 * nv],
-                state,
-                &mut buf.seq,
-                &mut core[rows.start * vdim..rows.end * vdim],
-            );
+            let cut = seq
+                .snapshot
+                .map_or(rows.end, |(after, _)| rows.start + after);
+            for part in [rows.start..cut, cut..rows.end] {
+                if !part.is_empty() {
+                    self.mix(
+                        &proj[part.start * width..part.end * width],
+                        &ba[part.start * 2 * nv..part.end * 2 * nv],
+                        states.slot(seq.slot),
+                        &mut buf.seq,
+                        &mut core[part.start * vdim..part.end * vdim],
+                    );
+                }
+                if part.end == cut {
+                    if let Some((_, into)) = seq.snapshot {
+                        states.copy(seq.slot, into);
+                    }
+                }
+            }
         }
 
         // Each head's output normed (rows of v_dim), scaled, and gated by silu(z).

@@ -630,35 +630,50 @@ impl LlamaForCausalLM {
                 states.len(),
             ));
         }
-        if input.state_slots.len() != input.seqs.len() {
+        if input.states.len() != input.seqs.len() {
             return bad(format!(
                 "{} state slots for {} sequences",
-                input.state_slots.len(),
+                input.states.len(),
                 input.seqs.len()
             ));
         }
         let num_slots = states[0].num_slots();
-        if let Some(s) = input.state_slots.iter().find(|&&s| s as usize >= num_slots) {
+        let all = || input.states.iter().flat_map(|s| s.slots());
+        if let Some(s) = all().find(|&s| s as usize >= num_slots) {
             return bad(format!(
                 "state slot {s} outside the cache ({num_slots} slots)"
             ));
+        }
+        for (i, (st, seq)) in input.states.iter().zip(&input.seqs).enumerate() {
+            let snapshot_inside = st
+                .snapshot
+                .is_none_or(|(after, _)| (1..=seq.query_len).contains(&(after as usize)));
+            let fresh = seq.context_len == seq.query_len;
+            if !snapshot_inside || (fresh && st.restore_from.is_some()) {
+                return bad(format!(
+                    "sequence {i}: a state copy outside its step ({st:?}, {} new tokens)",
+                    seq.query_len
+                ));
+            }
         }
         Ok(())
     }
 
     /// The step's sequences as the linear-attention layers see them (`check_states`
-    /// passed): rows, state slot, and whether they start at position 0.
+    /// passed): rows, state slot and copies, and whether they start at position 0.
     fn lay_out_delta_seqs(input: &InputMetadata, seqs: &mut Vec<DeltaSeq>) {
         seqs.clear();
         seqs.extend(
             input
                 .seqs
                 .iter()
-                .zip(&input.state_slots)
-                .map(|(s, &slot)| DeltaSeq {
+                .zip(&input.states)
+                .map(|(s, st)| DeltaSeq {
                     rows: s.query_start..s.query_start + s.query_len,
-                    slot: slot as usize,
+                    slot: st.slot as usize,
                     fresh: s.context_len == s.query_len,
+                    restore_from: st.restore_from.map(|r| r as usize),
+                    snapshot: st.snapshot.map(|(a, into)| (a as usize, into as usize)),
                 }),
         );
     }

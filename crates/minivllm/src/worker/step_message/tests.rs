@@ -28,14 +28,23 @@ fn a_batch_arrives_as_the_same_input_metadata() {
     assert_eq!(got.input.seqs, sent.seqs);
     assert_eq!(got.input.block_tables, sent.block_tables);
     assert_eq!(got.input.logits_indices, sent.logits_indices);
-    assert!(got.input.state_slots.is_empty());
-    // A model with linear attention: each sequence's state slot goes too.
+    assert!(got.input.states.is_empty());
+    // A model with linear attention: each sequence's state slot and copies go too.
     let mut sent = batch();
-    sent.state_slots.extend([4, 0, 2]);
+    let restored = StateStep {
+        restore_from: Some(5),
+        ..StateStep::in_slot(0)
+    };
+    let snapshot = StateStep {
+        snapshot: Some((3, 6)),
+        ..StateStep::in_slot(2)
+    };
+    sent.states
+        .extend([StateStep::in_slot(4), restored, snapshot]);
     send(&mut buf, &sent, &[1, 2, 3], &mut HeldTables::default());
     let mut got = StepBuffers::default();
     assert_eq!(decode(&buf, BLOCK_SIZE, &mut got), Ok(Received::Execute));
-    assert_eq!(got.input.state_slots, [4, 0, 2]);
+    assert_eq!(got.input.states, sent.states);
 }
 
 #[test]

@@ -86,11 +86,7 @@ fn matches_transformers_whole_and_split() {
         let mut got = Vec::new();
         let mut at = 0;
         for &n in split {
-            let seqs = [DeltaSeq {
-                rows: 0..n,
-                slot: 1,
-                fresh: at == 0,
-            }];
+            let seqs = [DeltaSeq::in_slot(0..n, 1, at == 0)];
             let x = &x[at * hidden..(at + n) * hidden];
             layer.forward(x, &seqs, &mut states, &mut buf, &mut out);
             got.extend_from_slice(&out);
@@ -122,11 +118,7 @@ fn a_batch_of_sequences_equals_each_alone() {
     let (mut buf, mut out) = (DeltaBuffers::default(), Vec::new());
     let mut alone = |rows: Range<usize>| {
         let mut states = LayerStateCache::zeros(layer.state_lens(), 1);
-        let seqs = [DeltaSeq {
-            rows: 0..rows.len(),
-            slot: 0,
-            fresh: true,
-        }];
+        let seqs = [DeltaSeq::in_slot(0..rows.len(), 0, true)];
         layer.forward(
             &x[rows.start * h..rows.end * h],
             &seqs,
@@ -140,21 +132,41 @@ fn a_batch_of_sequences_equals_each_alone() {
     let mut states = LayerStateCache::zeros(layer.state_lens(), 3);
     for _ in 0..2 {
         let seqs = [
-            DeltaSeq {
-                rows: 0..9,
-                slot: 2,
-                fresh: true,
-            },
-            DeltaSeq {
-                rows: 9..10,
-                slot: 0,
-                fresh: true,
-            },
+            DeltaSeq::in_slot(0..9, 2, true),
+            DeltaSeq::in_slot(9..10, 0, true),
         ];
         let (mut buf, mut out) = (DeltaBuffers::default(), Vec::new());
         layer.forward(&x[..10 * h], &seqs, &mut states, &mut buf, &mut out);
         assert_eq!(out, want);
     }
+}
+
+/// A snapshot taken inside a step holds the state at its boundary: a sequence restored
+/// from it continues exactly as the one that took it, even when the slot it restores from
+/// starts another sequence in the same step (restores come first).
+#[test]
+fn a_snapshot_restored_continues_the_sequence() {
+    let (src, layer) = fixture_layer();
+    let x = &src.0["x"].data;
+    let h = CONFIG.hidden_size;
+    let t = x.len() / h;
+    let (mut buf, mut out) = (DeltaBuffers::default(), Vec::new());
+    let mut states = LayerStateCache::zeros(layer.state_lens(), 3);
+    let whole = DeltaSeq {
+        snapshot: Some((6, 2)),
+        ..DeltaSeq::in_slot(0..t, 0, true)
+    };
+    layer.forward(&x[..t * h], &[whole], &mut states, &mut buf, &mut out);
+    let want = out[6 * h..].to_vec();
+    let resumed = DeltaSeq {
+        restore_from: Some(2),
+        ..DeltaSeq::in_slot(0..t - 6, 1, false)
+    };
+    // Slot 2 starts a sequence of its own behind the restored one.
+    let other = DeltaSeq::in_slot(t - 6..t, 2, true);
+    let rows = [&x[6 * h..t * h], &x[..6 * h]].concat();
+    layer.forward(&rows, &[resumed, other], &mut states, &mut buf, &mut out);
+    assert_eq!(out[..(t - 6) * h], want[..]);
 }
 
 #[test]
