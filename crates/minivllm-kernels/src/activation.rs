@@ -33,6 +33,39 @@ fn gated(x: &[f32], out: &mut [f32], d: usize, kernel: fn(&[f32], &mut [f32], us
         .for_each(|(o, x)| kernel(x, o, d));
 }
 
+/// `x = silu(x)` in place (Gated DeltaNet's convolution output).
+pub fn silu_inplace(x: &mut [f32]) {
+    silu_inplace_dispatch(x)
+}
+
+simd_dispatch! {
+    fn silu_inplace_dispatch(x: &mut [f32]);
+    generic = silu_inplace_generic;
+    avx512 = crate::simd::Avx2;
+    scalar = silu_inplace_scalar;
+}
+
+#[inline(always)]
+fn silu_inplace_generic<S: Simd>(s: S, x: &mut [f32]) {
+    let (one, zero) = (s.splat(1.0), s.zero());
+    let mut i = 0;
+    while i + S::LANES <= x.len() {
+        let p = x.as_mut_ptr().wrapping_add(i);
+        // SAFETY: i + LANES <= x.len().
+        unsafe {
+            let v = s.load(p);
+            s.store(p, s.div(v, s.add(one, s.exp(s.sub(zero, v)))));
+        }
+        i += S::LANES;
+    }
+    silu_inplace_scalar(&mut x[i..]);
+}
+
+/// Scalar twin of [`silu_inplace`].
+pub fn silu_inplace_scalar(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = silu(*v));
+}
+
 simd_dispatch! {
     fn silu_and_mul_dispatch(x: &[f32], out: &mut [f32], d: usize);
     generic = silu_and_mul_generic;
@@ -286,6 +319,21 @@ mod tests {
         // Far left, exp(-2u) amplifies the rounding of u (a relative 1e-7 of 80 moves e by
         // 8e-6), where outputs are below 1e-9; elsewhere they agree to a few ulps.
         check_dispatch(gelu_tanh_and_mul, gelu_tanh_and_mul_scalar, 42, 1e-9, 4e-6);
+    }
+
+    /// The in-place SiLU against its scalar twin, tails and a ragged end included.
+    #[test]
+    fn silu_inplace_matches_scalar() {
+        let mut r = rng(43);
+        for n in [1, 7, 8, 37, 6144] {
+            let mut x: Vec<f32> = rand_vec(&mut r, n).iter().map(|v| v * 30.0).collect();
+            x[0] = -1000.0;
+            x[n - 1] = 1000.0;
+            let mut want = x.clone();
+            silu_inplace_scalar(&mut want);
+            silu_inplace(&mut x);
+            assert_close(&x, &want, 1e-30, 1e-6, "dispatched against scalar");
+        }
     }
 
     #[test]

@@ -6,7 +6,12 @@
 
 use rayon::prelude::*;
 
-use crate::activation::silu;
+use crate::activation::silu_inplace;
+
+thread_local! {
+    /// The weights tap-major, kept between calls so that the kernel does not allocate.
+    static TAPS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
 
 /// Multiply-adds below which a call runs on the calling thread: a decode token of a
 /// Qwen3.5 layer (8,192 channels of width 4) takes microseconds.
@@ -16,8 +21,8 @@ const PARALLEL_MACS: usize = 1 << 17;
 /// Σ_j weight[c][j] · x̃[i + j][c])`, `x̃` the `width − 1` inputs in `state` then `x`;
 /// `weight` is `[channels, width]` (the checkpoint's `[channels, 1, width]`), `state`
 /// `[channels, width − 1]` (oldest first; zeros at a sequence's start), left holding the
-/// last `width − 1` inputs. Allocates nothing: it runs once per layer and sequence for
-/// every decode token.
+/// last `width − 1` inputs. Allocates nothing once a thread has run it: it runs once per
+/// layer and sequence for every decode token.
 pub fn causal_conv1d_silu(
     x: &[f32],
     channels: usize,
@@ -50,33 +55,43 @@ pub fn causal_conv1d_silu(
     }
     let t = x.len() / channels;
     let hist = width - 1;
-    // Each output row reads the state and `x` only: rows are independent.
-    let row = |(i, o): (usize, &mut [f32])| {
-        match bias {
-            Some(b) => o.copy_from_slice(b),
-            None => o.fill(0.0),
-        }
-        // Tap j reads input position i + j of the window, `hist` of them in the state.
-        for j in 0..width {
-            let at = i + j;
-            if at < hist {
-                for (c, o) in o.iter_mut().enumerate() {
-                    *o += weight[c * width + j] * state[c * hist + at];
-                }
-            } else {
-                let src = &x[(at - hist) * channels..(at - hist + 1) * channels];
-                for (c, (o, &v)) in o.iter_mut().zip(src).enumerate() {
-                    *o += weight[c * width + j] * v;
+    // Taken out of the thread's slot (not borrowed) while the rows run: a thread that
+    // waits for them may run another call's rows meanwhile.
+    let mut taps = TAPS.take();
+    {
+        // Tap-major, so that each tap's weights run along the channels as the rows do.
+        taps.clear();
+        taps.extend((0..width).flat_map(|j| (0..channels).map(move |c| weight[c * width + j])));
+        let taps = &taps[..];
+        // Each output row reads the state and `x` only: rows are independent.
+        let row = |(i, o): (usize, &mut [f32])| {
+            match bias {
+                Some(b) => o.copy_from_slice(b),
+                None => o.fill(0.0),
+            }
+            // Tap j reads input position i + j of the window, `hist` of them in the state.
+            for (j, w) in taps.chunks_exact(channels).enumerate() {
+                let at = i + j;
+                if at < hist {
+                    for (c, (o, &w)) in o.iter_mut().zip(w).enumerate() {
+                        *o += w * state[c * hist + at];
+                    }
+                } else {
+                    let src = &x[(at - hist) * channels..(at - hist + 1) * channels];
+                    for ((o, &w), &v) in o.iter_mut().zip(w).zip(src) {
+                        *o += w * v;
+                    }
                 }
             }
+            silu_inplace(o);
+        };
+        if t * channels * width >= PARALLEL_MACS {
+            out.par_chunks_mut(channels).enumerate().for_each(row);
+        } else {
+            out.chunks_mut(channels).enumerate().for_each(row);
         }
-        o.iter_mut().for_each(|v| *v = silu(*v));
-    };
-    if t * channels * width >= PARALLEL_MACS {
-        out.par_chunks_mut(channels).enumerate().for_each(row);
-    } else {
-        out.chunks_mut(channels).enumerate().for_each(row);
     }
+    TAPS.set(taps);
     // The window moves on by t: slot j takes what was t places later, from the old state
     // while that is inside it (read before it is overwritten: j + t > j), else from x.
     for c in 0..channels {
@@ -93,6 +108,7 @@ pub fn causal_conv1d_silu(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::activation::silu;
     use crate::testutil::{assert_close, rand_vec, rng};
 
     /// The convolution as transformers writes it: zero padding before the sequence, then

@@ -16,8 +16,11 @@
 //! into chunks across steps, and both equal the recurrence up to rounding. Heads run in
 //! parallel; a head's arithmetic does not depend on the others.
 
+use std::cell::Cell;
+
 use rayon::prelude::*;
 
+use crate::matmul::{gemm_nt_any, Gemm};
 use crate::simd::{self, simd_dispatch, Simd};
 
 /// Tokens per chunk of the chunked form (transformers' and FLA's default).
@@ -154,16 +157,28 @@ fn for_each_head(
         let heads = state.par_chunks_mut(kd * vd).zip(out.par_chunks_mut(vd));
         return heads.enumerate().for_each(run);
     }
-    let mut rows = vec![0.0f32; out.len()];
+    // Reused from call to call: a fresh buffer of a prompt's rows (4 MiB for 512 tokens of
+    // Qwen3.5) would be new pages to fault in at every layer. Taken out of the slot while
+    // the heads run, as another call may run on this thread meanwhile.
+    let mut rows = HEAD_ROWS.take();
+    rows.resize(out.len(), 0.0);
     let each = state
         .par_chunks_mut(kd * vd)
-        .zip(rows.par_chunks_mut(t * vd));
+        .zip(rows[..out.len()].par_chunks_mut(t * vd));
     each.enumerate().for_each(run);
-    for (h, rows) in rows.chunks_exact(t * vd).enumerate() {
+    for (h, rows) in rows[..out.len()].chunks_exact(t * vd).enumerate() {
         for (i, row) in rows.chunks_exact(vd).enumerate() {
             out[(i * nv + h) * vd..(i * nv + h + 1) * vd].copy_from_slice(row);
         }
     }
+    HEAD_ROWS.set(rows);
+}
+
+thread_local! {
+    /// [`for_each_head`]'s head-major rows.
+    static HEAD_ROWS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// A head's chunk scratch, kept by each thread that runs heads.
+    static SCRATCH: Cell<Option<ChunkScratch>> = const { Cell::new(None) };
 }
 
 /// Value head `h`'s tokens through the recurrence; `out` is its `[t, v_dim]` rows.
@@ -275,14 +290,28 @@ pub fn gated_delta_rule_chunked(
     heads.check(t, io, state, out, "gated_delta_rule_chunked");
     let (kd, vd) = (heads.k_dim, heads.v_dim);
     for_each_head(heads, t, state, out, |h, s, o| {
-        let mut scratch = ChunkScratch::new(kd, vd);
+        let mut scratch = SCRATCH
+            .take()
+            .filter(|c| (c.kd, c.vd) == (kd, vd))
+            .unwrap_or_else(|| ChunkScratch::new(kd, vd));
         for c0 in (0..t).step_by(CHUNK) {
             let len = CHUNK.min(t - c0);
             scratch.load(heads, io, h, c0, len);
-            chunk_head(&mut scratch, len, s, &mut o[c0 * vd..(c0 + len) * vd]);
+            let o = &mut o[c0 * vd..(c0 + len) * vd];
+            if len < BLOCKED_MIN_TOKENS {
+                chunk_head(&mut scratch, len, s, o);
+            } else {
+                chunk_head_blocked(&mut scratch, len, s, o);
+            }
         }
+        SCRATCH.set(Some(scratch));
     });
 }
+
+/// From this many tokens on, a chunk runs as matrix products ([`chunk_head_blocked`]);
+/// shorter ones (a prompt's tail) run the row-by-row form, whose products are too small to
+/// pay for packing.
+const BLOCKED_MIN_TOKENS: usize = 16;
 
 /// One head's chunk, normalised and laid out, and the chunk's intermediate products.
 struct ChunkScratch {
@@ -302,6 +331,14 @@ struct ChunkScratch {
     /// `w`).
     u: Vec<f32>,
     w: Vec<f32>,
+    /// The blocked form's operands: `[CHUNK, CHUNK]` matrices (`q·kᵀ`, the system's
+    /// inverse), transposed `[dim, CHUNK]` panels, `Sᵀ`, and a product's rows.
+    qk: Vec<f32>,
+    inv: Vec<f32>,
+    tv: Vec<f32>,
+    tk: Vec<f32>,
+    st: Vec<f32>,
+    prod: Vec<f32>,
 }
 
 impl ChunkScratch {
@@ -317,6 +354,12 @@ impl ChunkScratch {
             a: vec![0.0; CHUNK * CHUNK],
             u: vec![0.0; CHUNK * vd],
             w: vec![0.0; CHUNK * kd],
+            qk: vec![0.0; CHUNK * CHUNK],
+            inv: vec![0.0; CHUNK * CHUNK],
+            tv: vec![0.0; vd * CHUNK],
+            tk: vec![0.0; kd * CHUNK],
+            st: vec![0.0; vd * kd],
+            prod: vec![0.0; CHUNK.max(kd) * vd.max(kd)],
         }
     }
 
@@ -417,6 +460,103 @@ fn chunk_head_generic<S: Simd>(
         for (r, srow) in s.chunks_exact_mut(vd).enumerate() {
             simd::axpy(sx, srow, kj[r] * f, uj);
         }
+    }
+}
+
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ` on the calling thread (the heads are what runs in
+/// parallel).
+fn gemm(x: &[f32], w: &[f32], out: &mut [f32], [m, k, n]: [usize; 3]) {
+    let g = Gemm::dense(&x[..m * k], &w[..n * k], &mut out[..m * n], m, k, n);
+    // SAFETY: the slices hold `m × k`, `n × k` and `m × n` floats (indexing checked it), and
+    // `out`, borrowed mutably, overlaps neither operand.
+    unsafe { gemm_nt_any(g) }
+}
+
+/// `dst[c, r] = src[r, c]` for `src` of `rows × cols`.
+fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    for (r, row) in src[..rows * cols].chunks_exact(cols).enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            dst[c * rows + r] = x;
+        }
+    }
+}
+
+/// [`chunk_head`] as matrix products (the WY form as FLA's kernels run it): the system
+/// `I + A` is inverted once (`len³/6` multiply-adds), then the solves, the state's
+/// predictions, the outputs and the new state are products of `len × 128`-sized matrices
+/// run by the f32 GEMM's register-blocked kernels, instead of one `axpy` per pair of rows.
+/// The same arithmetic up to rounding.
+fn chunk_head_blocked(c: &mut ChunkScratch, len: usize, s: &mut [f32], o: &mut [f32]) {
+    let (kd, vd, l) = (c.kd, c.vd, len);
+    // A = β_i (k_i·k_j) e^(cum_i − cum_j) below the diagonal, kept [l, l] in `a`.
+    gemm(&c.k, &c.k, &mut c.a, [l, kd, l]);
+    gemm(&c.q, &c.k, &mut c.qk, [l, kd, l]);
+    for i in 0..l {
+        let (a, qk) = (&mut c.a[i * l..(i + 1) * l], &mut c.qk[i * l..(i + 1) * l]);
+        for j in 0..=i {
+            let d = (c.cum[i] - c.cum[j]).exp();
+            a[j] *= c.beta[i] * d;
+            qk[j] *= d;
+        }
+        a[i..].fill(0.0);
+        qk[i + 1..].fill(0.0);
+    }
+    // (I + A)⁻¹, unit lower triangular, row by row: row i = e_i − Σ_{m<i} A[i][m]·row m.
+    let inv = &mut c.inv[..l * l];
+    inv.fill(0.0);
+    for i in 0..l {
+        let (done, rest) = inv.split_at_mut(i * l);
+        let row = &mut rest[..l];
+        row[i] = 1.0;
+        for m in 0..i {
+            let f = -c.a[i * l + m];
+            for (r, &x) in row[..=m].iter_mut().zip(&done[m * l..m * l + m + 1]) {
+                *r += f * x;
+            }
+        }
+    }
+    // u = (I + A)⁻¹ β v and w = (I + A)⁻¹ β e^cum k, through transposed right-hand sides.
+    for j in 0..l {
+        for x in 0..vd {
+            c.tv[x * l + j] = c.beta[j] * c.v[j * vd + x];
+        }
+        let f = c.beta[j] * c.cum[j].exp();
+        for x in 0..kd {
+            c.tk[x * l + j] = f * c.k[j * kd + x];
+        }
+    }
+    gemm(&c.inv, &c.tv, &mut c.u, [l, l, vd]);
+    gemm(&c.inv, &c.tk, &mut c.w, [l, l, kd]);
+    // The new values: u − w·S.
+    transpose(s, kd, vd, &mut c.st);
+    gemm(&c.w, &c.st, &mut c.prod, [l, kd, vd]);
+    for (u, p) in c.u[..l * vd].iter_mut().zip(&c.prod) {
+        *u -= p;
+    }
+    // Outputs: e^cum_i (q_i·S) + Σ_{j≤i} (q_i·k_j) e^(cum_i − cum_j) new_j.
+    gemm(&c.q, &c.st, o, [l, kd, vd]);
+    for (row, &cum) in o.chunks_exact_mut(vd).zip(&c.cum) {
+        let e = cum.exp();
+        row.iter_mut().for_each(|x| *x *= e);
+    }
+    transpose(&c.u, l, vd, &mut c.tv);
+    gemm(&c.qk, &c.tv, &mut c.prod, [l, l, vd]);
+    for (x, p) in o.iter_mut().zip(&c.prod) {
+        *x += p;
+    }
+    // The state after the chunk: e^cum_last S + Σ_j k_j ⊗ e^(cum_last − cum_j) new_j.
+    let last = c.cum[l - 1];
+    for j in 0..l {
+        let f = (last - c.cum[j]).exp();
+        for x in 0..vd {
+            c.tv[x * l + j] *= f;
+        }
+    }
+    transpose(&c.k, l, kd, &mut c.tk);
+    gemm(&c.tk, &c.tv, &mut c.prod, [kd, l, vd]);
+    let decay = last.exp();
+    for (x, p) in s.iter_mut().zip(&c.prod) {
+        *x = *x * decay + p;
     }
 }
 

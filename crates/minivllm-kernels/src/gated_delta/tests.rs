@@ -226,6 +226,36 @@ fn chunked_form_holds_at_real_head_sizes() {
     assert_close(&s2, &s1, 2e-5, 1e-4, "state");
 }
 
+/// The blocked chunk (matrix products) against the row-by-row one, its twin, on the same
+/// loaded chunk and state: at real head sizes and odd ones, a full chunk and short ones.
+#[test]
+fn blocked_chunk_matches_the_row_form() {
+    for (kd, vd) in [(128, 128), (12, 10), (33, 70)] {
+        let heads = DeltaHeads {
+            num_k_heads: 1,
+            num_v_heads: 2,
+            k_dim: kd,
+            v_dim: vd,
+            tiled: false,
+        };
+        for len in [BLOCKED_MIN_TOKENS, 37, CHUNK] {
+            let case = Case::random(len as u64, &heads, len);
+            let io = case.inputs(0..len, &heads);
+            let s0: Vec<f32> = random_state(5, &heads)[..kd * vd].to_vec();
+            let mut c = ChunkScratch::new(kd, vd);
+            c.load(&heads, &io, 1, 0, len);
+            let (mut s1, mut s2) = (s0.clone(), s0);
+            let (mut o1, mut o2) = (vec![0.0; len * vd], vec![0.0; len * vd]);
+            chunk_head_scalar(&mut c, len, &mut s1, &mut o1);
+            c.load(&heads, &io, 1, 0, len);
+            chunk_head_blocked(&mut c, len, &mut s2, &mut o2);
+            let what = format!("{kd}x{vd}, {len} tokens");
+            assert_close(&o2, &o1, 1e-5, 1e-5, &format!("{what}: outputs"));
+            assert_close(&s2, &s1, 1e-5, 1e-5, &format!("{what}: state"));
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "v must be [t, num_v_heads, v_dim]")]
 fn shapes_are_checked() {
