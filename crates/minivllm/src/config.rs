@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::distributed::share;
 
 mod kv_cache_layout;
-mod linear_attention;
+pub(crate) mod linear_attention;
 mod model_family;
 mod moe;
 mod rope_scaling;

@@ -3,6 +3,7 @@
 //! sequence (`worker/cache_engine.rs` holds it, `core/kv_cache_manager.rs` hands out its
 //! slots).
 
+use minivllm_kernels::gated_delta::DeltaHeads;
 use serde_json::Value;
 
 use super::{opt_usize, ConfigError, MAX_DIMENSION, MAX_HEAD_DIM};
@@ -116,18 +117,25 @@ impl LinearAttentionConfig {
         self.layers.get(layer).copied().unwrap_or(false)
     }
 
-    /// Channels of the convolution: q, k and v side by side.
-    pub(crate) fn conv_dim(&self) -> usize {
-        2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+    /// A layer's heads, as the kernels take them.
+    pub(crate) fn heads(&self) -> DeltaHeads {
+        DeltaHeads {
+            num_k_heads: self.num_key_heads,
+            num_v_heads: self.num_value_heads,
+            k_dim: self.key_head_dim,
+            v_dim: self.value_head_dim,
+            tiled: self.v_heads_tiled,
+        }
     }
 
-    /// Floats of one sequence's state in one layer: the convolution's last `width − 1`
-    /// inputs, then the delta rule's `[value heads, key_head_dim, value_head_dim]`.
+    /// Channels of the convolution: q, k and v side by side.
+    pub(crate) fn conv_dim(&self) -> usize {
+        conv_dim(&self.heads())
+    }
+
+    /// Floats of one sequence's state in one layer ([`state_lens`]).
     pub(crate) fn state_lens(&self) -> [usize; 2] {
-        [
-            self.conv_dim() * (self.conv_kernel_dim - 1),
-            self.num_value_heads * self.key_head_dim * self.value_head_dim,
-        ]
+        state_lens(&self.heads(), self.conv_kernel_dim)
     }
 
     /// How many layers are linear attention.
@@ -140,6 +148,19 @@ impl LinearAttentionConfig {
         let [conv, rec] = self.state_lens();
         (self.num_layers() * (conv + rec) * std::mem::size_of::<f32>()) as u64
     }
+}
+
+/// Channels of a Gated DeltaNet layer's convolution over `heads`: q, k and v side by side.
+pub(crate) fn conv_dim(heads: &DeltaHeads) -> usize {
+    2 * heads.num_k_heads * heads.k_dim + heads.num_v_heads * heads.v_dim
+}
+
+/// Floats of one sequence's state in one layer of `heads` and convolution width
+/// `conv_width`: the convolution's last `conv_width − 1` inputs, then the delta rule's
+/// `[value heads, key_head_dim, value_head_dim]`. The one formula the cache (sizing the
+/// slots) and the layer (checking them) both use.
+pub(crate) fn state_lens(heads: &DeltaHeads, conv_width: usize) -> [usize; 2] {
+    [conv_dim(heads) * (conv_width - 1), heads.state_len()]
 }
 
 #[cfg(test)]

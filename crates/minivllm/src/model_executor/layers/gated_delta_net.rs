@@ -18,6 +18,7 @@ use minivllm_kernels::gated_delta::{
 };
 use minivllm_kernels::norm::rms_norm;
 
+use crate::config::linear_attention;
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::parallel::sized;
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
@@ -49,9 +50,8 @@ impl GatedDeltaNetConfig {
         self.heads.num_v_heads * self.heads.v_dim
     }
 
-    /// Channels of the convolution: q, k and v side by side.
     fn conv_dim(&self) -> usize {
-        2 * self.key_dim() + self.value_dim()
+        linear_attention::conv_dim(&self.heads)
     }
 }
 
@@ -265,8 +265,7 @@ impl GatedDeltaNet {
 
     /// Floats of a sequence's convolution state and of its rule state in this layer.
     pub(crate) fn state_lens(&self) -> [usize; 2] {
-        let conv = self.cfg.conv_dim() * (self.cfg.conv_width - 1);
-        [conv, self.cfg.heads.state_len()]
+        linear_attention::state_lens(&self.cfg.heads, self.cfg.conv_width)
     }
 
     /// A batch's rows `x` `[t, hidden]` (normed) into `out` `[t, hidden]`: the

@@ -1,8 +1,6 @@
 //! Reading a LLaMA-family model's weights into its layers: the config checked against the
 //! weights' shapes, each tensor's tensor-parallel split, and one decoder layer's weights.
 
-use minivllm_kernels::gated_delta::DeltaHeads;
-
 use crate::config::{LinearAttentionConfig, ModelConfig, QkNorm};
 use crate::distributed::share;
 use crate::model_executor::layers::fused_moe::{ExpertNames, FusedMoe};
@@ -223,13 +221,7 @@ pub(super) fn load_layer(
 fn delta_config(c: &ModelConfig, linear: &LinearAttentionConfig) -> GatedDeltaNetConfig {
     GatedDeltaNetConfig {
         hidden_size: c.hidden_size,
-        heads: DeltaHeads {
-            num_k_heads: linear.num_key_heads,
-            num_v_heads: linear.num_value_heads,
-            k_dim: linear.key_head_dim,
-            v_dim: linear.value_head_dim,
-            tiled: linear.v_heads_tiled,
-        },
+        heads: linear.heads(),
         conv_width: linear.conv_kernel_dim,
         rms_norm_eps: c.rms_norm_eps,
     }
