@@ -688,6 +688,11 @@ impl KvCacheManager {
         })
     }
 
+    /// Whether it keeps linear-attention states for prefix caching (at block boundaries).
+    pub(crate) fn keeps_states(&self) -> bool {
+        self.enable_prefix_caching && self.states.num_slots() > 0
+    }
+
     /// Linear-attention state slots held by no sequence and no cached state.
     pub fn num_free_state_slots(&self) -> usize {
         self.states.num_free()

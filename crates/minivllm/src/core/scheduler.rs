@@ -547,6 +547,10 @@ impl Scheduler {
                 break;
             }
             let seq = &self.seqs[&id];
+            if self.waits_for_sibling(seq) {
+                i += 1;
+                continue;
+            }
             let computed = if seq.skip_prefix_cache {
                 ComputedBlocks::default()
             } else {
@@ -597,6 +601,21 @@ impl Scheduler {
             *budget -= num_new;
             *prefill = prefill.saturating_sub(num_new);
         }
+    }
+
+    /// With linear-attention states kept for prefix caching, a later completion of an
+    /// `n > 1` request waits while an earlier one computes their shared prompt: it then
+    /// starts from the state kept at the prompt's last block boundary (the state copied at
+    /// the fork) and computes only the tokens after it, instead of the whole prompt.
+    fn waits_for_sibling(&self, seq: &Sequence) -> bool {
+        let shares_a_block = seq.prompt_len > self.kv_cache_manager.block_size();
+        seq.index > 0
+            && shares_a_block
+            && self.kv_cache_manager.keeps_states()
+            && self.running.iter().any(|id| {
+                let s = &self.seqs[&id];
+                s.request == seq.request && s.num_computed_tokens < s.prompt_len
+            })
     }
 
     /// Swaps `id` out if the swap pool has room for its computed blocks, else preempts it

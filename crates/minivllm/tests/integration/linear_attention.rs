@@ -231,3 +231,44 @@ fn qwen35_second_turn_resumes_from_the_first_turns_state() {
     assert_eq!(cold.1, 0);
     assert_eq!(warm, (cold.0, boundary));
 }
+
+/// An `n > 1` request's later completions start from the state the first kept at the
+/// prompt's last block boundary (the state copied at the fork): the prompt is computed
+/// once, each later completion computes only its tokens after that boundary, and every
+/// completion decodes what a lone request decodes. Without prefix caching each computes it.
+#[test]
+fn qwen35_completions_of_one_request_share_the_prompts_state() {
+    let dir = qwen35_folder();
+    let case = &cases("qwen35")[2];
+    // Sampled (n > 1 refuses greedy), from the top token only: greedy's tokens.
+    let params = minivllm::sampling_params::SamplingParams {
+        n: 3,
+        temperature: 1.0,
+        top_k: 1,
+        ..common::greedy(12)
+    };
+    for prefix_caching in [true, false] {
+        let mut llm = LLM::new(&EngineArgs {
+            enable_prefix_caching: prefix_caching,
+            ..engine_args(&dir)
+        })
+        .unwrap();
+        let prompt = vec![PromptInput::TokenIds(case.prompt.clone())];
+        let out = llm.generate(prompt, &params, false).unwrap();
+        assert_eq!(out[0].outputs.len(), 3);
+        for c in &out[0].outputs {
+            assert_eq!(c.token_ids, case.greedy, "prefix caching {prefix_caching}");
+        }
+        // A 40-token prompt, whose last boundary (of 16) is 32; 11 decode steps each.
+        let prompts = match prefix_caching {
+            true => 40 + 2 * (40 - 32),
+            false => 3 * 40,
+        };
+        let computed = llm.engine().stats().num_computed_tokens;
+        assert_eq!(
+            computed,
+            prompts + 3 * 11,
+            "prefix caching {prefix_caching}"
+        );
+    }
+}
