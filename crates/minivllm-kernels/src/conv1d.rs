@@ -17,6 +17,10 @@ thread_local! {
 /// Qwen3.5 layer (8,192 channels of width 4) takes microseconds.
 const PARALLEL_MACS: usize = 1 << 17;
 
+/// Rows from which a call lays the weights out tap-major (vectorised along the channels);
+/// fewer rows (decode steps) read them as stored.
+const TAP_MAJOR_MIN_ROWS: usize = 4;
+
 /// `x` `[t, channels]` through the convolution: `out[i][c] = silu(bias[c] +
 /// Σ_j weight[c][j] · x̃[i + j][c])`, `x̃` the `width − 1` inputs in `state` then `x`;
 /// `weight` is `[channels, width]` (the checkpoint's `[channels, 1, width]`), `state`
@@ -55,6 +59,27 @@ pub fn causal_conv1d_silu(
     }
     let t = x.len() / channels;
     let hist = width - 1;
+    if t < TAP_MAJOR_MIN_ROWS {
+        // A decode step: each channel's taps and state are contiguous as stored, and
+        // laying the weights out tap-major would cost as much as the rows. The sums run in
+        // the same order as below.
+        for (i, o) in out.chunks_mut(channels).enumerate() {
+            for (c, o) in o.iter_mut().enumerate() {
+                let mut acc = bias.map_or(0.0, |b| b[c]);
+                for (j, &w) in weight[c * width..(c + 1) * width].iter().enumerate() {
+                    let at = i + j;
+                    let v = match at.checked_sub(hist) {
+                        None => state[c * hist + at],
+                        Some(p) => x[p * channels + c],
+                    };
+                    acc += w * v;
+                }
+                *o = acc;
+            }
+            silu_inplace(o);
+        }
+        return shift_window(x, channels, hist, state);
+    }
     // Taken out of the thread's slot (not borrowed) while the rows run: a thread that
     // waits for them may run another call's rows meanwhile.
     let mut taps = TAPS.take();
@@ -92,6 +117,12 @@ pub fn causal_conv1d_silu(
         }
     }
     TAPS.set(taps);
+    shift_window(x, channels, hist, state);
+}
+
+/// Moves a state of `hist` inputs per channel on past the rows of `x`.
+fn shift_window(x: &[f32], channels: usize, hist: usize, state: &mut [f32]) {
+    let t = x.len() / channels;
     // The window moves on by t: slot j takes what was t places later, from the old state
     // while that is inside it (read before it is overwritten: j + t > j), else from x.
     for c in 0..channels {

@@ -608,9 +608,14 @@ impl Scheduler {
     /// starts from the state kept at the prompt's last block boundary (the state copied at
     /// the fork) and computes only the tokens after it, instead of the whole prompt.
     fn waits_for_sibling(&self, seq: &Sequence) -> bool {
-        let shares_a_block = seq.prompt_len > self.kv_cache_manager.block_size();
+        // The state it would resume from is the one at the prompt's last block boundary
+        // short of its end (a prefix hit leaves the last token to compute): a prompt of
+        // whole blocks keeps its state at its end only, which no hit can use.
+        let bs = self.kv_cache_manager.block_size();
+        let shares_a_block = seq.prompt_len > bs && !seq.prompt_len.is_multiple_of(bs);
         seq.index > 0
             && shares_a_block
+            && !seq.skip_prefix_cache
             && self.kv_cache_manager.keeps_states()
             && self.running.iter().any(|id| {
                 let s = &self.seqs[&id];

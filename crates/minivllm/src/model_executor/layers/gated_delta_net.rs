@@ -308,7 +308,7 @@ impl GatedDeltaNet {
             let cut = seq
                 .snapshot
                 .map_or(rows.end, |(after, _)| rows.start + after);
-            for part in [rows.start..cut, cut..rows.end] {
+            for (i, part) in [rows.start..cut, cut..rows.end].into_iter().enumerate() {
                 if !part.is_empty() {
                     self.mix(
                         &proj[part.start * width..part.end * width],
@@ -318,10 +318,8 @@ impl GatedDeltaNet {
                         &mut core[part.start * vdim..part.end * vdim],
                     );
                 }
-                if part.end == cut {
-                    if let Some((_, into)) = seq.snapshot {
-                        states.copy(seq.slot, into);
-                    }
+                if let (0, Some((_, into))) = (i, seq.snapshot) {
+                    states.copy(seq.slot, into);
                 }
             }
         }
