@@ -321,7 +321,7 @@ impl KvCacheManager {
     /// block boundary it passes, under that block's cache entry, in place of the one it
     /// kept before. Skipped when no slot is spare: a later prompt then finds less.
     fn plan_snapshot(&mut self, seq: SeqId, num_computed: usize, num_tokens: usize) {
-        if self.states.num_slots() == 0 || !self.enable_prefix_caching {
+        if !self.keeps_states() {
             return;
         }
         let bs = self.block_size;

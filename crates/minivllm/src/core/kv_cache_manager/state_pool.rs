@@ -74,13 +74,16 @@ impl StatePool {
             self.pinned.push(slot);
         }
         let slot = self.free.pop().or_else(|| self.evict());
-        if slot.is_none() && restore.is_some() {
-            self.pinned.pop();
-        }
-        if let Some((key, _)) = restore {
-            self.clock += 1;
-            let c = self.cached.iter_mut().find(|c| c.key == key);
-            c.expect("checked above").last_used = self.clock;
+        match (slot, restore) {
+            (None, Some(_)) => {
+                self.pinned.pop();
+            }
+            (Some(_), Some((key, _))) => {
+                self.clock += 1;
+                let c = self.cached.iter_mut().find(|c| c.key == key);
+                c.expect("checked above").last_used = self.clock;
+            }
+            (_, None) => {}
         }
         slot
     }
