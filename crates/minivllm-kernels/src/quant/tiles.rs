@@ -106,6 +106,20 @@ pub(super) trait Width {
         v: &[Self::I; N],
         y: *const i8,
     ) -> Self::I;
+    /// [`Width::quad_dot_scaled`] of `R` activation rows against the same quants, `y[r]`
+    /// row `r`'s quads (`4 N` readable bytes each).
+    #[inline(always)]
+    unsafe fn quad_dot_scaled_rows<const R: usize, const N: usize, const CHUNK: usize>(
+        acc: &mut [Self::I; R],
+        sc: Self::I,
+        v: &[Self::I; N],
+        y: &[*const i8; R],
+    ) {
+        for r in 0..R {
+            // SAFETY: the caller's contract, forwarded.
+            acc[r] = unsafe { Self::quad_dot_scaled::<N, CHUNK>(acc[r], sc, v, y[r]) };
+        }
+    }
     unsafe fn store(v: Self::F) -> Self::Out;
     /// The Q8_0 tile of `U` units: [`tile_units`]'s contract.
     unsafe fn tile_q8_0<const R: usize, const U: usize>(
@@ -304,15 +318,12 @@ unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>
                 if F::SCALES == Scales::SubMinShared {
                     let packed = W::bytes_u32(wsub.wrapping_add(b * sub_step + lane));
                     let sc = W::scale_operand(W::and(packed, W::splat_i32(0x3F)));
-                    let sums = &mut iacc[k];
-                    for_each_row!(R, r, {
-                        let y = x.qs[r].add(b * QK);
-                        sums[r] = if F::BITS == 5 {
-                            W::quad_dot_scaled::<8, 4>(sums[r], sc, &v, y)
-                        } else {
-                            W::quad_dot_scaled::<8, 8>(sums[r], sc, &v, y)
-                        };
-                    });
+                    let y: [*const i8; R] = std::array::from_fn(|r| x.qs[r].wrapping_add(b * QK));
+                    if F::BITS == 5 {
+                        W::quad_dot_scaled_rows::<R, 8, 4>(&mut iacc[k], sc, &v, &y);
+                    } else {
+                        W::quad_dot_scaled_rows::<R, 8, 8>(&mut iacc[k], sc, &v, &y);
+                    }
                     if b % KSUB == KSUB - 1 {
                         let sb = b / KSUB;
                         let at = sb * GROUP + lane;

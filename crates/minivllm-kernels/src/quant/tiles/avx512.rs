@@ -241,6 +241,38 @@ impl Width for Zmm {
             _mm512_add_epi32(acc, _mm512_mullo_epi32(sum, sc))
         }
     }
+    /// Where the quants are 4-bit (`CHUNK` 8: eight quads of products fit 16 bits), each
+    /// half block's sum fits 16 bits too (16 · 15 · 127), so the two halves pack into one
+    /// lane's 16-bit pair and `vpdpwssd` scales and adds both: the same exact sum in place
+    /// of `vpmulld` and `vpaddd` (Q4_K at 64 rows 1.03x on a Zen 4 EPYC).
+    #[inline(always)]
+    unsafe fn quad_dot_scaled_rows<const R: usize, const N: usize, const CHUNK: usize>(
+        acc: &mut [__m512i; R],
+        sc: __m512i,
+        v: &[__m512i; N],
+        y: &[*const i8; R],
+    ) {
+        // SAFETY: see the impl; each y[r] has 4 N readable bytes (the caller's contract).
+        unsafe {
+            if N != 8 || CHUNK != 8 {
+                for r in 0..R {
+                    acc[r] = Self::quad_dot_scaled::<N, CHUNK>(acc[r], sc, v, y[r]);
+                }
+                return;
+            }
+            let sc2 = _mm512_or_si512(sc, _mm512_slli_epi32::<16>(sc));
+            for r in 0..R {
+                let q = y[r] as *const i32;
+                let (mut lo, mut hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for n in 0..N / 2 {
+                    let (ql, qh) = (q.add(n).read_unaligned(), q.add(n + N / 2).read_unaligned());
+                    lo = _mm512_dpbusd_epi32(lo, v[n], _mm512_set1_epi32(ql));
+                    hi = _mm512_dpbusd_epi32(hi, v[n + N / 2], _mm512_set1_epi32(qh));
+                }
+                acc[r] = _mm512_dpwssd_epi32(acc[r], Self::pack16(lo, hi), sc2);
+            }
+        }
+    }
     #[inline(always)]
     unsafe fn store(v: __m512) -> [f32; GROUP] {
         let mut out = [0.0; GROUP];

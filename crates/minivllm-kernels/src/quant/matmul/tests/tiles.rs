@@ -32,23 +32,48 @@ fn x86_tiles_match_scalar() {
             let k = cols_for(v.0, nb * QK);
             let w = variant_matrix(&mut r, v, GROUP, k);
             let x = rand_vec(&mut r, 8 * k);
-            let mut want = vec![0.0; 8 * GROUP];
-            matmul_quant_scalar(&x, &w, &mut want, 8);
-            let what = format!("{} nb={nb}", variant_name(v));
-            #[cfg(target_arch = "x86_64")]
-            {
-                let narrow: Vec<_> = [QKernel::Avx2, QKernel::AvxVnni]
-                    .into_iter()
-                    .filter(|k| kernels.contains(k))
-                    .map(|kernel| (kernel, check_group_tiles(kernel, &w, &x, &want, &what)))
-                    .collect();
-                for (kernel, t) in &narrow {
-                    assert_eq!(t, &narrow[0].1, "{what}: {} differs", kernel.name());
-                }
-                if kernels.contains(&QKernel::Avx512Vnni) {
-                    check_wide_tiles(&w, &x, &want, narrow.first().map(|n| &n.1), &what);
-                }
-            }
+            check_tiles(&kernels, &w, &x, &format!("{} nb={nb}", variant_name(v)));
+        }
+    }
+    // The largest sums the tiles meet: Q4_K's top quants, scales and minima (every bit set
+    // but the super-block scales) against activations that quantise to 127 or -127 at every
+    // position, where the 16-bit partial sums (the 512-bit tile's half blocks, the 256-bit
+    // tiles' chunks) come closest to overflowing.
+    let k = 2 * 256;
+    let mut bytes = vec![0xFF; GROUP * k / 256 * 144];
+    for block in bytes.chunks_exact_mut(144) {
+        block[..2].copy_from_slice(&f16::from_f32(0.001).to_le_bytes());
+        block[2..4].copy_from_slice(&f16::from_f32(0.0005).to_le_bytes());
+    }
+    let w = QuantMatrix::new(GgmlType::Q4_K, GROUP, k, bytes).unwrap();
+    for (sign, name) in [(1.0, "positive"), (-1.0, "negative")] {
+        let x: Vec<f32> = (0..8 * k).map(|i| sign * (1.0 + (i / k) as f32)).collect();
+        check_tiles(
+            &kernels,
+            &w,
+            &x,
+            &format!("Q4_K at its largest sums, {name}"),
+        );
+    }
+}
+
+/// Every tile of `kernels` (those this CPU has) on `w` and 8 rows of `x` against the scalar
+/// twin, and the tiles of different kernels against each other, bit for bit.
+fn check_tiles(kernels: &[QKernel], w: &QuantMatrix, x: &[f32], what: &str) {
+    let mut want = vec![0.0; 8 * GROUP];
+    matmul_quant_scalar(x, w, &mut want, 8);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let narrow: Vec<_> = [QKernel::Avx2, QKernel::AvxVnni]
+            .into_iter()
+            .filter(|k| kernels.contains(k))
+            .map(|kernel| (kernel, check_group_tiles(kernel, w, x, &want, what)))
+            .collect();
+        for (kernel, t) in &narrow {
+            assert_eq!(t, &narrow[0].1, "{what}: {} differs", kernel.name());
+        }
+        if kernels.contains(&QKernel::Avx512Vnni) {
+            check_wide_tiles(w, x, &want, narrow.first().map(|n| &n.1), what);
         }
     }
 }
