@@ -19,6 +19,48 @@ use super::activations::Q8Rows;
 use super::formats::{self, GgmlType, QuantFormat, Scales, QK};
 use super::layout::{hbits_bytes, sub_bytes, QuantMatrix, GROUP, KSUB, VEC_BYTES};
 
+/// Runs `$body` with `$r` = 0, 1, .. `$rows - 1` (at most 8), unrolled: each row's (or
+/// unit's) accumulator then stays in a register. LLVM left Q6_K's larger loop body rolled, its
+/// accumulators on the stack (a store and a reload per row and block): 1.3x the time of
+/// Q4_K's tile where the work differs by a tenth.
+macro_rules! for_each_row {
+    ($rows:expr, $r:ident, $body:block) => {{
+        const { assert!($rows <= 8) };
+        if 0 < $rows {
+            let $r = 0;
+            $body
+        }
+        if 1 < $rows {
+            let $r = 1;
+            $body
+        }
+        if 2 < $rows {
+            let $r = 2;
+            $body
+        }
+        if 3 < $rows {
+            let $r = 3;
+            $body
+        }
+        if 4 < $rows {
+            let $r = 4;
+            $body
+        }
+        if 5 < $rows {
+            let $r = 5;
+            $body
+        }
+        if 6 < $rows {
+            let $r = 6;
+            $body
+        }
+        if 7 < $rows {
+            let $r = 7;
+            $body
+        }
+    }};
+}
+
 pub(super) mod amx;
 pub(super) mod avx2;
 pub(super) mod avx512;
@@ -115,10 +157,10 @@ pub(super) trait Width {
         v: &[Self::I; N],
         y: &[*const i8; R],
     ) {
-        for r in 0..R {
+        for_each_row!(R, r, {
             // SAFETY: the caller's contract, forwarded.
             acc[r] = unsafe { Self::quad_dot_scaled::<N, CHUNK>(acc[r], sc, v, y[r]) };
-        }
+        });
     }
     unsafe fn store(v: Self::F) -> Self::Out;
     /// The Q8_0 tile of `U` units: [`tile_units`]'s contract.
@@ -188,48 +230,6 @@ pub(super) unsafe fn tile_units<const R: usize, const U: usize, W: Width>(
             _ => W::tile_q8_0::<R, U>(w, u, x, i),
         }
     }
-}
-
-/// Runs `$body` with `$r` = 0, 1, .. `$rows - 1` (at most 8), unrolled: each row's (or
-/// unit's) accumulator then stays in a register. LLVM left Q6_K's larger loop body rolled, its
-/// accumulators on the stack (a store and a reload per row and block): 1.3x the time of
-/// Q4_K's tile where the work differs by a tenth.
-macro_rules! for_each_row {
-    ($rows:expr, $r:ident, $body:block) => {{
-        const { assert!($rows <= 8) };
-        if 0 < $rows {
-            let $r = 0;
-            $body
-        }
-        if 1 < $rows {
-            let $r = 1;
-            $body
-        }
-        if 2 < $rows {
-            let $r = 2;
-            $body
-        }
-        if 3 < $rows {
-            let $r = 3;
-            $body
-        }
-        if 4 < $rows {
-            let $r = 4;
-            $body
-        }
-        if 5 < $rows {
-            let $r = 5;
-            $body
-        }
-        if 6 < $rows {
-            let $r = 6;
-            $body
-        }
-        if 7 < $rows {
-            let $r = 7;
-            $body
-        }
-    }};
 }
 
 /// [`tile`] for the formats stored as nibbles: 4-, 5- and 6-bit, plain and K-quants. A

@@ -241,10 +241,10 @@ impl Width for Zmm {
             _mm512_add_epi32(acc, _mm512_mullo_epi32(sum, sc))
         }
     }
-    /// Where the quants are 4-bit (`CHUNK` 8: eight quads of products fit 16 bits), each
-    /// half block's sum fits 16 bits too (16 · 15 · 127), so the two halves pack into one
-    /// lane's 16-bit pair and `vpdpwssd` scales and adds both: the same exact sum in place
-    /// of `vpmulld` and `vpaddd` (Q4_K at 64 rows 1.03x on a Zen 4 EPYC).
+    /// Where the quants are 4-bit (`CHUNK` 8), each half block's sum, 16 products, fits 16
+    /// bits (16 · 15 · 128), so the two halves pack into one lane's 16-bit pair and
+    /// `vpdpwssd` scales and adds both: the same exact sum in place of `vpmulld` and
+    /// `vpaddd` (Q4_K at 64 and 512 rows 1.024x and 1.029x on a Zen 4 EPYC).
     #[inline(always)]
     unsafe fn quad_dot_scaled_rows<const R: usize, const N: usize, const CHUNK: usize>(
         acc: &mut [__m512i; R],
@@ -255,12 +255,13 @@ impl Width for Zmm {
         // SAFETY: see the impl; each y[r] has 4 N readable bytes (the caller's contract).
         unsafe {
             if N != 8 || CHUNK != 8 {
-                for r in 0..R {
+                for_each_row!(R, r, {
                     acc[r] = Self::quad_dot_scaled::<N, CHUNK>(acc[r], sc, v, y[r]);
-                }
+                });
                 return;
             }
-            let sc2 = _mm512_or_si512(sc, _mm512_slli_epi32::<16>(sc));
+            // The scale in both 16-bit halves: a blend, so a negative one stays itself.
+            let sc2 = Self::pack16(sc, sc);
             for r in 0..R {
                 let q = y[r] as *const i32;
                 let (mut lo, mut hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());

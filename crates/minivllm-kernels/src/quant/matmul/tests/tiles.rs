@@ -35,10 +35,11 @@ fn x86_tiles_match_scalar() {
             check_tiles(&kernels, &w, &x, &format!("{} nb={nb}", variant_name(v)));
         }
     }
-    // The largest sums the tiles meet: Q4_K's top quants, scales and minima (every bit set
-    // but the super-block scales) against activations that quantise to 127 or -127 at every
+    // Sums near the largest: Q4_K's top quants, scales and minima (every bit set but the
+    // super-block scales) against activations that quantise to 127 or -127 at every
     // position, where the 16-bit partial sums (the 512-bit tile's half blocks, the 256-bit
-    // tiles' chunks) come closest to overflowing.
+    // tiles' chunks) come closest to overflowing; a whole block's sum would not fit.
+    // (-128 arises only from inputs so small that every result underflows to zero.)
     let k = 2 * 256;
     let mut bytes = vec![0xFF; GROUP * k / 256 * 144];
     for block in bytes.chunks_exact_mut(144) {
