@@ -18,40 +18,47 @@ and chat template come from a GGUF file with the same vocabulary (Qwen2.5's:
         --tokenizer-from models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf \\
         --out models/bench/qwen3-30b-a3b-shape-8l-hf
 
-Needs torch, safetensors and transformers (with gguf): vllm-peer.sh's environment has them.
+The shape's numbers are make_moe_bench_gguf.py's (imported, so numpy and gguf are needed
+too). Needs torch, safetensors and transformers (with gguf): vllm-peer.sh's environment has
+them.
 8 layers make 11.2 GB.
 """
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+sys.path.insert(0, str(Path(__file__).parent))
+from make_moe_bench_gguf import SHAPES  # noqa: E402  (one owner of the shape)
+
+S = SHAPES["qwen3-30b-a3b"]
 CONFIG = dict(
     architectures=["Qwen3MoeForCausalLM"],
     model_type="qwen3_moe",
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=6144,
-    moe_intermediate_size=768,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    num_experts=128,
-    num_experts_per_tok=8,
+    vocab_size=S["vocab"],
+    hidden_size=S["hidden"],
+    intermediate_size=S["ffn"],
+    moe_intermediate_size=S["expert_ffn"],
+    num_attention_heads=S["heads"],
+    num_key_value_heads=S["kv_heads"],
+    head_dim=S["head_dim"],
+    num_experts=S["experts"],
+    num_experts_per_tok=S["experts_used"],
     norm_topk_prob=True,
     decoder_sparse_step=1,
     mlp_only_layers=[],
     output_router_logits=False,
     router_aux_loss_coef=0.001,
     hidden_act="silu",
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
+    rms_norm_eps=S["eps"],
+    rope_theta=S["rope_theta"],
     rope_scaling=None,
-    max_position_embeddings=40960,
-    max_window_layers=48,
+    max_position_embeddings=S["context"],
+    max_window_layers=S["layers"],
     sliding_window=None,
     use_sliding_window=False,
     attention_bias=False,

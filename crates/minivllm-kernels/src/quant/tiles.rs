@@ -157,10 +157,8 @@ pub(super) trait Width {
         v: &[Self::I; N],
         y: &[*const i8; R],
     ) {
-        for_each_row!(R, r, {
-            // SAFETY: the caller's contract, forwarded.
-            acc[r] = unsafe { Self::quad_dot_scaled::<N, CHUNK>(acc[r], sc, v, y[r]) };
-        });
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { each_row_scaled::<R, N, CHUNK, Self>(acc, sc, v, y) }
     }
     unsafe fn store(v: Self::F) -> Self::Out;
     /// The Q8_0 tile of `U` units: [`tile_units`]'s contract.
@@ -170,6 +168,29 @@ pub(super) trait Width {
         x: &Q8Rows,
         i: usize,
     ) -> [[Self::Out; R]; U];
+}
+
+/// [`Width::quad_dot_scaled_rows`] one row at a time: the default, and what a width's own
+/// version falls back to for the operands it has no better way for.
+///
+/// # Safety
+/// [`Width::quad_dot_scaled_rows`]'s contract.
+#[inline(always)]
+pub(super) unsafe fn each_row_scaled<
+    const R: usize,
+    const N: usize,
+    const CHUNK: usize,
+    W: Width + ?Sized,
+>(
+    acc: &mut [W::I; R],
+    sc: W::I,
+    v: &[W::I; N],
+    y: &[*const i8; R],
+) {
+    for_each_row!(R, r, {
+        // SAFETY: the caller's contract, forwarded.
+        acc[r] = unsafe { W::quad_dot_scaled::<N, CHUNK>(acc[r], sc, v, y[r]) };
+    });
 }
 
 /// `out[r][c] = w[u·W::ROWS + c] · x[i + r]`: the tile of `w`'s format.

@@ -255,10 +255,7 @@ impl Width for Zmm {
         // SAFETY: see the impl; each y[r] has 4 N readable bytes (the caller's contract).
         unsafe {
             if N != 8 || CHUNK != 8 {
-                for_each_row!(R, r, {
-                    acc[r] = Self::quad_dot_scaled::<N, CHUNK>(acc[r], sc, v, y[r]);
-                });
-                return;
+                return super::each_row_scaled::<R, N, CHUNK, Self>(acc, sc, v, y);
             }
             // The scale in both 16-bit halves: a blend, so a negative one stays itself.
             let sc2 = Self::pack16(sc, sc);
