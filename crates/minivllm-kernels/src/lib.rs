@@ -16,6 +16,7 @@
 
 pub mod activation;
 pub mod amx;
+pub mod argmax;
 pub mod attention;
 pub mod conv1d;
 pub mod cpu;

@@ -325,9 +325,36 @@ pub(crate) fn max<S: Simd>(s: S, x: &[f32]) -> f32 {
     x[tail..].iter().copied().fold(s.hmax(m), f32::max)
 }
 
-/// `Σ e^(x[i] - shift)`; with `STORE`, also `x[i] = e^(x[i] - shift)`.
+/// `max x[i]` over the values that are not NaN, `-inf` where there are none.
 #[inline(always)]
-pub(crate) fn exp_shifted<S: Simd, const STORE: bool>(s: S, x: &mut [f32], shift: f32) -> f32 {
+pub(crate) fn max_ignoring_nan<S: Simd>(s: S, x: &[f32]) -> f32 {
+    let mut m = s.splat(f32::NEG_INFINITY);
+    let tail = vector_loop!(S, x.len(), |i| {
+        // The loaded values second: x86's max returns its second operand where either is
+        // NaN, so a NaN never enters `m`.
+        // SAFETY: i + LANES <= x.len().
+        unsafe { m = s.max(s.load(x.as_ptr().wrapping_add(i)), m) }
+    });
+    x[tail..].iter().copied().fold(s.hmax(m), f32::max)
+}
+
+/// `Σ e^(x[i] - shift)`, summed in [`exp_shifted`]'s order (so the two agree bit for bit).
+#[inline(always)]
+pub(crate) fn exp_sum<S: Simd>(s: S, x: &[f32], shift: f32) -> f32 {
+    let sv = s.splat(shift);
+    let mut sum = s.zero();
+    let tail = vector_loop!(S, x.len(), |i| {
+        // SAFETY: i + LANES <= x.len().
+        unsafe { sum = s.add(sum, s.exp(s.sub(s.load(x.as_ptr().wrapping_add(i)), sv))) }
+    });
+    x[tail..]
+        .iter()
+        .fold(s.hsum(sum), |total, &v| total + (v - shift).exp())
+}
+
+/// `x[i] = e^(x[i] - shift)`, returning `Σ x[i]`.
+#[inline(always)]
+pub(crate) fn exp_shifted<S: Simd>(s: S, x: &mut [f32], shift: f32) -> f32 {
     let sv = s.splat(shift);
     let mut sum = s.zero();
     let n = x.len();
@@ -336,19 +363,14 @@ pub(crate) fn exp_shifted<S: Simd, const STORE: bool>(s: S, x: &mut [f32], shift
         unsafe {
             let p = x.as_mut_ptr().wrapping_add(i);
             let e = s.exp(s.sub(s.load(p), sv));
-            if STORE {
-                s.store(p, e);
-            }
+            s.store(p, e);
             sum = s.add(sum, e);
         }
     });
     let mut total = s.hsum(sum);
     for v in &mut x[tail..] {
-        let e = (*v - shift).exp();
-        if STORE {
-            *v = e;
-        }
-        total += e;
+        *v = (*v - shift).exp();
+        total += *v;
     }
     total
 }
@@ -455,11 +477,9 @@ mod tests {
 
             let mut e: Vec<f32> = a.iter().map(|v| v * 80.0).collect();
             let want: Vec<f32> = e.iter().map(|v| (v - 3.0f32).exp()).collect();
-            let mut unchanged = e.clone();
-            let peek = exp_shifted::<S, false>(s, &mut unchanged, 3.0);
-            let sum = exp_shifted::<S, true>(s, &mut e, 3.0);
+            let peek = exp_sum(s, &e, 3.0);
+            let sum = exp_shifted(s, &mut e, 3.0);
             assert_eq!(peek, sum);
-            assert_eq!(unchanged, a.iter().map(|v| v * 80.0).collect::<Vec<_>>());
             assert_close(&e, &want, 1e-37, 1e-6, "exp_shifted");
             let want_sum: f32 = want.iter().sum();
             assert!(
@@ -475,7 +495,7 @@ mod tests {
         x.extend([-1000.0, -87.5, -88.0, 88.3, 1000.0, 0.0, -0.0, 1e-30]);
         let want: Vec<f32> = x.iter().map(|v| v.exp()).collect();
         let mut got = x.clone();
-        exp_shifted::<S, true>(s, &mut got, 0.0);
+        exp_shifted(s, &mut got, 0.0);
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
             let x = x[i];
             if x < -87.33 {

@@ -1,4 +1,4 @@
-//! Softmax and log-softmax over a vector.
+//! Softmax and log-softmax over a vector, and one entry of the log-softmax.
 
 use crate::simd::{self, simd_dispatch, Simd};
 
@@ -19,13 +19,24 @@ simd_dispatch! {
     scalar = log_softmax_inplace_scalar;
 }
 
+simd_dispatch! {
+    /// `log_softmax(x)[i]`, bit for bit what [`log_softmax_inplace`] leaves at `i`, without
+    /// writing `x`: a sampler that reports only the chosen token's logprob would otherwise
+    /// copy and rewrite a whole vocabulary row per token (64 rows of 152k logits are 39 MB
+    /// a step). `i` must be an index of `x`.
+    pub fn log_softmax_at(x: &[f32], i: usize) -> f32;
+    generic = log_softmax_at_generic;
+    avx512 = crate::simd::Avx2;
+    scalar = log_softmax_at_scalar;
+}
+
 #[inline(always)]
 fn softmax_generic<S: Simd>(s: S, x: &mut [f32]) {
     let max = simd::max(s, x);
     if max == f32::NEG_INFINITY {
         return softmax_inplace_scalar(x);
     }
-    let sum = simd::exp_shifted::<S, true>(s, x, max);
+    let sum = simd::exp_shifted(s, x, max);
     simd::scale(s, x, 1.0 / sum);
 }
 
@@ -35,8 +46,18 @@ fn log_softmax_generic<S: Simd>(s: S, x: &mut [f32]) {
     if max == f32::NEG_INFINITY {
         return log_softmax_inplace_scalar(x);
     }
-    let sum = simd::exp_shifted::<S, false>(s, x, max);
+    let sum = simd::exp_sum(s, x, max);
     simd::add_scalar(s, x, -(max + sum.ln()));
+}
+
+#[inline(always)]
+fn log_softmax_at_generic<S: Simd>(s: S, x: &[f32], i: usize) -> f32 {
+    let max = simd::max(s, x);
+    if max == f32::NEG_INFINITY {
+        return log_softmax_at_scalar(x, i);
+    }
+    // `x + (-shift)`: the in-place form's `add_scalar`, the same rounding.
+    x[i] + -(max + simd::exp_sum(s, x, max).ln())
 }
 
 fn max_scalar(x: &[f32]) -> f32 {
@@ -75,6 +96,21 @@ pub fn log_softmax_inplace_scalar(x: &mut [f32]) {
     let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
     let shift = max + sum.ln();
     x.iter_mut().for_each(|v| *v -= shift);
+}
+
+/// Scalar twin of [`log_softmax_at`].
+pub fn log_softmax_at_scalar(x: &[f32], i: usize) -> f32 {
+    let max = max_scalar(x);
+    if max == f32::NEG_INFINITY {
+        assert!(
+            i < x.len(),
+            "log_softmax_at: index {i} of {} values",
+            x.len()
+        );
+        return -(x.len() as f32).ln();
+    }
+    let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
+    x[i] - (max + sum.ln())
 }
 
 #[cfg(test)]
@@ -127,6 +163,35 @@ mod tests {
             log_softmax_inplace(&mut got);
             assert_close(&got, &want, 1e-4, 1e-6, "log_softmax_inplace");
         }
+    }
+
+    /// One entry equals what the in-place form leaves there, bit for bit, on each path
+    /// (masked entries and a fully masked row included).
+    #[test]
+    fn one_entry_matches_in_place() {
+        let mut r = rng(52);
+        for &n in &[1usize, 7, 9, 100, 1001, 49152] {
+            let mut x: Vec<f32> = rand_vec(&mut r, n).iter().map(|v| v * 50.0).collect();
+            x[n / 2] = f32::NEG_INFINITY;
+            let (mut want, mut want_scalar) = (x.clone(), x.clone());
+            log_softmax_inplace(&mut want);
+            log_softmax_inplace_scalar(&mut want_scalar);
+            for i in [0, n / 2, n - 1, n / 3] {
+                assert_eq!(
+                    log_softmax_at(&x, i).to_bits(),
+                    want[i].to_bits(),
+                    "n={n} i={i}"
+                );
+                assert_eq!(
+                    log_softmax_at_scalar(&x, i).to_bits(),
+                    want_scalar[i].to_bits(),
+                    "scalar n={n} i={i}"
+                );
+            }
+        }
+        let masked = [f32::NEG_INFINITY; 5];
+        assert_eq!(log_softmax_at(&masked, 3), -(5f32).ln());
+        assert_eq!(log_softmax_at_scalar(&masked, 3), -(5f32).ln());
     }
 
     #[test]

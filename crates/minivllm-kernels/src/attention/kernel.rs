@@ -378,7 +378,7 @@ fn softmax_step<S: Simd>(
         st.sum[r] *= alpha;
     }
     st.max[r] = new;
-    st.sum[r] += simd::exp_shifted::<S, true>(s, sc, new);
+    st.sum[r] += simd::exp_shifted(s, sc, new);
 }
 
 /// Row `r` of a read-only states buffer of `rows` rows: (acc, max, sum).

@@ -5,7 +5,8 @@
 //! Logprobs are taken from the raw logits (vLLM's default `raw_logprobs` mode), before any
 //! of the above changes them.
 
-use minivllm_kernels::softmax::{log_softmax_inplace, softmax_inplace};
+pub(crate) use minivllm_kernels::argmax::argmax;
+use minivllm_kernels::softmax::{log_softmax_at, log_softmax_inplace, softmax_inplace};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -72,7 +73,8 @@ pub struct SampledToken {
 /// returned tokens.
 #[derive(Debug, Default)]
 pub(crate) struct Sampler {
-    /// The current row's raw log-softmax.
+    /// The current row's raw logits, kept where bias, bans or penalties change the row
+    /// (their log-softmax where top logprobs are asked for).
     raw: Vec<f32>,
     /// The current row's probabilities after temperature.
     probs: Vec<f32>,
@@ -129,9 +131,16 @@ impl Sampler {
         if let Some(mask) = ctx.allowed {
             mask.apply(row);
         }
-        self.raw.clear();
-        self.raw.extend_from_slice(row);
-        log_softmax_inplace(&mut self.raw);
+        let banning = ctx.output_ids.len() + ctx.accepted.len() < params.min_tokens;
+        let penalised = params.repetition_penalty != 1.0
+            || params.frequency_penalty != 0.0
+            || params.presence_penalty != 0.0;
+        // Logprobs come from the raw row: copied only where the row is about to change.
+        let changes = banning || penalised || !params.logit_bias.is_empty();
+        if changes {
+            self.raw.clear();
+            self.raw.extend_from_slice(row);
+        }
 
         // Ids past the vocabulary are rejected by validation; skipping them here keeps a
         // request that slipped through from taking the batch down.
@@ -140,7 +149,7 @@ impl Sampler {
                 *l += bias;
             }
         }
-        if ctx.output_ids.len() + ctx.accepted.len() < params.min_tokens {
+        if banning {
             // vLLM bans EOS here even with ignore_eos.
             for &token in ctx.eos_token_ids.iter().chain(params.stop_token_ids) {
                 if let Some(l) = row.get_mut(token as usize) {
@@ -148,7 +157,9 @@ impl Sampler {
                 }
             }
         }
-        self.apply_penalties(row, &params, ctx.prompt_ids, [ctx.output_ids, ctx.accepted]);
+        if penalised {
+            self.apply_penalties(row, &params, ctx.prompt_ids, [ctx.output_ids, ctx.accepted]);
+        }
 
         let token = if params.greedy {
             argmax(row)
@@ -156,12 +167,21 @@ impl Sampler {
             self.sample_random(row, &params, &mut ctx.state.rng)
         };
 
-        let logprob = self.raw[token];
+        let logprob = log_softmax_at(if changes { &self.raw } else { row }, token);
         let (top_logprobs, rank) = match params.logprobs {
-            Some(k) => (
-                top_k_desc(&self.raw, k, &mut self.idx),
-                Some(self.raw.iter().filter(|&&lp| lp >= logprob).count()),
-            ),
+            Some(k) => {
+                if !changes {
+                    self.raw.clear();
+                    self.raw.extend_from_slice(row);
+                }
+                // The whole row's log-softmax: `log_softmax_at` gave `logprob` bit for bit
+                // what this leaves at `token`, so the rank counts it among its equals.
+                log_softmax_inplace(&mut self.raw);
+                (
+                    top_k_desc(&self.raw, k, &mut self.idx),
+                    Some(self.raw.iter().filter(|&&lp| lp >= logprob).count()),
+                )
+            }
             None => (Vec::new(), None),
         };
         SampledToken {
@@ -305,19 +325,6 @@ pub(crate) fn logprobs_for(
     // The sampler's rank: how many tokens are at least as likely.
     let rank = lp.iter().filter(|&&x| x >= logprob).count();
     (logprob, top, rank)
-}
-
-/// The first maximum (greedy ties go to the lowest id, like `torch.argmax`).
-pub(crate) fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in row.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
-        }
-    }
-    best
 }
 
 fn by_prob_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {

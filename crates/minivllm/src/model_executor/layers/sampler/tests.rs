@@ -479,6 +479,51 @@ fn sampler_greedy_with_logprobs() {
     assert!((out.top_logprobs[0].1 - reference[2]).abs() < 1e-5);
 }
 
+/// Without `logprobs` the chosen token's logprob is taken from the row without copying it
+/// (nothing changes it) or from the copy (a penalty does): bit for bit the value the whole
+/// row's log-softmax gives, on a vocabulary-sized row, and the row itself left as it was.
+#[test]
+fn sampler_logprob_without_logprobs_is_the_raw_one() {
+    let row: Vec<f32> = (0..151_936u32)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % 4001) as f32 * 0.005 - 10.0)
+        .collect();
+    let mut whole = row.clone();
+    log_softmax_inplace(&mut whole);
+    let mut sampler = Sampler::new();
+    let mut state = SeqSamplingState::new(Some(1), 0);
+    let greedy = SamplingParams::greedy();
+    let (out, after) = run_one(&mut sampler, &row, &greedy, &mut state, History::default());
+    assert_eq!(out.token_id as usize, argmax(&row));
+    assert_eq!(
+        out.logprob.to_bits(),
+        whole[out.token_id as usize].to_bits()
+    );
+    assert_eq!(after, row, "an unchanged row stays unchanged");
+    let with_all = SamplingParams {
+        logprobs: Some(2),
+        ..greedy.clone()
+    };
+    let full = sample_one(&mut sampler, &row, &with_all, &mut state);
+    assert_eq!(
+        (full.token_id, full.logprob.to_bits()),
+        (out.token_id, out.logprob.to_bits())
+    );
+    let penalised = SamplingParams {
+        presence_penalty: 50.0,
+        ..greedy
+    };
+    let h = History {
+        output: &[out.token_id],
+        ..Default::default()
+    };
+    let (other, _) = run_one(&mut sampler, &row, &penalised, &mut state, h);
+    assert_ne!(other.token_id, out.token_id, "the penalty moves the choice");
+    assert_eq!(
+        other.logprob.to_bits(),
+        whole[other.token_id as usize].to_bits()
+    );
+}
+
 #[test]
 fn sampler_logprobs_for_prompt_tokens() {
     let row = [1.0, -2.0, 3.0, 3.0, 0.0];
