@@ -28,6 +28,9 @@ pub(super) struct Q8Rows {
     /// scale multiplies where its activations share a super-block's scale, as one 32-bit
     /// pair that `vpmaddwd` takes whole.
     pub(super) half_sums: Vec<[i16; 2]>,
+    /// `qs` hold each quant plus 128 (its top bit flipped), as unsigned bytes: the 512-bit
+    /// Q6_K tile's operands ([`Q8Rows::make_unsigned`]).
+    pub(super) unsigned: bool,
 }
 
 /// Blocks of 32 that share one activation scale in a product with `w`: a super-block's
@@ -50,6 +53,7 @@ impl Q8Rows {
     /// pool (quantising 512 rows on one thread while the other waited was a quarter of a
     /// prefill's time).
     pub(super) fn quantize(&mut self, x: &[f32], m: usize, nb: usize, share: usize) {
+        self.unsigned = false;
         self.qs.resize(m * nb * QK, 0);
         self.d.resize(m * nb, 0.0);
         self.s.resize(m * nb, 0.0);
@@ -82,6 +86,14 @@ impl Q8Rows {
                 unsafe { quantize_row(x, qs, sums, share, isa) }
             },
         );
+    }
+
+    /// Adds 128 to every quant, for a tile that takes the activations as `vpdpbusd`'s
+    /// unsigned operand (the per-block sums stay those of the signed quants).
+    pub(super) fn make_unsigned(&mut self) {
+        debug_assert!(!self.unsigned);
+        self.qs.iter_mut().for_each(|q| *q ^= i8::MIN);
+        self.unsigned = true;
     }
 }
 

@@ -508,7 +508,7 @@ unsafe fn flush_super_block<const R: usize, W: Width>(
 /// `h` must point to the block's planes (none for 4-bit formats); the CPU has `W`'s
 /// features.
 #[inline(always)]
-unsafe fn merge_high_bits<W: Width, F: QuantFormat>(v: &mut [W::I; 8], h: *const u8) {
+pub(super) unsafe fn merge_high_bits<W: Width, F: QuantFormat>(v: &mut [W::I; 8], h: *const u8) {
     // SAFETY: (whole body) the planes are readable by the contract; the rest is register
     // arithmetic.
     unsafe {

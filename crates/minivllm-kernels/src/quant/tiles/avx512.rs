@@ -12,10 +12,10 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{prefetch_block, tile, Width, XRows, Q8_0_PREFETCH};
+use super::{merge_high_bits, prefetch_block, tile, Width, XRows, GROUP_PREFETCH, Q8_0_PREFETCH};
 use crate::quant::activations::Q8Rows;
-use crate::quant::formats::QK;
-use crate::quant::layout::{QuantMatrix, GROUP, VEC_BYTES};
+use crate::quant::formats::{self, GgmlType, QK};
+use crate::quant::layout::{hbits_bytes, sub_bytes, QuantMatrix, GROUP, KSUB, VEC_BYTES};
 
 /// `out[r][c] = w[g·GROUP + c] · x[i + r]` (see [`super::tile`]).
 ///
@@ -30,7 +30,12 @@ pub(in crate::quant) unsafe fn tile_group<const R: usize>(
     i: usize,
 ) -> [[f32; GROUP]; R] {
     // SAFETY: the caller's contract, forwarded; this function enables Zmm's features.
-    unsafe { tile::<R, Zmm>(w, g, x, i) }
+    unsafe {
+        if x.unsigned {
+            return tile_q6_k_unsigned::<R>(w, g, x, i);
+        }
+        tile::<R, Zmm>(w, g, x, i)
+    }
 }
 
 /// 512-bit registers: AVX512-F, -BW and -VNNI, with AVX2, FMA and F16C.
@@ -288,6 +293,93 @@ impl Width for Zmm {
         const { assert!(U == 1, "a 512-bit unit is a whole group") };
         // SAFETY: the trait's contract, forwarded.
         [unsafe { tile_q8_0::<R>(w, g, x, i) }; U]
+    }
+}
+
+// Index loops: the nibble index selects a register; `r` an accumulator and a row.
+#[allow(clippy::needless_range_loop)]
+/// Q6_K against activations made unsigned (`Q8Rows::make_unsigned`: `a + 128`), its own
+/// quants less 32 as the signed operand: `Σ (q - 32) · (a + 128)` is the wanted
+/// `Σ (q - 32) · a` plus 128 times a sum of the weights alone, which each super-block's
+/// sums start below (`QuantMatrix::q6_offsets`). The generic tile instead takes, per row
+/// and block, `-32 · sc_h · Σ a` over each half (a broadcast, a `vpmaddwd` and a `vpaddd`
+/// beside the eight `vpdpbusd`); here the activations are `vpdpbusd`'s unsigned operand,
+/// which has no embedded broadcast, so each quad is broadcast from memory on its own (a
+/// load, no vector op, on Zen 4). Integer sums are exact either way, so the results are
+/// the generic tile's bit for bit (and where it runs: `matmul::Q6_UNSIGNED_MIN_ROWS`).
+///
+/// # Safety
+/// [`tile_group`]'s contract, `w` Q6_K with shared activation scales and `x` unsigned.
+#[inline(always)]
+unsafe fn tile_q6_k_unsigned<const R: usize>(
+    w: &QuantMatrix,
+    g: usize,
+    x: &Q8Rows,
+    i: usize,
+) -> [[f32; GROUP]; R] {
+    debug_assert!(w.ty == GgmlType::Q6_K && !w.block_activations && x.unsigned);
+    let nb = w.nb;
+    let block_bytes = GROUP * QK / 2;
+    let (hb, sub_step) = (hbits_bytes(w.ty), sub_bytes(w.ty));
+    let wq = w.qs.as_ptr().wrapping_add(g * nb * block_bytes);
+    let wsub = w.sub.as_ptr().wrapping_add(g * nb * sub_step);
+    let wh = w.hbits.as_ptr().wrapping_add(g * nb * hb);
+    let at = g * (nb / KSUB) * GROUP;
+    let (wd, wo) = (
+        w.d.as_ptr().wrapping_add(at),
+        w.q6_offsets.as_ptr().wrapping_add(at),
+    );
+    let x = XRows::<R>::new(x, i, nb);
+    // SAFETY: (whole body) group g holds nb blocks of `block_bytes` quants, `hb` high-bit
+    // bytes and `sub_step` scale bytes, and nb / KSUB super-blocks of GROUP scales and
+    // offsets; activation rows i..i + R hold nb blocks of QK quants and scales. The rest is
+    // register arithmetic under the contract's features.
+    unsafe {
+        let (low, bias) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(32));
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut sums = [_mm512_setzero_si512(); R];
+        for b in 0..nb {
+            let q = wq.add(b * block_bytes);
+            prefetch_block(q.wrapping_add(GROUP_PREFETCH), block_bytes);
+            prefetch_block(wh.wrapping_add((b + GROUP_PREFETCH / block_bytes) * hb), hb);
+            if b % KSUB == 0 {
+                let offset = _mm512_loadu_si512(wo.add(b / KSUB * GROUP) as *const __m512i);
+                let start = _mm512_sub_epi32(_mm512_setzero_si512(), offset);
+                sums = [start; R];
+            }
+            let mut v = [_mm512_setzero_si512(); 8];
+            for j in 0..4 {
+                let raw = _mm512_loadu_si512(q.add(j * VEC_BYTES) as *const __m512i);
+                v[j] = _mm512_and_si512(raw, low);
+                v[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+            }
+            merge_high_bits::<Zmm, formats::Q6_K_Shared>(&mut v, wh.add(b * hb));
+            for n in &mut v {
+                *n = _mm512_sub_epi8(*n, bias);
+            }
+            let sub = wsub.add(b * sub_step);
+            let (slo, shi) = (Zmm::bytes_i32(sub), Zmm::bytes_i32(sub.add(GROUP)));
+            for_each_row!(R, r, {
+                let y = x.qs[r].add(b * QK) as *const i32;
+                let (mut lo, mut hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for n in 0..4 {
+                    let (ql, qh) = (y.add(n).read_unaligned(), y.add(n + 4).read_unaligned());
+                    lo = _mm512_dpbusd_epi32(lo, _mm512_set1_epi32(ql), v[n]);
+                    hi = _mm512_dpbusd_epi32(hi, _mm512_set1_epi32(qh), v[n + 4]);
+                }
+                let scaled =
+                    _mm512_add_epi32(_mm512_mullo_epi32(lo, slo), _mm512_mullo_epi32(hi, shi));
+                sums[r] = _mm512_add_epi32(sums[r], scaled);
+            });
+            if b % KSUB == KSUB - 1 {
+                let (b0, dw) = (b + 1 - KSUB, scales(wd.add(b / KSUB * GROUP)));
+                for_each_row!(R, r, {
+                    let dx = _mm512_mul_ps(dw, _mm512_set1_ps(*x.d[r].add(b0)));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), dx, acc[r]);
+                });
+            }
+        }
+        super::store_rows::<R, Zmm>(acc)
     }
 }
 

@@ -47,14 +47,27 @@ fn x86_tiles_match_scalar() {
         block[2..4].copy_from_slice(&f16::from_f32(0.0005).to_le_bytes());
     }
     let w = QuantMatrix::new(GgmlType::Q4_K, GROUP, k, bytes).unwrap();
+    // Q6_K likewise: every quant 63, the sub-block scales 127 and -128 in turn, where the
+    // 512-bit tile's unsigned activations (up to 255) and its offsets come closest to
+    // overflowing 32 bits.
+    let mut bytes = vec![0xFF; GROUP * k / 256 * 210];
+    for block in bytes.chunks_exact_mut(210) {
+        for (j, sc) in block[192..208].iter_mut().enumerate() {
+            *sc = if j % 2 == 0 { 0x7F } else { 0x80 };
+        }
+        block[208..].copy_from_slice(&f16::from_f32(0.001).to_le_bytes());
+    }
+    let w6 = QuantMatrix::new(GgmlType::Q6_K, GROUP, k, bytes).unwrap();
     for (sign, name) in [(1.0, "positive"), (-1.0, "negative")] {
         let x: Vec<f32> = (0..8 * k).map(|i| sign * (1.0 + (i / k) as f32)).collect();
-        check_tiles(
-            &kernels,
-            &w,
-            &x,
-            &format!("Q4_K at its largest sums, {name}"),
-        );
+        for (w, ty) in [(&w, "Q4_K"), (&w6, "Q6_K")] {
+            check_tiles(
+                &kernels,
+                w,
+                &x,
+                &format!("{ty} at its largest sums, {name}"),
+            );
+        }
     }
 }
 
@@ -166,6 +179,24 @@ fn check_wide_tiles(
     };
     if let Some(narrow) = narrow {
         assert_eq!(&four, narrow, "512-bit {what}");
+    }
+    if w.ty() == GgmlType::Q6_K && !w.keeps_block_activation_scales() {
+        // The tile for unsigned activations (many-row products), bit for bit.
+        let mut uq = q8_rows(x, 8, w.cols(), w);
+        uq.make_unsigned();
+        // SAFETY: as above.
+        let unsigned = unsafe {
+            (
+                avx512::tile_group::<1>(w, 0, &uq, 2),
+                avx512::tile_group::<3>(w, 0, &uq, 1),
+                avx512::tile_group::<4>(w, 0, &uq, 0),
+                avx512::tile_group::<8>(w, 0, &uq, 0),
+            )
+        };
+        assert!(
+            unsigned == (one, three, four, eight),
+            "512-bit unsigned {what}"
+        );
     }
     assert_eq!(one[0], four[2], "512-bit {what}");
     assert_eq!(three, [four[1], four[2], four[3]], "512-bit {what}");
