@@ -80,6 +80,10 @@ pub(crate) struct BlockPool<B: PoolBlock = BlockId> {
     next_entry_id: u64,
     num_groups: usize,
     num_ever_used: usize,
+    /// Ids of the entries that left the index since [`Self::take_removed`] last drained
+    /// it, kept only once [`Self::log_removed`] has asked for them: what is cached beside
+    /// a block entry (a linear-attention state at its boundary) goes with it.
+    removed: Option<Vec<u64>>,
 }
 
 impl<B: PoolBlock> BlockPool<B> {
@@ -108,7 +112,22 @@ impl<B: PoolBlock> BlockPool<B> {
             next_entry_id: 0,
             num_groups: num_groups.max(1),
             num_ever_used: 0,
+            removed: None,
         }
+    }
+
+    /// Starts logging the ids of entries that leave the index, for [`Self::take_removed`]
+    /// (whose caller must then drain it as often as blocks are handed out).
+    pub(crate) fn log_removed(&mut self) {
+        self.removed.get_or_insert_with(Vec::new);
+    }
+
+    /// The ids of the entries that left the index since the last call (none unless
+    /// [`Self::log_removed`] was called).
+    pub(crate) fn take_removed(&mut self) -> impl Iterator<Item = u64> + '_ {
+        self.removed
+            .iter_mut()
+            .flat_map(|removed| removed.drain(..))
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -224,12 +243,7 @@ impl<B: PoolBlock> BlockPool<B> {
             return;
         };
         let free = slot.ref_cnt == 0;
-        if let Some(entry) = self.by_hash.get_mut(&hash) {
-            entry.blocks[group as usize] = None;
-            if entry.blocks.iter().all(Option::is_none) {
-                self.by_hash.remove(&hash);
-            }
-        }
+        self.drop_from_entry(hash, group);
         if free {
             self.unlink(b.index());
             self.push_front(b.index());
@@ -287,16 +301,25 @@ impl<B: PoolBlock> BlockPool<B> {
             self.num_ever_used += 1;
         }
         if let Some((hash, group)) = slot.cached.take() {
-            let entry = self
-                .by_hash
-                .get_mut(&hash)
-                .expect("cached blocks are indexed");
-            entry.blocks[group as usize] = None;
-            if entry.blocks.iter().all(Option::is_none) {
-                self.by_hash.remove(&hash);
-            }
+            self.drop_from_entry(hash, group);
         }
         B::from_index(i)
+    }
+
+    /// Group `group`'s block of the entry under `hash` is gone: the entry leaves the index
+    /// with its last block.
+    fn drop_from_entry(&mut self, hash: u64, group: u32) {
+        let Some(entry) = self.by_hash.get_mut(&hash) else {
+            return;
+        };
+        entry.blocks[group as usize] = None;
+        if entry.blocks.iter().all(Option::is_none) {
+            let id = entry.id;
+            self.by_hash.remove(&hash);
+            if let Some(removed) = &mut self.removed {
+                removed.push(id);
+            }
+        }
     }
 
     fn push_back(&mut self, i: u32) {

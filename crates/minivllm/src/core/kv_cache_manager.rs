@@ -176,7 +176,7 @@ impl KvCacheManager {
     pub(crate) fn with_hasher(cfg: KvCacheManagerConfig, hasher: BlockHasher) -> Self {
         assert!(cfg.block_size > 0, "block_size must be positive");
         assert!(!cfg.group_windows.is_empty(), "no KV cache group");
-        Self {
+        let mut m = Self {
             pool: BlockPool::new(cfg.num_blocks, cfg.group_windows.len()),
             block_size: cfg.block_size,
             enable_prefix_caching: cfg.enable_prefix_caching,
@@ -190,7 +190,11 @@ impl KvCacheManager {
             cpu_pool: BlockPool::new(cfg.num_cpu_blocks, 1),
             cpu_tables: HashMap::new(),
             states: StatePool::new(cfg.num_state_slots),
+        };
+        if m.keeps_states() {
+            m.pool.log_removed();
         }
+        m
     }
 
     pub fn block_size(&self) -> usize {
@@ -324,6 +328,8 @@ impl KvCacheManager {
         if !self.keeps_states() {
             return;
         }
+        // Blocks just handed out may have evicted the entries other states were kept under.
+        self.drop_orphaned_states();
         let bs = self.block_size;
         let boundary = num_tokens / bs * bs;
         let Some(state) = self.seqs.get_mut(&seq) else {
@@ -385,6 +391,7 @@ impl KvCacheManager {
             hits.is_empty() || self.states.num_slots() == 0 || restore.is_some(),
             "{seq}: a prefix hit without its state"
         );
+        self.drop_orphaned_states();
         let state_slot = match self.states.num_slots() {
             0 => None,
             _ => Some(self.states.take(restore)?),
@@ -560,11 +567,17 @@ impl KvCacheManager {
     pub(crate) fn start_step(&mut self) {
         self.registered.clear();
         if self.states.num_slots() > 0 {
+            self.drop_orphaned_states();
             self.states.start_step();
             for s in self.seqs.values_mut() {
                 (s.restore_from, s.snapshot) = (None, None);
             }
         }
+    }
+
+    /// Frees the states kept at the ends of blocks that have left the prefix cache.
+    fn drop_orphaned_states(&mut self) {
+        self.states.forget(self.pool.take_removed());
     }
 
     /// Takes back the registrations made since `start_step`, for a step that failed: those

@@ -111,6 +111,19 @@ impl StatePool {
         Some(slot)
     }
 
+    /// Frees the cached states under `keys`, prefix-cache entries that have left the cache:
+    /// no prompt can reach them any more, and LRU eviction would take states that can
+    /// before them. (A state a restore of this step reads keeps its slot: its blocks are
+    /// held by the restoring sequence, so its entry cannot have gone.)
+    pub fn forget(&mut self, keys: impl IntoIterator<Item = u64>) {
+        for key in keys {
+            let gone = |c: &Cached| c.key == key && !self.pinned.contains(&c.slot);
+            if let Some(i) = self.cached.iter().position(gone) {
+                self.free.push(self.cached.swap_remove(i).slot);
+            }
+        }
+    }
+
     /// Frees the least recently used cached state that no restore of this step reads.
     fn evict(&mut self) -> Option<u32> {
         let (i, _) = (self.cached.iter().enumerate())

@@ -161,3 +161,38 @@ fn cached_states_give_way_to_running_sequences() {
     m.start_step();
     admit(&mut m, 5, &toks(400..406)).expect("the restored state may go now");
 }
+
+/// A state kept at the end of a block that leaves the prefix cache goes with it: its slot
+/// is free at once, so LRU eviction never takes a state a prompt can still resume from in
+/// its place.
+#[test]
+fn a_state_goes_with_the_block_it_ends() {
+    let mut m = KvCacheManager::new(KvCacheManagerConfig {
+        watermark: 0.0,
+        num_state_slots: 4,
+        ..KvCacheManagerConfig::new(8, 4)
+    });
+    m.start_step();
+    // Two prompts keep their states at boundary 8, the first's the older.
+    let (a, b) = (toks(0..9), toks(100..109));
+    for (seq, t) in [(1, &a), (2, &b)] {
+        admit(&mut m, seq, t).expect("room");
+        m.start_step();
+    }
+    // Freed second then first: the second's cached blocks are evicted first.
+    m.free(SeqId(2));
+    m.free(SeqId(1));
+    assert_eq!(m.num_free_state_slots(), 2);
+    // A short prompt takes a slot; then 17 tokens take the last free slot, every block
+    // holding nothing and the second prompt's two cached blocks, the state at whose end
+    // goes with them. The newcomer's own state (boundary 16) takes that slot instead of
+    // evicting the first prompt's, older but still reachable.
+    admit(&mut m, 3, &toks(300..303)).expect("room");
+    admit(&mut m, 4, &toks(200..217)).expect("room");
+    assert!(m.state_step(SeqId(4)).unwrap().snapshot.is_some());
+    m.start_step();
+    assert_eq!(m.num_free_state_slots(), 0);
+    assert_eq!(m.get_computed_blocks(&toks(100..112)).num_tokens(), 0);
+    let resumed = [&a[..], &toks(50..53)].concat();
+    assert_eq!(m.get_computed_blocks(&resumed).num_tokens(), 8);
+}
