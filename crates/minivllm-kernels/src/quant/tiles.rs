@@ -298,7 +298,6 @@ unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>
     // quants, scales, sums and half sums. The rest is register arithmetic under `W`'s
     // features, which the caller's contract provides.
     unsafe {
-        let low = W::splat_i8(0x0F);
         let lut = W::table(&F::LUT.unwrap_or([0; 16]));
         let mut acc = [[W::zero_f(); R]; U];
         // K-quants with shared activation scales: a super-block's sub-block sums times
@@ -324,13 +323,8 @@ unsafe fn tile_nibbles<const R: usize, const U: usize, W: Width, F: QuantFormat>
                         mins_hi[k] = W::load(wmh.add(at * 4));
                     }
                 }
-                let mut v = [W::zero_i(); 8];
-                for j in 0..4 {
-                    let raw = W::load(q.add(j * VEC_BYTES + lane * 4));
-                    v[j] = W::and(raw, low);
-                    v[4 + j] = W::and(W::shr16::<4>(raw), low);
-                }
-                merge_high_bits::<W, F>(&mut v, wh.wrapping_add(b * hb + lane * 4));
+                let mut v =
+                    unpack_block::<W, F>(q.add(lane * 4), wh.wrapping_add(b * hb + lane * 4));
                 if F::LUT.is_some() {
                     for n in &mut v {
                         *n = W::lookup(lut, *n);
@@ -498,6 +492,34 @@ unsafe fn flush_super_block<const R: usize, W: Width>(
     }
 }
 
+/// A block's eight nibble vectors of one unit ([`tile_nibbles`] says which values each
+/// holds): the low and high nibbles of its four quant vectors from `q`, with the bits above
+/// them or-ed in from the high-bit planes at `h` ([`merge_high_bits`]).
+///
+/// # Safety
+/// `q` must point to the unit's lanes of the block's first quant vector (the others follow
+/// [`VEC_BYTES`] apart) and `h` likewise into its planes (none for 4-bit formats); the CPU
+/// has `W`'s features.
+#[inline(always)]
+pub(super) unsafe fn unpack_block<W: Width, F: QuantFormat>(
+    q: *const u8,
+    h: *const u8,
+) -> [W::I; 8] {
+    // SAFETY: (whole body) the vectors and planes are readable by the contract; the rest
+    // is register arithmetic.
+    unsafe {
+        let low = W::splat_i8(0x0F);
+        let mut v = [W::zero_i(); 8];
+        for j in 0..4 {
+            let raw = W::load(q.add(j * VEC_BYTES));
+            v[j] = W::and(raw, low);
+            v[4 + j] = W::and(W::shr16::<4>(raw), low);
+        }
+        merge_high_bits::<W, F>(&mut v, h);
+        v
+    }
+}
+
 /// Ors the bits above the nibbles into a block's eight nibble vectors, from its high-bit
 /// planes at `h` (see [`hbits_bytes`]): for 5-bit formats, bit `n` of each plane byte
 /// becomes bit 4 of nibble vector `n`; for Q6_K, plane `p`'s bits `2n..2n + 2` become bits
@@ -508,7 +530,7 @@ unsafe fn flush_super_block<const R: usize, W: Width>(
 /// `h` must point to the block's planes (none for 4-bit formats); the CPU has `W`'s
 /// features.
 #[inline(always)]
-pub(super) unsafe fn merge_high_bits<W: Width, F: QuantFormat>(v: &mut [W::I; 8], h: *const u8) {
+unsafe fn merge_high_bits<W: Width, F: QuantFormat>(v: &mut [W::I; 8], h: *const u8) {
     // SAFETY: (whole body) the planes are readable by the contract; the rest is register
     // arithmetic.
     unsafe {

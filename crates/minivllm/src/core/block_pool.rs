@@ -301,6 +301,10 @@ impl<B: PoolBlock> BlockPool<B> {
             self.num_ever_used += 1;
         }
         if let Some((hash, group)) = slot.cached.take() {
+            debug_assert!(
+                self.by_hash.contains_key(&hash),
+                "cached blocks are indexed"
+            );
             self.drop_from_entry(hash, group);
         }
         B::from_index(i)

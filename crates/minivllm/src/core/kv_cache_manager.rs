@@ -567,8 +567,8 @@ impl KvCacheManager {
     pub(crate) fn start_step(&mut self) {
         self.registered.clear();
         if self.states.num_slots() > 0 {
-            self.drop_orphaned_states();
             self.states.start_step();
+            self.drop_orphaned_states();
             for s in self.seqs.values_mut() {
                 (s.restore_from, s.snapshot) = (None, None);
             }

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{merge_high_bits, prefetch_block, tile, Width, XRows, GROUP_PREFETCH, Q8_0_PREFETCH};
+use super::{prefetch_block, tile, unpack_block, Width, XRows, GROUP_PREFETCH, Q8_0_PREFETCH};
 use crate::quant::activations::Q8Rows;
 use crate::quant::formats::{self, GgmlType, QK};
 use crate::quant::layout::{hbits_bytes, sub_bytes, QuantMatrix, GROUP, KSUB, VEC_BYTES};
@@ -335,7 +335,7 @@ unsafe fn tile_q6_k_unsigned<const R: usize>(
     // offsets; activation rows i..i + R hold nb blocks of QK quants and scales. The rest is
     // register arithmetic under the contract's features.
     unsafe {
-        let (low, bias) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(32));
+        let bias = _mm512_set1_epi8(32);
         let mut acc = [_mm512_setzero_ps(); R];
         let mut sums = [_mm512_setzero_si512(); R];
         for b in 0..nb {
@@ -347,13 +347,7 @@ unsafe fn tile_q6_k_unsigned<const R: usize>(
                 let start = _mm512_sub_epi32(_mm512_setzero_si512(), offset);
                 sums = [start; R];
             }
-            let mut v = [_mm512_setzero_si512(); 8];
-            for j in 0..4 {
-                let raw = _mm512_loadu_si512(q.add(j * VEC_BYTES) as *const __m512i);
-                v[j] = _mm512_and_si512(raw, low);
-                v[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
-            }
-            merge_high_bits::<Zmm, formats::Q6_K_Shared>(&mut v, wh.add(b * hb));
+            let mut v = unpack_block::<Zmm, formats::Q6_K_Shared>(q, wh.add(b * hb));
             for n in &mut v {
                 *n = _mm512_sub_epi8(*n, bias);
             }

@@ -8,8 +8,9 @@
 //! A sequence keeps only its latest boundary's state: each one it takes replaces the one
 //! before, as vLLM's align mode does, so a long decode does not fill the pool with states
 //! no prompt will resume from; its last one stays cached when it finishes or is preempted,
-//! which is what a chat's next turn or a recompute resumes from. Cached states are evicted
-//! least recently used first when a sequence needs a slot.
+//! which is what a chat's next turn or a recompute resumes from. A state goes with the
+//! prefix-cache entry it is keyed by, once that entry leaves the cache ([`StatePool::forget`]);
+//! the others are evicted least recently used first when a sequence needs a slot.
 //!
 //! A state is written during the step that schedules it and a restore reads its slot at
 //! the start of the step, so a state taken in a step is found only from the next step on,
@@ -24,6 +25,9 @@ struct Cached {
     last_used: u64,
     /// The key of the state this one replaces (its sequence's previous one).
     replaces: Option<u64>,
+    /// Pending only: its key left the prefix cache during the step that writes it, so its
+    /// slot goes back once the step has run instead of caching it.
+    gone: bool,
 }
 
 #[derive(Debug, Default)]
@@ -107,19 +111,23 @@ impl StatePool {
             slot,
             last_used: 0,
             replaces,
+            gone: false,
         });
         Some(slot)
     }
 
     /// Frees the cached states under `keys`, prefix-cache entries that have left the cache:
     /// no prompt can reach them any more, and LRU eviction would take states that can
-    /// before them. (A state a restore of this step reads keeps its slot: its blocks are
-    /// held by the restoring sequence, so its entry cannot have gone.)
+    /// before them. (No restore of this step reads one: the restoring sequence holds the
+    /// blocks of its entry.) A state the step being scheduled writes goes once it has run.
     pub fn forget(&mut self, keys: impl IntoIterator<Item = u64>) {
         for key in keys {
-            let gone = |c: &Cached| c.key == key && !self.pinned.contains(&c.slot);
-            if let Some(i) = self.cached.iter().position(gone) {
+            if let Some(i) = self.cached.iter().position(|c| c.key == key) {
+                debug_assert!(!self.pinned.contains(&self.cached[i].slot));
                 self.free.push(self.cached.swap_remove(i).slot);
+            } else if let Some(p) = self.pending.iter_mut().find(|p| p.key == key) {
+                // This step writes its slot: it can be reused only from the next one.
+                p.gone = true;
             }
         }
     }
@@ -141,6 +149,10 @@ impl StatePool {
                 if let Some(i) = self.cached.iter().position(|c| c.key == old) {
                     self.free.push(self.cached.swap_remove(i).slot);
                 }
+            }
+            if p.gone {
+                self.free.push(p.slot);
+                continue;
             }
             self.clock += 1;
             p.last_used = self.clock;

@@ -196,3 +196,20 @@ fn a_state_goes_with_the_block_it_ends() {
     let resumed = [&a[..], &toks(50..53)].concat();
     assert_eq!(m.get_computed_blocks(&resumed).num_tokens(), 8);
 }
+
+/// A state whose entry leaves the cache goes at once if cached; if the step being
+/// scheduled writes it, its slot stays taken until that step has run, then goes back
+/// instead of caching a state no prompt can reach.
+#[test]
+fn a_state_whose_entry_leaves_goes_once_written() {
+    let mut p = StatePool::new(3);
+    let kept = p.snapshot(7, None).expect("a free slot");
+    p.start_step();
+    assert_eq!((p.lookup(7), p.num_free()), (Some(kept), 2));
+    p.snapshot(8, None).expect("a free slot");
+    p.forget([7, 8]);
+    assert_eq!(p.lookup(7), None);
+    assert_eq!(p.num_free(), 2, "the slot this step writes stays taken");
+    p.start_step();
+    assert_eq!((p.lookup(8), p.num_free()), (None, 3));
+}

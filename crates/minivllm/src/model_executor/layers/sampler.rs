@@ -73,8 +73,8 @@ pub struct SampledToken {
 /// returned tokens.
 #[derive(Debug, Default)]
 pub(crate) struct Sampler {
-    /// The current row's raw logits, kept where bias, bans or penalties change the row
-    /// (their log-softmax where top logprobs are asked for).
+    /// The current row's raw logits, copied where bias, bans or penalties change the row
+    /// or top logprobs are asked for (then rewritten as their log-softmax).
     raw: Vec<f32>,
     /// The current row's probabilities after temperature.
     probs: Vec<f32>,
@@ -167,22 +167,24 @@ impl Sampler {
             self.sample_random(row, &params, &mut ctx.state.rng)
         };
 
-        let logprob = log_softmax_at(if changes { &self.raw } else { row }, token);
-        let (top_logprobs, rank) = match params.logprobs {
+        let (logprob, top_logprobs, rank) = match params.logprobs {
+            None => {
+                let raw = if changes { &self.raw[..] } else { row };
+                (log_softmax_at(raw, token), Vec::new(), None)
+            }
             Some(k) => {
                 if !changes {
                     self.raw.clear();
                     self.raw.extend_from_slice(row);
                 }
-                // The whole row's log-softmax: `log_softmax_at` gave `logprob` bit for bit
-                // what this leaves at `token`, so the rank counts it among its equals.
                 log_softmax_inplace(&mut self.raw);
+                let logprob = self.raw[token];
                 (
+                    logprob,
                     top_k_desc(&self.raw, k, &mut self.idx),
                     Some(self.raw.iter().filter(|&&lp| lp >= logprob).count()),
                 )
             }
-            None => (Vec::new(), None),
         };
         SampledToken {
             token_id: token as TokenId,

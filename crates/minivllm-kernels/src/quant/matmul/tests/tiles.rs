@@ -47,14 +47,12 @@ fn x86_tiles_match_scalar() {
         block[2..4].copy_from_slice(&f16::from_f32(0.0005).to_le_bytes());
     }
     let w = QuantMatrix::new(GgmlType::Q4_K, GROUP, k, bytes).unwrap();
-    // Q6_K likewise: every quant 63, the sub-block scales 127 and -128 in turn, where the
-    // 512-bit tile's unsigned activations (up to 255) and its offsets come closest to
-    // overflowing 32 bits.
+    // Q6_K likewise: every quant 63 and every sub-block scale -128, so that no half
+    // cancels another: the 512-bit tile's unsigned activations (up to 255), its quants
+    // less 32 and its offsets at their largest, a super-block's sums within 2^29.
     let mut bytes = vec![0xFF; GROUP * k / 256 * 210];
     for block in bytes.chunks_exact_mut(210) {
-        for (j, sc) in block[192..208].iter_mut().enumerate() {
-            *sc = if j % 2 == 0 { 0x7F } else { 0x80 };
-        }
+        block[192..208].fill(0x80);
         block[208..].copy_from_slice(&f16::from_f32(0.001).to_le_bytes());
     }
     let w6 = QuantMatrix::new(GgmlType::Q6_K, GROUP, k, bytes).unwrap();
