@@ -42,22 +42,37 @@ fn softmax_generic<S: Simd>(s: S, x: &mut [f32]) {
 
 #[inline(always)]
 fn log_softmax_generic<S: Simd>(s: S, x: &mut [f32]) {
-    let max = simd::max(s, x);
-    if max == f32::NEG_INFINITY {
-        return log_softmax_inplace_scalar(x);
+    match log_softmax_shift(s, x) {
+        Some(shift) => simd::add_scalar(s, x, -shift),
+        None => log_softmax_inplace_scalar(x),
     }
-    let sum = simd::exp_sum(s, x, max);
-    simd::add_scalar(s, x, -(max + sum.ln()));
 }
 
 #[inline(always)]
 fn log_softmax_at_generic<S: Simd>(s: S, x: &[f32], i: usize) -> f32 {
-    let max = simd::max(s, x);
-    if max == f32::NEG_INFINITY {
-        return log_softmax_at_scalar(x, i);
+    match log_softmax_shift(s, x) {
+        // `x + (-shift)`: the in-place form's `add_scalar`, the same rounding.
+        Some(shift) => x[i] + -shift,
+        None => log_softmax_at_scalar(x, i),
     }
-    // `x + (-shift)`: the in-place form's `add_scalar`, the same rounding.
-    x[i] + -(max + simd::exp_sum(s, x, max).ln())
+}
+
+/// What the log-softmax subtracts, `max + ln Σ e^(x - max)`, for the in-place form and the
+/// single entry alike (so that they agree bit for bit); `None` when nothing is above
+/// `-inf`.
+#[inline(always)]
+fn log_softmax_shift<S: Simd>(s: S, x: &[f32]) -> Option<f32> {
+    let max = simd::max(s, x);
+    (max != f32::NEG_INFINITY).then(|| max + simd::exp_sum(s, x, max).ln())
+}
+
+/// Scalar twin of [`log_softmax_shift`].
+fn log_softmax_shift_scalar(x: &[f32]) -> Option<f32> {
+    let max = max_scalar(x);
+    (max != f32::NEG_INFINITY).then(|| {
+        let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
+        max + sum.ln()
+    })
 }
 
 fn max_scalar(x: &[f32]) -> f32 {
@@ -85,32 +100,25 @@ pub fn softmax_inplace_scalar(x: &mut [f32]) {
 
 /// Scalar twin of [`log_softmax_inplace`].
 pub fn log_softmax_inplace_scalar(x: &mut [f32]) {
-    if x.is_empty() {
-        return;
+    match log_softmax_shift_scalar(x) {
+        Some(shift) => x.iter_mut().for_each(|v| *v -= shift),
+        None => x.fill(-(x.len() as f32).ln()),
     }
-    let max = max_scalar(x);
-    if max == f32::NEG_INFINITY {
-        x.fill(-(x.len() as f32).ln());
-        return;
-    }
-    let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
-    let shift = max + sum.ln();
-    x.iter_mut().for_each(|v| *v -= shift);
 }
 
 /// Scalar twin of [`log_softmax_at`].
 pub fn log_softmax_at_scalar(x: &[f32], i: usize) -> f32 {
-    let max = max_scalar(x);
-    if max == f32::NEG_INFINITY {
-        assert!(
-            i < x.len(),
-            "log_softmax_at: index {i} of {} values",
-            x.len()
-        );
-        return -(x.len() as f32).ln();
+    match log_softmax_shift_scalar(x) {
+        Some(shift) => x[i] - shift,
+        None => {
+            assert!(
+                i < x.len(),
+                "log_softmax_at: index {i} of {} values",
+                x.len()
+            );
+            -(x.len() as f32).ln()
+        }
     }
-    let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
-    x[i] - (max + sum.ln())
 }
 
 #[cfg(test)]

@@ -147,6 +147,7 @@ pub fn matmul_quant_grouped<'w>(
     }
     tasks.clear();
     let threads = rayon::current_num_threads();
+    let kernel = QKernel::best();
     for g in 0..groups {
         let (r0, r1) = (offsets[g], offsets[g + 1]);
         if r0 == r1 {
@@ -160,7 +161,7 @@ pub fn matmul_quant_grouped<'w>(
         );
         let m = r1 - r0;
         xqs[g].quantize(&x[r0 * cols..r1 * cols], m, w.nb, shared_blocks(w));
-        if unsigned_activations(w, m, QKernel::best()) {
+        if unsigned_activations(w, m, kernel) {
             xqs[g].make_unsigned();
         }
         let per_task = rows_per_task(m, cols, out_cols, threads);
@@ -175,7 +176,6 @@ pub fn matmul_quant_grouped<'w>(
             });
         }
     }
-    let kernel = QKernel::best();
     let run = |t: &GroupTask| {
         let (w, m) = (weight(t.group), offsets[t.group + 1] - offsets[t.group]);
         dot_rows(&xqs[t.group], w, t.out, m, t.j0, t.nj, kernel);
