@@ -105,6 +105,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Gemma4ForCausalLM,
+    Gemma4TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MixtralConfig,
@@ -222,6 +224,53 @@ def gemma3_config():
         },
         final_logit_softcapping=None,
         attn_logit_softcapping=None,
+    )
+
+
+# Gemma 4's text model: five sliding layers to one full, the full layers with their own
+# head_dim (global_head_dim 32 against 16) and "proportional" RoPE (a quarter of the pairs
+# rotated, over the whole head), plain (x·w) norms, a weightless norm on v, scores unscaled
+# (scale 1), a stored scalar per layer.
+GEMMA4 = dict(
+    COMMON,
+    num_hidden_layers=6,
+    head_dim=16,
+    global_head_dim=32,
+    hidden_activation="gelu_pytorch_tanh",
+    sliding_window=16,
+    tie_word_embeddings=True,
+    layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2
+    + ["full_attention"],
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                           "rope_theta": 1000000.0},
+    },
+)
+
+
+def gemma4_config():
+    """31B-like: the full layers' keys are their values (`attention_k_eq_v`: no v_proj) and
+    they have one KV head; the final logits soft-capped; no per-layer inputs."""
+    return Gemma4TextConfig(
+        **GEMMA4,
+        attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        final_logit_softcapping=4.0,
+        hidden_size_per_layer_input=0,
+    )
+
+
+def gemma4e_config():
+    """E2B-like: per-layer input embeddings (8 wide), the last two layers (one sliding, one
+    full) reading the K/V of the last earlier layer of their kind (3 and 2), with MLPs
+    twice as wide."""
+    return Gemma4TextConfig(
+        **GEMMA4,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=256,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
     )
 
 
@@ -432,6 +481,9 @@ FAMILIES = {
     "qwen3": (qwen3_config, Qwen3ForCausalLM, 3000, (0.5, 1.5)),
     "gemma2": (gemma2_config, Gemma2ForCausalLM, 13000, (-0.5, 0.5)),
     "gemma3": (gemma3_config, Gemma3ForCausalLM, 4000, (-0.5, 0.5)),
+    # Gemma 4's norms scale by w, as Llama's.
+    "gemma4": (gemma4_config, Gemma4ForCausalLM, 17000, (0.5, 1.5)),
+    "gemma4e": (gemma4e_config, Gemma4ForCausalLM, 18000, (0.5, 1.5)),
     "llama3": (llama3_config, LlamaForCausalLM, 5000, (0.5, 1.5)),
     "phi3": (phi3_config, Phi3ForCausalLM, 6000, (0.5, 1.5)),
     "qwen3yarn": (qwen3yarn_config, Qwen3ForCausalLM, 11000, (0.5, 1.5)),
@@ -578,6 +630,15 @@ def randomise(model, norm_range, seed, family):
                 rules.append({"name": full, "shape": list(p.shape),
                               "offset": float(offset), "scale": float(scale)})
                 done.add(id(p))
+    # Gemma 4's stored scalar per layer is a buffer, not a parameter; drawn near 1.
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                offset, scale = np.float32(0.75), np.float32(0.25)
+                values = offset + scale * uniform(name, seed, buf.numel())
+                buf.copy_(torch.from_numpy(values).reshape(buf.shape))
+                rules.append({"name": name, "shape": list(buf.shape),
+                              "offset": float(offset), "scale": float(scale)})
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) not in done]
     assert not missing, missing
     return rules

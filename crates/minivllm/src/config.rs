@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use crate::distributed::share;
 
+mod gemma4;
 mod kv_cache_layout;
 pub(crate) mod linear_attention;
 mod model_family;
@@ -12,6 +13,7 @@ mod moe;
 mod rope_scaling;
 mod speculative;
 
+pub use gemma4::{Gemma4Config, PerLayerInput};
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
 pub use linear_attention::LinearAttentionConfig;
 pub(crate) use model_family::supported_architectures;
@@ -145,6 +147,9 @@ pub struct ModelConfig {
     /// attention output is multiplied by their sigmoid before the output projection
     /// (Qwen3.5's full-attention layers).
     pub attn_output_gate: bool,
+    /// Gemma 4's own parts: the full-attention layers' shape, K/V shared across layers,
+    /// per-layer input embeddings.
+    pub gemma4: Option<Gemma4Config>,
 }
 
 impl ModelConfig {
@@ -241,6 +246,16 @@ impl ModelConfig {
         if let Some(linear) = &self.linear_attention {
             linear.validate(self.num_hidden_layers)?;
         }
+        match &self.gemma4 {
+            Some(g) => g.validate(&self.layer_kinds())?,
+            // A GGUF file's metadata does not describe Gemma 4's layers yet.
+            None if self.family == ModelFamily::Gemma4 => {
+                return bad("Gemma 4 runs from Hugging Face folders (config.json and \
+                     safetensors); its GGUF files are not supported yet"
+                    .into())
+            }
+            None => {}
+        }
         self.rope_scaling.validate(self.rotary_dim)?;
         if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
             if f.len() != self.rotary_dim / 2 {
@@ -309,8 +324,9 @@ impl ModelConfig {
         if world_size <= 1 {
             return Some((heads, kv));
         }
-        // A norm over every head's q at once needs them all on one rank.
-        if self.qk_norm == QkNorm::Whole {
+        // A norm over every head's q at once needs them all on one rank; Gemma 4's full
+        // layers have KV heads of their own, which would need splits of their own.
+        if self.qk_norm == QkNorm::Whole || self.gemma4.is_some() {
             return None;
         }
         if kv.is_multiple_of(world_size) {
@@ -411,7 +427,7 @@ impl ModelConfig {
             // gpt-oss says `silu` but its experts run their own clamped SwiGLU.
             _ if family == ModelFamily::GptOss => gpt_oss_swiglu(json)?,
             Some(name) => Activation::from_hf(name)?,
-            None if family.is_gemma() => Activation::GeluTanh,
+            None if family.is_gemma() || family == ModelFamily::Gemma4 => Activation::GeluTanh,
             None => Activation::Silu,
         };
         // OLMoE's clipping of q, k and v (its released checkpoints set none).
@@ -419,6 +435,7 @@ impl ModelConfig {
             return Err(ConfigError::Invalid("clip_qkv is not supported".into()));
         }
         let gemma = family.is_gemma();
+        let gemma4 = family == ModelFamily::Gemma4;
         let hidden_size = req_usize(json, "hidden_size")?;
         let num_attention_heads = req_usize(json, "num_attention_heads")?;
         let head_dim = match opt_usize(json, "head_dim")? {
@@ -451,13 +468,16 @@ impl ModelConfig {
             .or_else(|| json.get("rope_local_base_freq"))
             .and_then(Value::as_f64)
             .map(|t| t as f32)
-            .or((family == ModelFamily::Gemma3).then_some(10_000.0));
+            .or((family == ModelFamily::Gemma3 || gemma4).then_some(10_000.0));
         // Phi-4-mini rotates only the first dims of each head; transformers 5 keeps the
         // factor among the rope parameters, 4 at the top level (and truncates the product).
+        // Gemma 4's factor belongs to its full layers' "proportional" RoPE, which turns the
+        // whole head (some of its frequencies zero).
         let partial = scaling
             .and_then(|p| p.get("partial_rotary_factor"))
             .or_else(|| json.get("partial_rotary_factor"))
             .and_then(Value::as_f64)
+            .filter(|_| !gemma4)
             .unwrap_or(1.0);
         if !(partial > 0.0 && partial <= 1.0) {
             return Err(ConfigError::Invalid(format!(
@@ -475,10 +495,10 @@ impl ModelConfig {
             qkv_bias: family.qkv_bias(),
             o_bias_and_sinks: family.o_bias_and_sinks(),
             qk_norm: family.qk_norm(),
-            sandwich_norms: gemma,
+            sandwich_norms: gemma || gemma4,
             hidden_act,
             // transformers computes √hidden in double precision and rounds it to the weights'.
-            embedding_multiplier: gemma.then(|| (hidden_size as f64).sqrt() as f32),
+            embedding_multiplier: (gemma || gemma4).then(|| (hidden_size as f64).sqrt() as f32),
             // Qwen3.5's norms are zero-centred too (`x·(1 + w)`).
             norm_weight_offset: if gemma || family.is_qwen35() {
                 1.0
@@ -491,6 +511,9 @@ impl ModelConfig {
                         .and_then(Value::as_f64)
                         .unwrap_or(256.0) as f32,
                 )
+            } else if gemma4 {
+                // Gemma 4 leaves its scores unscaled (its q and k are normed instead).
+                Some(1.0)
             } else {
                 None
             },
@@ -520,16 +543,31 @@ impl ModelConfig {
                 .unwrap_or(1e-6) as f32,
             rope_theta,
             rope_scaling: parse_hf_rope_scaling(scaling, json)?,
+            // Gemma 4's configs tie unless they say otherwise.
             tie_word_embeddings: json
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
-                .unwrap_or(false),
+                .unwrap_or(gemma4),
             moe,
             linear_attention: (family.is_qwen35())
                 .then(|| LinearAttentionConfig::from_hf(json, num_hidden_layers))
                 .transpose()?,
             attn_output_gate: family.is_qwen35()
                 && json.get("attn_output_gate").and_then(Value::as_bool) != Some(false),
+            gemma4: None,
+        };
+        let cfg = if gemma4 {
+            let kinds = cfg.layer_kinds();
+            ModelConfig {
+                gemma4: Some(Gemma4Config::from_hf(
+                    json,
+                    &kinds,
+                    cfg.num_key_value_heads,
+                )?),
+                ..cfg
+            }
+        } else {
+            cfg
         };
         cfg.validate()?;
         Ok(cfg)
@@ -600,6 +638,10 @@ fn sliding_layers_from_hf(
                 .max(1);
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
+        // transformers 5.19's default: five sliding to one full, and the last layer full.
+        ModelFamily::Gemma4 => (0..layers)
+            .map(|i| (i + 1) % 6 != 0 && i + 1 != layers)
+            .collect(),
         ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => vec![true; layers],
         ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen2Moe | ModelFamily::Qwen3Moe => {
             if json.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {

@@ -16,6 +16,11 @@
 //!
 //! Linear-attention layers (Qwen3.5's Gated DeltaNet) have no K/V: they are left out of the
 //! groups, and keep a fixed-size state per sequence instead (`worker/cache_engine.rs`).
+//! Gemma 4's K/V-sharing layers are left out too: their place is their source layer's.
+//!
+//! Every slot holds `ModelConfig::kv_slot_size` floats per position, the widest layer's
+//! (Gemma 4's full layers are wider than its sliding ones): a narrower layer's blocks lie
+//! at its own stride in the first part of its slot store.
 
 use super::ModelConfig;
 
@@ -83,18 +88,23 @@ impl KvCacheLayout {
         }
     }
 
-    /// The groups of `config`'s attention layers.
+    /// The groups of `config`'s attention layers that keep K/V.
     pub fn for_model(config: &ModelConfig) -> Self {
         let linear = |i| (config.linear_attention.as_ref()).is_some_and(|l| l.is_linear(i));
-        let attention: Vec<usize> = (0..config.num_hidden_layers)
-            .filter(|&i| !linear(i))
-            .collect();
+        let owns = |i| !linear(i) && config.kv_source(i).is_none();
+        let attention: Vec<usize> = (0..config.num_hidden_layers).filter(|&i| owns(i)).collect();
         let windows: Vec<_> = attention.iter().map(|&i| config.layer_window(i)).collect();
         let mut layout = Self::new(&windows);
         let mut next = 0..;
-        layout.model_layers = (0..config.num_hidden_layers)
-            .map(|i| (!linear(i)).then(|| next.next().expect("unbounded")))
+        let mut model_layers: Vec<Option<usize>> = (0..config.num_hidden_layers)
+            .map(|i| owns(i).then(|| next.next().expect("unbounded")))
             .collect();
+        for i in 0..config.num_hidden_layers {
+            if let Some(source) = config.kv_source(i) {
+                model_layers[i] = model_layers[source];
+            }
+        }
+        layout.model_layers = model_layers;
         layout
     }
 

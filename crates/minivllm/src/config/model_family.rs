@@ -22,6 +22,12 @@ pub enum ModelFamily {
     /// Gemma 3's text model: Gemma 2 with q/k norms instead of the soft-capping, five
     /// sliding layers to one global, and the sliding layers' own RoPE base.
     Gemma3,
+    /// Gemma 4's text model: Gemma 3's layout with plain (`x·w`) norms, unscaled scores, a
+    /// weightless norm on v, full-attention layers of their own head size and KV heads
+    /// (keys as values where `attention_k_eq_v`) with "proportional" RoPE, the last layers
+    /// reading earlier layers' K/V, per-layer input embeddings and a stored scale per layer
+    /// (`config/gemma4.rs`).
+    Gemma4,
     /// Phi-3 and Phi-4: LLaMA with q/k/v and gate/up stored fused, LongRoPE for the 128k
     /// variants, a partial rotary dimension (Phi-4-mini) and a window on every layer.
     Phi3,
@@ -60,6 +66,7 @@ pub(super) const ARCHITECTURES: &[(&str, &str, ModelFamily)] = &[
     ("qwen3", "Qwen3ForCausalLM", ModelFamily::Qwen3),
     ("gemma2", "Gemma2ForCausalLM", ModelFamily::Gemma2),
     ("gemma3", "Gemma3ForCausalLM", ModelFamily::Gemma3),
+    ("gemma4", "Gemma4ForCausalLM", ModelFamily::Gemma4),
     ("phi3", "Phi3ForCausalLM", ModelFamily::Phi3),
     ("qwen2moe", "Qwen2MoeForCausalLM", ModelFamily::Qwen2Moe),
     ("qwen3moe", "Qwen3MoeForCausalLM", ModelFamily::Qwen3Moe),
@@ -87,6 +94,7 @@ impl ModelFamily {
         // `model_type`s have an underscore that their GGUF names lack.
         let name = match name {
             "gemma3_text" => "gemma3",
+            "gemma4_text" => "gemma4",
             "qwen2_moe" => "qwen2moe",
             "qwen3_moe" => "qwen3moe",
             "gpt_oss" => "gpt-oss",
@@ -144,6 +152,7 @@ impl ModelFamily {
             ModelFamily::Qwen3
             | ModelFamily::Qwen3Moe
             | ModelFamily::Gemma3
+            | ModelFamily::Gemma4
             | ModelFamily::Qwen35
             | ModelFamily::Qwen35Moe
             | ModelFamily::Qwen3Next => QkNorm::PerHead,

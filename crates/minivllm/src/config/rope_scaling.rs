@@ -28,6 +28,13 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position_embeddings: usize,
     },
+    /// Gemma 4's full-attention layers ("proportional"): of a head's frequencies only the
+    /// first `fraction` turn (the others are zero, so their pairs stay as they are), all
+    /// divided by `factor`, over the whole head.
+    Proportional {
+        fraction: f32,
+        factor: f32,
+    },
     /// One divisor per rotary frequency, as GGUF files store Llama 3 scaling (`rope_freqs.weight`).
     FreqFactors(Vec<f32>),
     /// YaRN (Qwen2.5 and Qwen3 past their 32k, gpt-oss, DeepSeek): frequencies that turn
@@ -81,6 +88,13 @@ impl RopeScaling {
             Self::None => Ok(()),
             Self::Linear { factor } if !positive_finite(*factor) => bad("factor", *factor),
             Self::Linear { .. } => Ok(()),
+            Self::Proportional { factor, .. } if !positive_finite(*factor) => {
+                bad("factor", *factor)
+            }
+            Self::Proportional { fraction, .. } if !(*fraction > 0.0 && *fraction <= 1.0) => {
+                bad("partial_rotary_factor (at most 1)", *fraction)
+            }
+            Self::Proportional { .. } => Ok(()),
             Self::Llama3 {
                 factor,
                 low_freq_factor,
@@ -187,6 +201,10 @@ pub(super) fn parse_hf_rope_scaling(
         "default" => Ok(RopeScaling::None),
         "linear" => Ok(RopeScaling::Linear {
             factor: num("factor")?,
+        }),
+        "proportional" => Ok(RopeScaling::Proportional {
+            fraction: num("partial_rotary_factor").unwrap_or(1.0),
+            factor: num("factor").unwrap_or(1.0),
         }),
         "llama3" => Ok(RopeScaling::Llama3 {
             factor: num("factor")?,

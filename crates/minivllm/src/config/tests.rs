@@ -336,3 +336,85 @@ fn reads_phi3_longrope_and_partial_rotary() {
     let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
     assert!(e.contains("partial_rotary_factor"), "{e}");
 }
+
+/// Gemma 4 E2B's text config as the hub's files write it (the full layers' shape at the top
+/// level, no `layer_types`), cut to 12 layers.
+fn gemma4_hub() -> serde_json::Value {
+    json!({
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": {
+            "model_type": "gemma4_text",
+            "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 12,
+            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16,
+            "global_head_dim": 32, "vocab_size": 256, "sliding_window": 512,
+            "num_kv_shared_layers": 4, "use_double_wide_mlp": true,
+            "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 256,
+            "final_logit_softcapping": 30.0,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0}
+            }
+        }
+    })
+}
+
+#[test]
+fn gemma4_reads_its_layer_shapes_sharing_and_rope() {
+    let c = ModelConfig::from_hf_json(&gemma4_hub()).unwrap();
+    assert_eq!(c.family, ModelFamily::Gemma4);
+    assert!(c.tie_word_embeddings && c.sandwich_norms && c.qk_norm == QkNorm::PerHead);
+    assert_eq!((c.norm_weight_offset, c.attention_scale()), (0.0, 1.0));
+    assert_eq!((c.rope_theta, c.rope_local_theta), (1e6, Some(1e4)));
+    assert_eq!(
+        c.rope_scaling,
+        RopeScaling::Proportional {
+            fraction: 0.25,
+            factor: 1.0
+        }
+    );
+    // Five sliding to one full, the last layer full: layers 5 and 11 are full.
+    let full: Vec<usize> = (0..12).filter(|&i| c.layer_window(i).is_none()).collect();
+    assert_eq!(full, [5, 11]);
+    assert_eq!(c.layer_attention(0), (4, 1, 16));
+    // Without attention_k_eq_v the full layers keep the model's KV heads.
+    assert_eq!(c.layer_attention(5), (4, 1, 32));
+    assert_eq!(c.kv_slot_size(), 32);
+    // Layers 8..12 share: the sliding ones read layer 7's K/V, the full one layer 5's.
+    let sources: Vec<_> = (0..12).map(|i| c.kv_source(i)).collect();
+    assert_eq!(&sources[..8], &[None; 8]);
+    assert_eq!(&sources[8..], &[Some(7), Some(7), Some(7), Some(5)]);
+    assert_eq!(
+        (c.layer_intermediate_size(7), c.layer_intermediate_size(8)),
+        (96, 192)
+    );
+    let g = c.gemma4.as_ref().unwrap();
+    assert_eq!(
+        g.per_layer_input,
+        Some(crate::config::PerLayerInput {
+            hidden: 8,
+            vocab: 256
+        })
+    );
+    // The shared layers keep no K/V of their own: 8 layers in the cache.
+    let layout = KvCacheLayout::for_model(&c);
+    assert_eq!(layout.place(8), layout.place(7));
+    assert_eq!(layout.place(11), layout.place(5));
+}
+
+#[test]
+fn gemma4_refuses_what_it_does_not_run() {
+    let with = |k: &str, v: serde_json::Value| {
+        let mut j = gemma4_hub();
+        j["text_config"][k] = v;
+        ModelConfig::from_hf_json(&j).unwrap_err().to_string()
+    };
+    assert!(with("enable_moe_block", json!(true)).contains("enable_moe_block"));
+    assert!(with("use_bidirectional_attention", json!("all")).contains("bidirectional"));
+    assert!(with("num_kv_shared_layers", json!(12)).contains("no earlier layer"));
+    assert!(with("per_layer_config", json!({"0": {"head_dim": 8}})).contains("full-attention"));
+    assert!(
+        with("per_layer_config", json!({"5": {"sliding_window": 8}})).contains("not supported")
+    );
+    assert!(with("global_head_dim", json!(0)).contains("global_head_dim"));
+}

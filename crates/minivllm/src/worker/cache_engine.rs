@@ -100,7 +100,7 @@ impl CacheEngine {
     /// Bytes one block takes across its layers' slots, keys and values.
     pub(crate) fn block_bytes(config: &ModelConfig, block_size: usize, dtype: KvCacheDtype) -> u64 {
         let slots = KvCacheLayout::for_model(config).num_slots();
-        (2 * slots * block_size * config.kv_size() * dtype.size()) as u64
+        (2 * slots * block_size * config.kv_slot_size() * dtype.size()) as u64
     }
 
     /// As many blocks of `dtype` as fit in `budget_bytes`. A model with linear-attention
@@ -175,7 +175,7 @@ impl CacheEngine {
         num_blocks: usize,
         dtype: KvCacheDtype,
     ) -> Self {
-        let block_len = block_size * config.kv_size();
+        let block_len = block_size * config.kv_slot_size();
         let layout = KvCacheLayout::for_model(config);
         tracing::info!(
             num_blocks,
@@ -370,6 +370,7 @@ pub(crate) mod tests {
             moe: None,
             linear_attention: None,
             attn_output_gate: false,
+            gemma4: None,
         }
     }
 

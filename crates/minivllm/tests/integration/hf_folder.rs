@@ -165,69 +165,73 @@ fn float_weights_round_to_the_asked_half_precision() {
 /// logits.
 #[test]
 fn moe_folders_give_transformers_logits() {
-    use super::model_families::{assert_close, cases, step};
     use super::tiny_models;
 
     minivllm::kernels::threading::init_threads(2);
     for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"] {
         let dir = tempfile::tempdir().unwrap();
         tiny_models::write_hf_folder(family, dir.path());
-        let m = load_model(dir.path().to_str().unwrap(), &LoadOptions::FLOAT32)
-            .unwrap_or_else(|e| panic!("{family}: {e}"));
-        let mut runner = ModelRunner::new(m.model, CacheEngine::new(&m.config, 16, 32));
-        for (n, case) in cases(family).iter().enumerate() {
-            let got = step(
-                &mut runner,
-                &[(&case.prompt, 0, case.prompt.len(), 0, false)],
-            );
-            assert_close(
-                &got[0].1,
-                &case.last_logits,
-                &format!("{family} folder, prompt {n}"),
-            );
-        }
+        gives_transformers_logits(family, dir.path());
     }
 }
 
-/// A multimodal checkpoint (transformers 5's `Qwen3_5ForConditionalGeneration`: the text
-/// model's config under `text_config`, its tensors under `model.language_model.`, a vision
-/// tower beside them) loads its text model, which gives transformers' logits.
-#[test]
-fn a_multimodal_folder_loads_its_text_model() {
+/// The folder at `dir`, loaded by `load_model`, gives `family`'s reference last logits.
+fn gives_transformers_logits(family: &str, dir: &std::path::Path) {
     use super::model_families::{assert_close, cases, step};
-    use super::tiny_models;
 
-    minivllm::kernels::threading::init_threads(2);
-    let dir = tempfile::tempdir().unwrap();
-    let text: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(tiny_models::folder("qwen35").join("config.json")).unwrap(),
-    )
-    .unwrap();
-    let config = serde_json::json!({
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
-        "text_config": text,
-        "vision_config": {"depth": 1, "hidden_size": 32, "model_type": "qwen3_5"},
-        "tie_word_embeddings": false,
-    });
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let rename = |name: &str| match name.strip_prefix("model.") {
-        Some(rest) => format!("model.language_model.{rest}"),
-        None => name.to_string(),
-    };
-    let vision = [(
-        "model.visual.patch_embed.proj.weight",
-        vec![32, 3, 2, 16, 16],
-    )];
-    tiny_models::write_safetensors("qwen35", dir.path(), rename, &vision);
-    let m = load_model(dir.path().to_str().unwrap(), &LoadOptions::FLOAT32).unwrap();
+    let m = load_model(dir.to_str().unwrap(), &LoadOptions::FLOAT32)
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
     let cache = CacheEngine::new(&m.config, 16, 32).with_state_slots(&m.config, 1);
     let mut runner = ModelRunner::new(m.model, cache);
-    for (n, case) in cases("qwen35").iter().enumerate() {
+    for (n, case) in cases(family).iter().enumerate() {
         let got = step(
             &mut runner,
             &[(&case.prompt, 0, case.prompt.len(), 0, false)],
         );
-        assert_close(&got[0].1, &case.last_logits, &format!("prompt {n}"));
+        assert_close(
+            &got[0].1,
+            &case.last_logits,
+            &format!("{family} folder, prompt {n}"),
+        );
+    }
+}
+
+/// A multimodal checkpoint (transformers 5's `Qwen3_5ForConditionalGeneration` and Gemma 4's
+/// `Gemma4ForConditionalGeneration`, as E2B ships: the text model's config under
+/// `text_config`, its tensors under `model.language_model.`, a vision tower beside them)
+/// loads its text model, which gives transformers' logits.
+#[test]
+fn a_multimodal_folder_loads_its_text_model() {
+    use super::tiny_models;
+
+    minivllm::kernels::threading::init_threads(2);
+    for (family, arch, model_type) in [
+        ("qwen35", "Qwen3_5ForConditionalGeneration", "qwen3_5"),
+        ("gemma4e", "Gemma4ForConditionalGeneration", "gemma4"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let text: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(tiny_models::folder(family).join("config.json")).unwrap(),
+        )
+        .unwrap();
+        let tie = text["tie_word_embeddings"].clone();
+        let config = serde_json::json!({
+            "architectures": [arch],
+            "model_type": model_type,
+            "text_config": text,
+            "vision_config": {"depth": 1, "hidden_size": 32, "model_type": model_type},
+            "tie_word_embeddings": tie,
+        });
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let rename = |name: &str| match name.strip_prefix("model.") {
+            Some(rest) => format!("model.language_model.{rest}"),
+            None => name.to_string(),
+        };
+        let vision = [(
+            "model.visual.patch_embed.proj.weight",
+            vec![32, 3, 2, 16, 16],
+        )];
+        tiny_models::write_safetensors(family, dir.path(), rename, &vision);
+        gives_transformers_logits(family, dir.path());
     }
 }

@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 16] = [
+const FAMILIES: [&str; 18] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -37,6 +37,8 @@ const FAMILIES: [&str; 16] = [
     "qwen35",
     "qwen35moe",
     "qwen3next",
+    "gemma4",
+    "gemma4e",
 ];
 const TOL: f32 = 1e-4;
 pub(crate) const BLOCK_SIZE: usize = 16;

@@ -398,12 +398,14 @@ fn decodes_alike_with(
 /// (prompts of 17 tokens decoded 12 steps cross its window of 16) split across ranks as
 /// LLaMA's layers do: the tiny models of `model_families.rs`, whose 2 KV heads are
 /// replicated at 4 ranks and not split at 3. Qwen3.5's DeltaNet layers run whole on every
-/// rank (their weights are not split), its gated q projection split with its heads.
+/// rank (their weights are not split), its gated q projection split with its heads. Gemma
+/// 4's attention runs whole on every rank (its full layers' KV heads are their own), its
+/// MLPs (the double-wide ones too) and vocabulary split.
 #[test]
 fn every_family_decodes_alike_on_one_to_four_ranks() {
     minivllm::kernels::threading::init_threads(2);
     for family in [
-        "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen35",
+        "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen35", "gemma4", "gemma4e",
     ] {
         let config = super::tiny_models::config(family);
         let weights = super::tiny_models::TinyWeights::of(family);

@@ -82,6 +82,19 @@ impl<'s> PagedAttention<'s> {
         self
     }
 
+    /// Attends every query over its sequence's context as the cache holds it, writing
+    /// nothing (a layer that reads an earlier layer's K/V of the same step).
+    pub fn attend(
+        &self,
+        q: &[f32],
+        cache: &LayerKvCache,
+        meta: &AttentionMetadata<'_>,
+        out: &mut [f32],
+    ) {
+        let (kc, vc) = (cache.key.view(), cache.value.view());
+        paged_attention(out, q, kc, vc, &meta.seqs, &self.shape);
+    }
+
     /// Writes this step's keys and values into their slots, then attends every query over its
     /// sequence's context.
     pub fn forward(

@@ -7,5 +7,6 @@ pub(crate) mod linear;
 pub(crate) mod mlp;
 pub(crate) mod norm;
 pub(crate) mod parallel;
+pub(crate) mod per_layer_input;
 pub(crate) mod rotary;
 pub(crate) mod sampler;

@@ -21,6 +21,14 @@ impl RmsNorm {
         Ok(Self { weight, eps })
     }
 
+    /// With a weight of ones: a norm with no scale of its own (Gemma 4's norm of v).
+    pub(crate) fn unit(dim: usize, eps: f32) -> Self {
+        Self {
+            weight: vec![1.0; dim],
+            eps,
+        }
+    }
+
     /// Adds `offset` to every weight (Gemma's `x·(1 + w)`, in f32 as transformers computes it).
     pub(crate) fn with_weight_offset(mut self, offset: f32) -> Self {
         if offset != 0.0 {

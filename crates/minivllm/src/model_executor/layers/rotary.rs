@@ -42,12 +42,24 @@ impl RotaryEmbedding {
 
     /// With another base and scaling than the config's (Gemma 3's sliding layers).
     pub(crate) fn with_base(config: &ModelConfig, theta: f32, scaling: &RopeScaling) -> Self {
+        Self::with_dims(config, config.head_dim, config.rotary_dim, theta, scaling)
+    }
+
+    /// For heads of `head_dim` whose first `rotary_dim` dims turn (Gemma 4's full layers,
+    /// wider than the model's `head_dim`).
+    pub(crate) fn with_dims(
+        config: &ModelConfig,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+        scaling: &RopeScaling,
+    ) -> Self {
         let mut rope = Self {
             inv_freq: Vec::new(),
             theta,
             scaling: scaling.clone(),
-            head_dim: config.head_dim,
-            rotary_dim: config.rotary_dim,
+            head_dim,
+            rotary_dim,
             max_positions: 0,
         };
         rope.set_max_positions(config.max_position_embeddings);
@@ -111,6 +123,13 @@ pub(crate) fn inverse_frequencies(
     match scaling {
         RopeScaling::None => base,
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
+        &RopeScaling::Proportional { fraction, factor } => {
+            // As transformers counts them: `int(fraction · d // 2)`.
+            let turning = (fraction as f64 * rotary_dim as f64 / 2.0).floor() as usize;
+            (base.iter().enumerate())
+                .map(|(i, f)| if i < turning { f / factor } else { 0.0 })
+                .collect()
+        }
         RopeScaling::FreqFactors(factors) => divided(factors),
         RopeScaling::LongRope {
             short_factor,

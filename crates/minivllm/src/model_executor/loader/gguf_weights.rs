@@ -214,6 +214,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
             None
         },
         attn_output_gate: family.is_qwen35(),
+        gemma4: None,
     };
     cfg.validate()?;
     check_layer_count(file, cfg.num_hidden_layers)?;

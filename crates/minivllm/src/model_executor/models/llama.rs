@@ -20,7 +20,12 @@
 //! - Qwen3.5: three Gated DeltaNet linear-attention layers to one full-attention layer
 //!   (`layers/gated_delta_net.rs`: a recurrent state per sequence in place of K/V), and on
 //!   the full-attention layers a sigmoid gate from the q projection on each head's output;
-//!   (1 + w) norms; RoPE over a quarter of each head.
+//!   (1 + w) norms; RoPE over a quarter of each head;
+//! - Gemma 4: Gemma 3's layout with plain norms, unscaled scores and a norm on v, full
+//!   layers of their own head size (keys as values where `attention_k_eq_v`) with
+//!   "proportional" RoPE, the last layers attending to earlier layers' K/V, per-layer
+//!   input embeddings (`layers/per_layer_input.rs`) and a stored scale per layer, both
+//!   applied to the whole residual stream at the layer's end.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -28,29 +33,28 @@ use std::sync::Arc;
 use minivllm_kernels::attention::softcap;
 
 use crate::config::{KvCacheLayout, ModelConfig, RopeScaling};
-use crate::distributed::{
-    gather_columns, share, CommError, Communicator, GatherBuffers, SingleProcess,
-};
+use crate::distributed::{gather_columns, share, CommError, Communicator, SingleProcess};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
-use crate::model_executor::layers::fused_moe::{FusedMoe, MoeBuffers};
-use crate::model_executor::layers::gated_delta_net::{
-    DeltaBuffers, DeltaSeq, GatedDeltaNet, LayerStateCache,
-};
+use crate::model_executor::layers::fused_moe::FusedMoe;
+use crate::model_executor::layers::gated_delta_net::{DeltaSeq, GatedDeltaNet, LayerStateCache};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
-use crate::model_executor::layers::mlp::{GatedMlp, MlpBuffers};
+use crate::model_executor::layers::mlp::GatedMlp;
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::parallel::sized;
-use crate::model_executor::layers::rotary::{RotaryEmbedding, StepRope};
+use crate::model_executor::layers::per_layer_input::{PerLayerEmbeddings, PerLayerInputBlock};
+use crate::model_executor::layers::rotary::RotaryEmbedding;
 use crate::model_executor::loader::fused::UnfusedSource;
 use crate::model_executor::loader::sharded::{Rank, ShardedSource};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
 mod attention;
+mod buffers;
 mod load;
 
 use attention::SelfAttention;
+pub use buffers::ForwardBuffers;
 
 pub use load::check_config_against_weights;
 use load::{llama_split, load_layer, load_norm};
@@ -66,6 +70,12 @@ struct DecoderLayer {
     mlp: Mlp,
     /// Gemma's norm of the MLP output, before the residual add.
     post_mlp_norm: Option<RmsNorm>,
+    /// Gemma 4: what the layer adds from its per-layer input, and the scale of its output.
+    per_layer_input: Option<PerLayerInputBlock>,
+    layer_scalar: Option<f32>,
+    /// Whether the layer's end works on the whole residual stream (Gemma 4), so that the
+    /// MLP's output is added there instead of in the next layer's fused norm.
+    whole_stream: bool,
 }
 
 /// What mixes a layer's tokens: attention over the KV cache, or linear attention over a
@@ -144,96 +154,8 @@ pub struct LlamaForCausalLM {
     local_rotary: Option<RotaryEmbedding>,
     /// Which KV cache group and slot each layer's K/V use.
     kv_layout: KvCacheLayout,
-}
-
-/// Activations of one forward pass, kept between passes so steady-state decoding
-/// allocates nothing: vectors only grow when a batch is larger than any before.
-#[derive(Default)]
-pub struct ForwardBuffers {
-    hidden: Vec<f32>,
-    residual: Vec<f32>,
-    qkv: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    /// Qwen3.5's attention output gates, `[t, q_size]`, and the q rows before their norm.
-    gate: Vec<f32>,
-    q_raw: Vec<f32>,
-    attn_out: Vec<f32>,
-    /// The linear-attention layers' sequences of the step, and their intermediates.
-    delta_seqs: Vec<DeltaSeq>,
-    delta: DeltaBuffers,
-    mlp: MlpBuffers,
-    moe: MoeBuffers,
-    mlp_out: Vec<f32>,
-    /// Where a norm of `hidden` is written before the two are swapped.
-    normed: Vec<f32>,
-    last_hidden: Vec<f32>,
-    logits: Vec<f32>,
-    /// With tensor parallelism: this rank's columns of an output (the logits, a
-    /// projection's), and the whole rows put together from every rank's.
-    local_out: Vec<f32>,
-    whole: Vec<f32>,
-    gather: GatherBuffers,
-    /// The step's cosines and sines: of the model's RoPE base, and of the sliding layers'.
-    rope: StepRope,
-    rope_local: StepRope,
-}
-
-impl ForwardBuffers {
-    /// Below this, buffers are kept while idle: what an ordinary batch needs.
-    const KEEP_BYTES: usize = 32 << 20;
-
-    /// Rows `rows` of the last forward pass's final hidden states (after the final norm),
-    /// `hidden_size` wide: what an embedding pools.
-    pub fn hidden(&self, rows: std::ops::Range<usize>, hidden_size: usize) -> &[f32] {
-        &self.hidden[rows.start * hidden_size..rows.end * hidden_size]
-    }
-
-    /// The first `len` logits of the last forward pass (`len` as it returned them).
-    pub fn logits(&self, len: usize) -> &[f32] {
-        &self.logits[..len]
-    }
-
-    /// The same, to change in place (sampling's bias, bans and penalties).
-    pub(crate) fn logits_mut(&mut self, len: usize) -> &mut [f32] {
-        &mut self.logits[..len]
-    }
-
-    /// Frees the buffers if a past batch grew them large (a step scoring a long prompt's
-    /// logprobs needs a vocabulary-wide row per token): called when the engine goes idle,
-    /// so one such request does not leave its peak in the server for good.
-    pub(crate) fn release_if_large(&mut self) {
-        let floats: usize = [
-            &self.hidden,
-            &self.residual,
-            &self.qkv,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.gate,
-            &self.q_raw,
-            &self.attn_out,
-            &self.mlp_out,
-            &self.normed,
-            &self.last_hidden,
-            &self.logits,
-            &self.local_out,
-            &self.whole,
-        ]
-        .iter()
-        .map(|v| v.capacity())
-        .sum::<usize>()
-            + self.mlp.capacity()
-            + self.delta.capacity()
-            + self.moe.capacity()
-            + self.gather.capacity()
-            + self.rope.capacity()
-            + self.rope_local.capacity();
-        if floats * std::mem::size_of::<f32>() > Self::KEEP_BYTES {
-            *self = Self::default();
-        }
-    }
+    /// Gemma 4's per-layer input embeddings.
+    per_layer_embeddings: Option<PerLayerEmbeddings>,
 }
 
 impl LlamaForCausalLM {
@@ -315,14 +237,36 @@ impl LlamaForCausalLM {
         let layers = (0..c.num_hidden_layers)
             .map(|i| load_layer(config, c, rank, src, i, opts))
             .collect::<Result<Vec<_>, _>>()?;
-        let rotary = RotaryEmbedding::new(c);
+        // Gemma 4's full layers turn heads of their own size, all their dims.
+        let rotary = match &c.gemma4 {
+            Some(g) => RotaryEmbedding::with_dims(
+                c,
+                g.full_head_dim,
+                g.full_head_dim,
+                c.rope_theta,
+                &c.rope_scaling,
+            ),
+            None => RotaryEmbedding::new(c),
+        };
         let local_rotary = match c.rope_local_theta {
             Some(theta) if !c.sliding_layers.is_empty() => {
                 Some(RotaryEmbedding::with_base(c, theta, &RopeScaling::None))
             }
             _ => None,
         };
+        let per_layer_embeddings = match c.gemma4.as_ref().and_then(|g| g.per_layer_input) {
+            Some(p) => Some(PerLayerEmbeddings::load(
+                src,
+                p,
+                c.num_hidden_layers,
+                h,
+                load_norm(c, src, "model.per_layer_projection_norm.weight", p.hidden)?,
+                opts,
+            )?),
+            None => None,
+        };
         Ok(Self {
+            per_layer_embeddings,
             config: config.clone(),
             local: local.clone(),
             comm,
@@ -362,9 +306,14 @@ impl LlamaForCausalLM {
     }
 
     fn layer_matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
-        self.layers
-            .iter()
-            .flat_map(|l| l.mixer.matrices().into_iter().chain(l.mlp.matrices()))
+        self.layers.iter().flat_map(|l| {
+            let ple = l.per_layer_input.iter().flat_map(|p| p.matrices());
+            l.mixer
+                .matrices()
+                .into_iter()
+                .chain(l.mlp.matrices())
+                .chain(ple)
+        })
     }
 
     /// The attention (and linear attention) projections' matrices of every layer.
@@ -383,6 +332,7 @@ impl LlamaForCausalLM {
     /// Every weight matrix (the embeddings once, even when tied).
     fn matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
         std::iter::once(&self.embed_tokens)
+            .chain(self.per_layer_embeddings.iter().flat_map(|p| p.matrices()))
             .chain(self.layer_matrices())
             .chain(self.lm_head.as_ref().map(Linear::weight))
     }
@@ -481,9 +431,9 @@ impl LlamaForCausalLM {
         buf: &'b mut ForwardBuffers,
     ) -> Result<&'b [f32], InputError> {
         let c = &self.local;
-        let num_blocks = kv_caches
-            .first()
-            .map_or(0, |kv| kv.key.len() / (block_size * c.kv_size()).max(1));
+        let num_blocks = kv_caches.first().map_or(0, |kv| {
+            kv.key.len() / (block_size * c.kv_slot_size()).max(1)
+        });
         let layout = &self.kv_layout;
         input.validate(
             block_size,
@@ -511,14 +461,6 @@ impl LlamaForCausalLM {
         }
         let t = input.num_tokens();
         let h = c.hidden_size;
-        let attn = PagedAttention::new(
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-            block_size,
-        )
-        .with_scale(c.attention_scale())
-        .with_softcap(c.attn_logit_softcapping);
         let meta = AttentionMetadata::groups(input);
         self.rotary.prepare(&input.positions, &mut buf.rope);
         if let Some(local) = &self.local_rotary {
@@ -527,6 +469,14 @@ impl LlamaForCausalLM {
 
         Self::lay_out_delta_seqs(input, &mut buf.delta_seqs);
         self.embed(&input.token_ids, buf)?;
+        if let Some(ple) = &self.per_layer_embeddings {
+            ple.forward(
+                &input.token_ids,
+                &buf.hidden,
+                &mut buf.ple_scratch,
+                &mut buf.ple,
+            );
+        }
         sized(&mut buf.residual, t * h);
         if c.sandwich_norms {
             sized(&mut buf.normed, t * h);
@@ -544,7 +494,9 @@ impl LlamaForCausalLM {
             }
             match &layer.mixer {
                 Mixer::Attention(a) => {
-                    let attn = attn
+                    let attn = PagedAttention::new(a.heads, a.kv_heads, a.head_dim, block_size)
+                        .with_scale(c.attention_scale())
+                        .with_softcap(c.attn_logit_softcapping)
                         .with_sliding_window(a.window)
                         .with_sinks(a.sinks.as_deref());
                     let at = layout.place(i).expect("an attention layer has K/V");
@@ -572,6 +524,9 @@ impl LlamaForCausalLM {
             std::mem::swap(&mut buf.hidden, &mut buf.mlp_out);
             if let Some(norm) = &layer.post_mlp_norm {
                 norm_in_place(norm, buf);
+            }
+            if layer.whole_stream {
+                self.layer_end(layer, i, t, buf);
             }
         }
         self.norm
@@ -676,6 +631,26 @@ impl LlamaForCausalLM {
                     snapshot: st.snapshot.map(|(a, into)| (a as usize, into as usize)),
                 }),
         );
+    }
+
+    /// Gemma 4's layer end, on the whole residual stream: the MLP's output added, then the
+    /// per-layer input's part, then the stream scaled. `hidden` is left zero, so the next
+    /// fused add-and-norm (or the final norm) adds nothing more.
+    fn layer_end(&self, layer: &DecoderLayer, i: usize, t: usize, buf: &mut ForwardBuffers) {
+        let h = self.config.hidden_size;
+        let (stream, hidden) = (&mut buf.residual[..t * h], &mut buf.hidden[..t * h]);
+        stream
+            .iter_mut()
+            .zip(hidden.iter())
+            .for_each(|(s, x)| *s += x);
+        hidden.fill(0.0);
+        if let Some(block) = &layer.per_layer_input {
+            let (act, projected, normed) = (&mut buf.ple_act, &mut buf.mlp_out, &mut buf.normed);
+            block.forward(stream, &buf.ple, i, t, act, projected, normed);
+        }
+        if let Some(s) = layer.layer_scalar {
+            stream.iter_mut().for_each(|x| *x *= s);
+        }
     }
 
     /// `mlp_out = mlp(hidden)`: the dense MLP or the routed experts.

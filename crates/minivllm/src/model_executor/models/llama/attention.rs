@@ -15,9 +15,18 @@ use crate::model_executor::layers::parallel::{project_whole, sized, whole_rows};
 use super::{ForwardBuffers, LlamaForCausalLM};
 
 pub(super) struct SelfAttention {
+    /// This rank's heads and KV heads, and the layer's head size (Gemma 4's full layers
+    /// have their own).
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
     /// q, k and v projections stacked: `[(heads + 2 kv_heads) * head_dim, hidden]` (with
-    /// an output gate, each head's q rows followed by its gate rows).
+    /// an output gate, each head's q rows followed by its gate rows; without the v rows
+    /// where k is v, and only q where the K/V are another layer's).
     pub qkv_proj: Linear,
+    pub kv: LayerKv,
+    /// Gemma 4's norm (with no weight) of each head's v.
+    pub v_norm: Option<RmsNorm>,
     /// Qwen2's q, k and v biases, stacked as the projections are (this rank's part).
     pub qkv_bias: Option<Vec<f32>>,
     /// Qwen3's and Gemma's norms over each head's q and k (`[head_dim]`), or OLMoE's over
@@ -36,6 +45,35 @@ pub(super) struct SelfAttention {
     pub window: Option<usize>,
 }
 
+/// Where a layer's K/V come from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum LayerKv {
+    /// Its own projections; with `k_eq_v` the values are the raw keys (Gemma 4's full
+    /// layers, which have no v projection).
+    Own { k_eq_v: bool },
+    /// An earlier layer's, already in the cache this step (Gemma 4's last layers).
+    Shared,
+}
+
+impl SelfAttention {
+    fn q_size(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    fn kv_size(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// The k and v rows of each token in the stacked projection.
+    fn kv_rows(&self) -> usize {
+        match self.kv {
+            LayerKv::Own { k_eq_v: false } => 2 * self.kv_size(),
+            LayerKv::Own { k_eq_v: true } => self.kv_size(),
+            LayerKv::Shared => 0,
+        }
+    }
+}
+
 impl LlamaForCausalLM {
     /// `hidden = o_proj(attention(rope(q), rope(k), v))`, from the normed `hidden`.
     pub(super) fn attention_block(
@@ -47,12 +85,12 @@ impl LlamaForCausalLM {
         kv: &mut LayerKvCache,
         buf: &mut ForwardBuffers,
     ) -> Result<(), CommError> {
-        let c = &self.local;
         let t = input.num_tokens();
-        let (qs, kvs) = (c.q_size(), c.kv_size());
+        let (qs, kvs) = (layer.q_size(), layer.kv_size());
         // With an output gate each head's q rows are followed by its gate's.
         let q_rows = if layer.output_gate { 2 * qs } else { qs };
-        let qkv = sized(&mut buf.qkv, t * (q_rows + 2 * kvs));
+        let row_len = q_rows + layer.kv_rows();
+        let qkv = sized(&mut buf.qkv, t * row_len);
         layer.qkv_proj.forward(&buf.hidden, qkv, t);
         add_bias(qkv, layer.qkv_bias.as_deref());
         let q = sized(&mut buf.q, t * qs);
@@ -63,8 +101,8 @@ impl LlamaForCausalLM {
         } else {
             (&mut [][..], &mut [][..])
         };
-        let hd = c.head_dim;
-        for (i, row) in qkv.chunks_exact(q_rows + 2 * kvs).enumerate() {
+        let hd = layer.head_dim;
+        for (i, row) in qkv.chunks_exact(row_len).enumerate() {
             let (q, k) = (&mut q[i * qs..(i + 1) * qs], &mut k[i * kvs..(i + 1) * kvs]);
             let q_in = if layer.output_gate {
                 let gate = &mut gate[i * qs..(i + 1) * qs];
@@ -82,27 +120,48 @@ impl LlamaForCausalLM {
                 Some(norm) => norm.forward(q_in, q),
                 None => q.copy_from_slice(q_in),
             }
+            let LayerKv::Own { k_eq_v } = layer.kv else {
+                continue;
+            };
             match &layer.k_norm {
                 Some(norm) => norm.forward(&kv_row[..kvs], k),
                 None => k.copy_from_slice(&kv_row[..kvs]),
             }
-            v[i * kvs..(i + 1) * kvs].copy_from_slice(&kv_row[kvs..]);
+            let (v_in, v) = (
+                if k_eq_v {
+                    &kv_row[..kvs]
+                } else {
+                    &kv_row[kvs..]
+                },
+                &mut v[i * kvs..(i + 1) * kvs],
+            );
+            match &layer.v_norm {
+                Some(norm) => norm.forward(v_in, v),
+                None => v.copy_from_slice(v_in),
+            }
         }
         let (rotary, step) = match &self.local_rotary {
             Some(local) if layer.window.is_some() => (local, &buf.rope_local),
             _ => (&self.rotary, &buf.rope),
         };
-        rotary.forward(step, q, c.num_attention_heads);
-        rotary.forward(step, k, c.num_key_value_heads);
+        rotary.forward(step, q, layer.heads);
         let out = sized(&mut buf.attn_out, t * qs);
-        attn.forward(q, k, v, kv, meta, out);
+        if layer.kv == LayerKv::Shared {
+            attn.attend(q, kv, meta, out);
+        } else {
+            rotary.forward(step, k, layer.kv_heads);
+            attn.forward(q, k, v, kv, meta, out);
+        }
         if layer.output_gate {
             for (o, &g) in out.iter_mut().zip(&buf.gate[..t * qs]) {
                 *o *= sigmoid(g);
             }
         }
         let comm = &*self.comm;
-        let (q_size, h) = (self.config.q_size(), self.config.hidden_size);
+        let (q_size, h) = (
+            self.config.num_attention_heads * hd,
+            self.config.hidden_size,
+        );
         let heads = whole_rows(
             comm,
             self.heads_split,

@@ -13,7 +13,9 @@ use crate::model_executor::loader::sharded::{Rank, SplitDim};
 use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
+use super::attention::LayerKv;
 use super::{DecoderLayer, Mixer, Mlp, SelfAttention};
+use crate::model_executor::layers::per_layer_input::PerLayerInputBlock;
 
 /// Checks the sizes `config` gives against the shapes of the weights `src` holds (the whole
 /// model's, before any split), naming the field that disagrees. A configuration is text that
@@ -34,13 +36,14 @@ pub fn check_config_against_weights(
     let first = (0..c.num_hidden_layers)
         .find(|&i| !is_linear(i))
         .unwrap_or(0);
+    let (heads, kv_heads, head_dim) = c.layer_attention(first);
     let q_rows = if c.attn_output_gate {
         (
             "2 × num_attention_heads × head_dim (q and its output gate)",
-            2 * c.q_size(),
+            2 * heads * head_dim,
         )
     } else {
-        ("num_attention_heads × head_dim", c.q_size())
+        ("num_attention_heads × head_dim", heads * head_dim)
     };
     let mut expected = vec![
         (
@@ -50,7 +53,7 @@ pub fn check_config_against_weights(
         (layer(first, "self_attn.q_proj.weight"), [q_rows, h]),
         (
             layer(first, "self_attn.k_proj.weight"),
-            [("num_key_value_heads × head_dim", c.kv_size()), h],
+            [("num_key_value_heads × head_dim", kv_heads * head_dim), h],
         ),
     ];
     if let Some(linear) = &c.linear_attention {
@@ -197,15 +200,38 @@ pub(super) fn load_layer(
         (Some(moe), Some(whole_moe)) if moe.is_moe_layer(i) => {
             Mlp::Moe(FusedMoe::load(src, i, moe, whole_moe, h, own_hidden, opts)?)
         }
-        _ => Mlp::Dense(GatedMlp::load(
+        _ => {
+            let width = whole.layer_intermediate_size(i);
+            Mlp::Dense(GatedMlp::load(
+                src,
+                [&gate, &up, &down],
+                h,
+                share(width, rank.rank, rank.world_size).len(),
+                width,
+                own_hidden,
+                opts,
+            )?)
+        }
+    };
+    let gemma4 = c.gemma4.as_ref();
+    let per_layer_input = match gemma4.and_then(|g| g.per_layer_input) {
+        Some(per_layer) => Some(PerLayerInputBlock::load(
             src,
-            [&gate, &up, &down],
+            &p,
             h,
-            c.intermediate_size,
-            whole.intermediate_size,
-            own_hidden,
+            per_layer.hidden,
+            load_norm(c, src, &name("post_per_layer_input_norm.weight"), h)?,
             opts,
         )?),
+        None => None,
+    };
+    // Gemma 4's checkpoints store a scale per layer (a buffer, 1 where it is left out).
+    let scalar = name("layer_scalar");
+    let layer_scalar = match gemma4 {
+        Some(_) if src.contains(&scalar) => {
+            Some(src.load(&scalar)?.expect_shape(&scalar, &[1])?[0])
+        }
+        _ => None,
     };
     Ok(DecoderLayer {
         input_layernorm: load_norm(c, src, &name("input_layernorm.weight"), h)?,
@@ -214,6 +240,9 @@ pub(super) fn load_layer(
         pre_mlp_layernorm: load_norm(c, src, &name(pre_mlp), h)?,
         post_mlp_norm: optional_norm(c.sandwich_norms, "post_feedforward_layernorm.weight", h)?,
         mlp,
+        per_layer_input,
+        layer_scalar,
+        whole_stream: gemma4.is_some(),
     })
 }
 
@@ -239,6 +268,16 @@ fn load_attention(
     let p = format!("model.layers.{i}.self_attn");
     let h = c.hidden_size;
     let name = |s: &str| format!("{p}.{s}");
+    let (heads, kv_heads, head_dim) = c.layer_attention(i);
+    let whole_heads = whole.layer_attention(i).0;
+    let (q_size, kv_size) = (heads * head_dim, kv_heads * head_dim);
+    let kv = match (c.kv_source(i), &c.gemma4) {
+        (Some(_), _) => LayerKv::Shared,
+        (None, Some(g)) => LayerKv::Own {
+            k_eq_v: g.k_eq_v && c.layer_window(i).is_none(),
+        },
+        (None, None) => LayerKv::Own { k_eq_v: false },
+    };
     let (q, k, v) = (
         name("q_proj.weight"),
         name("k_proj.weight"),
@@ -248,8 +287,8 @@ fn load_attention(
         on.then(|| load_norm(c, src, &name(s), dim)).transpose()
     };
     let qkv_bias = if c.qkv_bias {
-        let mut stacked = Vec::with_capacity(c.q_size() + 2 * c.kv_size());
-        for (bias, len) in [("q", c.q_size()), ("k", c.kv_size()), ("v", c.kv_size())] {
+        let mut stacked = Vec::with_capacity(q_size + 2 * kv_size);
+        for (bias, len) in [("q", q_size), ("k", kv_size), ("v", kv_size)] {
             let bias = name(&format!("{bias}_proj.bias"));
             stacked.extend(src.load(&bias)?.expect_shape(&bias, &[len])?);
         }
@@ -258,9 +297,10 @@ fn load_attention(
         None
     };
     let (q_norm_dim, k_norm_dim) = match c.qk_norm {
-        QkNorm::Whole => (c.q_size(), c.kv_size()),
-        _ => (c.head_dim, c.head_dim),
+        QkNorm::Whole => (q_size, kv_size),
+        _ => (head_dim, head_dim),
     };
+    let own_kv = kv != LayerKv::Shared;
     let qk_norm = c.qk_norm != QkNorm::None;
     let (o_bias, sinks) = if c.o_bias_and_sinks {
         let (o, sinks) = (name("o_proj.bias"), name("sinks"));
@@ -274,21 +314,26 @@ fn load_attention(
     } else {
         (None, None)
     };
-    let q_rows = c.q_size() * if c.attn_output_gate { 2 } else { 1 };
+    let q_rows = q_size * if c.attn_output_gate { 2 } else { 1 };
+    let parts: &[(&str, usize)] = match kv {
+        LayerKv::Own { k_eq_v: false } => &[(&q, q_rows), (&k, kv_size), (&v, kv_size)],
+        LayerKv::Own { k_eq_v: true } => &[(&q, q_rows), (&k, kv_size)],
+        LayerKv::Shared => &[(&q, q_rows)],
+    };
     Ok(SelfAttention {
-        qkv_proj: Linear::load_merged(
-            src,
-            &[(&q, q_rows), (&k, c.kv_size()), (&v, c.kv_size())],
-            h,
-            opts,
-        )?,
+        heads,
+        kv_heads,
+        head_dim,
+        qkv_proj: Linear::load_merged(src, parts, h, opts)?,
+        kv,
+        v_norm: (c.gemma4.is_some() && own_kv).then(|| RmsNorm::unit(head_dim, c.rms_norm_eps)),
         qkv_bias,
         q_norm: optional_norm(qk_norm, "q_norm.weight", q_norm_dim)?,
-        k_norm: optional_norm(qk_norm, "k_norm.weight", k_norm_dim)?,
+        k_norm: optional_norm(qk_norm && own_kv, "k_norm.weight", k_norm_dim)?,
         o_proj: Linear::load(
             src,
             &name("o_proj.weight"),
-            whole.q_size(),
+            whole_heads * head_dim,
             own_hidden,
             opts,
         )?,
