@@ -55,11 +55,6 @@ impl Gemma4Config {
         {
             return bad("use_bidirectional_attention: \"all\" is not supported".into());
         }
-        if json.get("enable_moe_block").and_then(Value::as_bool) == Some(true) {
-            return bad(
-                "Gemma 4's MoE block (enable_moe_block, 26B-A4B) is not supported yet".into(),
-            );
-        }
         let k_eq_v = json.get("attention_k_eq_v").and_then(Value::as_bool) == Some(true);
         // The hub's files name the full layers' shape at the top; transformers 5.19 writes it
         // into `per_layer_config` under each full layer's index.

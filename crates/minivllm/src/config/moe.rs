@@ -192,6 +192,17 @@ impl MoeConfig {
                 shared_expert_intermediate_size: None,
                 dense_layers: Vec::new(),
             },
+            // Gemma 4 (26B-A4B): experts beside every layer's dense MLP, always renormalised
+            // (the layer also scales each expert's weight: `FusedMoe`'s Gemma 4 router).
+            ModelFamily::Gemma4 if flag("enable_moe_block", false) => MoeConfig {
+                num_experts: num_experts(json)?,
+                num_experts_per_tok: req_usize(json, "top_k_experts")?,
+                moe_intermediate_size: req_usize(json, "moe_intermediate_size")?,
+                scoring: RouterScoring::SoftmaxThenTopK,
+                norm_topk_prob: true,
+                shared_expert_intermediate_size: None,
+                dense_layers: Vec::new(),
+            },
             _ => return Ok(None),
         };
         Ok(Some(cfg))

@@ -409,7 +409,8 @@ fn gemma4_refuses_what_it_does_not_run() {
         j["text_config"][k] = v;
         ModelConfig::from_hf_json(&j).unwrap_err().to_string()
     };
-    assert!(with("enable_moe_block", json!(true)).contains("enable_moe_block"));
+    // Experts without their counts.
+    assert!(with("enable_moe_block", json!(true)).contains("lacks"));
     assert!(with("use_bidirectional_attention", json!("all")).contains("bidirectional"));
     assert!(with("num_kv_shared_layers", json!(12)).contains("no earlier layer"));
     assert!(with("per_layer_config", json!({"0": {"head_dim": 8}})).contains("full-attention"));
@@ -417,4 +418,27 @@ fn gemma4_refuses_what_it_does_not_run() {
         with("per_layer_config", json!({"5": {"sliding_window": 8}})).contains("not supported")
     );
     assert!(with("global_head_dim", json!(0)).contains("global_head_dim"));
+}
+
+#[test]
+fn gemma4_routes_experts_beside_its_mlp() {
+    let mut j = gemma4_hub();
+    let t = &mut j["text_config"];
+    t["enable_moe_block"] = json!(true);
+    t["num_experts"] = json!(8);
+    t["top_k_experts"] = json!(2);
+    t["moe_intermediate_size"] = json!(32);
+    let c = ModelConfig::from_hf_json(&j).unwrap();
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.num_experts_per_tok,
+            moe.moe_intermediate_size
+        ),
+        (8, 2, 32)
+    );
+    assert!(moe.norm_topk_prob && moe.shared_expert_intermediate_size.is_none());
+    assert!((0..12).all(|i| moe.is_moe_layer(i)));
+    assert_eq!(c.intermediate_size, 96);
 }

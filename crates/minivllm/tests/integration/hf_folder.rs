@@ -168,7 +168,14 @@ fn moe_folders_give_transformers_logits() {
     use super::tiny_models;
 
     minivllm::kernels::threading::init_threads(2);
-    for family in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "gptoss"] {
+    for family in [
+        "qwen3moe",
+        "qwen2moe",
+        "mixtral",
+        "olmoe",
+        "gptoss",
+        "gemma4moe",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         tiny_models::write_hf_folder(family, dir.path());
         gives_transformers_logits(family, dir.path());

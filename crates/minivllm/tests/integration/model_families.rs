@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use super::tiny_models::{self, reference, TinyWeights};
 
-const FAMILIES: [&str; 18] = [
+const FAMILIES: [&str; 19] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -39,6 +39,7 @@ const FAMILIES: [&str; 18] = [
     "qwen3next",
     "gemma4",
     "gemma4e",
+    "gemma4moe",
 ];
 const TOL: f32 = 1e-4;
 pub(crate) const BLOCK_SIZE: usize = 16;

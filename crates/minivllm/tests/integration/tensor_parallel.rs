@@ -428,6 +428,7 @@ fn moe_families_decode_alike_on_one_to_four_ranks() {
         "olmoe",
         "gptoss",
         "qwen35moe",
+        "gemma4moe",
     ] {
         let config = super::tiny_models::config(family);
         let weights = super::tiny_models::TinyWeights::of(family);

@@ -19,6 +19,7 @@ use crate::config::{Activation, MoeConfig, RouterScoring};
 use crate::distributed::{CommError, Communicator, GatherBuffers};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
 use crate::model_executor::layers::mlp::{activate, add_bias, GatedMlp, MlpBuffers};
+use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::parallel::{sized, whole_rows};
 use crate::model_executor::loader::weights::{optional_vector, LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
@@ -28,6 +29,15 @@ pub(crate) struct SharedExpert {
     pub mlp: GatedMlp,
     /// `[hidden]`.
     pub gate: Vec<f32>,
+}
+
+/// Gemma 4's router: it reads the layer's residual stream, normed with no weight, scaled
+/// per channel by `scale` and by `1/√hidden`; each chosen expert's weight is then scaled by
+/// its `per_expert_scale`.
+pub(crate) struct Gemma4Router {
+    norm: RmsNorm,
+    scale: Vec<f32>,
+    per_expert_scale: Vec<f32>,
 }
 
 pub(crate) struct FusedMoe {
@@ -41,6 +51,7 @@ pub(crate) struct FusedMoe {
     scoring: RouterScoring,
     norm_topk_prob: bool,
     shared: Option<SharedExpert>,
+    gemma4: Option<Gemma4Router>,
     /// Whether every expert's projections are single quantised matrices, which the
     /// grouped kernel runs all at once.
     grouped: bool,
@@ -50,6 +61,8 @@ pub(crate) struct FusedMoe {
 /// decoding allocates nothing.
 #[derive(Default)]
 pub(crate) struct MoeBuffers {
+    /// Gemma 4's router input.
+    router_in: Vec<f32>,
     router_logits: Vec<f32>,
     /// Per token, its `k` experts and their weights.
     topk_ids: Vec<u32>,
@@ -77,6 +90,7 @@ pub(crate) struct MoeBuffers {
 impl MoeBuffers {
     pub fn capacity(&self) -> usize {
         let f32s = [
+            &self.router_in,
             &self.router_logits,
             &self.topk_weights,
             &self.row_weight,
@@ -102,7 +116,8 @@ impl FusedMoe {
     /// `mlp.experts.E.{gate,up,down}_proj.weight`, Qwen2-MoE's `mlp.shared_expert.*` and
     /// `mlp.shared_expert_gate.weight`; Mixtral's `block_sparse_moe` names are read too).
     /// `moe` is this rank's part, `whole` the model's; `own_hidden` this rank's rows of
-    /// each down projection.
+    /// each down projection. Gemma 4's router (`router.proj`, `.scale`, `.per_expert_scale`)
+    /// norms its input with `eps`.
     #[allow(clippy::too_many_arguments)]
     pub fn load(
         src: &dyn WeightSource,
@@ -111,6 +126,7 @@ impl FusedMoe {
         whole: &MoeConfig,
         hidden: usize,
         own_hidden: usize,
+        eps: f32,
         opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
         let names = ExpertNames::find(src, layer);
@@ -179,7 +195,21 @@ impl FusedMoe {
             }
             _ => None,
         };
-        Ok(Self::new(router, router_bias, experts, moe, shared))
+        let gemma4 = match names.router.strip_suffix("proj.weight") {
+            Some(p) if names.router.ends_with(".router.proj.weight") => {
+                let vector =
+                    |name: String, len: usize| src.load(&name)?.expect_shape(&name, &[len]);
+                Some(Gemma4Router {
+                    norm: RmsNorm::unit(hidden, eps),
+                    scale: vector(format!("{p}scale"), hidden)?,
+                    per_expert_scale: vector(format!("{p}per_expert_scale"), moe.num_experts)?,
+                })
+            }
+            _ => None,
+        };
+        let mut moe_layer = Self::new(router, router_bias, experts, moe, shared);
+        moe_layer.gemma4 = gemma4;
+        Ok(moe_layer)
     }
 
     fn new(
@@ -200,6 +230,7 @@ impl FusedMoe {
             scoring: moe.scoring,
             norm_topk_prob: moe.norm_topk_prob,
             shared,
+            gemma4: None,
             grouped,
         }
     }
@@ -235,11 +266,13 @@ impl FusedMoe {
     }
 
     /// `out[t, hidden]` = the weighted sum of each token's `k` experts (plus the shared
-    /// expert), from the normed `x[t, hidden]`.
+    /// expert), from the normed `x[t, hidden]`. Gemma 4's router reads `router_x` (the
+    /// residual stream) instead.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         x: &[f32],
+        router_x: &[f32],
         t: usize,
         hidden: usize,
         act_fn: Activation,
@@ -250,7 +283,20 @@ impl FusedMoe {
     ) -> Result<(), CommError> {
         let num_experts = self.experts.len();
         let logits = sized(&mut buf.router_logits, t * num_experts);
-        self.router.forward(x, logits, t);
+        match &self.gemma4 {
+            Some(g) => {
+                let input = sized(&mut buf.router_in, t * hidden);
+                g.norm.forward(&router_x[..t * hidden], input);
+                let root = (hidden as f64).powf(-0.5) as f32;
+                for row in input.chunks_exact_mut(hidden) {
+                    row.iter_mut()
+                        .zip(&g.scale)
+                        .for_each(|(v, s)| *v = *v * s * root);
+                }
+                self.router.forward(input, logits, t);
+            }
+            None => self.router.forward(x, logits, t),
+        }
         add_bias(logits, self.router_bias.as_deref());
         self.route(t, buf);
         let rows = t * self.top_k;
@@ -396,6 +442,11 @@ impl FusedMoe {
                         let sum: f32 = weights.iter().sum();
                         weights.iter_mut().for_each(|w| *w /= sum);
                     }
+                    if let Some(g) = &self.gemma4 {
+                        for (w, &e) in weights.iter_mut().zip(ids.iter()) {
+                            *w *= g.per_expert_scale[e as usize];
+                        }
+                    }
                 }
                 RouterScoring::TopKThenSoftmax => {
                     top_k(logits, ids, weights);
@@ -480,6 +531,14 @@ pub(crate) struct ExpertNames {
 
 impl ExpertNames {
     pub fn find(src: &dyn WeightSource, layer: usize) -> Self {
+        let gemma4 = format!("model.layers.{layer}.router.proj.weight");
+        if src.contains(&gemma4) {
+            return Self {
+                router: gemma4,
+                prefix: format!("model.layers.{layer}.experts"),
+                mixtral: false,
+            };
+        }
         let gpt_oss = format!("model.layers.{layer}.mlp.router.weight");
         if src.contains(&gpt_oss) {
             return Self {

@@ -19,7 +19,9 @@
 //! `[experts, 2 * width, hidden / 32, 16]` (output rows first, gate and up interleaved by
 //! row) and `gate_up_proj_scales` `[experts, 2 * width, hidden / 32]` (E8M0), `down_proj_*`
 //! alike: each expert's rows are answered as ggml's MXFP4 blocks (its scale byte, then its
-//! nibbles in ggml's order), which the kernels compute on as they are.
+//! nibbles in ggml's order), which the kernels compute on as they are. Gemma 4's stack theirs
+//! untransposed beside the MLP, `experts.gate_up_proj` `[experts, 2 * width, hidden]` (the
+//! gate rows, then the up rows) and `experts.down_proj` `[experts, hidden, width]`.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -57,6 +59,10 @@ enum StackedPart {
     GateUpMxfp4(usize),
     /// `down_proj_blocks`/`_scales` as MXFP4.
     DownMxfp4,
+    /// Gemma 4's: the gate (`0`) or up (`1`) half of `gate_up_proj`'s rows.
+    GateUpRows(usize),
+    /// Gemma 4's `down_proj` as it is.
+    DownRows,
 }
 
 impl StackedPart {
@@ -98,7 +104,14 @@ impl StackedPart {
                     data,
                 }
             }
-            (StackedPart::DownBias, &[_]) => t,
+            (StackedPart::DownBias, &[_]) | (StackedPart::DownRows, &[_, _]) => t,
+            (StackedPart::GateUpRows(half), &[two_width, hidden]) if two_width % 2 == 0 => {
+                let len = two_width / 2 * hidden;
+                Tensor {
+                    shape: vec![two_width / 2, hidden],
+                    data: t.data[half * len..(half + 1) * len].to_vec(),
+                }
+            }
             (StackedPart::GateUpMxfp4(_) | StackedPart::DownMxfp4, _) => {
                 unreachable!("MXFP4 parts are read as blocks")
             }
@@ -117,6 +130,10 @@ impl StackedPart {
             }
             (StackedPart::Down, &[_, width, hidden]) => vec![hidden, width],
             (StackedPart::DownBias, &[_, hidden]) => vec![hidden],
+            (StackedPart::GateUpRows(_), &[_, two_width, hidden]) if two_width % 2 == 0 => {
+                vec![two_width / 2, hidden]
+            }
+            (StackedPart::DownRows, &[_, hidden, width]) => vec![hidden, width],
             (StackedPart::GateUpMxfp4(_), &[_, two_width, nb, 16]) if two_width % 2 == 0 => {
                 vec![two_width / 2, nb * 32]
             }
@@ -179,6 +196,24 @@ impl<'a> UnfusedSource<'a> {
         let mut experts = HashMap::new();
         let num_experts = config.moe.as_ref().map_or(0, |m| m.num_experts);
         for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}.experts");
+            let gemma4 = [
+                (
+                    "gate_up_proj",
+                    "gate_proj.weight",
+                    StackedPart::GateUpRows(0),
+                ),
+                ("gate_up_proj", "up_proj.weight", StackedPart::GateUpRows(1)),
+                ("down_proj", "down_proj.weight", StackedPart::DownRows),
+            ];
+            for (from, to, part) in gemma4 {
+                let from = format!("{p}.{from}");
+                if inner.contains(&from) {
+                    for e in 0..num_experts {
+                        experts.insert(format!("{p}.{e}.{to}"), (from.clone(), e, part));
+                    }
+                }
+            }
             let p = format!("model.layers.{i}.mlp.experts");
             let mxfp4 = inner.contains(&format!("{p}.gate_up_proj_blocks"));
             if !mxfp4 && !inner.contains(&format!("{p}.gate_up_proj")) {
@@ -250,7 +285,7 @@ impl<'a> UnfusedSource<'a> {
             Some(s) if shape.first() == Some(&self.num_experts) => Ok(s),
             _ => Err(LoadError::Config(format!(
                 "{stacked} has shape {shape:?}: not the config's {} experts (expert {e}) in \
-                 the layout gpt-oss stacks",
+                 the layout gpt-oss (or Gemma 4) stacks",
                 self.num_experts
             ))),
         }

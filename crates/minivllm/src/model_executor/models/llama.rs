@@ -33,13 +33,11 @@ use std::sync::Arc;
 use minivllm_kernels::attention::softcap;
 
 use crate::config::{KvCacheLayout, ModelConfig, RopeScaling};
-use crate::distributed::{gather_columns, share, CommError, Communicator, SingleProcess};
+use crate::distributed::{gather_columns, share, Communicator, SingleProcess};
 use crate::model_executor::input_metadata::{InputError, InputMetadata};
 use crate::model_executor::layers::attention::{AttentionMetadata, LayerKvCache, PagedAttention};
-use crate::model_executor::layers::fused_moe::FusedMoe;
 use crate::model_executor::layers::gated_delta_net::{DeltaSeq, GatedDeltaNet, LayerStateCache};
 use crate::model_executor::layers::linear::{Linear, WeightMatrix};
-use crate::model_executor::layers::mlp::GatedMlp;
 use crate::model_executor::layers::norm::RmsNorm;
 use crate::model_executor::layers::parallel::sized;
 use crate::model_executor::layers::per_layer_input::{PerLayerEmbeddings, PerLayerInputBlock};
@@ -52,9 +50,11 @@ use crate::model_executor::loader::LoadError;
 mod attention;
 mod buffers;
 mod load;
+mod mlp;
 
 use attention::SelfAttention;
 pub use buffers::ForwardBuffers;
+use mlp::Mlp;
 
 pub use load::check_config_against_weights;
 use load::{llama_split, load_layer, load_norm};
@@ -97,38 +97,6 @@ impl Mixer {
         match self {
             Mixer::Attention(a) => vec![a.qkv_proj.weight(), a.o_proj.weight()],
             Mixer::Linear { net, .. } => net.matrices().to_vec(),
-        }
-    }
-}
-
-/// A layer's MLP: dense, or routed experts.
-// One per layer, built once at load: the variants' sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-enum Mlp {
-    Dense(GatedMlp),
-    Moe(FusedMoe),
-}
-
-impl Mlp {
-    fn matrices(&self) -> Box<dyn Iterator<Item = &WeightMatrix> + '_> {
-        match self {
-            Mlp::Dense(m) => Box::new(m.matrices().into_iter()),
-            Mlp::Moe(m) => Box::new(m.matrices()),
-        }
-    }
-
-    /// Bytes of weights a step of `batch` tokens reads.
-    fn bytes_per_step(&self, batch: usize) -> f64 {
-        match self {
-            Mlp::Dense(m) => m.nbytes() as f64,
-            Mlp::Moe(m) => m.bytes_per_step(batch),
-        }
-    }
-
-    fn flops_per_token(&self) -> f64 {
-        match self {
-            Mlp::Dense(m) => m.flops_per_row(),
-            Mlp::Moe(m) => m.flops_per_token(),
         }
     }
 }
@@ -650,38 +618,6 @@ impl LlamaForCausalLM {
         }
         if let Some(s) = layer.layer_scalar {
             stream.iter_mut().for_each(|x| *x *= s);
-        }
-    }
-
-    /// `mlp_out = mlp(hidden)`: the dense MLP or the routed experts.
-    fn mlp_block(
-        &self,
-        layer: &DecoderLayer,
-        t: usize,
-        buf: &mut ForwardBuffers,
-    ) -> Result<(), CommError> {
-        let (comm, h, act) = (&*self.comm, self.config.hidden_size, self.local.hidden_act);
-        match &layer.mlp {
-            Mlp::Dense(m) => m.forward(
-                &buf.hidden,
-                t,
-                h,
-                act,
-                comm,
-                &mut buf.mlp,
-                &mut buf.gather,
-                &mut buf.mlp_out,
-            ),
-            Mlp::Moe(m) => m.forward(
-                &buf.hidden,
-                t,
-                h,
-                act,
-                comm,
-                &mut buf.moe,
-                &mut buf.gather,
-                &mut buf.mlp_out,
-            ),
         }
     }
 

@@ -188,7 +188,7 @@ fn grouped_batch_is_each_token_alone_and_the_reference() {
         let (mut buf, mut gather) = (MoeBuffers::default(), GatherBuffers::default());
         let mut run = |x: &[f32], t: usize, out: &mut Vec<f32>| {
             let comm = &SingleProcess;
-            m.forward(x, t, h, act, comm, &mut buf, &mut gather, out)
+            m.forward(x, x, t, h, act, comm, &mut buf, &mut gather, out)
                 .unwrap()
         };
         let mut out = Vec::new();

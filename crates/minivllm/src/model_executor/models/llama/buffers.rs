@@ -42,6 +42,9 @@ pub struct ForwardBuffers {
     pub(super) ple: Vec<f32>,
     pub(super) ple_scratch: Vec<f32>,
     pub(super) ple_act: Vec<f32>,
+    /// Gemma 4's experts' input and output beside its dense MLP.
+    pub(super) moe_in: Vec<f32>,
+    pub(super) moe_out: Vec<f32>,
 }
 
 impl ForwardBuffers {
@@ -87,6 +90,8 @@ impl ForwardBuffers {
             &self.ple,
             &self.ple_scratch,
             &self.ple_act,
+            &self.moe_in,
+            &self.moe_out,
         ]
         .iter()
         .map(|v| v.capacity())

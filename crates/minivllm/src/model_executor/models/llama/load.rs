@@ -14,7 +14,8 @@ use crate::model_executor::loader::weights::{LoadOptions, WeightSource};
 use crate::model_executor::loader::LoadError;
 
 use super::attention::LayerKv;
-use super::{DecoderLayer, Mixer, Mlp, SelfAttention};
+use super::mlp::{DenseAndMoe, Mlp};
+use super::{DecoderLayer, Mixer, SelfAttention};
 use crate::model_executor::layers::per_layer_input::PerLayerInputBlock;
 
 /// Checks the sizes `config` gives against the shapes of the weights `src` holds (the whole
@@ -196,22 +197,36 @@ pub(super) fn load_layer(
         },
         _ => Mixer::Attention(load_attention(whole, c, src, i, own_hidden, opts)?),
     };
+    let dense = || {
+        let width = whole.layer_intermediate_size(i);
+        GatedMlp::load(
+            src,
+            [&gate, &up, &down],
+            h,
+            share(width, rank.rank, rank.world_size).len(),
+            width,
+            own_hidden,
+            opts,
+        )
+    };
     let mlp = match (&c.moe, &whole.moe) {
         (Some(moe), Some(whole_moe)) if moe.is_moe_layer(i) => {
-            Mlp::Moe(FusedMoe::load(src, i, moe, whole_moe, h, own_hidden, opts)?)
+            let eps = c.rms_norm_eps;
+            let experts = FusedMoe::load(src, i, moe, whole_moe, h, own_hidden, eps, opts)?;
+            if c.gemma4.is_some() {
+                let norm = |s: &str| load_norm(c, src, &name(s), h);
+                Mlp::DenseAndMoe(Box::new(DenseAndMoe {
+                    dense: dense()?,
+                    moe: experts,
+                    post_dense: norm("post_feedforward_layernorm_1.weight")?,
+                    pre_moe: norm("pre_feedforward_layernorm_2.weight")?,
+                    post_moe: norm("post_feedforward_layernorm_2.weight")?,
+                }))
+            } else {
+                Mlp::Moe(experts)
+            }
         }
-        _ => {
-            let width = whole.layer_intermediate_size(i);
-            Mlp::Dense(GatedMlp::load(
-                src,
-                [&gate, &up, &down],
-                h,
-                share(width, rank.rank, rank.world_size).len(),
-                width,
-                own_hidden,
-                opts,
-            )?)
-        }
+        _ => Mlp::Dense(dense()?),
     };
     let gemma4 = c.gemma4.as_ref();
     let per_layer_input = match gemma4.and_then(|g| g.per_layer_input) {
