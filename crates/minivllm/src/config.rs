@@ -248,11 +248,8 @@ impl ModelConfig {
         }
         match &self.gemma4 {
             Some(g) => g.validate(&self.layer_kinds())?,
-            // A GGUF file's metadata does not describe Gemma 4's layers yet.
             None if self.family == ModelFamily::Gemma4 => {
-                return bad("Gemma 4 runs from Hugging Face folders (config.json and \
-                     safetensors); its GGUF files are not supported yet"
-                    .into())
+                return bad("a Gemma 4 configuration without its layers' shapes".into())
             }
             None => {}
         }
@@ -359,7 +356,7 @@ impl ModelConfig {
     }
 
     /// The sliding window of layer `i`, if it is a sliding-window layer.
-    pub(crate) fn layer_window(&self, i: usize) -> Option<usize> {
+    pub fn layer_window(&self, i: usize) -> Option<usize> {
         self.sliding_window
             .filter(|_| self.sliding_layers.get(i).copied().unwrap_or(false))
     }

@@ -183,7 +183,7 @@ impl ModelConfig {
 
     /// Layer `i`'s attention shape: `(heads, kv_heads, head_dim)` (Gemma 4's full layers
     /// have their own).
-    pub(crate) fn layer_attention(&self, i: usize) -> (usize, usize, usize) {
+    pub fn layer_attention(&self, i: usize) -> (usize, usize, usize) {
         match &self.gemma4 {
             Some(g) if self.layer_window(i).is_none() => {
                 (self.num_attention_heads, g.full_kv_heads, g.full_head_dim)
@@ -198,7 +198,7 @@ impl ModelConfig {
 
     /// Floats of one position's keys (or values) in a KV cache slot: the widest layer's,
     /// which every layer's slot is sized by.
-    pub(crate) fn kv_slot_size(&self) -> usize {
+    pub fn kv_slot_size(&self) -> usize {
         (0..self.num_hidden_layers)
             .map(|i| {
                 let (_, kv, hd) = self.layer_attention(i);
@@ -211,13 +211,13 @@ impl ModelConfig {
 
     /// The layer whose K/V layer `i` attends to, where it keeps none of its own (Gemma 4's
     /// last `num_kv_shared_layers`).
-    pub(crate) fn kv_source(&self, i: usize) -> Option<usize> {
+    pub fn kv_source(&self, i: usize) -> Option<usize> {
         let g = self.gemma4.as_ref()?;
         g.kv_source(&self.layer_kinds(), i)
     }
 
     /// Layer `i`'s MLP width (Gemma 4's K/V-sharing layers may have twice the width).
-    pub(crate) fn layer_intermediate_size(&self, i: usize) -> usize {
+    pub fn layer_intermediate_size(&self, i: usize) -> usize {
         match &self.gemma4 {
             Some(g)
                 if g.double_wide_mlp

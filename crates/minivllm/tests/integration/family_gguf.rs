@@ -20,7 +20,7 @@ use super::model_families::{assert_close, cases, step, BLOCK_SIZE};
 use super::tiny_models::{self, TinyWeights};
 
 /// A tensor as written: its GGUF name, its shape (outermost first) and its values.
-type Tensor = (String, Vec<usize>, Vec<f32>);
+pub(crate) type Tensor = (String, Vec<usize>, Vec<f32>);
 
 /// `family`'s tiny weights under llama.cpp's names (`gguf_part` names each layer's tensors),
 /// each passed through `adjust` (name, values) as llama.cpp's converter changes them;
@@ -115,7 +115,7 @@ pub(crate) fn metadata(
 }
 
 /// Writes `tensors` (f32) with `metadata` to a temporary GGUF file and opens it.
-fn write(
+pub(crate) fn write(
     metadata: &BTreeMap<String, GgufValue>,
     tensors: &[Tensor],
 ) -> (tempfile::TempPath, GgufFile) {
@@ -139,7 +139,7 @@ fn write(
 
 /// The last logits of `family`'s reference prompt `case` through the model `config` and
 /// `src` load.
-fn last_logits(
+pub(crate) fn last_logits(
     family: &str,
     case: usize,
     config: &ModelConfig,

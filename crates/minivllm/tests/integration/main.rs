@@ -11,6 +11,7 @@ mod batch_invariance;
 mod embeddings;
 mod engine;
 mod family_gguf;
+mod gemma4_gguf;
 mod gguf_dequant;
 mod gguf_model;
 mod hf_folder;

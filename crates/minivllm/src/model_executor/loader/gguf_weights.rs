@@ -13,8 +13,12 @@ use crate::config::{
 use minivllm_kernels::hmatmul::HalfKind;
 use minivllm_kernels::quant::GgmlType;
 
+mod gemma4;
 mod linear_attention;
+mod names;
 use linear_attention::linear_attention_from_gguf;
+pub use names::hf_name;
+use names::merged_experts;
 
 /// Reads the model's hyper-parameters from `<arch>.*` metadata.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
@@ -24,6 +28,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         .ok_or_else(|| LoadError::Config("GGUF lacks general.architecture".into()))?
         .to_string();
     let mut family = ModelFamily::from_name(&arch)?;
+    if family == ModelFamily::Gemma4 {
+        let cfg = gemma4::gemma4_config(file, &arch)?;
+        check_layer_count(file, cfg.num_hidden_layers)?;
+        return Ok(cfg);
+    }
     let key = |k: &str| format!("{arch}.{k}");
     let uint = |k: &str| -> Result<Option<usize>, LoadError> {
         match file.get(&key(k)) {
@@ -329,6 +338,10 @@ pub struct GgufWeights<'a> {
 impl<'a> GgufWeights<'a> {
     pub fn new(file: &'a GgufFile, config: &ModelConfig) -> Self {
         let mut names = HashMap::new();
+        let experts_at = match config.family {
+            ModelFamily::Gemma4 => "experts",
+            _ => "mlp.experts",
+        };
         for t in &file.tensors {
             if let Some((layer, proj, kind)) = merged_experts(&t.name) {
                 // llama.cpp's `ffn_{gate,up,down}_exps`: `[experts, rows, cols]`, expert
@@ -344,17 +357,31 @@ impl<'a> GgufWeights<'a> {
                     continue;
                 }
                 let bytes = t.n_bytes() / experts as u64;
+                // Gemma 4's gate and up in one tensor, each expert's gate rows then its up
+                // rows: each half is whole rows of whole blocks.
+                let projs: &[&str] = match proj {
+                    "gate_up_proj" => &["gate_proj", "up_proj"],
+                    _ => &[proj],
+                };
+                let mut dims = t.dims[..t.dims.len().saturating_sub(1)].to_vec();
+                if let Some(rows) = dims.get_mut(1) {
+                    *rows /= projs.len() as u64;
+                }
                 for e in 0..experts {
-                    let part = GgufTensorInfo {
-                        name: format!("{}[{e}]", t.name),
-                        dims: t.dims[..t.dims.len().saturating_sub(1)].to_vec(),
-                        ggml_type: t.ggml_type,
-                        offset: t.offset + e as u64 * bytes,
-                    };
-                    names.insert(
-                        format!("model.layers.{layer}.mlp.experts.{e}.{proj}.{kind}"),
-                        part,
-                    );
+                    for (k, proj) in projs.iter().enumerate() {
+                        let part = GgufTensorInfo {
+                            name: format!("{}[{e}]{}", t.name, if k > 0 { "+" } else { "" }),
+                            dims: dims.clone(),
+                            ggml_type: t.ggml_type,
+                            offset: t.offset
+                                + e as u64 * bytes
+                                + k as u64 * bytes / projs.len() as u64,
+                        };
+                        names.insert(
+                            format!("model.layers.{layer}.{experts_at}.{e}.{proj}.{kind}"),
+                            part,
+                        );
+                    }
                 }
             } else if let Some(hf) = hf_name(&t.name, config.family) {
                 names.insert(hf, t.clone());
@@ -371,108 +398,6 @@ impl<'a> GgufWeights<'a> {
             ),
         }
     }
-}
-
-/// The layer, Hugging Face projection and `weight` or `bias` of llama.cpp's tensor of
-/// every expert's `ffn_gate`, `ffn_up` or `ffn_down` (`blk.N.ffn_gate_exps.weight`).
-fn merged_experts(gguf: &str) -> Option<(usize, &'static str, &'static str)> {
-    let (layer, part) = gguf.strip_prefix("blk.")?.split_once('.')?;
-    let (proj, kind) = part.split_once('.')?;
-    let proj = match proj {
-        "ffn_gate_exps" => "gate_proj",
-        "ffn_up_exps" => "up_proj",
-        "ffn_down_exps" => "down_proj",
-        _ => return None,
-    };
-    let kind = match kind {
-        "weight" => "weight",
-        "bias" => "bias",
-        _ => return None,
-    };
-    Some((layer.parse().ok()?, proj, kind))
-}
-
-/// llama.cpp's tensor names -> transformers' names, for a model of `family`.
-pub fn hf_name(gguf: &str, family: ModelFamily) -> Option<String> {
-    match gguf {
-        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
-        "output_norm.weight" => return Some("model.norm.weight".into()),
-        "output.weight" => return Some("lm_head.weight".into()),
-        _ => {}
-    }
-    let rest = gguf.strip_prefix("blk.")?;
-    let (layer, part) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    // Gemma's norm after attention takes LLaMA's name for the norm before the MLP, which
-    // Gemma calls `pre_feedforward_layernorm`. Phi-3's `ffn_up` holds gate and up fused.
-    let gemma = family.is_gemma();
-    let phi3 = family == ModelFamily::Phi3;
-    // gpt-oss's MLP norm is written under Gemma's name for the norm after attention, and
-    // so is Qwen3.5's.
-    let gpt_oss = family == ModelFamily::GptOss;
-    let qwen35 = family.is_qwen35();
-    let hf = match part {
-        // Qwen3.5's Gated DeltaNet (llama.cpp's `ssm_*`): `attn_qkv` is its q/k/v
-        // projection there, `attn_gate` its z, and `ssm_a` holds −exp(A_log).
-        "attn_qkv.weight" if qwen35 => "linear_attn.in_proj_qkv.weight",
-        "attn_gate.weight" if qwen35 => "linear_attn.in_proj_z.weight",
-        "ssm_beta.weight" => "linear_attn.in_proj_b.weight",
-        // Qwen3-Next's b and a, interleaved per key-head group as in its checkpoints.
-        "ssm_ba.weight" => "linear_attn.in_proj_ba.weight",
-        "ssm_alpha.weight" => "linear_attn.in_proj_a.weight",
-        "ssm_conv1d.weight" => "linear_attn.conv1d.weight",
-        "ssm_dt.bias" => "linear_attn.dt_bias",
-        "ssm_a" => "linear_attn.ssm_a",
-        "ssm_norm.weight" => "linear_attn.norm.weight",
-        "ssm_out.weight" => "linear_attn.out_proj.weight",
-        "post_attention_norm.weight" if qwen35 => "post_attention_layernorm.weight",
-        "attn_norm.weight" => "input_layernorm.weight",
-        "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "post_attention_norm.weight" if gemma || gpt_oss => "post_attention_layernorm.weight",
-        "post_ffw_norm.weight" if gemma => "post_feedforward_layernorm.weight",
-        "attn_q_norm.weight" => "self_attn.q_norm.weight",
-        "attn_k_norm.weight" => "self_attn.k_norm.weight",
-        "attn_q.weight" => "self_attn.q_proj.weight",
-        "attn_k.weight" => "self_attn.k_proj.weight",
-        "attn_v.weight" => "self_attn.v_proj.weight",
-        "attn_q.bias" => "self_attn.q_proj.bias",
-        "attn_k.bias" => "self_attn.k_proj.bias",
-        "attn_v.bias" => "self_attn.v_proj.bias",
-        "attn_qkv.weight" => "self_attn.qkv_proj.weight",
-        "attn_output.weight" => "self_attn.o_proj.weight",
-        "attn_output.bias" => "self_attn.o_proj.bias",
-        "attn_sinks.weight" => "self_attn.sinks",
-        "ffn_up.weight" if phi3 => "mlp.gate_up_proj.weight",
-        "ffn_gate.weight" => "mlp.gate_proj.weight",
-        "ffn_up.weight" => "mlp.up_proj.weight",
-        "ffn_down.weight" => "mlp.down_proj.weight",
-        // Mixture of experts: the router, and Qwen2-MoE's shared expert and its gate.
-        "ffn_gate_inp.weight" => "mlp.gate.weight",
-        "ffn_gate_inp.bias" => "mlp.gate.bias",
-        "ffn_gate_inp_shexp.weight" => "mlp.shared_expert_gate.weight",
-        "ffn_gate_shexp.weight" => "mlp.shared_expert.gate_proj.weight",
-        "ffn_up_shexp.weight" => "mlp.shared_expert.up_proj.weight",
-        "ffn_down_shexp.weight" => "mlp.shared_expert.down_proj.weight",
-        other => {
-            // Older Mixtral files hold one tensor per expert: `ffn_gate.3.weight`.
-            let (proj, rest) = other.split_once('.')?;
-            let (expert, "weight") = rest.split_once('.')? else {
-                return None;
-            };
-            let expert: usize = expert.parse().ok()?;
-            let proj = match proj {
-                "ffn_gate" => "gate_proj",
-                "ffn_up" => "up_proj",
-                "ffn_down" => "down_proj",
-                _ => return None,
-            };
-            return Some(format!(
-                "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
-            ));
-        }
-    };
-    Some(format!("model.layers.{layer}.{hf}"))
 }
 
 impl GgufWeights<'_> {
