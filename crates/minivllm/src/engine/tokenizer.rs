@@ -25,6 +25,7 @@ use tokenizers::{AddedToken, NormalizerWrapper, PreTokenizerWrapper, SplitDelimi
 use crate::engine::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, TemplateTokens};
 use crate::model_executor::loader::LoadError;
 
+mod gemma4;
 mod load;
 mod vocabulary;
 pub use load::{gguf_tokenizer_spec, load_tokenizer};
@@ -339,9 +340,15 @@ impl Tokenizer {
         let (mut inner, default_add_bos) = match spec.model.as_str() {
             "gpt2" => (build_byte_level_bpe(spec, vocab)?, false),
             "llama" => (build_sentencepiece_bpe(spec, vocab, unk_token_id)?, true),
+            "gemma4" => {
+                let unk = unk_token_id.map(|u| spec.tokens[u as usize].clone());
+                let merges = parse_merges(spec, "gemma4")?;
+                (gemma4::build_gemma4_bpe(vocab, merges, unk)?, true)
+            }
             other => {
                 return Err(tok_err(format!(
-                    "unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama)"
+                    "unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama, \
+                     gemma4)"
                 )))
             }
         };
@@ -388,7 +395,8 @@ impl Tokenizer {
             eos_token_ids,
             bos_token: text_of(bos_token_id),
             eos_token: text_of(eos_token_id),
-            add_bos: spec.add_bos.unwrap_or(default_add_bos),
+            // llama.cpp always adds Gemma 4's BOS, whatever the file says.
+            add_bos: spec.model == "gemma4" || spec.add_bos.unwrap_or(default_add_bos),
             add_eos: spec.add_eos.unwrap_or(false),
             chat_template: spec.chat_template.clone(),
             compiled_template: OnceLock::new(),
@@ -544,18 +552,7 @@ fn build_byte_level_bpe(
     spec: &GgufTokenizerSpec,
     vocab: Vocab,
 ) -> Result<tokenizers::Tokenizer, LoadError> {
-    if spec.merges.is_empty() {
-        return Err(tok_err("GGUF gpt2 tokenizer has no tokenizer.ggml.merges"));
-    }
-    let merges = spec
-        .merges
-        .iter()
-        .map(|m| {
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| tok_err(format!("GGUF merge {m:?} is not two tokens")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let merges = parse_merges(spec, "gpt2")?;
 
     let pre = spec.pre.as_deref().unwrap_or("default");
     // transformers' GGUF converter always uses GPT-2's ByteLevel regex; llama.cpp picks
@@ -605,6 +602,23 @@ fn build_byte_level_bpe(
     inner.with_pre_tokenizer(Some(pre_tokenizer));
     inner.with_decoder(Some(DecoderWrapper::from(ByteLevel::default())));
     Ok(inner)
+}
+
+/// `tokenizer.ggml.merges` as pairs; a `model` tokenizer must have some.
+fn parse_merges(spec: &GgufTokenizerSpec, model: &str) -> Result<Vec<(String, String)>, LoadError> {
+    if spec.merges.is_empty() {
+        return Err(tok_err(format!(
+            "GGUF {model} tokenizer has no tokenizer.ggml.merges"
+        )));
+    }
+    spec.merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| tok_err(format!("GGUF merge {m:?} is not two tokens")))
+        })
+        .collect()
 }
 
 /// SentencePiece BPE (Llama 1/2, Mistral) as transformers rebuilds it from a GGUF: merges

@@ -468,3 +468,64 @@ fn gpt2_pre_tokenizer_follows_gguf_pre() {
         assert_eq!(tok.decode(&ids, false).unwrap(), text, "pre {pre}");
     }
 }
+
+/// A 256-token Gemma 4 vocabulary: four specials, printable ASCII, `▁`, a newline, and 156
+/// two-letter merges ("aa", "ab", …).
+fn tiny_gemma4_spec() -> GgufTokenizerSpec {
+    let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"]
+        .map(String::from)
+        .to_vec();
+    tokens.extend((33u8..127).map(|c| (c as char).to_string()));
+    tokens.extend(["\u{2581}", "\n"].map(String::from));
+    let mut merges = Vec::new();
+    let letters = ('a'..='z').collect::<Vec<_>>();
+    'outer: for &a in &letters {
+        for &b in &letters {
+            if tokens.len() == 256 {
+                break 'outer;
+            }
+            merges.push(format!("{a} {b}"));
+            tokens.push(format!("{a}{b}"));
+        }
+    }
+    let mut token_types = vec![1; tokens.len()];
+    token_types[..4].fill(3);
+    GgufTokenizerSpec {
+        model: "gemma4".into(),
+        tokens,
+        token_types,
+        merges,
+        bos_token_id: Some(2),
+        eos_token_id: Some(1),
+        unk_token_id: Some(3),
+        pad_token_id: Some(0),
+        add_bos: Some(false),
+        ..Default::default()
+    }
+}
+
+/// Gemma 4's GGUF tokenizer gives llama.cpp b11434's ids (its `/tokenize` on a file with
+/// this vocabulary, written by its converter, 2026-12-07): spaces as `▁` with none put in
+/// front, newlines cut out, merges over raw characters; BOS added even where the file says
+/// not (as llama.cpp overrides it); decoding gives the text back.
+#[test]
+fn gemma4_tokenizes_as_llama_cpp() {
+    let tok = Tokenizer::from_gguf_spec(&tiny_gemma4_spec()).unwrap();
+    let cases: [(&str, &[u32]); 7] = [
+        ("hello world", &[75, 215, 79, 82, 98, 90, 82, 85, 79, 71]),
+        ("ab cd\n\nef", &[101, 98, 155, 99, 99, 209]),
+        (
+            " leading space",
+            &[98, 79, 72, 103, 76, 81, 74, 98, 86, 83, 102, 72],
+        ),
+        ("trailing  ", &[87, 85, 108, 79, 76, 81, 74, 98, 98]),
+        ("x\ny\n\n\nz", &[91, 99, 92, 99, 99, 99, 93]),
+        ("Hi, there!", &[43, 76, 15, 98, 87, 75, 221, 72, 4]),
+        ("abcabc", &[101, 70, 101, 70]),
+    ];
+    for (text, want) in cases {
+        assert_eq!(tok.encode(text, false).unwrap(), want, "{text:?}");
+        assert_eq!(tok.decode(want, false).unwrap(), text, "{text:?}");
+    }
+    assert_eq!(tok.encode("ab", true).unwrap(), [2, 101]);
+}
