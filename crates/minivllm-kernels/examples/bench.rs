@@ -89,6 +89,7 @@ fn bench_attention(label: &str, lens: &[(usize, usize)]) {
         num_kv_heads: 3,
         head_dim: 64,
         block_size: 16,
+        block_stride: None,
         scale: 0.125,
         sliding_window: None,
         sinks: None,

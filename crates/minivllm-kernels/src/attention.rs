@@ -33,6 +33,11 @@ pub struct AttnShape<'s> {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    /// Floats from one cache block to the next, where the cache's blocks are wider than
+    /// this layer's (`None`: `num_kv_heads × block_size × head_dim`). Gemma 4's layers differ
+    /// in width but share block ids, each layer's blocks in the first part of a block of
+    /// the widest layer's size.
+    pub block_stride: Option<usize>,
     /// Usually `1 / sqrt(head_dim)`.
     pub scale: f32,
     /// A query at position `p` sees only positions `p + 1 - w ..= p` (Mistral's and Gemma's
@@ -63,7 +68,7 @@ impl AttnShape<'_> {
     #[inline]
     fn head_block_offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
         let block = block_table[pos / self.block_size] as usize;
-        (block * self.num_kv_heads + kv_head) * self.block_size * self.head_dim
+        block * self.block_len() + kv_head * self.block_size * self.head_dim
     }
 
     /// `kv_head`'s keys (`[head_dim, block_size]`) and values (`[block_size, head_dim]`) in the
@@ -94,6 +99,11 @@ impl AttnShape<'_> {
             "attention: block_size must be positive"
         );
         assert!(
+            self.block_stride
+                .is_none_or(|s| s >= self.num_kv_heads * self.block_size * self.head_dim),
+            "attention: a block stride narrower than the layer's blocks"
+        );
+        assert!(
             self.sliding_window != Some(0),
             "attention: a sliding window must hold at least one position"
         );
@@ -112,9 +122,9 @@ impl AttnShape<'_> {
         first_visible(self.sliding_window, limit)
     }
 
-    /// Floats in one cache block.
+    /// Floats from one cache block to the next.
     fn block_len(&self) -> usize {
-        self.num_kv_heads * self.block_size * self.head_dim
+        (self.block_stride).unwrap_or(self.num_kv_heads * self.block_size * self.head_dim)
     }
 }
 
@@ -201,7 +211,7 @@ fn write_cache<T: KvElem>(
         let off = slot % bs;
         for h in 0..shape.num_kv_heads {
             let src = (t * shape.num_kv_heads + h) * hd;
-            let base = (block * shape.num_kv_heads + h) * bs * hd;
+            let base = block * shape.block_len() + h * bs * hd;
             for (d, &k) in key[src..src + hd].iter().enumerate() {
                 key_cache[base + d * bs + off] = T::from_f32(k);
             }

@@ -247,7 +247,21 @@ impl ModelConfig {
             linear.validate(self.num_hidden_layers)?;
         }
         match &self.gemma4 {
-            Some(g) => g.validate(&self.layer_kinds())?,
+            Some(g) => {
+                g.validate(&self.layer_kinds())?;
+                let heads = self.num_attention_heads;
+                let wide = |n: usize| {
+                    n.checked_mul(g.full_head_dim)
+                        .is_none_or(|w| w > MAX_DIMENSION)
+                };
+                if !heads.is_multiple_of(g.full_kv_heads) || wide(heads) || wide(g.full_kv_heads) {
+                    return bad(format!(
+                        "the full-attention layers' {} KV heads of {} do not fit {heads} heads \
+                         (a divisor of them, and at most {MAX_DIMENSION} wide)",
+                        g.full_kv_heads, g.full_head_dim
+                    ));
+                }
+            }
             None if self.family == ModelFamily::Gemma4 => {
                 return bad("a Gemma 4 configuration without its layers' shapes".into())
             }
@@ -554,6 +568,11 @@ impl ModelConfig {
             gemma4: None,
         };
         let cfg = if gemma4 {
+            let mut cfg = cfg;
+            // transformers forces Gemma 4's last layer to full attention.
+            if let Some(last) = cfg.sliding_layers.last_mut() {
+                *last = false;
+            }
             let kinds = cfg.layer_kinds();
             ModelConfig {
                 gemma4: Some(Gemma4Config::from_hf(

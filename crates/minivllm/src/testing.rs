@@ -77,18 +77,16 @@ pub fn reference_dir() -> PathBuf {
 }
 
 /// Block tables for a sequence run without a KV cache manager over a cache of `groups` KV cache
-/// groups: group `g` gets `table`'s blocks shifted by `g * stride`, so no two groups share a
-/// block (the cache needs `groups * stride` blocks).
-pub fn group_tables(
-    table: &[crate::ids::BlockId],
-    groups: usize,
-    stride: u32,
-) -> Vec<Vec<crate::ids::BlockId>> {
+/// groups: group `g` gets block `b · groups + g` for each block `b` of `table`, so no two
+/// groups share a block and each group's blocks lie between other groups' (as a KV cache
+/// manager hands them out), where a layer that reached past its blocks would write into
+/// another group's. The cache needs `groups` blocks for each of `table`'s.
+pub fn group_tables(table: &[crate::ids::BlockId], groups: usize) -> Vec<Vec<crate::ids::BlockId>> {
     (0..groups as u32)
         .map(|g| {
             table
                 .iter()
-                .map(|b| crate::ids::BlockId(b.0 + g * stride))
+                .map(|b| crate::ids::BlockId(b.0 * groups as u32 + g))
                 .collect()
         })
         .collect()

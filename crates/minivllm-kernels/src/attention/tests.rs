@@ -171,6 +171,7 @@ fn shapes() -> Vec<(AttnShape<'static>, Vec<(usize, usize)>)> {
         num_kv_heads: nkv,
         head_dim: hd,
         block_size: bs,
+        block_stride: None,
         scale: 1.0 / (hd as f32).sqrt(),
         sliding_window: None,
         sinks: None,
@@ -346,6 +347,7 @@ fn reshape_and_cache_rounds_to_the_cache_type() {
         num_kv_heads: 1,
         head_dim: 2,
         block_size: 2,
+        block_stride: None,
         scale: 1.0,
         sliding_window: None,
         sinks: None,
@@ -395,6 +397,7 @@ fn reshape_and_cache_places_rows() {
         num_kv_heads: 2,
         head_dim: 3,
         block_size: 4,
+        block_stride: None,
         scale: 1.0,
         sliding_window: None,
         sinks: None,
@@ -426,6 +429,7 @@ fn empty_batch_is_noop() {
         num_kv_heads: 1,
         head_dim: 4,
         block_size: 2,
+        block_stride: None,
         scale: 0.5,
         sliding_window: None,
         sinks: None,
@@ -568,4 +572,58 @@ fn micro_kernels_avx512() {
     if let Some(s) = crate::simd::Avx512::new() {
         check_micro(s);
     }
+}
+
+/// Blocks `block_stride` apart (a layer narrower than the cache's blocks, as Gemma 4's):
+/// each block's rows go in its first part, the rest stays untouched, and attention over
+/// them gives what it gives over packed blocks.
+#[test]
+fn a_block_stride_keeps_each_block_in_its_first_part() {
+    let packed = AttnShape {
+        num_heads: 2,
+        num_kv_heads: 2,
+        head_dim: 3,
+        block_size: 4,
+        block_stride: None,
+        scale: 0.5,
+        sliding_window: None,
+        sinks: None,
+        softcap: None,
+    };
+    let strided = AttnShape {
+        block_stride: Some(3 * packed.block_len()),
+        ..packed
+    };
+    let mut r = rng(7);
+    // Six tokens in blocks 2 then 0.
+    let (key, value, q) = (
+        rand_vec(&mut r, 36),
+        rand_vec(&mut r, 36),
+        rand_vec(&mut r, 36),
+    );
+    let slots = [8, 9, 10, 11, 0, 1];
+    let table = [2u32, 0];
+    let seqs = [SeqAttn {
+        query_start: 0,
+        query_len: 6,
+        context_len: 6,
+        block_table: &table,
+    }];
+    let mut outs = Vec::new();
+    for shape in [packed, strided] {
+        let mut kc = vec![0.0; 3 * shape.block_len()];
+        let mut vc = kc.clone();
+        reshape_and_cache(&key, &value, &mut kc, &mut vc, &slots, &shape);
+        if shape.block_stride.is_some() {
+            let own = packed.block_len();
+            for b in 0..3 {
+                let rest = b * shape.block_len() + own..(b + 1) * shape.block_len();
+                assert!(kc[rest.clone()].iter().chain(&vc[rest]).all(|&v| v == 0.0));
+            }
+        }
+        let mut out = vec![0.0; q.len()];
+        paged_attention(&mut out, &q, &kc[..], &vc[..], &seqs, &shape);
+        outs.push(out);
+    }
+    assert_eq!(outs[0], outs[1]);
 }

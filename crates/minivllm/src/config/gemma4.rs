@@ -206,7 +206,6 @@ impl ModelConfig {
             })
             .max()
             .unwrap_or(0)
-            .max(self.kv_size())
     }
 
     /// The layer whose K/V layer `i` attends to, where it keeps none of its own (Gemma 4's

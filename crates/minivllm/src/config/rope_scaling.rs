@@ -202,9 +202,12 @@ pub(super) fn parse_hf_rope_scaling(
         "linear" => Ok(RopeScaling::Linear {
             factor: num("factor")?,
         }),
+        // Each optional, but a number where given.
         "proportional" => Ok(RopeScaling::Proportional {
-            fraction: num("partial_rotary_factor").unwrap_or(1.0),
-            factor: num("factor").unwrap_or(1.0),
+            fraction: s
+                .get("partial_rotary_factor")
+                .map_or(Ok(1.0), |_| num("partial_rotary_factor"))?,
+            factor: s.get("factor").map_or(Ok(1.0), |_| num("factor"))?,
         }),
         "llama3" => Ok(RopeScaling::Llama3 {
             factor: num("factor")?,

@@ -418,6 +418,17 @@ fn gemma4_refuses_what_it_does_not_run() {
         with("per_layer_config", json!({"5": {"sliding_window": 8}})).contains("not supported")
     );
     assert!(with("global_head_dim", json!(0)).contains("global_head_dim"));
+    let mut j = gemma4_hub();
+    j["text_config"]["attention_k_eq_v"] = json!(true);
+    j["text_config"]["num_global_key_value_heads"] = json!(3);
+    let e = ModelConfig::from_hf_json(&j).unwrap_err().to_string();
+    assert!(e.contains("do not fit 4 heads"), "{e}");
+    // As transformers: the last layer attends fully, whatever `layer_types` says.
+    let mut j = gemma4_hub();
+    j["text_config"]["layer_types"] = json!(vec!["sliding_attention"; 12]);
+    j["text_config"]["num_kv_shared_layers"] = json!(0);
+    let c = ModelConfig::from_hf_json(&j).unwrap();
+    assert_eq!((c.layer_window(10), c.layer_window(11)), (Some(512), None));
 }
 
 #[test]

@@ -104,9 +104,12 @@ fn runner_for(family: &str, max_model_len: Option<usize>) -> ModelRunner {
 }
 
 fn blocks(seq: u32) -> Vec<BlockId> {
-    // Out of order, so that a block table read as positions would be caught.
-    (0..BLOCKS_PER_SEQ)
-        .rev()
+    // Out of order, so that a block table read as positions would be caught; and with the
+    // groups' blocks interleaved (`group_tables`), Gemma 4's full layers (twice the sliding
+    // ones' width in `gemma4e`) have their first block where a sliding layer's third
+    // would start if each layer kept its blocks at its own width.
+    [1, 3, 2, 0, 5, 4, 7, 6]
+        .into_iter()
         .map(|b| BlockId(seq * BLOCKS_PER_SEQ + b))
         .collect()
 }
@@ -121,14 +124,11 @@ pub(crate) type SeqRows = (LogitsRows, Vec<f32>);
 /// One step over `seqs`: each one's rows and sampled row, all the step's logits, and the
 /// vocabulary size.
 fn step_all(runner: &mut ModelRunner, seqs: &[StepSeq<'_>]) -> (Vec<SeqRows>, Vec<f32>, usize) {
-    let (groups, num_blocks) = (
-        runner.cache().layout().num_groups(),
-        runner.cache().num_blocks(),
-    );
+    let groups = runner.cache().layout().num_groups();
     let states = runner.cache().num_state_slots() > 0;
     let tables: Vec<Vec<Vec<BlockId>>> = seqs
         .iter()
-        .map(|s| group_tables(&blocks(s.3), groups, (num_blocks / groups) as u32))
+        .map(|s| group_tables(&blocks(s.3), groups))
         .collect();
     let inputs =
         seqs.iter()

@@ -73,7 +73,7 @@ fn teacher_forced_logprobs(
         prompt_len: tokens.len(),
         num_computed: 0,
         num_new: tokens.len(),
-        block_tables: &group_tables(&blocks, runner.cache().layout().num_groups(), 64),
+        block_tables: &group_tables(&blocks, runner.cache().layout().num_groups()),
         prompt_logprobs_from: Some(prompt_len - 1),
         state: None,
     };

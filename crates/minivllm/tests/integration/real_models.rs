@@ -135,7 +135,7 @@ fn chosen_logprobs(runner: &mut ModelRunner, case: &Case) -> Vec<f32> {
         prompt_len: tokens.len(),
         num_computed: 0,
         num_new: tokens.len(),
-        block_tables: &group_tables(&blocks, runner.cache().layout().num_groups(), 48),
+        block_tables: &group_tables(&blocks, runner.cache().layout().num_groups()),
         prompt_logprobs_from: Some(case.prompt.len() - 1),
         state: None,
     };

@@ -49,6 +49,7 @@ impl<'s> PagedAttention<'s> {
                 num_kv_heads,
                 head_dim,
                 block_size,
+                block_stride: None,
                 scale: 1.0 / (head_dim as f32).sqrt(),
                 sliding_window: None,
                 sinks: None,
@@ -61,6 +62,13 @@ impl<'s> PagedAttention<'s> {
     /// `query_pre_attn_scalar`).
     pub(crate) fn with_scale(mut self, scale: f32) -> Self {
         self.shape.scale = scale;
+        self
+    }
+
+    /// The cache's blocks are `stride` floats apart, wider than this layer's own (Gemma 4's
+    /// layers of several widths share the cache's block ids).
+    pub(crate) fn with_block_stride(mut self, stride: usize) -> Self {
+        self.shape.block_stride = Some(stride);
         self
     }
 

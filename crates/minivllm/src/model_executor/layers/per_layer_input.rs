@@ -138,6 +138,9 @@ impl PerLayerInputBlock {
         projected: &mut Vec<f32>,
         normed: &mut Vec<f32>,
     ) {
+        if t == 0 {
+            return;
+        }
         let (hidden, width) = (self.gate.in_features(), self.gate.out_features());
         let act = sized(act, t * width);
         self.gate.forward(stream, act, t);

@@ -164,8 +164,9 @@ impl LlamaForCausalLM {
                 heads = config.num_attention_heads,
                 kv_heads = config.num_key_value_heads,
                 ranks = rank.world_size,
-                "the KV heads do not split over the ranks in whole groups: every rank computes \
-                 all the attention heads (the MLP, projections and vocabulary are still split)"
+                "the attention heads stay whole on every rank (KV heads that do not split in \
+                 whole groups, a norm over all of q, or Gemma 4's layers of two shapes); the \
+                 MLP, projections and vocabulary are still split"
             );
         }
         // Ranks sharing each KV head, when there are fewer KV heads than ranks.
@@ -430,6 +431,7 @@ impl LlamaForCausalLM {
         let t = input.num_tokens();
         let h = c.hidden_size;
         let meta = AttentionMetadata::groups(input);
+        let block_stride = block_size * c.kv_slot_size();
         self.rotary.prepare(&input.positions, &mut buf.rope);
         if let Some(local) = &self.local_rotary {
             local.prepare(&input.positions, &mut buf.rope_local);
@@ -462,7 +464,9 @@ impl LlamaForCausalLM {
             }
             match &layer.mixer {
                 Mixer::Attention(a) => {
+                    // Every layer's blocks are the widest layer's size apart.
                     let attn = PagedAttention::new(a.heads, a.kv_heads, a.head_dim, block_size)
+                        .with_block_stride(block_stride)
                         .with_scale(c.attention_scale())
                         .with_softcap(c.attn_logit_softcapping)
                         .with_sliding_window(a.window)

@@ -27,6 +27,9 @@ pub(super) fn gemma4_config(file: &GgufFile, arch: &str) -> Result<ModelConfig, 
             .map(|f| f as f32)
     };
     let layers = req("block_count")?;
+    if layers == 0 {
+        return Err(bad(format!("{} must be positive", key("block_count"))));
+    }
     // A number for every layer, or one per layer.
     let per_layer = |k: &str| -> Result<Option<Vec<usize>>, LoadError> {
         let Some(v) = file.get(&key(k)) else {
