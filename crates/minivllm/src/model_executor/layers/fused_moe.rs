@@ -116,8 +116,8 @@ impl FusedMoe {
     /// `mlp.experts.E.{gate,up,down}_proj.weight`, Qwen2-MoE's `mlp.shared_expert.*` and
     /// `mlp.shared_expert_gate.weight`; Mixtral's `block_sparse_moe` names are read too).
     /// `moe` is this rank's part, `whole` the model's; `own_hidden` this rank's rows of
-    /// each down projection. Gemma 4's router (`router.proj`, `.scale`, `.per_expert_scale`)
-    /// norms its input with `eps`.
+    /// each down projection. `gemma4_eps` asks for Gemma 4's router (`router.proj`,
+    /// `.scale`, `.per_expert_scale`), which norms its input with that epsilon.
     #[allow(clippy::too_many_arguments)]
     pub fn load(
         src: &dyn WeightSource,
@@ -126,7 +126,7 @@ impl FusedMoe {
         whole: &MoeConfig,
         hidden: usize,
         own_hidden: usize,
-        eps: f32,
+        gemma4_eps: Option<f32>,
         opts: &LoadOptions,
     ) -> Result<Self, LoadError> {
         let names = ExpertNames::find(src, layer);
@@ -195,17 +195,18 @@ impl FusedMoe {
             }
             _ => None,
         };
-        let gemma4 = match names.router.strip_suffix("proj.weight") {
-            Some(p) if names.router.ends_with(".router.proj.weight") => {
+        let gemma4 = match gemma4_eps {
+            Some(eps) => {
+                let p = format!("model.layers.{layer}.router");
                 let vector =
                     |name: String, len: usize| src.load(&name)?.expect_shape(&name, &[len]);
                 Some(Gemma4Router {
                     norm: RmsNorm::unit(hidden, eps),
-                    scale: vector(format!("{p}scale"), hidden)?,
-                    per_expert_scale: vector(format!("{p}per_expert_scale"), moe.num_experts)?,
+                    scale: vector(format!("{p}.scale"), hidden)?,
+                    per_expert_scale: vector(format!("{p}.per_expert_scale"), moe.num_experts)?,
                 })
             }
-            _ => None,
+            None => None,
         };
         let mut moe_layer = Self::new(router, router_bias, experts, moe, shared);
         moe_layer.gemma4 = gemma4;

@@ -355,10 +355,17 @@ impl LlamaForCausalLM {
     }
 
     /// Floating-point operations of one token's attention over `context` positions, all
-    /// layers: scores and the weighted sum of values.
+    /// attention layers (each of its own head size): scores and the weighted sum of values.
     pub fn attention_flops(&self, context: usize) -> f64 {
         let c = &self.config;
-        4.0 * (context * c.q_size() * c.num_hidden_layers) as f64
+        let widths = (0..c.num_hidden_layers)
+            .filter(|&i| matches!(self.layers[i].mixer, Mixer::Attention(_)))
+            .map(|i| {
+                let (heads, _, head_dim) = c.layer_attention(i);
+                heads * head_dim
+            })
+            .sum::<usize>();
+        4.0 * (context * widths) as f64
     }
 
     /// Floating-point operations of one sequence whose `tokens` positions each go through the

@@ -211,7 +211,7 @@ pub(super) fn load_layer(
     };
     let mlp = match (&c.moe, &whole.moe) {
         (Some(moe), Some(whole_moe)) if moe.is_moe_layer(i) => {
-            let eps = c.rms_norm_eps;
+            let eps = c.gemma4.is_some().then_some(c.rms_norm_eps);
             let experts = FusedMoe::load(src, i, moe, whole_moe, h, own_hidden, eps, opts)?;
             if c.gemma4.is_some() {
                 let norm = |s: &str| load_norm(c, src, &name(s), h);
