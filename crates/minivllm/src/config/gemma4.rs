@@ -111,7 +111,7 @@ impl Gemma4Config {
             double_wide_mlp: json.get("use_double_wide_mlp").and_then(Value::as_bool) == Some(true),
             per_layer_input,
         };
-        cfg.validate(sliding)?;
+        // Checked with the rest of the configuration (`ModelConfig::validate`).
         Ok(cfg)
     }
 
@@ -165,7 +165,7 @@ impl Gemma4Config {
     /// layer of its kind before the first sharing layer.
     pub(crate) fn kv_source(&self, sliding: &[bool], i: usize) -> Option<usize> {
         let first = self.first_shared(sliding.len());
-        if i < first || self.num_kv_shared_layers == 0 {
+        if i < first {
             return None;
         }
         (0..first).rev().find(|&j| sliding[j] == sliding[i])
@@ -218,11 +218,7 @@ impl ModelConfig {
     /// Layer `i`'s MLP width (Gemma 4's K/V-sharing layers may have twice the width).
     pub fn layer_intermediate_size(&self, i: usize) -> usize {
         match &self.gemma4 {
-            Some(g)
-                if g.double_wide_mlp
-                    && g.num_kv_shared_layers > 0
-                    && i >= g.first_shared(self.num_hidden_layers) =>
-            {
+            Some(g) if g.double_wide_mlp && i >= g.first_shared(self.num_hidden_layers) => {
                 2 * self.intermediate_size
             }
             _ => self.intermediate_size,

@@ -144,7 +144,7 @@ impl PerLayerInputBlock {
         let (hidden, width) = (self.gate.in_features(), self.gate.out_features());
         let act = sized(act, t * width);
         self.gate.forward(stream, act, t);
-        let wide = inputs.len() / t.max(1);
+        let wide = inputs.len() / t;
         for (row, input) in act.chunks_exact_mut(width).zip(inputs.chunks_exact(wide)) {
             let own = &input[layer * width..(layer + 1) * width];
             for (a, x) in row.iter_mut().zip(own) {

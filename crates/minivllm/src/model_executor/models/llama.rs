@@ -73,9 +73,6 @@ struct DecoderLayer {
     /// Gemma 4: what the layer adds from its per-layer input, and the scale of its output.
     per_layer_input: Option<PerLayerInputBlock>,
     layer_scalar: Option<f32>,
-    /// Whether the layer's end works on the whole residual stream (Gemma 4), so that the
-    /// MLP's output is added there instead of in the next layer's fused norm.
-    whole_stream: bool,
 }
 
 /// What mixes a layer's tokens: attention over the KV cache, or linear attention over a
@@ -407,9 +404,11 @@ impl LlamaForCausalLM {
         buf: &'b mut ForwardBuffers,
     ) -> Result<&'b [f32], InputError> {
         let c = &self.local;
-        let num_blocks = kv_caches.first().map_or(0, |kv| {
-            kv.key.len() / (block_size * c.kv_slot_size()).max(1)
-        });
+        // Every layer's blocks are the widest layer's size apart.
+        let block_stride = block_size * c.kv_slot_size();
+        let num_blocks = kv_caches
+            .first()
+            .map_or(0, |kv| kv.key.len() / block_stride.max(1));
         let layout = &self.kv_layout;
         input.validate(
             block_size,
@@ -471,7 +470,6 @@ impl LlamaForCausalLM {
             }
             match &layer.mixer {
                 Mixer::Attention(a) => {
-                    // Every layer's blocks are the widest layer's size apart.
                     let attn = PagedAttention::new(a.heads, a.kv_heads, a.head_dim, block_size)
                         .with_block_stride(block_stride)
                         .with_scale(c.attention_scale())
@@ -504,7 +502,9 @@ impl LlamaForCausalLM {
             if let Some(norm) = &layer.post_mlp_norm {
                 norm_in_place(norm, buf);
             }
-            if layer.whole_stream {
+            // Gemma 4's layer end works on the whole residual stream, so the MLP's output
+            // is added there instead of in the next layer's fused norm.
+            if layer.per_layer_input.is_some() || layer.layer_scalar.is_some() {
                 self.layer_end(layer, i, t, buf);
             }
         }

@@ -257,7 +257,6 @@ pub(super) fn load_layer(
         mlp,
         per_layer_input,
         layer_scalar,
-        whole_stream: gemma4.is_some(),
     })
 }
 
