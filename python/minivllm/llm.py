@@ -26,7 +26,7 @@ from minivllm.outputs import (
 )
 from minivllm.pooling_params import PoolingParams, pooler_config as _pooler_config
 from minivllm.sampling_params import SamplingParams
-from minivllm.tokenizer import Conversation, Tokenizer, conversation_json, tools_json
+from minivllm.tokenizer import Conversation, Tokenizer, conversation_json, kwargs_json, tools_json
 
 logger = logging.getLogger(__name__)
 
@@ -249,15 +249,14 @@ class LLM:
     ) -> List[RequestOutput]:
         """Replies to one conversation (a list of ``{"role", "content"}`` messages) or to
         each of a list of them, through the model's chat template; ``tools`` (OpenAI's tool
-        objects) go to the template, as in vLLM (the reply is text: tool calls are read out
-        of it by the server's ``--tool-call-parser``). What minivllm does not implement
-        (another template, template kwargs, continuing the last message) raises
-        ``ValueError`` rather than changing the prompt silently."""
+        objects) and ``chat_template_kwargs`` (``{"enable_thinking": True}``) go to the
+        template, which is the model's unless ``chat_template`` gives one, as in vLLM (the
+        reply is text: tool calls are read out of it by the server's
+        ``--tool-call-parser``). What minivllm does not implement (continuing the last
+        message, ...) raises ``ValueError`` rather than changing the prompt silently."""
         if lora_request is not None:
             raise ValueError("LoRA adapters are not supported by minivllm")
         for name, value in (
-            ("chat_template", chat_template),
-            ("chat_template_kwargs", chat_template_kwargs),
             ("mm_processor_kwargs", mm_processor_kwargs),
             ("tokenization_kwargs", tokenization_kwargs),
         ):
@@ -272,8 +271,19 @@ class LLM:
         tok = self._engine.get_tokenizer()
         prompts: List[Tuple[Optional[str], Union[str, List[int]]]] = []
         tools_text = tools_json(tools)
+        kwargs_text = kwargs_json(chat_template_kwargs)
+        if chat_template is not None and os.path.isfile(chat_template):
+            # vLLM's load_chat_template: a path to a template file, or the template itself.
+            with open(chat_template, encoding="utf-8") as f:
+                chat_template = f.read()
         for conversation in conversations:
-            text = tok.render_chat(conversation_json(conversation), tools_text, add_generation_prompt)
+            text = tok.render_chat(
+                conversation_json(conversation),
+                tools_text,
+                add_generation_prompt,
+                kwargs_text,
+                chat_template,
+            )
             # The template writes the special tokens itself (BOS included).
             prompts.append((text, tok.encode(text, False)))
         return self._run(prompts, sampling_params, use_tqdm, None)

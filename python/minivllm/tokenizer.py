@@ -11,8 +11,8 @@ from minivllm import _core
 Conversation = Sequence[Dict[str, Any]]
 
 # transformers' apply_chat_template options, at the defaults that leave the prompt as this
-# template makes it; anything else (template variables such as enable_thinking included)
-# would change it, and is refused.
+# template makes it; other values would change it, and are refused. Any other keyword is a
+# template variable (enable_thinking, ...), as transformers passes it.
 _HF_DEFAULTS: Dict[str, Any] = {
     "chat_template": None,
     "documents": None,
@@ -77,6 +77,18 @@ def tools_json(tools: Optional[Sequence[Dict[str, Any]]]) -> Optional[str]:
         raise ValueError(f"tools must be JSON-serialisable: {e}") from None
 
 
+def kwargs_json(kwargs: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Further chat template variables (``{"enable_thinking": True}``), or ``None``."""
+    if not kwargs:
+        return None
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError("chat_template_kwargs must be a dict with string keys")
+    try:
+        return json.dumps(kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"chat_template_kwargs must be JSON-serialisable: {e}") from None
+
+
 class Tokenizer:
     """The model's tokenizer (from its tokenizer.json, or the GGUF file's vocabulary)."""
 
@@ -128,16 +140,20 @@ class Tokenizer:
         **kwargs: Any,
     ) -> Union[str, List[int], Dict[str, List[int]]]:
         """The conversation through the model's chat template (transformers' defaults:
-        token ids, no generation prompt). Template variables and other options that
-        transformers passes on (``chat_template``, ``continue_final_message``,
-        ``enable_thinking``, ...) raise ``ValueError``; ``tools`` (OpenAI's tool objects)
-        go to the template."""
+        token ids, no generation prompt). ``tools`` (OpenAI's tool objects) and any other
+        keyword (``enable_thinking=True``, ...) go to the template, as in transformers;
+        options minivllm does not implement (another ``chat_template``,
+        ``continue_final_message``, ...) raise ``ValueError``."""
         tools = kwargs.pop("tools", None)
-        given = [k for k, v in kwargs.items() if k not in _HF_DEFAULTS or v != _HF_DEFAULTS[k]]
+        given = [k for k, v in kwargs.items() if k in _HF_DEFAULTS and v != _HF_DEFAULTS[k]]
         if given:
             raise ValueError(f"apply_chat_template: not supported by minivllm: {sorted(given)}")
+        variables = {k: v for k, v in kwargs.items() if k not in _HF_DEFAULTS}
         text = self._inner.render_chat(
-            conversation_json(conversation), tools_json(tools), add_generation_prompt
+            conversation_json(conversation),
+            tools_json(tools),
+            add_generation_prompt,
+            kwargs_json(variables),
         )
         if not tokenize:
             return text

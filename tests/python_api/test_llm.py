@@ -16,6 +16,7 @@ import pytest
 from minivllm import LLM, CompletionOutput, Logprob, RequestOutput, SamplingParams
 
 from conftest import ENGINE
+from pytest_support import ROOT
 
 PROMPTS = [
     "The capital of France is",
@@ -187,7 +188,7 @@ def test_all_logprobs_where_the_llm_allows_them(model):
             assert position[token] == lp
 
 
-def test_chat_uses_the_models_template(llm, binary, model):
+def test_chat_uses_the_models_template_or_one_given(llm, binary, model):
     messages = [{"role": "user", "content": "What is the capital of Germany?"}]
     out = llm.chat(messages, greedy(16), use_tqdm=False)[0]
     tok = llm.get_tokenizer()
@@ -202,13 +203,27 @@ def test_chat_uses_the_models_template(llm, binary, model):
     parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital of Germany?"}]}]
     both = llm.chat([messages, parts], greedy(16), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in both] == [out.outputs[0].token_ids] * 2
-    # What would change the prompt is refused, never dropped.
+    # Another template and its variables (Gemma 4's, thinking off unless asked for), from
+    # the chat call and from the tokenizer.
+    gemma4 = str(ROOT / "tests" / "data" / "templates" / "google-gemma-4-31B-it.jinja")
+    off = llm.chat(messages, greedy(1), use_tqdm=False, chat_template=gemma4)[0].prompt
+    on = llm.chat(messages, greedy(1), use_tqdm=False, chat_template=gemma4,
+                  chat_template_kwargs={"enable_thinking": True})[0].prompt
+    assert off.endswith("<|turn>model\n<|channel>thought\n<channel|>"), off
+    assert "<|think|>" in on and on.endswith("<|turn>model\n"), on
     with pytest.raises(ValueError, match="chat_template_kwargs"):
-        llm.chat(messages, chat_template_kwargs={"enable_thinking": False})
+        llm.chat(messages, chat_template_kwargs=["enable_thinking"])
+    with pytest.raises(ValueError, match="does not compile"):
+        llm.chat(messages, chat_template="{% if %}")
+    # What would change the prompt is refused, never dropped.
+    with pytest.raises(ValueError, match="continue_final_message"):
+        llm.chat(messages, continue_final_message=True)
     with pytest.raises(TypeError):
         llm.chat(messages, no_such_option=1)
-    with pytest.raises(ValueError, match="enable_thinking"):
-        tok.apply_chat_template(messages, enable_thinking=False)
+    with pytest.raises(ValueError, match="chat_template"):
+        tok.apply_chat_template(messages, chat_template="{{ 1 }}")
+    # Other keywords are template variables, as in transformers (SmolLM2's reads none).
+    assert tok.apply_chat_template(messages, enable_thinking=False) == tok.apply_chat_template(messages)
     assert tok.convert_tokens_to_ids(tok.eos_token) == tok.eos_token_id
     assert tok.apply_chat_template(messages, return_dict=True) == {"input_ids": tok.apply_chat_template(messages)}
 

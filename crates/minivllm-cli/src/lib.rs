@@ -133,7 +133,8 @@ pub struct EngineFlags {
     /// for GiB; a bare number is bytes). 0 (default): preempted sequences are recomputed.
     #[arg(long, default_value = "0", value_parser = parse_bytes)]
     pub swap_space: u64,
-    /// The model thinks in `<think>...</think>` first: `deepseek_r1` or `qwen3`. Structured
+    /// The model thinks first: `deepseek_r1` or `qwen3` (`<think>...</think>`),
+    /// `openai_gptoss` (gpt-oss's analysis channel), `gemma4` (its channel block). Structured
     /// output then constrains only the answer after the thinking, and `serve` puts the
     /// thinking in chat replies' `reasoning_content`.
     #[arg(long)]

@@ -67,12 +67,17 @@ pub struct ServeArgs {
     /// still open then are closed.
     #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
     pub shutdown_timeout: f64,
+    /// Variables every chat request's template gets, as vLLM's JSON object: `{"enable_thinking":
+    /// true}` turns Gemma 4's and Qwen3's thinking on by default. A request's own
+    /// `chat_template_kwargs` take precedence.
+    #[arg(long, value_parser = json_object)]
+    pub default_chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Let the model decide when to call tools (`tool_choice: "auto"`, the default when a
     /// chat request has `tools`); its calls are read with --tool-call-parser.
     #[arg(long)]
     pub enable_auto_tool_choice: bool,
     /// How the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes), llama3_json
-    /// (Llama 3.1-3.3), mistral, pythonic (Llama 3.2/4). Default with
+    /// (Llama 3.1-3.3), mistral, pythonic (Llama 3.2/4), openai (gpt-oss), gemma4. Default with
     /// --enable-auto-tool-choice: the one the model's chat template shows.
     #[arg(long)]
     pub tool_call_parser: Option<ToolParserName>,
@@ -175,6 +180,7 @@ pub fn run(
         frontend: !args.disable_frontend,
         prompt_tokens_details: args.enable_prompt_tokens_details,
         generation: generation_defaults(&args.generation_config, &engine_args.model)?,
+        default_chat_template_kwargs: args.default_chat_template_kwargs.unwrap_or_default(),
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
@@ -295,4 +301,13 @@ fn generation_defaults(
         tracing::info!(fields = ?d.from_file, "default sampling parameters from generation_config.json");
     }
     Ok(d)
+}
+
+/// A JSON object given on the command line.
+fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(s) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err("expected a JSON object, e.g. '{\"enable_thinking\": true}'".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }

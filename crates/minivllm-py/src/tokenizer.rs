@@ -51,14 +51,17 @@ impl Tokenizer {
     }
 
     /// `messages`: the conversation as JSON (OpenAI's message objects, tool calls and tool
-    /// turns included); `tools`: JSON list of tool objects for the template, or `None`.
-    /// Returns the prompt text.
-    #[pyo3(signature = (messages, tools, add_generation_prompt))]
+    /// turns included); `tools`: JSON list of tool objects for the template, or `None`;
+    /// `kwargs`: a JSON object of further template variables, or `None`; `template`: a
+    /// template to use instead of the model's. Returns the prompt text.
+    #[pyo3(signature = (messages, tools, add_generation_prompt, kwargs=None, template=None))]
     fn render_chat(
         &self,
         messages: &str,
         tools: Option<&str>,
         add_generation_prompt: bool,
+        kwargs: Option<&str>,
+        template: Option<&str>,
     ) -> PyResult<String> {
         let messages: Vec<ChatMessageIn> = serde_json::from_str(messages)
             .map_err(|e| value_error(format!("chat messages: {e}")))?;
@@ -67,9 +70,27 @@ impl Tokenizer {
             Some(t) => serde_json::from_str(t).map_err(|e| value_error(format!("tools: {e}")))?,
             None => Vec::new(),
         };
-        self.inner
-            .apply_chat_template_with_tools(&messages, &tools, add_generation_prompt)
-            .map_err(value_error)
+        let kwargs: serde_json::Map<String, serde_json::Value> = match kwargs {
+            Some(k) => serde_json::from_str(k)
+                .map_err(|e| value_error(format!("chat template kwargs: {e}")))?,
+            None => serde_json::Map::new(),
+        };
+        match template {
+            Some(source) => self.inner.apply_given_chat_template(
+                source,
+                &messages,
+                &tools,
+                add_generation_prompt,
+                &kwargs,
+            ),
+            None => self.inner.apply_chat_template_with_tools(
+                &messages,
+                &tools,
+                add_generation_prompt,
+                &kwargs,
+            ),
+        }
+        .map_err(value_error)
     }
 
     #[getter]

@@ -7,6 +7,7 @@ mod common;
 mod server;
 
 mod bench_serve;
+mod chat_formats;
 mod cli;
 mod constraint_corpus;
 mod fair_prefill;

@@ -115,13 +115,16 @@ impl ChatTemplate {
     }
 
     /// `tools`: OpenAI's tool objects (`{"type": "function", "function": {...}}`), given to
-    /// the template as `tools` when there are any, as transformers does.
+    /// the template as `tools` when there are any, as transformers does. `kwargs`: further
+    /// variables (vLLM's `chat_template_kwargs`, e.g. `enable_thinking`); they cannot
+    /// replace the conversation's own.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
         tokens: TemplateTokens<'_>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, ChatTemplateError> {
         let template = self
             .env
@@ -133,6 +136,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => tokens.bos_token.unwrap_or(""),
             eos_token => tokens.eos_token.unwrap_or(""),
+            ..Value::from_pairs(kwargs.iter().map(|(k, v)| (k.as_str(), json_value(v))))
         };
         template.render(ctx).map_err(|e| classify(&e))
     }
@@ -366,6 +370,7 @@ mod tests {
                 bos_token: Some("<s>"),
                 eos_token: Some("</s>"),
             },
+            &Default::default(),
         )
     }
 
@@ -414,6 +419,7 @@ mod tests {
                     bos_token: None,
                     eos_token: Some("<|return|>"),
                 },
+                &Default::default(),
             )
             .unwrap();
         let today = strftime_now("%Y-%m-%d");
@@ -440,6 +446,72 @@ mod tests {
             "{out}"
         );
         assert!(out.ends_with("<|start|>assistant"), "{out}");
+    }
+
+    /// Gemma 4's template (llama.cpp's copy of Google's, `tests/data/templates`) renders as
+    /// transformers 5.19 renders it (`render_jinja_template`, these messages, `<bos>`): thinking
+    /// off by default (the empty channel block the reply starts after), turned on by the
+    /// `enable_thinking` variable; tools declared in Gemma's own syntax; a past call and its
+    /// result, after which the model's turn goes on.
+    #[test]
+    fn gemma4_template_renders_as_transformers_does() {
+        let src = include_str!("../../../../tests/data/templates/google-gemma-4-31B-it.jinja");
+        let template = ChatTemplate::new(src).unwrap();
+        let tokens = TemplateTokens {
+            bos_token: Some("<bos>"),
+            eos_token: Some("<eos>"),
+        };
+        let thinking: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(r#"{"enable_thinking": true}"#).unwrap();
+        let none = serde_json::Map::new();
+        let chat = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "What is 2+2?"),
+        ];
+        let render = |messages: &[ChatMessage], tools: &[serde_json::Value], kwargs| {
+            template
+                .render(messages, tools, true, tokens, kwargs)
+                .unwrap()
+        };
+        assert_eq!(
+            render(&chat, &[], &none),
+            "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+        );
+        assert_eq!(
+            render(&chat, &[], &thinking),
+            "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n"
+        );
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = vec![ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: serde_json::json!({"location": "Tokyo", "days": 2}),
+        }];
+        let mut result = ChatMessage::new("tool", "{\"temp\": 21}");
+        result.tool_call_id = Some("call_1".into());
+        let tools = [serde_json::json!({"type": "function", "function": {
+            "name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object", "properties": {
+                "location": {"type": "string", "description": "City"},
+                "days": {"type": "integer"}}, "required": ["location"]}}})];
+        assert_eq!(
+            render(&[ChatMessage::new("user", "Weather in Tokyo?"), call, result], &tools, &thinking),
+            "<bos><|turn>system\n<|think|>\n<|tool>declaration:get_weather{description:<|\"|>Weather now<|\"|>,parameters:{properties:{days:{type:<|\"|>INTEGER<|\"|>},location:{description:<|\"|>City<|\"|>,type:<|\"|>STRING<|\"|>}},required:[<|\"|>location<|\"|>],type:<|\"|>OBJECT<|\"|>}}<tool|><turn|>\n<|turn>user\nWeather in Tokyo?<turn|>\n<|turn>model\n<|tool_call>call:get_weather{days:2,location:<|\"|>Tokyo<|\"|>}<tool_call|><|tool_response>response:get_weather{value:<|\"|>{\"temp\": 21}<|\"|>}<tool_response|>"
+        );
+        // A past reply's thinking is dropped from the history.
+        let past = [
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", "<|channel>thought\nGreet.<channel|>Hello!"),
+            ChatMessage::new("user", "Bye"),
+        ];
+        assert_eq!(
+            render(&past, &[], &none),
+            "<bos><|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n<|turn>user\nBye<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+        );
+        // The conversation's own variables are not replaced by kwargs.
+        let clash: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(r#"{"messages": [], "add_generation_prompt": false}"#).unwrap();
+        assert_eq!(render(&chat, &[], &clash), render(&chat, &[], &none));
     }
 
     #[test]
@@ -561,7 +633,13 @@ mod tests {
         ];
         let out = ChatTemplate::new(include_str!("testdata/qwen2.5_chat_template.jinja"))
             .unwrap()
-            .render(&messages, &tools, true, TemplateTokens::default())
+            .render(
+                &messages,
+                &tools,
+                true,
+                TemplateTokens::default(),
+                &Default::default(),
+            )
             .unwrap();
         let expected: String = serde_json::from_str(r#""<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather <now> & 'here'\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n""#).unwrap();
         assert_eq!(out, expected);

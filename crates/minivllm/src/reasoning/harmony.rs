@@ -12,6 +12,8 @@
 //! the text grows, each message's content only grows and messages are only added, so the
 //! thinking, answer and calls read from them only grow too: a stream can send differences.
 
+use super::Reply;
+
 /// The Lark rule (named `reasoning`) that a structured-output constraint follows with
 /// `--reasoning-parser openai_gptoss`: any number of whole `analysis` or `commentary`
 /// messages (thinking, preambles), then the `final` channel's header, after which only the
@@ -144,16 +146,6 @@ fn partial_marker(s: &str) -> usize {
                     .any(|e| e.len() > k && e.starts_with(&s[s.len() - k..]))
         })
         .unwrap_or(0)
-}
-
-/// What a harmony reply says to the user: its thinking (the `analysis` messages), its answer
-/// (`final` messages and the preambles, commentary addressed to no tool), and its calls.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Reply {
-    pub reasoning: String,
-    pub content: String,
-    /// (function, arguments as written).
-    pub calls: Vec<(String, String)>,
 }
 
 /// [`parse`], sorted into what the reply says: messages of one kind joined by newlines, in

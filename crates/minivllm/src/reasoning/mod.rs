@@ -16,7 +16,11 @@
 //! - `openai_gptoss`: gpt-oss's harmony messages ([`harmony`]): the `analysis` channel is
 //!   thinking, the `final` channel (and preambles to tool calls) the answer. Their markers
 //!   are special tokens, which such requests keep in their text.
+//! - `gemma4`: Gemma 4's channel block, `<|channel>thought\n…<channel|>` ([`gemma4`]), its
+//!   markers special tokens too.
 
+pub(crate) mod gemma4;
+pub(crate) mod gemma4_args;
 pub(crate) mod harmony;
 
 const START: &str = "<think>";
@@ -31,13 +35,15 @@ pub enum ReasoningParserName {
     Qwen3,
     #[serde(rename = "openai_gptoss")]
     OpenAiGptOss,
+    Gemma4,
 }
 
 impl ReasoningParserName {
-    pub const ALL: [ReasoningParserName; 3] = [
+    pub const ALL: [ReasoningParserName; 4] = [
         ReasoningParserName::DeepSeekR1,
         ReasoningParserName::Qwen3,
         ReasoningParserName::OpenAiGptOss,
+        ReasoningParserName::Gemma4,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,13 +51,17 @@ impl ReasoningParserName {
             ReasoningParserName::DeepSeekR1 => "deepseek_r1",
             ReasoningParserName::Qwen3 => "qwen3",
             ReasoningParserName::OpenAiGptOss => "openai_gptoss",
+            ReasoningParserName::Gemma4 => "gemma4",
         }
     }
 
-    /// Request settings the format needs: harmony's markers are special tokens, kept in
-    /// the text for the parser to read.
+    /// Request settings the format needs: harmony's and Gemma 4's markers are special
+    /// tokens, kept in the text for the parser to read.
     pub(crate) fn adjust_params(self, params: &mut crate::sampling_params::SamplingParams) {
-        if self == ReasoningParserName::OpenAiGptOss {
+        if matches!(
+            self,
+            ReasoningParserName::OpenAiGptOss | ReasoningParserName::Gemma4
+        ) {
             params.skip_special_tokens = false;
         }
     }
@@ -87,6 +97,9 @@ pub enum PromptThinking {
 
 impl PromptThinking {
     pub fn of(prompt: &str) -> Self {
+        if let Some(thinking) = gemma4::prompt_thinking(prompt) {
+            return thinking;
+        }
         // Harmony: a prompt that ends inside an open `final` message (an answer the caller
         // began) leaves the reply all answer.
         if let Some(at) = prompt.rfind("<|channel|>final") {
@@ -113,6 +126,16 @@ impl PromptThinking {
     }
 }
 
+/// What a reply says to the user, for formats whose thinking, answer and calls are read in
+/// one pass (harmony, Gemma 4).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Reply {
+    pub reasoning: String,
+    pub content: String,
+    /// (function, arguments as JSON text).
+    pub calls: Vec<(String, String)>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningParser {
     pub name: ReasoningParserName,
@@ -127,8 +150,8 @@ impl ReasoningParser {
     /// constraint waits for `</think>`); `None` when the reply decides (may open `<think>`).
     fn starts_thinking(&self, prompt: PromptThinking) -> Option<bool> {
         match (self.name, prompt) {
-            // Harmony decides by channel, not by tags.
-            (ReasoningParserName::OpenAiGptOss, _) => None,
+            // Harmony decides by channel, not by tags; Gemma 4 by its own markers.
+            (ReasoningParserName::OpenAiGptOss | ReasoningParserName::Gemma4, _) => None,
             (_, PromptThinking::Closed) => Some(false),
             (_, PromptThinking::Open) | (ReasoningParserName::DeepSeekR1, _) => Some(true),
             (ReasoningParserName::Qwen3, PromptThinking::Absent) => None,
@@ -139,9 +162,18 @@ impl ReasoningParser {
     /// (a possible `</think>` or `<think>` being written is held back); the answer's leading
     /// whitespace (the blank line after `</think>`) is dropped.
     pub fn split(&self, prompt: PromptThinking, text: &str, finished: bool) -> (String, String) {
-        if self.name == ReasoningParserName::OpenAiGptOss {
-            let reply = harmony::read(text, finished);
-            return (reply.reasoning, reply.content);
+        match self.name {
+            ReasoningParserName::OpenAiGptOss => {
+                let reply = harmony::read(text, finished);
+                return (reply.reasoning, reply.content);
+            }
+            // Its calls are part of the same reading; without a tool parser they stay in
+            // the answer as written.
+            ReasoningParserName::Gemma4 => {
+                let reply = gemma4::read(text, prompt, finished, false);
+                return (reply.reasoning, reply.content);
+            }
+            _ => {}
         }
         let (body, thinking) = match self.starts_thinking(prompt) {
             Some(false) => return (String::new(), text.to_string()),
@@ -188,8 +220,19 @@ impl ReasoningParser {
     /// whether the reply may skip it. For harmony the constraint covers the `final`
     /// channel's content, as vLLM's `openai_gptoss` starts it after that channel's header.
     pub fn grammar_prefix(&self, prompt: PromptThinking) -> Option<(&'static str, bool)> {
-        if self.name == ReasoningParserName::OpenAiGptOss {
-            return (prompt != PromptThinking::Closed).then_some((harmony::GRAMMAR_PREFIX, false));
+        match (self.name, prompt) {
+            (
+                ReasoningParserName::OpenAiGptOss | ReasoningParserName::Gemma4,
+                PromptThinking::Closed,
+            ) => return None,
+            (ReasoningParserName::OpenAiGptOss, _) => {
+                return Some((harmony::GRAMMAR_PREFIX, false))
+            }
+            (ReasoningParserName::Gemma4, PromptThinking::Open) => {
+                return Some((gemma4::GRAMMAR_PREFIX_OPEN, false))
+            }
+            (ReasoningParserName::Gemma4, _) => return Some((gemma4::GRAMMAR_PREFIX, true)),
+            _ => {}
         }
         match self.starts_thinking(prompt) {
             Some(false) => None,

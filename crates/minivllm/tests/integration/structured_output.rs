@@ -270,48 +270,30 @@ fn a_constraint_after_reasoning_waits_for_the_thinking_to_end() {
     assert!(mask.is_allowed(digit) && !mask.is_allowed(word));
 }
 
-/// With `openai_gptoss` the constraint covers gpt-oss's `final` channel: whole `analysis`
-/// and `commentary` messages before it are free, their markers special tokens; a tool call
-/// or an early `<|return|>` is refused (a harmony-like vocabulary of whole words and markers).
-#[test]
-fn a_constraint_with_harmony_covers_only_the_final_channel() {
-    use minivllm::reasoning::{PromptThinking, ReasoningParser, ReasoningParserName};
-    use minivllm::structured_output::backend_guidance::GuidanceBackend;
+/// A vocabulary of whole `words` and `specials` (special tokens), its EOS the specials named
+/// in `eos`, and the id of each token by its text.
+fn word_vocab(
+    words: &'static [&'static str],
+    specials: &'static [&'static str],
+    eos: &[&str],
+) -> (
+    minivllm::structured_output::vocabulary::Vocabulary,
+    impl Fn(&str) -> u32 + Copy,
+) {
     use minivllm::structured_output::vocabulary::{VocabToken, Vocabulary};
     use std::sync::Arc;
 
-    const SPECIALS: [&str; 7] = [
-        "<|start|>",
-        "<|channel|>",
-        "<|message|>",
-        "<|end|>",
-        "<|return|>",
-        "<|call|>",
-        "<|constrain|>",
-    ];
-    let words = [
-        "analysis",
-        "commentary",
-        "final",
-        "assistant",
-        "Think",
-        " hard",
-        "\n",
-        "4",
-        "2",
-        "x",
-    ];
     let tokens: Vec<VocabToken> = (words.iter())
         .map(|w| VocabToken::Text(w.as_bytes().to_vec()))
-        .chain(SPECIALS.iter().map(|s| VocabToken::Special(s.to_string())))
+        .chain(specials.iter().map(|s| VocabToken::Special(s.to_string())))
         .collect();
     let id = move |t: &str| -> u32 {
-        let at = (words.iter().chain(SPECIALS.iter())).position(|w| *w == t);
+        let at = (words.iter().chain(specials.iter())).position(|w| *w == t);
         at.unwrap_or_else(|| panic!("{t:?} is no token")) as u32
     };
     let vocab = Vocabulary {
         tokens,
-        eos_token_ids: vec![id("<|return|>"), id("<|call|>")],
+        eos_token_ids: eos.iter().map(|t| id(t)).collect(),
         // Longest word first (the grammar engine tokenizes the text it forces).
         tokenize: Arc::new(move |mut text: &str| {
             let mut ids = Vec::new();
@@ -325,6 +307,39 @@ fn a_constraint_with_harmony_covers_only_the_final_channel() {
             ids
         }),
     };
+    (vocab, id)
+}
+
+/// With `openai_gptoss` the constraint covers gpt-oss's `final` channel: whole `analysis`
+/// and `commentary` messages before it are free, their markers special tokens; a tool call
+/// or an early `<|return|>` is refused (a harmony-like vocabulary of whole words and markers).
+#[test]
+fn a_constraint_with_harmony_covers_only_the_final_channel() {
+    use minivllm::reasoning::{PromptThinking, ReasoningParser, ReasoningParserName};
+    use minivllm::structured_output::backend_guidance::GuidanceBackend;
+
+    const SPECIALS: &[&str] = &[
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|constrain|>",
+    ];
+    const WORDS: &[&str] = &[
+        "analysis",
+        "commentary",
+        "final",
+        "assistant",
+        "Think",
+        " hard",
+        "\n",
+        "4",
+        "2",
+        "x",
+    ];
+    let (vocab, id) = word_vocab(WORDS, SPECIALS, &["<|return|>", "<|call|>"]);
     let backend = GuidanceBackend::new(vocab, 20).unwrap();
     let before = ReasoningParser::new(ReasoningParserName::OpenAiGptOss)
         .grammar_prefix(PromptThinking::Absent);
@@ -387,6 +402,57 @@ fn a_constraint_with_harmony_covers_only_the_final_channel() {
         let mask = g.token_mask();
         assert!(g.is_terminated() || mask.is_allowed(id("<|return|>")));
         assert!(!mask.is_allowed(id("2")), "the answer is complete");
+    }
+}
+
+/// With `gemma4` the constraint follows Gemma 4's channel block when the reply may think
+/// (the block optional; only its closer ends it, a special token), or starts at once when the
+/// prompt closed it (thinking off), or after the block's rest when the prompt left it open.
+#[test]
+fn a_constraint_with_gemma4_follows_its_channel_block() {
+    use minivllm::reasoning::{PromptThinking, ReasoningParser, ReasoningParserName};
+    use minivllm::structured_output::backend_guidance::GuidanceBackend;
+
+    const SPECIALS: &[&str] = &["<|channel>", "<channel|>", "<turn|>", "<|tool_call>"];
+    const WORDS: &[&str] = &["thought", "\n", "Hmm", " ok", "4", "2", "x"];
+    let (vocab, id) = word_vocab(WORDS, SPECIALS, &["<turn|>"]);
+    let backend = GuidanceBackend::new(vocab, 20).unwrap();
+    let gemma4 = ReasoningParser::new(ReasoningParserName::Gemma4);
+    assert_eq!(gemma4.grammar_prefix(PromptThinking::Closed), None);
+    let digits = StructuredOutputsParams::regex("[0-9]{2}");
+    let block = ["<|channel>", "thought", "\n", "Hmm", " ok", "<channel|>"];
+    let cases: [(PromptThinking, &[&str]); 3] = [
+        (PromptThinking::Absent, &block),
+        (PromptThinking::Absent, &[]),
+        (PromptThinking::Open, &block[1..]),
+    ];
+    for (prompt, reply) in cases {
+        let before = gemma4.grammar_prefix(prompt);
+        let mut g = backend.compile_after(&digits, before).unwrap();
+        for (n, t) in reply.iter().enumerate() {
+            let mask = g.token_mask();
+            assert!(
+                mask.is_allowed(id(t)),
+                "{t:?} (token {n}) refused in {reply:?}"
+            );
+            if *t == " ok" {
+                // Inside the block: any text or its closer; no call, no end of the reply.
+                assert!(mask.is_allowed(id("x")) && mask.is_allowed(id("<channel|>")));
+                assert!(!mask.is_allowed(id("<turn|>")) && !mask.is_allowed(id("<|tool_call>")));
+            }
+            g.accept_token(id(t));
+        }
+        let mask = g.token_mask();
+        assert!(mask.is_allowed(id("4")), "the constraint after {reply:?}");
+        for refused in ["Hmm", "x", "<channel|>", "<turn|>"] {
+            assert!(
+                !mask.is_allowed(id(refused)),
+                "{refused:?} allowed in the answer"
+            );
+        }
+        g.accept_token(id("4"));
+        g.accept_token(id("2"));
+        assert!(g.is_terminated() || g.token_mask().is_allowed(id("<turn|>")));
     }
 }
 

@@ -1,5 +1,6 @@
 use std::path::Path;
 
+use super::gguf_bpe::merges_from_scores;
 use super::*;
 
 const SMOLLM2_SYSTEM: &str =
@@ -528,4 +529,40 @@ fn gemma4_tokenizes_as_llama_cpp() {
         assert_eq!(tok.decode(want, false).unwrap(), text, "{text:?}");
     }
     assert_eq!(tok.encode("ab", true).unwrap(), [2, 101]);
+}
+
+/// Gemma 4's markers are control tokens: a template's text encodes to them, they decode back
+/// when special tokens are kept (as the `gemma4` parsers ask), and the model's turn ends at
+/// `<turn|>` or `<|tool_response>` as well as `<eos>`, as llama.cpp decides for this
+/// vocabulary.
+#[test]
+fn gemma4_markers_are_special_and_end_the_turn() {
+    let mut spec = tiny_gemma4_spec();
+    let markers = [
+        "<|turn>",
+        "<turn|>",
+        "<|channel>",
+        "<channel|>",
+        "<|tool_call>",
+        "<tool_call|>",
+        "<|tool_response>",
+        "<|\"|>",
+    ];
+    let first = spec.tokens.len() as u32;
+    spec.tokens.extend(markers.map(String::from));
+    spec.token_types.extend([3; 8]);
+    let tok = Tokenizer::from_gguf_spec(&spec).unwrap();
+    assert_eq!(tok.eos_token_ids(), [1, first + 1, first + 6]);
+    let text = "<|channel>thought\n<channel|><|tool_call>call:f{q:<|\"|>ab<|\"|>}<tool_call|>";
+    let ids = tok.encode(text, false).unwrap();
+    for (i, m) in markers.iter().enumerate().skip(2) {
+        if text.contains(m) {
+            assert!(
+                ids.contains(&(first + i as u32)),
+                "{m} not one token: {ids:?}"
+            );
+        }
+    }
+    assert_eq!(tok.decode(&ids, false).unwrap(), text);
+    assert_eq!(tok.decode(&ids, true).unwrap(), "thought\ncall:f{q:ab}");
 }

@@ -63,7 +63,15 @@ pub async fn count_tokens(
             false,
             &s.config.tool_calls,
         )?;
-        let prompt = render_chat(s, &chat.messages, &tools.template_tools, mode, false)?;
+        let kwargs = chat.template_kwargs(&s.config.default_chat_template_kwargs);
+        let prompt = render_chat(
+            s,
+            &chat.messages,
+            &tools.template_tools,
+            &kwargs,
+            mode,
+            false,
+        )?;
         Ok::<_, ApiError>(prompt.ids.len())
     })
     .await?;

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::protocol::{
-    chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateMode,
+    chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateKwargs, TemplateMode,
 };
 use super::reply_events::{
     ChatEvent, ChatReply, ChoiceDelta, ChoiceReply, Finish, Piece, ReplyEvents, TokenLogprob,
@@ -31,11 +31,13 @@ use crate::reasoning::{PromptThinking, ReasoningParser};
 use crate::sequence::FinishReason;
 
 /// Renders `messages` with the model's chat template and tokenises the result.
-/// `tools`: OpenAI's tool objects, for templates that describe them to the model.
+/// `tools`: OpenAI's tool objects, for templates that describe them to the model; `kwargs`:
+/// further template variables.
 pub fn render_chat(
     s: &AppState,
     messages: &[ChatMessageIn],
     tools: &[Value],
+    kwargs: &TemplateKwargs,
     mode: TemplateMode,
     add_special_tokens: bool,
 ) -> Result<Prompt, ApiError> {
@@ -43,7 +45,7 @@ pub fn render_chat(
     let messages = chat_messages(messages)?;
     let add_generation_prompt = mode == TemplateMode::GenerationPrompt;
     let mut rendered = tok
-        .apply_chat_template_with_tools(&messages, tools, add_generation_prompt)
+        .apply_chat_template_with_tools(&messages, tools, add_generation_prompt, kwargs)
         .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
     if mode == TemplateMode::ContinueFinalMessage {
         rendered = continue_final_message(rendered, &messages)?;
@@ -96,10 +98,8 @@ pub async fn run_chat(
 ) -> Result<ChatRun, ApiError> {
     let (req, prompt, params, held, tools) =
         off_async(s, move |s| prepare(s, req, logprob_format)).await?;
-    let reasoning = s
-        .config
-        .reasoning_parser
-        .map(|name| (ReasoningParser::new(name), PromptThinking::of(&prompt.text)));
+    let reasoning = s.config.reasoning_parser.map(ReasoningParser::new);
+    let prompt_thinking = PromptThinking::of(&prompt.text);
     let n = params.params().n;
     let prompt_tokens = prompt.ids.len();
     let prompts = [prompt];
@@ -113,6 +113,7 @@ pub async fn run_chat(
         tok: s.engine.tokenizer().clone(),
         tools,
         reasoning,
+        prompt_thinking,
     };
     if req.common.stream {
         let (tx, events) = mpsc::channel(64);
@@ -145,7 +146,15 @@ fn prepare(
         &s.config.tool_calls,
     )?;
     // The template writes the BOS itself.
-    let prompt = render_chat(s, &req.messages, &tools.template_tools, mode, false)?;
+    let kwargs = req.template_kwargs(&s.config.default_chat_template_kwargs);
+    let prompt = render_chat(
+        s,
+        &req.messages,
+        &tools.template_tools,
+        &kwargs,
+        mode,
+        false,
+    )?;
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let mut base = (req.common).sampling_params(&s.config.generation, max_tokens, logprobs);
@@ -175,8 +184,10 @@ struct Reply {
     prompt_logprobs: bool,
     tok: Arc<Tokenizer>,
     tools: ToolUse,
-    /// `--reasoning-parser`, and where the prompt left the model's thinking.
-    reasoning: Option<(ReasoningParser, PromptThinking)>,
+    /// `--reasoning-parser`.
+    reasoning: Option<ReasoningParser>,
+    /// Where the prompt left the model's thinking.
+    prompt_thinking: PromptThinking,
 }
 
 impl Reply {
@@ -234,6 +245,7 @@ impl Reply {
     fn read(&self, text: &str, finished: bool) -> Option<ParsedOutput> {
         read_reply(
             self.reasoning.as_ref(),
+            self.prompt_thinking,
             self.tools.parser.as_deref(),
             text,
             finished,
@@ -336,17 +348,18 @@ fn token_logprobs(
         .collect()
 }
 
-/// The reply as a reasoning parser (and where the prompt left the thinking) and a tool-call
-/// parser read it; `None` without either (the text is all content).
+/// The reply as a reasoning parser and a tool-call parser read it, given where the prompt
+/// left the thinking; `None` without either (the text is all content).
 fn read_reply(
-    reasoning: Option<&(ReasoningParser, PromptThinking)>,
+    reasoning: Option<&ReasoningParser>,
+    prompt: PromptThinking,
     tools: Option<&dyn ToolParser>,
     text: &str,
     finished: bool,
 ) -> Option<ParsedOutput> {
-    // A whole-reply parser (harmony's) reads the thinking too: the reply is parsed once.
-    if let Some(parser) = tools.filter(|p| p.reads_whole_reply()) {
-        let mut parsed = parser.parse(text, finished);
+    // A whole-reply parser (harmony's, Gemma 4's) reads the thinking too: the reply is
+    // parsed once.
+    if let Some(mut parsed) = tools.and_then(|p| p.parse_whole_reply(text, prompt, finished)) {
         if reasoning.is_none() {
             parsed.reasoning.clear();
         }
@@ -356,7 +369,7 @@ fn read_reply(
         return None;
     }
     let (thought, answer) = match reasoning {
-        Some((parser, prompt)) => parser.split(*prompt, text, finished),
+        Some(parser) => parser.split(prompt, text, finished),
         None => (String::new(), text.to_string()),
     };
     let mut parsed = match tools {
@@ -452,23 +465,27 @@ mod tests {
 
     #[test]
     fn harmony_replies_read_alike_streamed_and_whole() {
-        let reasoning = (
-            ReasoningParser::new(ReasoningParserName::OpenAiGptOss),
-            PromptThinking::Absent,
-        );
+        let reasoning = ReasoningParser::new(ReasoningParserName::OpenAiGptOss);
+        let absent = PromptThinking::Absent;
         let tools = OpenAiToolParser;
         let mut whole_replies = Vec::new();
         for tokens in REPLIES {
             let text: String = tokens.concat();
-            let whole = read_reply(Some(&reasoning), Some(&tools), &text, true).unwrap();
+            let whole = read_reply(Some(&reasoning), absent, Some(&tools), &text, true).unwrap();
             // A stream: the deltas of each token's read, folded.
             let mut stream = ReplyStream::default();
             let (mut thought, mut content) = (String::new(), String::new());
             let mut calls: Vec<(String, String)> = Vec::new();
             for n in 1..=tokens.len() {
                 let so_far = tokens[..n].concat();
-                let parsed =
-                    read_reply(Some(&reasoning), Some(&tools), &so_far, n == tokens.len()).unwrap();
+                let parsed = read_reply(
+                    Some(&reasoning),
+                    absent,
+                    Some(&tools),
+                    &so_far,
+                    n == tokens.len(),
+                )
+                .unwrap();
                 for piece in stream.delta(&parsed) {
                     match piece {
                         Piece::Reasoning(t) => thought += &t,
@@ -516,16 +533,122 @@ mod tests {
         assert_eq!(role_call.2[0].arguments, "{}");
     }
 
+    /// Folds a stream's deltas, a token's text at a time: (thinking, content, calls).
+    fn streamed(
+        reasoning: Option<&ReasoningParser>,
+        prompt: PromptThinking,
+        tools: Option<&dyn ToolParser>,
+        tokens: &[&str],
+    ) -> (String, String, Vec<(String, String)>) {
+        let mut stream = ReplyStream::default();
+        let (mut thought, mut content, mut calls) = (String::new(), String::new(), Vec::new());
+        for n in 1..=tokens.len() {
+            let so_far = tokens[..n].concat();
+            let parsed = read_reply(reasoning, prompt, tools, &so_far, n == tokens.len()).unwrap();
+            for piece in stream.delta(&parsed) {
+                match piece {
+                    Piece::Reasoning(t) => thought += &t,
+                    Piece::Text(t) => content += &t,
+                    Piece::CallStart { name, .. } => calls.push((name, String::new())),
+                    Piece::CallArguments { index, text } => calls[index].1 += &text,
+                }
+            }
+        }
+        (thought, content, calls)
+    }
+
+    /// Gemma 4's replies token by token (its markers single tokens, as its vocabulary has
+    /// them): a stream gives what the whole reply gives, with and without the tool parser,
+    /// and whether the prompt left the thinking open decides where the reply starts.
+    #[test]
+    fn gemma4_replies_read_alike_streamed_and_whole() {
+        use crate::entrypoints::openai::tool_parsers::Gemma4ToolParser;
+        let reasoning = ReasoningParser::new(ReasoningParserName::Gemma4);
+        let reply: &[&str] = &[
+            "<|channel>",
+            "thought",
+            "\n",
+            "Need",
+            " weather",
+            ".",
+            "<channel|>",
+            "<|tool_call>",
+            "call",
+            ":",
+            "get",
+            "_weather",
+            "{",
+            "city",
+            ":",
+            "<|\"|>",
+            "Tok",
+            "yo",
+            "<|\"|>",
+            ",",
+            "days",
+            ":",
+            "2",
+            "}",
+            "<tool_call|>",
+        ];
+        let tools: &dyn ToolParser = &Gemma4ToolParser;
+        let text = reply.concat();
+        let whole = read_reply(
+            Some(&reasoning),
+            PromptThinking::Absent,
+            Some(tools),
+            &text,
+            true,
+        );
+        let whole = whole.unwrap();
+        let call = (
+            "get_weather".to_string(),
+            r#"{"city": "Tokyo", "days": 2}"#.to_string(),
+        );
+        assert_eq!(
+            (whole.reasoning.as_str(), whole.content.as_str()),
+            ("Need weather.", "")
+        );
+        assert_eq!(
+            streamed(Some(&reasoning), PromptThinking::Absent, Some(tools), reply),
+            ("Need weather.".into(), String::new(), vec![call])
+        );
+        // Without a tool parser the call stays in the answer as written.
+        let (thought, answer) = reasoning.split(PromptThinking::Absent, &text, true);
+        assert_eq!(thought, "Need weather.");
+        assert!(
+            answer.starts_with("<|tool_call>call:get_weather{"),
+            "{answer}"
+        );
+        // After a tool's response the template leaves the block open: thinking from the
+        // first token; with thinking off the reply is all answer.
+        let open: &[&str] = &["It", " is", " 21", ".", "<channel|>", "Warm", "."];
+        assert_eq!(
+            streamed(Some(&reasoning), PromptThinking::Open, Some(tools), open),
+            ("It is 21.".into(), "Warm.".into(), Vec::new())
+        );
+        let closed = PromptThinking::of("<|turn>model\n<|channel>thought\n<channel|>");
+        assert_eq!(
+            streamed(Some(&reasoning), closed, None, &["thought", "\n", "Hi"]),
+            (String::new(), "thought\nHi".into(), Vec::new())
+        );
+        let mut params = SamplingParams::default();
+        ReasoningParserName::Gemma4.adjust_params(&mut params);
+        assert!(!params.skip_special_tokens);
+        assert_eq!(
+            ToolParserName::detect("{{- '<|tool_call>call:' + function['name'] -}}"),
+            Some(ToolParserName::Gemma4)
+        );
+    }
+
     /// Without a tool parser the reasoning parser alone gives thinking and answer; both keep
     /// the special tokens the format is written in.
     #[test]
     fn harmony_without_tools_and_the_settings_it_needs() {
-        let reasoning = (
-            ReasoningParser::new(ReasoningParserName::OpenAiGptOss),
-            PromptThinking::Absent,
-        );
+        let reasoning = ReasoningParser::new(ReasoningParserName::OpenAiGptOss);
         let text = REPLIES[0].concat();
-        let parsed = read_reply(Some(&reasoning), None, &text, true).unwrap();
+        let parsed =
+            read_reply(Some(&reasoning), PromptThinking::Absent, None, &text, true).unwrap();
         assert_eq!(parsed.reasoning, "The user wants 2+2.");
         assert_eq!(parsed.content, "2 + 2 = 4.");
         let mut params = SamplingParams::default();

@@ -426,9 +426,22 @@ pub struct ChatCompletionRequest {
     /// `none`, `auto`, `required` or a named function; read by `ToolUse`.
     pub tool_choice: Option<serde_json::Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// Further variables for the chat template (`{"enable_thinking": true}`), over the
+    /// server's `--default-chat-template-kwargs`.
+    pub chat_template_kwargs: Option<TemplateKwargs>,
+    /// `none` … `max`: given to the template as `reasoning_effort` (gpt-oss's reads it), and
+    /// as `enable_thinking` (off for `none`) unless `chat_template_kwargs` sets that, as
+    /// vLLM does for templates such as Gemma 4's and Qwen3's.
+    pub reasoning_effort: Option<String>,
     #[serde(flatten)]
     pub common: CommonParams,
 }
+
+/// Variables for a chat template beyond the conversation's own.
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
+/// vLLM's `reasoning_effort` values.
+const REASONING_EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
 
 impl ChatCompletionRequest {
     /// `messages` with every other field as a client leaving it out gets it: for the routes
@@ -445,8 +458,27 @@ impl ChatCompletionRequest {
             tools: None,
             tool_choice: None,
             parallel_tool_calls: None,
+            chat_template_kwargs: None,
+            reasoning_effort: None,
             common: CommonParams::default(),
         }
+    }
+
+    /// The template's extra variables: the server's defaults, the request's own over them,
+    /// then what `reasoning_effort` implies.
+    pub fn template_kwargs(&self, defaults: &TemplateKwargs) -> TemplateKwargs {
+        let mut kwargs = defaults.clone();
+        let own = self.chat_template_kwargs.iter().flatten();
+        kwargs.extend(own.map(|(k, v)| (k.clone(), v.clone())));
+        if let Some(effort) = &self.reasoning_effort {
+            kwargs.insert("reasoning_effort".into(), effort.as_str().into());
+            let own_thinking = (self.chat_template_kwargs.as_ref())
+                .is_some_and(|k| k.contains_key("enable_thinking"));
+            if !own_thinking {
+                kwargs.insert("enable_thinking".into(), (effort != "none").into());
+            }
+        }
+        kwargs
     }
 
     /// The checks that need nothing but the request; returns how to render its template.
@@ -459,6 +491,17 @@ impl ChatCompletionRequest {
                 Some("messages"),
             ));
         }
+        if let Some(effort) = self.reasoning_effort.as_deref() {
+            if !REASONING_EFFORTS.contains(&effort) {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "reasoning_effort {effort:?} is not one of {}",
+                        REASONING_EFFORTS.join(", ")
+                    ),
+                    Some("reasoning_effort"),
+                ));
+            }
+        }
         if self.top_logprobs.is_some_and(|k| k > 0) && !self.logprobs {
             return Err(ApiError::bad_request(
                 "when using `top_logprobs`, `logprobs` must be set to true.",
@@ -469,32 +512,8 @@ impl ChatCompletionRequest {
     }
 }
 
-fn default_true() -> bool {
+pub(crate) fn default_true() -> bool {
     true
-}
-
-/// `POST /tokenize`: vLLM's completion form (`prompt`) or chat form (`messages`).
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct TokenizeRequest {
-    pub model: Option<String>,
-    pub prompt: Option<String>,
-    pub messages: Option<Vec<ChatMessageIn>>,
-    /// Default: true for a prompt, false for messages (the chat template writes its own BOS).
-    pub add_special_tokens: Option<bool>,
-    #[serde(default = "default_true")]
-    pub add_generation_prompt: bool,
-    #[serde(default)]
-    pub continue_final_message: bool,
-    #[serde(default)]
-    pub return_token_strs: bool,
-    /// With `messages`: tools for the chat template, as in a chat request.
-    pub tools: Option<Vec<ChatTool>>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct DetokenizeRequest {
-    pub model: Option<String>,
-    pub tokens: Vec<TokenId>,
 }
 
 /// An error as OpenAI's API returns it: `{"error": {message, type, param, code}}`.

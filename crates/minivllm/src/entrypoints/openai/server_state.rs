@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub prompt_tokens_details: bool,
     /// `--generation-config`: the sampling defaults for fields a request leaves out.
     pub generation: GenerationDefaults,
+    /// `--default-chat-template-kwargs`: template variables for every chat request, under
+    /// the request's own `chat_template_kwargs`.
+    pub default_chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ServerConfig {
@@ -64,6 +67,7 @@ impl ServerConfig {
             frontend: true,
             prompt_tokens_details: false,
             generation: GenerationDefaults::default(),
+            default_chat_template_kwargs: serde_json::Map::new(),
         }
     }
 

@@ -5,17 +5,45 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::Response;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::json;
 
 use super::chat_run::render_chat;
-use super::protocol::{ApiError, DetokenizeRequest, TemplateMode, TokenizeRequest};
+use super::protocol::{
+    default_true, ApiError, ChatMessageIn, ChatTool, TemplateKwargs, TemplateMode,
+};
 use super::server_state::{AppState, Shared};
 use super::serving_engine::{check_model, encode, json_response, off_async, parse};
 use super::tool_calls::ToolUse;
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
 use crate::sequence::TokenId;
+
+/// `POST /tokenize`: vLLM's completion form (`prompt`) or chat form (`messages`).
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// Default: true for a prompt, false for messages (the chat template writes its own BOS).
+    pub add_special_tokens: Option<bool>,
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+    #[serde(default)]
+    pub continue_final_message: bool,
+    #[serde(default)]
+    pub return_token_strs: bool,
+    /// With `messages`: tools for the chat template, as in a chat request.
+    pub tools: Option<Vec<ChatTool>>,
+    /// With `messages`: further template variables, as in a chat request.
+    pub chat_template_kwargs: Option<TemplateKwargs>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<TokenId>,
+}
 
 pub async fn tokenize(
     State(s): State<Shared>,
@@ -41,7 +69,17 @@ fn tokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
                 false,
                 &s.config.tool_calls,
             )?;
-            render_chat(s, messages, &tools.template_tools, mode, add_special)?.ids
+            let mut kwargs = s.config.default_chat_template_kwargs.clone();
+            kwargs.extend(req.chat_template_kwargs.clone().unwrap_or_default());
+            render_chat(
+                s,
+                messages,
+                &tools.template_tools,
+                &kwargs,
+                mode,
+                add_special,
+            )?
+            .ids
         }
         _ => {
             return Err(ApiError::bad_request(

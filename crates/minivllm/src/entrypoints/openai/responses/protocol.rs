@@ -40,6 +40,8 @@ pub struct ResponsesRequest {
     /// Alternatives per token with `message.output_text.logprobs` (as chat's).
     #[serde(default, deserialize_with = "logprob_count::deserialize_opt")]
     pub top_logprobs: Option<usize>,
+    /// `{"effort": "low"}`: the chat request's `reasoning_effort`.
+    pub reasoning: Option<Value>,
 }
 
 /// The `include` value that asks for the output text's logprobs.
@@ -110,6 +112,11 @@ impl ResponsesRequest {
         if self.wants_logprobs() {
             chat.logprobs = true;
             chat.top_logprobs = Some(self.top_logprobs.unwrap_or(0));
+        }
+        match self.reasoning.as_ref().and_then(|r| r.get("effort")) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(effort)) => chat.reasoning_effort = Some(effort.clone()),
+            Some(_) => return Err(bad("reasoning.effort: expected a string", "reasoning")),
         }
         Ok(chat)
     }
@@ -325,6 +332,7 @@ mod tests {
                                 "schema": {"type": "object"}}},
             "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
             "tool_choice": {"type": "function", "name": "f"},
+            "reasoning": {"effort": "low"},
             "input": [
                 {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
                 {"role": "assistant", "content": "Calling."},
@@ -345,6 +353,7 @@ mod tests {
         assert_eq!(chat.parallel_tool_calls, Some(false));
         assert_eq!((chat.logprobs, chat.top_logprobs), (true, Some(2)));
         assert_eq!(chat.common.top_p, Some(0.9));
+        assert_eq!(chat.reasoning_effort.as_deref(), Some("low"));
         assert_eq!(
             chat.tool_choice,
             Some(json!({"type": "function", "function": {"name": "f"}}))
@@ -369,6 +378,8 @@ mod tests {
         let call = json!({"input": [
             {"type": "function_call", "call_id": 3, "name": "f", "arguments": "{}"}]});
         assert!(msg(call).contains("input[0].call_id: expected a string"));
+        let effort = json!({"input": "x", "reasoning": {"effort": 1}});
+        assert!(msg(effort).contains("reasoning.effort: expected a string"));
         let format = json!({"input": "x", "text": {"format": {"type": "json_schema",
                             "schema": {}, "strict": "yes"}}});
         assert!(msg(format).contains("text.format.strict: expected a boolean"));

@@ -1,13 +1,14 @@
 //! Tool calls read out of generated text, as vLLM's `--tool-call-parser` does: each model
 //! family writes its calls in its own format (Hermes' `<tool_call>{json}</tool_call>`,
 //! Llama 3's bare JSON, Mistral's `[TOOL_CALLS][...]`, Python call syntax, gpt-oss's
-//! harmony messages to `functions.NAME`).
+//! harmony messages to `functions.NAME`, Gemma 4's `<|tool_call>call:NAME{...}`).
 //!
 //! A parser reads the whole text generated so far, so a stream and a complete reply are read
 //! the same way. While the text grows, what a parser returns only grows too (content and
 //! each call's arguments extend what it returned before), so a stream can send the
 //! difference; text that may turn out to start a call is held back until it is clear.
 
+mod gemma4;
 mod hermes;
 pub(crate) mod json_scan;
 mod llama3_json;
@@ -17,9 +18,11 @@ mod pythonic;
 
 use std::fmt::Debug;
 
+use crate::reasoning::PromptThinking;
 use crate::sampling_params::SamplingParams;
 use json_scan::{object_members, object_sequence};
 
+pub use gemma4::Gemma4ToolParser;
 pub use hermes::HermesToolParser;
 pub use llama3_json::Llama3JsonToolParser;
 pub use mistral::MistralToolParser;
@@ -63,10 +66,16 @@ pub trait ToolParser: Send + Sync + Debug {
     /// format's markers are special tokens).
     fn adjust_params(&self, _params: &mut SamplingParams) {}
 
-    /// Whether it reads the whole reply and gives the thinking too (harmony's calls are
-    /// messages beside the thinking), rather than the answer a reasoning parser leaves.
-    fn reads_whole_reply(&self) -> bool {
-        false
+    /// For formats whose calls sit beside the thinking (harmony's messages, Gemma 4's
+    /// blocks): the whole reply read at once, thinking included, given where the prompt left
+    /// it. `None` for parsers that read the answer a reasoning parser leaves.
+    fn parse_whole_reply(
+        &self,
+        _text: &str,
+        _prompt: PromptThinking,
+        _finished: bool,
+    ) -> Option<ParsedOutput> {
+        None
     }
 }
 
@@ -78,15 +87,17 @@ pub enum ToolParserName {
     Mistral,
     Pythonic,
     OpenAi,
+    Gemma4,
 }
 
 impl ToolParserName {
-    pub const ALL: [ToolParserName; 5] = [
+    pub const ALL: [ToolParserName; 6] = [
         ToolParserName::Hermes,
         ToolParserName::Llama3Json,
         ToolParserName::Mistral,
         ToolParserName::Pythonic,
         ToolParserName::OpenAi,
+        ToolParserName::Gemma4,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -96,6 +107,7 @@ impl ToolParserName {
             ToolParserName::Mistral => "mistral",
             ToolParserName::Pythonic => "pythonic",
             ToolParserName::OpenAi => "openai",
+            ToolParserName::Gemma4 => "gemma4",
         }
     }
 
@@ -106,6 +118,7 @@ impl ToolParserName {
             ToolParserName::Mistral => Box::new(MistralToolParser),
             ToolParserName::Pythonic => Box::new(PythonicToolParser),
             ToolParserName::OpenAi => Box::new(OpenAiToolParser),
+            ToolParserName::Gemma4 => Box::new(Gemma4ToolParser),
         }
     }
 
@@ -114,6 +127,8 @@ impl ToolParserName {
     pub fn detect(chat_template: &str) -> Option<Self> {
         if chat_template.contains("<|channel|>") {
             Some(ToolParserName::OpenAi)
+        } else if chat_template.contains("<|tool_call>") {
+            Some(ToolParserName::Gemma4)
         } else if chat_template.contains("<tool_call>") {
             Some(ToolParserName::Hermes)
         } else if chat_template.contains("[TOOL_CALLS]") {

@@ -4,7 +4,7 @@
 //! The whole reply is read, thinking included, since harmony's calls are messages beside it.
 
 use super::{ParsedOutput, ParsedToolCall, ToolParser};
-use crate::reasoning::harmony;
+use crate::reasoning::{harmony, PromptThinking};
 use crate::sampling_params::SamplingParams;
 
 #[derive(Debug)]
@@ -29,7 +29,12 @@ impl ToolParser for OpenAiToolParser {
         params.skip_special_tokens = false;
     }
 
-    fn reads_whole_reply(&self) -> bool {
-        true
+    fn parse_whole_reply(
+        &self,
+        text: &str,
+        _prompt: PromptThinking,
+        finished: bool,
+    ) -> Option<ParsedOutput> {
+        Some(self.parse(text, finished))
     }
 }
