@@ -75,6 +75,23 @@ def _stop_engines() -> None:
         llm._engine = None
 
 
+
+def load_chat_template(chat_template: Optional[str]) -> Optional[str]:
+    """vLLM's rule: a path to a template file, or the template itself; a string with no
+    ``{``, ``}`` or newline that names no file is a path that failed to open."""
+    if chat_template is None:
+        return None
+    try:
+        with open(chat_template, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        if not any(c in chat_template for c in "{}\n"):
+            raise ValueError(
+                f"The supplied chat template ({chat_template}) looks like a file path, "
+                f"but it failed to be opened. Reason: {e}"
+            ) from e
+        return chat_template
+
 class LLM:
     """A model loaded for offline generation (vLLM's ``LLM``).
 
@@ -272,10 +289,7 @@ class LLM:
         prompts: List[Tuple[Optional[str], Union[str, List[int]]]] = []
         tools_text = tools_json(tools)
         kwargs_text = kwargs_json(chat_template_kwargs)
-        if chat_template is not None and os.path.isfile(chat_template):
-            # vLLM's load_chat_template: a path to a template file, or the template itself.
-            with open(chat_template, encoding="utf-8") as f:
-                chat_template = f.read()
+        chat_template = load_chat_template(chat_template)
         for conversation in conversations:
             text = tok.render_chat(
                 conversation_json(conversation),

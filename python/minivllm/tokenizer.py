@@ -22,6 +22,7 @@ _HF_DEFAULTS: Dict[str, Any] = {
     "truncation": False,
     "max_length": None,
     "return_tensors": None,
+    "tokenizer_kwargs": None,
 }
 
 

@@ -215,6 +215,8 @@ def test_chat_uses_the_models_template_or_one_given(llm, binary, model):
         llm.chat(messages, chat_template_kwargs=["enable_thinking"])
     with pytest.raises(ValueError, match="does not compile"):
         llm.chat(messages, chat_template="{% if %}")
+    with pytest.raises(ValueError, match="looks like a file path"):
+        llm.chat(messages, chat_template="templates/no-such.jinja")
     # What would change the prompt is refused, never dropped.
     with pytest.raises(ValueError, match="continue_final_message"):
         llm.chat(messages, continue_final_message=True)

@@ -68,7 +68,7 @@ impl StructuredOutputManager {
                 PromptInput::Text(t) => t.as_str().into(),
                 PromptInput::TokenIds(ids) => self.tokenizer.decode(ids, false).ok()?.into(),
             };
-            r.grammar_prefix(PromptThinking::of(&text))
+            r.grammar_prefix(PromptThinking::of(&text, r.name))
         });
         self.backend()?.compile_after(params, before)
     }

@@ -8,9 +8,10 @@
 //!
 //! With thinking off the chat template ends the prompt with an empty block
 //! (`<|channel>thought\n<channel|>`), so the reply is all answer unless the model opens a
-//! block itself. A prompt that ends inside an open block (after a tool's response) leaves the
-//! reply thinking from its first token. Some checkpoints drop the opening marker and start
-//! with the bare `thought\n` label: that is thinking too.
+//! block itself. A prompt that ends inside an open block (as some of Gemma 4's templates
+//! leave one after a tool's response) has the reply thinking from its first token. Some
+//! checkpoints drop the opening marker and start with the bare `thought\n` label: that is
+//! thinking too, as vLLM reads it.
 
 use super::{gemma4_args, PromptThinking, Reply};
 
@@ -18,10 +19,19 @@ pub(crate) const THINK_START: &str = "<|channel>";
 pub(crate) const THINK_END: &str = "<channel|>";
 const CALL_START: &str = "<|tool_call>";
 const CALL_END: &str = "<tool_call|>";
-const LABEL: &str = "thought\n";
-/// What ends the model's turn (and so the reply) when the text keeps it.
-const TURN_ENDS: [&str; 4] = ["<turn|>", "<|tool_response>", "<|turn>", "<eos>"];
+const LABEL: &str = "thought";
+const MODEL_TURN: &str = "<|turn>model";
+/// The tokens that end the model's turn, and so generation (the tokenizer's stop list).
+pub(crate) const STOP_TOKENS: [&str; 2] = ["<turn|>", "<|tool_response>"];
+/// What ends the reply when the text keeps it (with `ignore_eos`, or stop tokens cleared):
+/// nothing after the stop tokens is read. Matched as text, as every marker here; `<|turn>`
+/// alone is not among them, since a model that writes it as plain characters (the test
+/// model imitating its prompt) has not ended its turn (vLLM matches its id).
+const TURN_ENDS: [&str; 2] = STOP_TOKENS;
 const MARKERS: [&str; 4] = [THINK_START, THINK_END, CALL_START, CALL_END];
+/// The longest marker or turn end (`<|tool_response>`): a tail shorter than it may be one
+/// being written.
+const LONGEST_MARKER: usize = STOP_TOKENS[1].len();
 
 /// The Lark rule (named `reasoning`) a structured-output constraint follows with
 /// `--reasoning-parser gemma4` when the reply may think first: one channel block. Its markers
@@ -33,27 +43,30 @@ gemma4_thinking: /(.|\n)+/"#;
 pub(crate) const GRAMMAR_PREFIX_OPEN: &str = r#"reasoning: gemma4_thinking? <channel|>
 gemma4_thinking: /(.|\n)+/"#;
 
-/// Where the prompt leaves the thinking, read from Gemma 4's markers; `None` when its last
-/// model turn has none (another format's prompt, or an older template).
-pub(crate) fn prompt_thinking(prompt: &str) -> Option<PromptThinking> {
-    let start = prompt.rfind(THINK_START)?;
-    let after = &prompt[start..];
-    let closed = [THINK_END, CALL_START]
-        .into_iter()
-        .chain(TURN_ENDS)
-        .any(|m| after.contains(m));
-    Some(if !closed {
-        PromptThinking::Open
-    } else if after.contains(THINK_END)
-        && prompt[start + after.find(THINK_END)? + THINK_END.len()..]
-            .trim()
-            .is_empty()
-    {
+/// Where the prompt leaves the thinking: read from the last model turn's own markers (a
+/// user's message that quotes them is in an earlier turn).
+pub(crate) fn prompt_thinking(prompt: &str) -> PromptThinking {
+    let Some(turn) = prompt.rfind(MODEL_TURN) else {
+        return PromptThinking::Absent;
+    };
+    let turn = &prompt[turn..];
+    let Some(start) = turn.rfind(THINK_START) else {
+        return PromptThinking::Absent;
+    };
+    let after = &turn[start..];
+    match after.find(THINK_END) {
         // The empty block the template writes when thinking is off.
-        PromptThinking::Closed
-    } else {
-        PromptThinking::Absent
-    })
+        Some(end) if after[end + THINK_END.len()..].trim().is_empty() => PromptThinking::Closed,
+        Some(_) => PromptThinking::Absent,
+        None if [CALL_START]
+            .into_iter()
+            .chain(TURN_ENDS)
+            .any(|m| after.contains(m)) =>
+        {
+            PromptThinking::Absent
+        }
+        None => PromptThinking::Open,
+    }
 }
 
 enum State {
@@ -88,14 +101,15 @@ pub(crate) fn read(text: &str, prompt: PromptThinking, finished: bool, calls: bo
     while !rest.is_empty() {
         match state {
             State::Answer => {
-                // The label without its block, as the reply's first words.
-                if rest.len() == text.len() && prompt != PromptThinking::Closed {
-                    if rest.starts_with(LABEL) {
-                        state = State::Thinking { fresh: true };
-                        continue;
-                    }
-                    if !finished && LABEL.starts_with(rest) {
-                        break;
+                // The label without its block, as the reply's first words: thinking.
+                if rest.len() == text.len() {
+                    match label(rest, finished) {
+                        Label::Skip(_) => {
+                            state = State::Thinking { fresh: true };
+                            continue;
+                        }
+                        Label::Hold => break,
+                        Label::Text => {}
                     }
                 }
                 let markers: &[&str] = if calls { &MARKERS } else { &MARKERS[..2] };
@@ -112,13 +126,10 @@ pub(crate) fn read(text: &str, prompt: PromptThinking, finished: bool, calls: bo
             }
             State::Thinking { fresh } => {
                 if fresh {
-                    if let Some(after) = rest.strip_prefix(LABEL) {
-                        rest = after;
-                    } else if (!finished && LABEL.starts_with(rest))
-                        || (finished && rest == LABEL.trim_end())
-                    {
-                        // The label being written, or all a finished block has.
-                        break;
+                    match label(rest, finished) {
+                        Label::Skip(n) => rest = &rest[n..],
+                        Label::Hold => break,
+                        Label::Text => {}
                     }
                 }
                 let (before, marker) =
@@ -145,24 +156,8 @@ pub(crate) fn read(text: &str, prompt: PromptThinking, finished: bool, calls: bo
             State::Call => {
                 let (body, marker) = up_to_marker(rest, &[CALL_END], finished);
                 let complete = marker.is_some() || finished;
-                let name_part = body
-                    .trim_start()
-                    .strip_prefix("call:")
-                    .or_else(|| body.trim_start().strip_prefix(':'));
-                match name_part.and_then(|p| p.find(['{', '(']).map(|at| (p, at))) {
-                    Some((p, at)) => {
-                        let args = match p[at..].strip_prefix('(') {
-                            // Some checkpoints write `call:f(args)`: read as braces, closed
-                            // once the `)` is read.
-                            Some(inner) => match inner.trim_end().strip_suffix(')') {
-                                Some(inner) => format!("{{{inner}}}"),
-                                None => format!("{{{inner}"),
-                            },
-                            None => p[at..].to_string(),
-                        };
-                        let arguments = gemma4_args::to_json(&args, complete);
-                        reply.calls.push((p[..at].trim().to_string(), arguments));
-                    }
+                match call(body, complete) {
+                    Some((name, arguments)) => reply.calls.push((name.to_string(), arguments)),
                     // Not a call after all: what it says is the answer.
                     None if complete => push_answer(&mut reply.content, body),
                     None => {}
@@ -174,6 +169,63 @@ pub(crate) fn read(text: &str, prompt: PromptThinking, finished: bool, calls: bo
         }
     }
     reply
+}
+
+/// How the start of a block reads against its `thought` label.
+enum Label {
+    /// The label: this many bytes (with its newline, if any) are not thinking.
+    Skip(usize),
+    /// It may still become the label: hold it back.
+    Hold,
+    /// Thinking (or answer) text.
+    Text,
+}
+
+fn label(rest: &str, finished: bool) -> Label {
+    match rest.strip_prefix(LABEL) {
+        Some(after) if after.starts_with('\n') => Label::Skip(LABEL.len() + 1),
+        // An empty block (`<|channel>thought<channel|>`), or all a finished one has.
+        Some(after) if after.starts_with(THINK_END) || (finished && after.is_empty()) => {
+            Label::Skip(LABEL.len())
+        }
+        Some(after) if !finished && THINK_END.starts_with(after) => Label::Hold,
+        None if !finished && LABEL.starts_with(rest) => Label::Hold,
+        _ => Label::Text,
+    }
+}
+
+/// The call written in `body` (what follows `<|tool_call>`): its name and its arguments as
+/// JSON. `None` until the name is whole, or when it is not a call.
+fn call(body: &str, complete: bool) -> Option<(&str, String)> {
+    let body = body.trim_start();
+    // Some checkpoints leave out `call`.
+    let rest = body
+        .strip_prefix("call:")
+        .or_else(|| body.strip_prefix(':'))?;
+    let (name, args) = match rest.find(['{', '(']) {
+        Some(at) => (&rest[..at], Some(&rest[at..])),
+        // A call with no arguments.
+        None if complete => (rest, None),
+        None => return None,
+    };
+    let name = name.trim();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return None;
+    }
+    let arguments = match args.map(|a| (a, a.strip_prefix('('))) {
+        None => "{}".to_string(),
+        // `call:f(args)` (some checkpoints): read as braces, closed once the call is.
+        Some((_, Some(inner))) => {
+            let inner = match complete {
+                true => inner.trim_end().strip_suffix(')').unwrap_or(inner),
+                false => inner,
+            };
+            let close = if complete { "}" } else { "" };
+            gemma4_args::to_json(&format!("{{{inner}{close}"), complete)
+        }
+        Some((braced, None)) => gemma4_args::to_json(braced, complete),
+    };
+    Some((name, arguments))
 }
 
 /// `s` up to the first of `markers`, and which; with none, `s` less a tail that may be a
@@ -193,7 +245,7 @@ fn up_to_marker<'a>(
     if finished {
         return (s, None);
     }
-    let held = (1..16)
+    let held = (1..LONGEST_MARKER)
         .rev()
         .find(|&k| {
             k <= s.len()
@@ -267,11 +319,14 @@ mod tests {
         let off = "<|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>";
         let on = "<|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n";
         let after_tool = "<|turn>model\n<|tool_call>call:f{}<tool_call|><|tool_response>response:f{value:1}<tool_response|><|channel>thought\n";
-        assert_eq!(prompt_thinking(off), Some(PromptThinking::Closed));
-        assert_eq!(prompt_thinking(on), None);
-        assert_eq!(prompt_thinking(after_tool), Some(PromptThinking::Open));
+        assert_eq!(prompt_thinking(off), PromptThinking::Closed);
+        assert_eq!(prompt_thinking(on), PromptThinking::Absent);
+        assert_eq!(prompt_thinking(after_tool), PromptThinking::Open);
         let old = format!("{off}Hello<turn|>\n<|turn>user\nAgain<turn|>\n<|turn>model\n");
-        assert_eq!(prompt_thinking(&old), Some(PromptThinking::Absent));
+        assert_eq!(prompt_thinking(&old), PromptThinking::Absent);
+        // A user's message that quotes a marker is not the model's turn.
+        let quoted = "<|turn>user\nWhat is <|channel>?<turn|>\n<|turn>model\n";
+        assert_eq!(prompt_thinking(quoted), PromptThinking::Absent);
         // Thinking from the first token, its label dropped.
         let r = read(
             "thought\nSo f gave 1.<channel|>It is 1.",
@@ -283,16 +338,25 @@ mod tests {
             (r.reasoning.as_str(), r.content.as_str()),
             ("So f gave 1.", "It is 1.")
         );
-        // The bare label with no block opened: thinking as well (unless the prompt closed it).
+        // The bare label with no block opened: thinking as well, whatever the prompt said
+        // (vLLM reads it so); an answer that merely starts with the word is an answer.
+        for prompt in [PromptThinking::Absent, PromptThinking::Closed] {
+            let r = read("thought\nHmm.<channel|>Yes.", prompt, true, true);
+            assert_eq!((r.reasoning.as_str(), r.content.as_str()), ("Hmm.", "Yes."));
+        }
+        let r = read("thoughtful answer", PromptThinking::Closed, true, true);
+        assert_eq!(
+            (r.reasoning.as_str(), r.content.as_str()),
+            ("", "thoughtful answer")
+        );
+        // An empty block is no thinking.
         let r = read(
-            "thought\nHmm.<channel|>Yes.",
+            "<|channel>thought<channel|>Hi.",
             PromptThinking::Absent,
             true,
             true,
         );
-        assert_eq!((r.reasoning.as_str(), r.content.as_str()), ("Hmm.", "Yes."));
-        let r = read("thought\nHmm.", PromptThinking::Closed, true, true);
-        assert_eq!(r.content, "thought\nHmm.");
+        assert_eq!((r.reasoning.as_str(), r.content.as_str()), ("", "Hi."));
         // A call straight from thinking ends it.
         let r = read(
             "Look up.<|tool_call>call:f{}<tool_call|>",
@@ -329,6 +393,29 @@ mod tests {
             true,
         );
         assert_eq!(calls(&r), [("f", r#"{"q": 1}"#)]);
+        // No arguments: a call with none; no name: no call.
+        let r = read(
+            "<|tool_call>call:now<tool_call|>",
+            PromptThinking::Closed,
+            true,
+            true,
+        );
+        assert_eq!(calls(&r), [("now", "{}")]);
+        let r = read(
+            "<|tool_call>call:{a:1}<tool_call|>",
+            PromptThinking::Closed,
+            true,
+            true,
+        );
+        assert_eq!((r.content.as_str(), r.calls.len()), ("call:{a:1}", 0));
+        // Without a tool parser the call stays in the answer as written.
+        let r = read(THINK_THEN_CALLS, PromptThinking::Absent, true, false);
+        assert!(
+            r.content.starts_with("<|tool_call>call:get_weather{"),
+            "{}",
+            r.content
+        );
+        assert!(r.calls.is_empty());
     }
 
     /// A character at a time, nothing read is ever taken back, and no marker shows.
@@ -342,6 +429,17 @@ mod tests {
                 PromptThinking::Open,
             ),
             ("thought\nHmm.<channel|>Yes.", PromptThinking::Absent),
+            // The paren form, a `)` inside a string and a bare value before the last `)`.
+            (
+                "<|tool_call>call:f(q:<|\"|>g(x)<|\"|>,n:g(1),m:2)<tool_call|>",
+                PromptThinking::Closed,
+            ),
+            // Text of several bytes a character beside markers.
+            (
+                "<|channel>thought\nÜber ✓<channel|>Grüße — 東京<|tool_call>call:f{s:<|\"|>é<|\"|>}<tool_call|>",
+                PromptThinking::Absent,
+            ),
+            ("<|channel>thought<channel|>Hi.", PromptThinking::Absent),
         ];
         for (text, prompt) in texts {
             let mut before = Reply::default();
@@ -365,6 +463,26 @@ mod tests {
             let whole = read(text, prompt, true, true);
             assert!(whole.content.starts_with(&before.content));
             assert!(whole.reasoning.starts_with(&before.reasoning));
+            for (b, w) in before.calls.iter().zip(&whole.calls) {
+                assert!(w.1.starts_with(&b.1), "{text:?}");
+            }
+            for (_, args) in &whole.calls {
+                serde_json::from_str::<serde_json::Value>(args).unwrap();
+            }
         }
+        // Calls kept as text grow too.
+        let mut before = Reply::default();
+        for end in crate::testing::prefix_ends(THINK_THEN_CALLS) {
+            let now = read(
+                &THINK_THEN_CALLS[..end],
+                PromptThinking::Absent,
+                false,
+                false,
+            );
+            assert!(now.content.starts_with(&before.content), "{end}");
+            before = now;
+        }
+        let markers = MARKERS.iter().chain(&TURN_ENDS);
+        assert!(markers.map(|m| m.len()).max() == Some(LONGEST_MARKER));
     }
 }

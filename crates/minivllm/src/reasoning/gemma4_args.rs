@@ -36,7 +36,7 @@ pub(crate) fn to_json(src: &str, complete: bool) -> String {
             i += 1;
         }
         let Some(top) = stack.last_mut() else {
-            if src[i..].starts_with('{') {
+            if out.is_empty() && src[i..].starts_with('{') {
                 out.push('{');
                 stack.push(Frame::Object {
                     first: true,
@@ -64,25 +64,20 @@ pub(crate) fn to_json(src: &str, complete: bool) -> String {
             value_next: value_next @ false,
         } = top
         {
-            let (key, used) = match rest.strip_prefix(STRING_MARK) {
-                Some(quoted) => match quoted.find(STRING_MARK) {
-                    Some(end)
-                        if quoted[end + STRING_MARK.len()..]
-                            .trim_start()
-                            .starts_with(':') =>
-                    {
-                        let after = &quoted[end + STRING_MARK.len()..];
-                        let colon =
-                            end + STRING_MARK.len() + (after.len() - after.trim_start().len());
-                        (&quoted[..end], STRING_MARK.len() + colon + 1)
-                    }
-                    _ => break,
-                },
-                None => match rest.find(':') {
-                    Some(colon) => (rest[..colon].trim(), colon + 1),
+            // A key between marks, if a `:` follows it; else up to the `:`.
+            let quoted = rest.strip_prefix(STRING_MARK).and_then(|q| {
+                let end = q.find(STRING_MARK)?;
+                let after = &q[end + STRING_MARK.len()..];
+                let colon = after.len() - after.trim_start().len();
+                after[colon..]
+                    .starts_with(':')
+                    .then(|| (&q[..end], 2 * STRING_MARK.len() + end + colon + 1))
+            });
+            let (key, used) =
+                match quoted.or_else(|| rest.find(':').map(|c| (rest[..c].trim(), c + 1))) {
+                    Some(key) => key,
                     None => break,
-                },
-            };
+                };
             if !*first {
                 out.push_str(", ");
             }
@@ -178,7 +173,7 @@ fn bare(raw: &str) -> String {
 }
 
 fn quote(s: &str) -> String {
-    serde_json::Value::from(s).to_string()
+    serde_json::to_string(s).unwrap_or_default()
 }
 
 /// Bytes at the end of `s` that may be the start of a string mark.
@@ -212,8 +207,14 @@ mod tests {
             to_json(r#"{<|"|>odd key<|"|>:1}"#, true),
             r#"{"odd key": 1}"#
         );
-        // Text after the object is not part of it.
+        // Text after the object is not part of it, a second object included.
         assert_eq!(to_json("{a:1} trailing", true), r#"{"a": 1}"#);
+        assert_eq!(to_json("{a:1},{b:2}", true), r#"{"a": 1}"#);
+        // A marked key with no `:` after its mark reads up to the `:`.
+        assert_eq!(
+            to_json(r#"{<|"|>a<|"|>b:1,c:2}"#, true),
+            r#"{"<|\"|>a<|\"|>b": 1, "c": 2}"#
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! the text grows, each message's content only grows and messages are only added, so the
 //! thinking, answer and calls read from them only grow too: a stream can send differences.
 
-use super::Reply;
+use super::{PromptThinking, Reply};
 
 /// The Lark rule (named `reasoning`) that a structured-output constraint follows with
 /// `--reasoning-parser openai_gptoss`: any number of whole `analysis` or `commentary`
@@ -146,6 +146,19 @@ fn partial_marker(s: &str) -> usize {
                     .any(|e| e.len() > k && e.starts_with(&s[s.len() - k..]))
         })
         .unwrap_or(0)
+}
+
+/// Where a harmony prompt leaves the reply: inside an open `final` message (an answer the
+/// caller began) it is all answer; otherwise its channels decide.
+pub(crate) fn prompt_thinking(prompt: &str) -> PromptThinking {
+    if let Some(at) = prompt.rfind("<|channel|>final") {
+        let rest = &prompt[at..];
+        let ended = ["<|end|>", "<|return|>", "<|call|>", START];
+        if rest.contains(MESSAGE) && !ended.iter().any(|m| rest.contains(m)) {
+            return PromptThinking::Closed;
+        }
+    }
+    PromptThinking::Absent
 }
 
 /// [`parse`], sorted into what the reply says: messages of one kind joined by newlines, in

@@ -96,33 +96,33 @@ pub enum PromptThinking {
 }
 
 impl PromptThinking {
-    pub fn of(prompt: &str) -> Self {
-        if let Some(thinking) = gemma4::prompt_thinking(prompt) {
-            return thinking;
+    /// Where `prompt` leaves the thinking of a model that writes `format`'s markers (each
+    /// format reads only its own: a user's message that quotes another format's markers
+    /// changes nothing).
+    pub fn of(prompt: &str, format: ReasoningParserName) -> Self {
+        match format {
+            ReasoningParserName::Gemma4 => gemma4::prompt_thinking(prompt),
+            ReasoningParserName::OpenAiGptOss => harmony::prompt_thinking(prompt),
+            ReasoningParserName::DeepSeekR1 | ReasoningParserName::Qwen3 => think_tags(prompt),
         }
-        // Harmony: a prompt that ends inside an open `final` message (an answer the caller
-        // began) leaves the reply all answer.
-        if let Some(at) = prompt.rfind("<|channel|>final") {
-            let rest = &prompt[at..];
-            let ended = ["<|end|>", "<|return|>", "<|call|>", "<|start|>"];
-            if rest.contains("<|message|>") && !ended.iter().any(|m| rest.contains(m)) {
-                return PromptThinking::Closed;
+    }
+}
+
+/// `<think>` … `</think>` in the prompt.
+fn think_tags(prompt: &str) -> PromptThinking {
+    let (start, end) = (prompt.rfind(START), prompt.rfind(END));
+    match (start, end) {
+        (Some(s), Some(e)) if e > s => {
+            // Only an empty block at the very end turns thinking off; a closed block
+            // in an earlier turn says nothing of this one.
+            if prompt[e + END.len()..].trim().is_empty() {
+                PromptThinking::Closed
+            } else {
+                PromptThinking::Absent
             }
         }
-        let (start, end) = (prompt.rfind(START), prompt.rfind(END));
-        match (start, end) {
-            (Some(s), Some(e)) if e > s => {
-                // Only an empty block at the very end turns thinking off; a closed block
-                // in an earlier turn says nothing of this one.
-                if prompt[e + END.len()..].trim().is_empty() {
-                    PromptThinking::Closed
-                } else {
-                    PromptThinking::Absent
-                }
-            }
-            (Some(_), _) => PromptThinking::Open,
-            _ => PromptThinking::Absent,
-        }
+        (Some(_), _) => PromptThinking::Open,
+        _ => PromptThinking::Absent,
     }
 }
 
@@ -277,19 +277,36 @@ mod tests {
     #[test]
     fn prompts_open_close_or_leave_thinking() {
         assert_eq!(
-            PromptThinking::of("<|Assistant|><think>\n"),
+            PromptThinking::of("<|Assistant|><think>\n", ReasoningParserName::DeepSeekR1),
             PromptThinking::Open
         );
         assert_eq!(
-            PromptThinking::of("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            PromptThinking::of(
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+                ReasoningParserName::Qwen3
+            ),
             PromptThinking::Closed
         );
         assert_eq!(
-            PromptThinking::of("<|im_start|>assistant\n"),
+            PromptThinking::of("<|im_start|>assistant\n", ReasoningParserName::Qwen3),
             PromptThinking::Absent
         );
         assert_eq!(
-            PromptThinking::of("<think>a</think>old answer<|im_start|>assistant\n"),
+            PromptThinking::of(
+                "<think>a</think>old answer<|im_start|>assistant\n",
+                ReasoningParserName::Qwen3
+            ),
+            PromptThinking::Absent
+        );
+        // Each format reads only its own markers, wherever a user's message puts another's.
+        let quoted = "<|im_start|>user\nWhat does <|channel> mean?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+        assert_eq!(
+            PromptThinking::of(quoted, ReasoningParserName::Qwen3),
+            PromptThinking::Closed
+        );
+        let quoted = "<|turn>user\nWhat does <think> do?<turn|>\n<|turn>model\n";
+        assert_eq!(
+            PromptThinking::of(quoted, ReasoningParserName::Gemma4),
             PromptThinking::Absent
         );
     }
@@ -352,11 +369,25 @@ mod tests {
         let begun = format!("{fresh}<|channel|>final<|message|>{{\"a\":");
         let done =
             format!("{begun}1}}<|end|><|start|>user<|message|>Again<|end|><|start|>assistant");
-        assert_eq!(PromptThinking::of(&begun), PromptThinking::Closed);
-        assert_eq!(gptoss.grammar_prefix(PromptThinking::of(&begun)), None);
+        assert_eq!(
+            PromptThinking::of(&begun, ReasoningParserName::OpenAiGptOss),
+            PromptThinking::Closed
+        );
+        assert_eq!(
+            gptoss.grammar_prefix(PromptThinking::of(
+                &begun,
+                ReasoningParserName::OpenAiGptOss
+            )),
+            None
+        );
         for prompt in [fresh, &done] {
             assert!(
-                gptoss.grammar_prefix(PromptThinking::of(prompt)).is_some(),
+                gptoss
+                    .grammar_prefix(PromptThinking::of(
+                        prompt,
+                        ReasoningParserName::OpenAiGptOss
+                    ))
+                    .is_some(),
                 "{prompt}"
             );
         }

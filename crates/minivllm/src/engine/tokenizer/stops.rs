@@ -1,6 +1,8 @@
 //! Tokens that end a reply beyond the file's own EOS, for vocabularies whose chat formats
 //! end a turn with their own markers (as llama.cpp adds them to its end-of-generation set).
 
+use crate::reasoning::gemma4::STOP_TOKENS;
+
 /// gpt-oss's o200k_harmony vocabulary: a reply ends with `<|return|>` or, calling a tool,
 /// `<|call|>`; `<|end|>` only ends a message within it (llama.cpp decides the same, for
 /// files whose end-of-turn token is `<|end|>`).
@@ -25,10 +27,8 @@ pub(super) fn harmony_stops(inner: &tokenizers::Tokenizer, eos_token_ids: &mut V
 /// `<|tool_response>` (the template's opener for the results), beside `<eos>`; llama.cpp
 /// stops at all three whatever the file's end-of-turn id says.
 pub(super) fn gemma4_stops(inner: &tokenizers::Tokenizer, eos_token_ids: &mut Vec<u32>) {
-    let (Some(turn_end), Some(response)) = (
-        inner.token_to_id("<turn|>"),
-        inner.token_to_id("<|tool_response>"),
-    ) else {
+    let ids = STOP_TOKENS.map(|t| inner.token_to_id(t));
+    let [Some(turn_end), Some(response)] = ids else {
         return;
     };
     for id in [turn_end, response] {

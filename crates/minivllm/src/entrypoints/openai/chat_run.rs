@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::protocol::{
-    chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateKwargs, TemplateMode,
+    chat_messages, ApiError, ChatCompletionRequest, ChatMessageIn, TemplateMode,
 };
 use super::reply_events::{
     ChatEvent, ChatReply, ChoiceDelta, ChoiceReply, Finish, Piece, ReplyEvents, TokenLogprob,
@@ -21,6 +21,7 @@ use super::serving_engine::{
     admit, check_model, encode, last_output, off_async, prompt_logprobs, submit, token_text, Held,
     Prompt,
 };
+use super::template_kwargs::TemplateKwargs;
 use super::tool_calls::{finished_reply, ReplyStream, ToolUse};
 use super::tool_parsers::{ParsedOutput, ToolParser};
 use super::usage::Usage;
@@ -99,7 +100,11 @@ pub async fn run_chat(
     let (req, prompt, params, held, tools) =
         off_async(s, move |s| prepare(s, req, logprob_format)).await?;
     let reasoning = s.config.reasoning_parser.map(ReasoningParser::new);
-    let prompt_thinking = PromptThinking::of(&prompt.text);
+    let format = (s.config.reasoning_parser)
+        .or_else(|| tools.parser.as_ref().and_then(|p| p.reply_format()));
+    let prompt_thinking = format.map_or(PromptThinking::Absent, |f| {
+        PromptThinking::of(&prompt.text, f)
+    });
     let n = params.params().n;
     let prompt_tokens = prompt.ids.len();
     let prompts = [prompt];
@@ -620,17 +625,21 @@ mod tests {
             answer.starts_with("<|tool_call>call:get_weather{"),
             "{answer}"
         );
-        // After a tool's response the template leaves the block open: thinking from the
-        // first token; with thinking off the reply is all answer.
+        // A prompt that ends inside an open block (some templates leave one after a tool's
+        // response): thinking from the first token; with thinking off the reply is all
+        // answer.
         let open: &[&str] = &["It", " is", " 21", ".", "<channel|>", "Warm", "."];
         assert_eq!(
             streamed(Some(&reasoning), PromptThinking::Open, Some(tools), open),
             ("It is 21.".into(), "Warm.".into(), Vec::new())
         );
-        let closed = PromptThinking::of("<|turn>model\n<|channel>thought\n<channel|>");
+        let closed = PromptThinking::of(
+            "<|turn>model\n<|channel>thought\n<channel|>",
+            ReasoningParserName::Gemma4,
+        );
         assert_eq!(
-            streamed(Some(&reasoning), closed, None, &["thought", "\n", "Hi"]),
-            (String::new(), "thought\nHi".into(), Vec::new())
+            streamed(Some(&reasoning), closed, None, &["Hi", " there", "."]),
+            (String::new(), "Hi there.".into(), Vec::new())
         );
         let mut params = SamplingParams::default();
         ReasoningParserName::Gemma4.adjust_params(&mut params);

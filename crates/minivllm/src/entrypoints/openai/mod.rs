@@ -14,6 +14,7 @@ pub mod serving_embedding;
 pub(crate) mod serving_engine;
 pub(crate) mod serving_tokenization;
 pub(crate) mod structured_outputs;
+pub(crate) mod template_kwargs;
 pub mod tool_calls;
 pub mod tool_parsers;
 pub(crate) mod usage;

@@ -4,6 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use super::template_kwargs::{self, TemplateKwargs};
 use crate::engine::async_engine::AsyncEngineError;
 use crate::engine::chat_template::{ChatMessage, ToolCall};
 use crate::engine::llm_engine::EngineError;
@@ -437,12 +438,6 @@ pub struct ChatCompletionRequest {
     pub common: CommonParams,
 }
 
-/// Variables for a chat template beyond the conversation's own.
-pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
-
-/// vLLM's `reasoning_effort` values.
-const REASONING_EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
-
 impl ChatCompletionRequest {
     /// `messages` with every other field as a client leaving it out gets it: for the routes
     /// that translate other APIs' requests.
@@ -467,18 +462,9 @@ impl ChatCompletionRequest {
     /// The template's extra variables: the server's defaults, the request's own over them,
     /// then what `reasoning_effort` implies.
     pub fn template_kwargs(&self, defaults: &TemplateKwargs) -> TemplateKwargs {
-        let mut kwargs = defaults.clone();
-        let own = self.chat_template_kwargs.iter().flatten();
-        kwargs.extend(own.map(|(k, v)| (k.clone(), v.clone())));
-        if let Some(effort) = &self.reasoning_effort {
-            kwargs.insert("reasoning_effort".into(), effort.as_str().into());
-            let own_thinking = (self.chat_template_kwargs.as_ref())
-                .is_some_and(|k| k.contains_key("enable_thinking"));
-            if !own_thinking {
-                kwargs.insert("enable_thinking".into(), (effort != "none").into());
-            }
-        }
-        kwargs
+        let own = self.chat_template_kwargs.as_ref();
+        let kwargs = template_kwargs::merged(defaults, own);
+        template_kwargs::with_effort(kwargs, own, self.reasoning_effort.as_deref())
     }
 
     /// The checks that need nothing but the request; returns how to render its template.
@@ -491,17 +477,8 @@ impl ChatCompletionRequest {
                 Some("messages"),
             ));
         }
-        if let Some(effort) = self.reasoning_effort.as_deref() {
-            if !REASONING_EFFORTS.contains(&effort) {
-                return Err(ApiError::bad_request(
-                    format!(
-                        "reasoning_effort {effort:?} is not one of {}",
-                        REASONING_EFFORTS.join(", ")
-                    ),
-                    Some("reasoning_effort"),
-                ));
-            }
-        }
+        template_kwargs::check_effort(self.reasoning_effort.as_deref())
+            .map_err(|e| ApiError::bad_request(e, Some("reasoning_effort")))?;
         if self.top_logprobs.is_some_and(|k| k > 0) && !self.logprobs {
             return Err(ApiError::bad_request(
                 "when using `top_logprobs`, `logprobs` must be set to true.",

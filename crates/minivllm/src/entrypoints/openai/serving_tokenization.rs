@@ -9,11 +9,10 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::json;
 
 use super::chat_run::render_chat;
-use super::protocol::{
-    default_true, ApiError, ChatMessageIn, ChatTool, TemplateKwargs, TemplateMode,
-};
+use super::protocol::{default_true, ApiError, ChatMessageIn, ChatTool, TemplateMode};
 use super::server_state::{AppState, Shared};
 use super::serving_engine::{check_model, encode, json_response, off_async, parse};
+use super::template_kwargs::{self, TemplateKwargs};
 use super::tool_calls::ToolUse;
 use crate::engine::llm_engine::EngineError;
 use crate::engine::tokenizer::Tokenizer;
@@ -69,8 +68,10 @@ fn tokenize_now(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
                 false,
                 &s.config.tool_calls,
             )?;
-            let mut kwargs = s.config.default_chat_template_kwargs.clone();
-            kwargs.extend(req.chat_template_kwargs.clone().unwrap_or_default());
+            let kwargs = template_kwargs::merged(
+                &s.config.default_chat_template_kwargs,
+                req.chat_template_kwargs.as_ref(),
+            );
             render_chat(
                 s,
                 messages,

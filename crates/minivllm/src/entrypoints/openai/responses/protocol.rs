@@ -9,13 +9,14 @@ use crate::entrypoints::openai::protocol::{
     ToolCallIn,
 };
 use crate::entrypoints::openai::structured_outputs::{JsonSchemaFormat, ResponseFormat};
+use crate::entrypoints::openai::template_kwargs::TemplateKwargs;
 
 use crate::sampling_params::logprob_count;
 
 /// `POST /v1/responses`. Stateless: nothing is stored, so `previous_response_id` is refused
-/// (send the conversation in `input`, as `store: false` clients do). Fields that change
-/// nothing here (`reasoning`, `service_tier`, other `include` values, ...) are accepted and
-/// ignored.
+/// (send the conversation in `input`, as `store: false` clients do). `reasoning.effort` is
+/// the chat request's `reasoning_effort`; fields that change nothing here (`service_tier`,
+/// other `include` values, ...) are accepted and ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ResponsesRequest {
     pub model: Option<String>,
@@ -42,6 +43,8 @@ pub struct ResponsesRequest {
     pub top_logprobs: Option<usize>,
     /// `{"effort": "low"}`: the chat request's `reasoning_effort`.
     pub reasoning: Option<Value>,
+    /// vLLM's extension, as in a chat request.
+    pub chat_template_kwargs: Option<TemplateKwargs>,
 }
 
 /// The `include` value that asks for the output text's logprobs.
@@ -113,6 +116,7 @@ impl ResponsesRequest {
             chat.logprobs = true;
             chat.top_logprobs = Some(self.top_logprobs.unwrap_or(0));
         }
+        chat.chat_template_kwargs = self.chat_template_kwargs.clone();
         match self.reasoning.as_ref().and_then(|r| r.get("effort")) {
             None | Some(Value::Null) => {}
             Some(Value::String(effort)) => chat.reasoning_effort = Some(effort.clone()),

@@ -3,7 +3,7 @@
 //! ([`reasoning::gemma4`](crate::reasoning::gemma4)).
 
 use super::{ParsedOutput, ParsedToolCall, ToolParser};
-use crate::reasoning::{gemma4, PromptThinking};
+use crate::reasoning::{gemma4, PromptThinking, ReasoningParserName};
 use crate::sampling_params::SamplingParams;
 
 #[derive(Debug)]
@@ -19,6 +19,10 @@ impl ToolParser for Gemma4ToolParser {
     /// Its markers are special tokens.
     fn adjust_params(&self, params: &mut SamplingParams) {
         params.skip_special_tokens = false;
+    }
+
+    fn reply_format(&self) -> Option<ReasoningParserName> {
+        Some(ReasoningParserName::Gemma4)
     }
 
     fn parse_whole_reply(

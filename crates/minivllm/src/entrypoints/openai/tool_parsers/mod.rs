@@ -18,7 +18,7 @@ mod pythonic;
 
 use std::fmt::Debug;
 
-use crate::reasoning::PromptThinking;
+use crate::reasoning::{PromptThinking, ReasoningParserName};
 use crate::sampling_params::SamplingParams;
 use json_scan::{object_members, object_sequence};
 
@@ -65,6 +65,12 @@ pub trait ToolParser: Send + Sync + Debug {
     /// Request settings the format needs (e.g. special tokens kept in the text when the
     /// format's markers are special tokens).
     fn adjust_params(&self, _params: &mut SamplingParams) {}
+
+    /// The reasoning format whose markers the calls are written among (harmony's, Gemma 4's):
+    /// it reads where the prompt leaves the thinking even with no `--reasoning-parser`.
+    fn reply_format(&self) -> Option<ReasoningParserName> {
+        None
+    }
 
     /// For formats whose calls sit beside the thinking (harmony's messages, Gemma 4's
     /// blocks): the whole reply read at once, thinking included, given where the prompt left

@@ -4,7 +4,7 @@
 //! The whole reply is read, thinking included, since harmony's calls are messages beside it.
 
 use super::{ParsedOutput, ParsedToolCall, ToolParser};
-use crate::reasoning::{harmony, PromptThinking};
+use crate::reasoning::{harmony, PromptThinking, ReasoningParserName};
 use crate::sampling_params::SamplingParams;
 
 #[derive(Debug)]
@@ -27,6 +27,10 @@ impl ToolParser for OpenAiToolParser {
     /// Harmony's markers are special tokens.
     fn adjust_params(&self, params: &mut SamplingParams) {
         params.skip_special_tokens = false;
+    }
+
+    fn reply_format(&self) -> Option<ReasoningParserName> {
+        Some(ReasoningParserName::OpenAiGptOss)
     }
 
     fn parse_whole_reply(
