@@ -25,6 +25,17 @@ speed and memory measurements on models whose weights never reach this machine.
                             embeddings Q6_K, the DeltaNet's b/a projections, convolution,
                             decay and norms f32). The vocabulary is the tokenizer file's
                             (Qwen3.5's 248,320 tokens do not reach this machine).
+    --shape gemma4-e2b      Gemma 4 E2B (text): hidden 1536, 35 layers, four sliding layers
+                            (8 q / 1 KV heads of 256, window 512) to one full (heads of
+                            512, proportional RoPE over a quarter of the pairs), the last 20
+                            layers reading the K/V of layers 13 and 14 with MLPs twice as
+                            wide (6,144 and 12,288), per-layer inputs 256 wide (a 262,144 x
+                            35 x 256 table), logits soft-capped at 30, tied embeddings; as
+                            its public config.json gives it, in llama.cpp's `gemma4`
+                            layout; Q4_K_M-like formats (Q4_K, v and down Q6_K, embeddings
+                            Q6_K, the per-layer table Q4_K). The vocabulary is the
+                            tokenizer file's: Gemma 3's (gemma-3-270m) has Gemma 4's size,
+                            262,144.
     --shape tiny            a 2-layer Qwen3-MoE of hidden 256 with 8 experts of 256 (top
                             2) in the same formats, with the vocabulary of whatever file
                             the tokenizer comes from: what the Python tests run through
@@ -105,6 +116,22 @@ SHAPES["qwen3.5-0.8b"] = dict(
     eps=1e-6,
     linear=dict(k_heads=16, v_heads=16, k_dim=128, v_dim=128, conv=4, every=4),
 )
+SHAPES["gemma4-e2b"] = dict(
+    arch="gemma4",
+    hidden=1536,
+    layers=35,
+    heads=8,
+    kv_heads=1,
+    head_dim=256,
+    ffn=6144,
+    vocab=262144,
+    context=131072,
+    rope_theta=1_000_000.0,
+    eps=1e-6,
+    sliding_window=512,
+    gemma4=dict(full_head_dim=512, every=5, shared=20, per_layer=256, softcap=30.0,
+                rope_theta_swa=10_000.0, rope_fraction=0.25),
+)
 # Two-layer models of the same families, for the tests' quick runs: the real shape with small
 # widths (the tokenizer's vocabulary, as the real ones).
 _TINY = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, experts=8, experts_used=2,
@@ -150,6 +177,9 @@ def tensors(s, layers):
         return
     if s["arch"] == "qwen35":
         yield from qwen35_tensors(s, layers)
+        return
+    if s["arch"] == "gemma4":
+        yield from gemma4_tensors(s, layers)
         return
     h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
     e, f = s["experts"], s["expert_ffn"]
@@ -231,7 +261,56 @@ def qwen35_tensors(s, layers):
     yield "output_norm.weight", (h,), T.F32
 
 
+def gemma4_is_full(s, i, layers):
+    """Whether layer `i` is a full-attention layer (every `every`-th, and the last)."""
+    return (i + 1) % s["gemma4"]["every"] == 0 or i == layers - 1
+
+
+def gemma4_ffn(s, i, layers):
+    g = s["gemma4"]
+    return s["ffn"] * 2 if i >= layers - g["shared"] else s["ffn"]
+
+
+def gemma4_tensors(s, layers):
+    """Gemma 4's tensors (`convert_hf_to_gguf.py`'s names): per-layer inputs, layers past
+    `layers - shared` with q only (they read earlier layers' K/V), full layers with their own
+    head size."""
+    g = s["gemma4"]
+    h, p = s["hidden"], g["per_layer"]
+    yield "rope_freqs.weight", (g["full_head_dim"] // 2,), T.F32
+    yield "token_embd.weight", (s["vocab"], h), T.Q6_K
+    yield "per_layer_token_embd.weight", (s["vocab"], layers * p), T.Q4_K
+    yield "per_layer_model_proj.weight", (layers * p, h), T.Q4_K
+    yield "per_layer_proj_norm.weight", (p,), T.F32
+    for i in range(layers):
+        b = f"blk.{i}."
+        d = g["full_head_dim"] if gemma4_is_full(s, i, layers) else s["head_dim"]
+        q, kv, f = s["heads"] * d, s["kv_heads"] * d, gemma4_ffn(s, i, layers)
+        yield b + "attn_norm.weight", (h,), T.F32
+        yield b + "attn_q.weight", (q, h), T.Q4_K
+        yield b + "attn_q_norm.weight", (d,), T.F32
+        if i < layers - g["shared"]:
+            yield b + "attn_k.weight", (kv, h), T.Q4_K
+            yield b + "attn_v.weight", (kv, h), T.Q6_K
+            yield b + "attn_k_norm.weight", (d,), T.F32
+        yield b + "attn_output.weight", (h, q), T.Q4_K
+        yield b + "post_attention_norm.weight", (h,), T.F32
+        yield b + "ffn_norm.weight", (h,), T.F32
+        yield b + "ffn_gate.weight", (f, h), T.Q4_K
+        yield b + "ffn_up.weight", (f, h), T.Q4_K
+        yield b + "ffn_down.weight", (h, f), T.Q6_K
+        yield b + "post_ffw_norm.weight", (h,), T.F32
+        yield b + "inp_gate.weight", (p, h), T.Q4_K
+        yield b + "proj.weight", (h, p), T.Q4_K
+        yield b + "post_norm.weight", (h,), T.F32
+        yield b + "layer_output_scale.weight", (1,), T.F32
+    yield "output_norm.weight", (h,), T.F32
+
+
 def data(rng, name, shape, ty):
+    if name == "rope_freqs.weight":  # Gemma 4's proportional RoPE: a quarter of the pairs turn
+        turning = int(shape[0] * SHAPES["gemma4-e2b"]["gemma4"]["rope_fraction"])
+        return np.where(np.arange(shape[0]) < turning, 1.0, 1e30).astype(np.float32)
     if name.endswith("ssm_a"):  # -exp(A_log): decay rates from 1 to 16
         return -rng.uniform(1.0, 16.0, shape).astype(np.float32)
     if ty == T.F32:
@@ -274,12 +353,14 @@ def write(shape, layers, tokenizer_from, out, seed=0, progress=False):
     w.add_name(f"random {shape} shape, {layers} layers")
     w.add_context_length(s["context"])
     w.add_embedding_length(s["hidden"])
-    w.add_feed_forward_length(s["ffn"])
+    if "gemma4" not in s:  # per layer, below
+        w.add_feed_forward_length(s["ffn"])
     w.add_block_count(layers)
     w.add_head_count(s["heads"])
     w.add_head_count_kv(s["kv_heads"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
+    if "gemma4" not in s:
+        w.add_key_length(s["head_dim"])
+        w.add_value_length(s["head_dim"])
     w.add_rope_freq_base(s["rope_theta"])
     w.add_layer_norm_rms_eps(s["eps"])
     if "experts" in s:
@@ -298,6 +379,21 @@ def write(shape, layers, tokenizer_from, out, seed=0, progress=False):
         w.add_rope_dimension_sections([11, 11, 10, 0])
     if "sliding_window" in s:
         w.add_sliding_window(s["sliding_window"])
+    if "gemma4" in s:
+        g, a = s["gemma4"], s["arch"]
+        w.add_array(f"{a}.feed_forward_length", [gemma4_ffn(s, i, layers) for i in range(layers)])
+        w.add_key_length(g["full_head_dim"])
+        w.add_value_length(g["full_head_dim"])
+        w.add_uint32(f"{a}.attention.key_length_swa", s["head_dim"])
+        w.add_uint32(f"{a}.attention.value_length_swa", s["head_dim"])
+        w.add_uint32(f"{a}.rope.dimension_count", g["full_head_dim"])
+        w.add_uint32(f"{a}.rope.dimension_count_swa", s["head_dim"])
+        w.add_float32(f"{a}.rope.freq_base_swa", g["rope_theta_swa"])
+        w.add_uint32(f"{a}.attention.shared_kv_layers", g["shared"])
+        w.add_uint32(f"{a}.embedding_length_per_layer_input", g["per_layer"])
+        w.add_array(f"{a}.attention.sliding_window_pattern",
+                    [not gemma4_is_full(s, i, layers) for i in range(layers)])
+        w.add_float32(f"{a}.final_logit_softcapping", g["softcap"])
     if "yarn" in s:
         factor, original = s["yarn"]
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
