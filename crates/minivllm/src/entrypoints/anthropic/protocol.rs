@@ -13,10 +13,12 @@ use crate::entrypoints::openai::protocol::{
     ApiError, ChatCompletionRequest, ChatMessageIn, ChatTool, CommonParams, FunctionCallIn,
     StopField, ToolCallIn,
 };
+use crate::entrypoints::openai::template_kwargs::TemplateKwargs;
 
-/// `POST /v1/messages` (and `/v1/messages/count_tokens`, which has no `max_tokens`). Fields
-/// the SDK sends that change nothing here (`metadata`, `thinking`, `service_tier`, ...) are
-/// accepted and ignored, as vLLM does.
+/// `POST /v1/messages` (and `/v1/messages/count_tokens`, which has no `max_tokens`).
+/// `thinking` turns the template's thinking on or off (below); fields the SDK sends that
+/// change nothing here (`metadata`, `service_tier`, ...) are accepted and ignored, as vLLM
+/// does.
 #[derive(Debug, Clone, Deserialize)]
 pub struct MessagesRequest {
     pub model: Option<String>,
@@ -31,6 +33,10 @@ pub struct MessagesRequest {
     pub stream: bool,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    /// `{"type": "enabled" | "disabled" | "adaptive", "budget_tokens": n}`.
+    pub thinking: Option<Value>,
+    /// vLLM's extension, as in a chat request.
+    pub chat_template_kwargs: Option<TemplateKwargs>,
 }
 
 impl MessagesRequest {
@@ -71,7 +77,37 @@ impl MessagesRequest {
         if let Some(choice) = &self.tool_choice {
             tool_choice(choice, &mut chat)?;
         }
+        chat.chat_template_kwargs = self.chat_template_kwargs.clone();
+        self.thinking(&mut chat)?;
         Ok(chat)
+    }
+
+    /// `thinking.type`: `disabled` is `reasoning_effort: "none"` (vLLM's reading: templates
+    /// that read `enable_thinking` turn it off); `enabled` sets `enable_thinking` unless the
+    /// request's own `chat_template_kwargs` do (vLLM leaves it to the template's default,
+    /// which for Gemma 4 is off, so a client asking for thinking would get none); `adaptive`
+    /// leaves it to the template. The budget is not enforced.
+    fn thinking(&self, chat: &mut ChatCompletionRequest) -> Result<(), ApiError> {
+        let Some(thinking) = self.thinking.as_ref().filter(|t| !t.is_null()) else {
+            return Ok(());
+        };
+        match thinking.get("type").and_then(Value::as_str) {
+            Some("disabled") => chat.reasoning_effort = Some("none".into()),
+            Some("enabled") => {
+                let kwargs = chat
+                    .chat_template_kwargs
+                    .get_or_insert_with(Default::default);
+                kwargs.entry("enable_thinking").or_insert(true.into());
+            }
+            Some("adaptive") => {}
+            _ => {
+                return Err(bad(
+                    "thinking.type: expected \"enabled\", \"disabled\" or \"adaptive\"",
+                    "thinking",
+                ))
+            }
+        }
+        Ok(())
     }
 }
 
@@ -370,6 +406,39 @@ mod tests {
         let tools = json!({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
                            "tools": [{"name": "f", "input_schema": {}, "description": 1}]});
         assert!(msg(tools).contains("tools[0].description: expected a string"));
+    }
+
+    /// `thinking` as vLLM reads it (disabled: effort `none`), and enabled as the template's
+    /// `enable_thinking` unless the request's own kwargs say otherwise.
+    #[test]
+    fn thinking_sets_the_templates_variables() {
+        let with = |extra: Value| {
+            let mut v = json!({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            read(v)
+        };
+        let chat = with(json!({"thinking": {"type": "disabled"}})).unwrap();
+        assert_eq!(chat.reasoning_effort.as_deref(), Some("none"));
+        let kwargs = chat.template_kwargs(&Default::default());
+        assert_eq!(kwargs["enable_thinking"], json!(false));
+        let chat = with(json!({"thinking": {"type": "enabled", "budget_tokens": 4}})).unwrap();
+        assert_eq!(
+            chat.template_kwargs(&Default::default())["enable_thinking"],
+            json!(true)
+        );
+        let own = json!({"thinking": {"type": "enabled"},
+                         "chat_template_kwargs": {"enable_thinking": false, "x": 1}});
+        let kwargs = with(own).unwrap().template_kwargs(&Default::default());
+        assert_eq!(
+            (kwargs["enable_thinking"].clone(), kwargs["x"].clone()),
+            (json!(false), json!(1))
+        );
+        let adaptive = with(json!({"thinking": {"type": "adaptive"}})).unwrap();
+        assert!(adaptive.template_kwargs(&Default::default()).is_empty());
+        let err = with(json!({"thinking": {"type": "always"}})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("thinking"));
     }
 
     /// Nulls read as the chat request's absent fields, as they did through chat's JSON.
