@@ -96,6 +96,16 @@ def _healthy(url: str) -> bool:
 def serve(cmd):
     """Runs `cmd` (a `minivllm serve --port 0`), yields its base url once healthy, stops it
     after."""
+    running = serve_logged(cmd)
+    url, _ = next(running)
+    try:
+        yield url
+    finally:
+        running.close()
+
+
+def serve_logged(cmd):
+    """As `serve`, yielding (base url, a function returning the server's log so far)."""
     # stderr goes to a file, not a pipe nobody reads, so the server never blocks on its logs;
     # we read it through a descriptor of our own, so reading never moves the server's writes.
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "serve.log", "a") as log:
@@ -114,7 +124,7 @@ def serve(cmd):
                 if time.monotonic() > deadline:
                     pytest.fail(f"minivllm serve not healthy in {STARTUP_TIMEOUT_S} s:\n{logs()}")
                 time.sleep(0.1)
-            yield url
+            yield url, logs
         finally:
             # A signal mpirun can pass on: killed outright, it would leave its ranks behind.
             proc.terminate()

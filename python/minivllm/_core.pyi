@@ -27,6 +27,8 @@ class Engine:
         tensor_parallel_size: int = 1,
         reasoning_parser: Optional[str] = None,
         speculative_config: Optional[str] = None,
+        max_logprobs: int = 20,
+        kv_events_config: Optional[str] = None,
     ) -> None: ...
     def submit(self, requests: List[Tuple[str, Union[str, List[int]], str, int]]) -> "Batch":
         """Queues ``(request_id, prompt, sampling_params_json, priority)`` requests."""

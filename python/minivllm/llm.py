@@ -138,6 +138,9 @@ class LLM:
             ``"MEAN"``, ``normalize`` (default ``True``). The same ``LLM`` generates too.
         max_logprobs: Most ``logprobs`` / ``prompt_logprobs`` a request may ask for (vLLM's
             default 20); -1 allows the whole vocabulary, which a request asks for with -1.
+        kv_events_config: vLLM's, as a dict, e.g. ``{"enable_kv_cache_events": True,
+            "endpoint": "tcp://*:5557"}``: publish the prefix cache's changes as vLLM's KV
+            cache events (see docs/distributed.md).
     """
 
     def __init__(
@@ -167,6 +170,7 @@ class LLM:
         speculative_config: Optional[Dict[str, Any]] = None,
         pooler_config: Any = None,
         max_logprobs: int = 20,
+        kv_events_config: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> None:
         for name, value in kwargs.items():
@@ -203,6 +207,7 @@ class LLM:
             reasoning_parser=reasoning_parser or None,
             speculative_config=None if not speculative_config else json.dumps(speculative_config),
             max_logprobs=max_logprobs,
+            kv_events_config=None if kv_events_config is None else json.dumps(kv_events_config),
         )
         self._tokenizer = Tokenizer(self._engine.get_tokenizer())
         self._request_counter = itertools.count()

@@ -94,7 +94,7 @@ pub fn run(
         );
     }
     let per_seq = total.div_ceil(args.model.block_size);
-    if per_seq * args.batch_size > engine.num_total_blocks() {
+    if per_seq * args.batch_size > engine.kv_blocks().1 {
         bail!("the KV cache is too small for this batch: raise --kv-cache-memory");
     }
     for _ in 0..args.num_iters_warmup {

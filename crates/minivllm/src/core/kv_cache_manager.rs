@@ -30,6 +30,7 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::block_pool::{BlockId, BlockPool, CpuBlockId};
+use super::kv_events::{ExternalHashes, KvCacheEvent};
 use crate::config::first_needed_block;
 use crate::model_executor::input_metadata::StateStep;
 use crate::sequence::SeqId;
@@ -165,6 +166,8 @@ pub struct KvCacheManager {
     cpu_tables: HashMap<SeqId, Vec<CpuBlockId>>,
     /// The linear-attention state slots: held by sequences, or keeping cached states.
     states: StatePool,
+    /// The cached blocks' names in KV cache events, once they are asked for.
+    kv_events: Option<ExternalHashes>,
 }
 
 impl KvCacheManager {
@@ -190,11 +193,29 @@ impl KvCacheManager {
             cpu_pool: BlockPool::new(cfg.num_cpu_blocks, 1),
             cpu_tables: HashMap::new(),
             states: StatePool::new(cfg.num_state_slots),
+            kv_events: None,
         };
         if m.keeps_states() {
             m.pool.log_removed();
         }
         m
+    }
+
+    /// Starts reporting what enters and leaves the prefix cache ([`Self::take_kv_events`]);
+    /// without prefix caching nothing does.
+    pub(crate) fn enable_kv_events(&mut self) {
+        if self.enable_prefix_caching {
+            self.pool.log_events();
+            self.kv_events = Some(ExternalHashes::new(self.block_size));
+        }
+    }
+
+    /// The prefix cache's changes since the last call, as vLLM's KV cache events.
+    pub(crate) fn take_kv_events(&mut self) -> Vec<KvCacheEvent> {
+        match &mut self.kv_events {
+            Some(names) => names.events(self.pool.take_events()),
+            None => Vec::new(),
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -760,4 +781,4 @@ mod state_pool;
 #[cfg(test)]
 mod state_slots;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

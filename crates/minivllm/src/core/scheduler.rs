@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use crate::core::kv_cache_manager::{ComputedBlocks, KvCacheManager};
+use crate::core::kv_event_publisher::KvEventPublisher;
 use crate::core::policy::Policy;
 use crate::core::prefill_share::PrefillShare;
 use crate::core::sched_output::reaches_end;
@@ -66,6 +67,8 @@ pub struct Scheduler {
     prefill_share: PrefillShare,
     /// Whether the step last scheduled runs a long prompt's chunk.
     runs_long_prefill: bool,
+    /// Where the prefix cache's changes go after each step (`--kv-events-config`).
+    kv_events: Option<KvEventPublisher>,
 }
 
 impl Scheduler {
@@ -86,6 +89,7 @@ impl Scheduler {
             draft_length: None,
             prefill_share: PrefillShare::new(cfg.long_prefill_token_threshold),
             runs_long_prefill: false,
+            kv_events: None,
             cfg,
         }
     }
@@ -163,6 +167,26 @@ impl Scheduler {
 
     pub(crate) fn draft_length(&self) -> Option<&DraftLength> {
         self.draft_length.as_ref()
+    }
+
+    /// Publishes the prefix cache's changes through `publisher` after every step
+    /// (`--kv-events-config`).
+    pub(crate) fn set_kv_event_publisher(&mut self, publisher: KvEventPublisher) {
+        self.kv_cache_manager.enable_kv_events();
+        self.kv_events = Some(publisher);
+    }
+
+    /// Where the KV cache events go: the PUB and replay addresses.
+    pub fn kv_events_endpoints(&self) -> Option<(&str, Option<&str>)> {
+        self.kv_events.as_ref().map(KvEventPublisher::endpoints)
+    }
+
+    /// Sends the step's changes to the prefix cache (vLLM v1's scheduler does at the end of
+    /// `update_from_output`).
+    fn publish_kv_events(&mut self) {
+        if let Some(publisher) = &mut self.kv_events {
+            publisher.publish(self.kv_cache_manager.take_kv_events());
+        }
     }
 
     pub fn num_cpu_blocks(&self) -> usize {
@@ -285,6 +309,7 @@ impl Scheduler {
                 seq.spec_token_ids = drafts;
             }
         }
+        self.publish_kv_events();
         outputs
     }
 
@@ -292,6 +317,7 @@ impl Scheduler {
     /// back (their K/V may never have been written). Finish the step's sequences first.
     pub(crate) fn forget_failed_step(&mut self) {
         self.kv_cache_manager.forget_step();
+        self.publish_kv_events();
     }
 
     /// A step that runs nothing and only tells the worker which sequences finished since

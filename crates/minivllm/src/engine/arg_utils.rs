@@ -3,8 +3,9 @@
 
 use crate::config::{SpeculativeConfig, SpeculativeMethodConfig};
 use crate::core::kv_cache_manager::{KvCacheManager, KvCacheManagerConfig};
+use crate::core::kv_event_publisher::KvEventPublisher;
 use crate::core::policy::Policy;
-use crate::core::scheduler::SchedulerConfig;
+use crate::core::scheduler::{Scheduler, SchedulerConfig};
 use crate::engine::errors::EngineError;
 use crate::model_executor::loader::weights::LoadOptions;
 use crate::reasoning::ReasoningParserName;
@@ -65,6 +66,8 @@ pub struct EngineArgs {
     pub chat_template: Option<String>,
     /// `--speculative-config`: tokens guessed for the model to verify several per step.
     pub speculative_config: Option<SpeculativeConfig>,
+    /// `--kv-events-config`: publish the prefix cache's changes as vLLM's KV cache events.
+    pub kv_events_config: Option<crate::config::KvEventsConfig>,
     /// Most logprobs a request may ask for per position (`--max-logprobs`; default 20);
     /// [`ALL_LOGPROBS`](crate::sampling_params::ALL_LOGPROBS), `-1`, allows the whole
     /// vocabulary, which `logprobs=-1` asks for.
@@ -102,6 +105,7 @@ impl Default for EngineArgs {
             reasoning_parser: None,
             chat_template: None,
             speculative_config: None,
+            kv_events_config: None,
             max_logprobs: MAX_LOGPROBS,
         }
     }
@@ -272,7 +276,21 @@ fn check_state_support(speculative: bool, cache: &CacheEngine) -> Result<(), Eng
 }
 
 /// The KV cache manager over `cache`'s blocks, its swap pool and its state slots.
-pub(crate) fn kv_cache_manager(args: &EngineArgs, cache: &CacheEngine) -> KvCacheManager {
+/// The scheduler, over a KV cache manager sized to `cache`, publishing its prefix cache's
+/// changes where `--kv-events-config` asks.
+pub(crate) fn scheduler(
+    args: &EngineArgs,
+    cfg: SchedulerConfig,
+    cache: &CacheEngine,
+) -> Result<Scheduler, EngineError> {
+    let mut scheduler = Scheduler::new(cfg, kv_cache_manager(args, cache));
+    if let Some(c) = args.kv_events_config.as_ref().filter(|c| c.publishes()) {
+        scheduler.set_kv_event_publisher(KvEventPublisher::start(c)?);
+    }
+    Ok(scheduler)
+}
+
+fn kv_cache_manager(args: &EngineArgs, cache: &CacheEngine) -> KvCacheManager {
     KvCacheManager::new(KvCacheManagerConfig {
         num_blocks: cache.num_blocks(),
         block_size: args.block_size,

@@ -95,8 +95,8 @@ impl AsyncEngine {
         let shared = Arc::new(Shared {
             thread: Mutex::new(None),
             stats: Mutex::new(engine.stats()),
-            num_free_blocks: AtomicUsize::new(engine.num_free_blocks()),
-            num_total_blocks: engine.num_total_blocks(),
+            num_free_blocks: AtomicUsize::new(engine.kv_blocks().0),
+            num_total_blocks: engine.kv_blocks().1,
         });
         let tokenizer = engine.tokenizer().clone();
         let structured = Arc::clone(engine.structured_output_manager());
@@ -354,7 +354,7 @@ fn publish(engine: &LLMEngine, shared: &Shared) {
     *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = engine.stats();
     shared
         .num_free_blocks
-        .store(engine.num_free_blocks(), Ordering::Relaxed);
+        .store(engine.kv_blocks().0, Ordering::Relaxed);
 }
 
 fn step(

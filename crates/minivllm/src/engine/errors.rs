@@ -41,4 +41,6 @@ pub enum EngineError {
     /// The executor could not load the model, allocate its KV cache or reach its ranks.
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    #[error(transparent)]
+    KvEvents(#[from] crate::core::kv_event_publisher::KvEventsError),
 }

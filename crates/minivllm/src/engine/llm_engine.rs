@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::core::scheduler::{Scheduler, SchedulerOutput};
-use crate::engine::arg_utils::{check_kv_cache_fits, kv_cache_manager, scheduler_config};
+use crate::engine::arg_utils::{check_kv_cache_fits, scheduler, scheduler_config};
 pub use crate::engine::arg_utils::{check_width, EngineArgs};
 pub use crate::engine::errors::EngineError;
 pub use crate::engine::input_processor::PromptInput;
@@ -87,7 +87,6 @@ impl LLMEngine {
              (minivllm:kv_cache_touched_bytes in /metrics)"
         );
         let sched_cfg = scheduler_config(args, max_model_len, cache.num_state_slots())?;
-        let kv_cache_manager = kv_cache_manager(args, cache);
         let tokenizer = Arc::new(tokenizer);
         let structured = Arc::new(StructuredOutputManager::new(
             Arc::clone(&tokenizer),
@@ -100,11 +99,12 @@ impl LLMEngine {
             max_logprobs: args.max_logprobs,
         };
         let checks = RequestChecks::new(&tokenizer, limits, &sched_cfg);
+        let scheduler = scheduler(args, sched_cfg, cache)?;
         let mut engine = Self {
             outputs: OutputProcessor::new(Arc::clone(&tokenizer)),
             eos_token_ids: Arc::from(tokenizer.eos_token_ids()),
             tokenizer,
-            scheduler: Scheduler::new(sched_cfg, kv_cache_manager),
+            scheduler,
             checks,
             executor,
             next_arrival: 0,
@@ -121,6 +121,11 @@ impl LLMEngine {
             engine.scheduler.enable_speculation(limits);
         }
         Ok(engine)
+    }
+
+    /// Where the KV cache events go (`--kv-events-config`): the PUB and replay addresses.
+    pub fn kv_events_endpoints(&self) -> Option<(&str, Option<&str>)> {
+        self.scheduler.kv_events_endpoints()
     }
 
     /// The model the engine runs (for benchmarks' accounting of FLOPs and bytes).
@@ -198,22 +203,16 @@ impl LLMEngine {
         self.started.elapsed().as_secs_f64()
     }
 
-    /// KV blocks not held by any sequence (free or only in the prefix cache).
-    pub fn num_free_blocks(&self) -> usize {
-        self.scheduler.kv_cache_manager().num_free_blocks()
+    /// KV blocks: those not held by any sequence (free or only in the prefix cache), and all.
+    pub fn kv_blocks(&self) -> (usize, usize) {
+        let m = self.scheduler.kv_cache_manager();
+        (m.num_free_blocks(), m.num_blocks())
     }
 
-    pub fn num_total_blocks(&self) -> usize {
-        self.scheduler.kv_cache_manager().num_blocks()
-    }
-
-    /// Blocks of the CPU swap pool not held by a swapped-out sequence.
-    pub fn num_free_cpu_blocks(&self) -> usize {
-        self.scheduler.num_free_cpu_blocks()
-    }
-
-    pub fn num_total_cpu_blocks(&self) -> usize {
-        self.scheduler.num_cpu_blocks()
+    /// Blocks of the CPU swap pool: those not held by a swapped-out sequence, and all.
+    pub fn cpu_blocks(&self) -> (usize, usize) {
+        let s = &self.scheduler;
+        (s.num_free_cpu_blocks(), s.num_cpu_blocks())
     }
 
     /// Validates and queues a request. Errors leave the engine and other requests untouched.

@@ -65,16 +65,9 @@ fn assert_all_blocks_free(engine: &mut LLMEngine) {
         0,
         "the worker kept finished sequences"
     );
-    assert_eq!(
-        engine.num_free_blocks(),
-        engine.num_total_blocks(),
-        "blocks leaked"
-    );
-    assert_eq!(
-        engine.num_free_cpu_blocks(),
-        engine.num_total_cpu_blocks(),
-        "swap blocks leaked"
-    );
+    assert_eq!(engine.kv_blocks().0, engine.kv_blocks().1, "blocks leaked");
+    let (free, total) = engine.cpu_blocks();
+    assert_eq!(free, total, "swap blocks leaked");
 }
 
 #[test]
@@ -246,12 +239,12 @@ fn n_completions_share_the_prompt_blocks() {
     engine
         .add_request("r", PromptInput::TokenIds(prompt), params, 0)
         .unwrap();
-    let total = engine.num_total_blocks();
+    let total = engine.kv_blocks().1;
     // The first sequence prefills the prompt; its siblings, scheduled after it in the same
     // step, find its 2 full blocks in the prefix cache and compute only the partial one.
     engine.step().unwrap();
     engine.step().unwrap(); // each writes its first token into its own partial block
-    let used = total - engine.num_free_blocks();
+    let used = total - engine.kv_blocks().0;
     // Shared: 2 full prompt blocks; own: 3 partial last blocks.
     assert_eq!(
         used,
@@ -268,7 +261,7 @@ fn n_completions_share_the_prompt_blocks() {
     assert!(out.finished);
     assert_eq!(out.outputs.len(), 3);
     assert!(out.outputs.iter().all(|o| o.token_ids.len() == 5));
-    assert_eq!(engine.num_free_blocks(), total);
+    assert_eq!(engine.kv_blocks().0, total);
 }
 
 #[test]
@@ -377,7 +370,7 @@ fn aborted_requests_free_their_blocks() {
     }
     engine.step().unwrap();
     engine.step().unwrap();
-    assert!(engine.num_free_blocks() < engine.num_total_blocks());
+    assert!(engine.kv_blocks().0 < engine.kv_blocks().1);
     engine.abort_request("r1");
     engine.abort_request("r3");
     engine.abort_request("unknown");

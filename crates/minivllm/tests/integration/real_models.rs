@@ -275,7 +275,7 @@ fn gemma3_frees_the_blocks_behind_its_sliding_window() {
             let p = case.prompt.len() + out.len() - 2;
             let blocks = (p + 1).div_ceil(bs);
             let behind = (p + 1).saturating_sub(window) / bs;
-            let used = engine.num_total_blocks() - engine.num_free_blocks();
+            let used = engine.kv_blocks().1 - engine.kv_blocks().0;
             assert_eq!(
                 used,
                 blocks + sliding * (blocks - behind),

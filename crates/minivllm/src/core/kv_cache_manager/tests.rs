@@ -1,19 +1,19 @@
 use super::*;
 
-fn mgr(num_blocks: usize, block_size: usize) -> KvCacheManager {
+pub(crate) fn mgr(num_blocks: usize, block_size: usize) -> KvCacheManager {
     KvCacheManager::new(KvCacheManagerConfig {
         watermark: 0.0,
         ..KvCacheManagerConfig::new(num_blocks, block_size)
     })
 }
 
-fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
+pub(crate) fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
     range.collect()
 }
 
 /// Admits `seq` with its cached prefix, computes all of `tokens`, and caches its blocks,
 /// as the scheduler would over a prefill; returns the cached-token count it started from.
-fn prefill(m: &mut KvCacheManager, seq: u64, tokens: &[u32]) -> usize {
+pub(crate) fn prefill(m: &mut KvCacheManager, seq: u64, tokens: &[u32]) -> usize {
     let computed = m.get_computed_blocks(tokens);
     let cached = computed.num_tokens();
     m.allocate_new_slots(SeqId(seq), tokens, computed, tokens.len() - cached)
