@@ -2,8 +2,8 @@
 
 pub(crate) mod block_pool;
 pub mod kv_cache_manager;
-pub mod kv_event_publisher;
-pub mod kv_events;
+pub(crate) mod kv_event_publisher;
+pub(crate) mod kv_events;
 pub mod policy;
 pub(crate) mod prefill_share;
 pub(crate) mod sched_output;
