@@ -44,6 +44,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, proc, what: str):
+    """Until GET /health answers 200; exits if `proc` ends or a minute passes."""
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"{what} did not become healthy")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+
+
 class Replica:
     def __init__(self, args, log_dir: Path, i: int, kv_mib: int):
         self.log = open(log_dir / f"replica{i}.log", "w+")
@@ -66,13 +80,7 @@ class Replica:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 sys.exit(f"replica {i} did not start:\n{text}")
             time.sleep(0.2)
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(self.url, self.proc, f"replica {i} ({self.log.name})")
 
     def stop(self):
         self.proc.terminate()
@@ -93,16 +101,7 @@ def start_router(args, policy: str, replicas, log_dir: Path):
     log = open(log_dir / f"router-{policy}.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"vllm-router ({policy}) did not start: see {log.name}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
+    wait_healthy(url, proc, f"vllm-router ({policy}, {log.name})")
     time.sleep(1.0)  # its event subscribers connect after it answers
     return proc, url
 
