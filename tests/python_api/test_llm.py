@@ -648,3 +648,36 @@ def test_draft_model_speculation_gives_the_same_outputs(llm, model):
     with pytest.raises(RuntimeError, match="missing-draft.gguf"):
         LLM(model=model, speculative_config={"method": "draft_model", "num_speculative_tokens": 2,
                                              "model": "missing-draft.gguf"})
+
+
+def test_kv_events_config_publishes_vllms_events(model):
+    """LLM(kv_events_config=...) publishes the prefix cache's blocks as the server does
+    (the wire is checked in full by tests/python/test_kv_events.py)."""
+    import socket
+
+    import msgspec
+    import zmq
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    llm = LLM(model=model, kv_events_config={"enable_kv_cache_events": True,
+                                             "endpoint": f"tcp://127.0.0.1:{port}"}, **ENGINE)
+    ctx = zmq.Context()
+    try:
+        sub = ctx.socket(zmq.SUB)
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        time.sleep(0.5)
+        prompt = list(range(500, 540))
+        llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1), use_tqdm=False)
+        assert sub.poll(5000), "no KV cache events"
+        _, seq, payload = sub.recv_multipart()
+        ts, events, rank = msgspec.msgpack.decode(payload)
+        assert (int.from_bytes(seq, "big"), rank) == (0, 0)
+        assert events[0]["type"] == "BlockStored" and events[0]["token_ids"] == prompt[:32]
+    finally:
+        ctx.destroy(linger=0)
+        del llm
+    with pytest.raises(ValueError, match="kv-events-config"):
+        LLM(model=model, kv_events_config={"endpoint": "ipc:///tmp/kv"}, **ENGINE)

@@ -25,9 +25,11 @@ pub fn engine_error(e: EngineError) -> PyErr {
         | EngineError::DuplicateRequest(_)
         | EngineError::TooManySequences { .. }
         | EngineError::Tokenizer(_) => PyValueError::new_err(e.to_string()),
-        EngineError::Load(_) | EngineError::Worker(_) | EngineError::Input(_) => {
-            PyRuntimeError::new_err(e.to_string())
-        }
+        // An address in use, or a thread that cannot start.
+        EngineError::Load(_)
+        | EngineError::Worker(_)
+        | EngineError::Input(_)
+        | EngineError::KvEvents(_) => PyRuntimeError::new_err(e.to_string()),
     }
 }
 
