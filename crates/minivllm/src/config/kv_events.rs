@@ -26,8 +26,9 @@ pub struct KvEventsConfig {
     pub replay_endpoint: Option<String>,
     /// Batches kept for replay.
     pub buffer_steps: usize,
-    /// Batches queued per subscriber before new ones are dropped for it (ZeroMQ's
-    /// high-water mark).
+    /// ZeroMQ's high-water mark: accepted as vLLM's JSON has it, but not settable in the
+    /// socket library we use (the `zeromq` crate), whose PUB socket likewise drops messages
+    /// for a subscriber whose queue is full rather than wait for it.
     pub hwm: usize,
     /// Batches waiting to be sent before the engine drops new ones rather than wait.
     pub max_queue_size: usize,
