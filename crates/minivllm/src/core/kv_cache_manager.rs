@@ -131,6 +131,9 @@ pub(crate) struct ComputedBlocks {
     /// For a model with linear attention, the cached state at the prefix's end (its key
     /// and slot): a prefix is usable only with one.
     state: Option<(u64, u32)>,
+    /// The cache was looked up (prefix caching on, and the request did not skip it): the
+    /// admission counts in the hit rate.
+    looked_up: bool,
 }
 
 impl ComputedBlocks {
@@ -251,13 +254,12 @@ impl KvCacheManager {
         let max_blocks = token_ids.len().saturating_sub(1) / self.block_size;
         let hits = self.find_cached(token_ids, max_blocks);
         let num_tokens = hits.len() * self.block_size;
-        self.stats.queries += token_ids.len() as u64;
-        self.stats.hits += num_tokens as u64;
         let state = hits.last().and_then(|h| self.cached_state(h.hashed));
         ComputedBlocks {
             hits,
             num_tokens,
             state,
+            looked_up: true,
         }
     }
 
@@ -288,7 +290,14 @@ impl KvCacheManager {
             return None;
         }
         let required = num_tokens.div_ceil(self.block_size);
+        let (looked_up, num_hits) = (computed.looked_up, computed.num_tokens);
         self.allocate_new(seq, computed.hits, required, computed.state)?;
+        // Counted at admission, as vLLM does, so that a request waiting through several
+        // steps' lookups counts once.
+        if looked_up {
+            self.stats.queries += token_ids.len() as u64;
+            self.stats.hits += num_hits as u64;
+        }
         self.cache_full_blocks(seq, token_ids, num_tokens);
         self.plan_snapshot(seq, computed.num_tokens, num_tokens);
         Some(())
@@ -777,6 +786,8 @@ impl KvCacheManager {
     }
 }
 
+#[cfg(test)]
+mod hit_rate;
 mod state_pool;
 #[cfg(test)]
 mod state_slots;

@@ -24,7 +24,7 @@ pub(crate) fn prefill(m: &mut KvCacheManager, seq: u64, tokens: &[u32]) -> usize
 
 /// Admits `seq` for `new` tokens past the cached prefix a lookup finds, which must hold
 /// `cached` tokens.
-fn admit(m: &mut KvCacheManager, seq: u64, tokens: &[u32], cached: usize, new: usize) {
+pub(crate) fn admit(m: &mut KvCacheManager, seq: u64, tokens: &[u32], cached: usize, new: usize) {
     let computed = m.get_computed_blocks(tokens);
     assert_eq!(computed.num_tokens(), cached);
     m.allocate_new_slots(SeqId(seq), tokens, computed, new)
@@ -32,7 +32,7 @@ fn admit(m: &mut KvCacheManager, seq: u64, tokens: &[u32], cached: usize, new: u
 }
 
 /// The cached tokens a lookup finds, taking nothing.
-fn cached_tokens(m: &mut KvCacheManager, tokens: &[u32]) -> usize {
+pub(crate) fn cached_tokens(m: &mut KvCacheManager, tokens: &[u32]) -> usize {
     m.get_computed_blocks(tokens).num_tokens()
 }
 
@@ -133,18 +133,6 @@ fn a_prefix_evicted_between_lookup_and_allocation_is_refused() {
     assert!(m.block_table(SeqId(3)).is_empty());
     assert_eq!(m.num_free_blocks(), 4);
     assert_eq!(cached_tokens(&mut m, &t), 4);
-}
-
-#[test]
-fn prefix_caching_off_finds_nothing() {
-    let mut m = KvCacheManager::new(KvCacheManagerConfig {
-        enable_prefix_caching: false,
-        ..KvCacheManagerConfig::new(8, 4)
-    });
-    let t = toks(0..9);
-    prefill(&mut m, 1, &t);
-    assert_eq!(cached_tokens(&mut m, &t), 0);
-    assert_eq!(m.prefix_cache_stats(), PrefixCacheStats::default());
 }
 
 #[test]
