@@ -44,11 +44,14 @@ class BlockStored(KVCacheEvent):
     lora_id: Optional[int]
     medium: Optional[str]
     lora_name: Optional[str]
+    extra_keys: Optional[list] = None
+    group_idx: Optional[int] = None
 
 
 class BlockRemoved(KVCacheEvent):
     block_hashes: List[Union[bytes, int]]
     medium: Optional[str]
+    group_idx: Optional[int] = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -128,9 +131,11 @@ def test_events_are_vllms(binary: str, model: str):
         h2 = block_hash(h1, b[32:48])
         assert events == [
             BlockStored(block_hashes=[h0, h1], parent_block_hash=None, token_ids=a[:32],
-                        block_size=BLOCK, lora_id=None, medium="GPU", lora_name=None),
+                        block_size=BLOCK, lora_id=None, medium="GPU", lora_name=None,
+                        extra_keys=[None, None], group_idx=0),
             BlockStored(block_hashes=[h2], parent_block_hash=h1, token_ids=b[32:48],
-                        block_size=BLOCK, lora_id=None, medium="GPU", lora_name=None),
+                        block_size=BLOCK, lora_id=None, medium="GPU", lora_name=None,
+                        extra_keys=[None], group_idx=0),
         ]
 
         # Prompts of 100 new tokens take 7 blocks each: a's and b's must make room.
@@ -143,11 +148,12 @@ def test_events_are_vllms(binary: str, model: str):
                    for h in e.block_hashes]
         assert {h0, h1, h2} <= set(removed), "a's and b's blocks were evicted"
         assert set(removed) <= stored and len(removed) == len(set(removed))
+        assert all(e.group_idx == 0 and e.medium == "GPU" for x in later for e in x.events)
 
         # Replay, as routers ask after a gap: every batch from seq 1 on, then the end mark.
         dealer = ctx.socket(zmq.DEALER)
         dealer.connect(replay)
-        dealer.send_multipart([b"", (1).to_bytes(8, "big")])
+        dealer.send_multipart([b"", b"\x01"])  # any length, as vLLM's int.from_bytes reads it
         replayed = []
         while True:
             assert dealer.poll(5000), "no replay answer"
@@ -213,17 +219,22 @@ def test_vllm_router_sends_a_prompt_where_our_events_say_it_is_cached(binary: st
                 assert time.monotonic() < deadline, "vllm-router not healthy in 60 s"
                 time.sleep(0.2)
             time.sleep(1.0)  # its subscribers connect after it answers
-            # The second replica alone computes this prompt: only its events tell the router.
-            # A router routing blind takes the first of two idle workers.
-            prompt = "Lanterns glow in the harbour as fishing boats return at dusk. " * 6
-            complete(urls[1], prompt)
-            time.sleep(0.5)
-            before = [prefix_queries(u) for u in urls]
-            for _ in range(3):
-                complete(base, prompt)
-            after = [prefix_queries(u) for u in urls]
-            log.seek(0)
-            assert after[0] == before[0] and after[1] > before[1], log.read()[-4000:].decode()
+            # One replica alone computes each prompt: only its events tell the router. Each
+            # replica in turn, so that no fixed choice (a blind router takes the first of
+            # two idle workers) can pass.
+            for cached_on, text in [(1, "Lanterns glow in the harbour as boats return. "),
+                                    (0, "Snow covers the pine forest under a pale moon. ")]:
+                prompt = text * 6
+                complete(urls[cached_on], prompt)
+                time.sleep(0.5)
+                before = [prefix_queries(u) for u in urls]
+                for _ in range(3):
+                    complete(base, prompt)
+                after = [prefix_queries(u) for u in urls]
+                other = 1 - cached_on
+                log.seek(0)
+                assert after[other] == before[other] and after[cached_on] > before[cached_on], \
+                    log.read()[-4000:].decode()
         finally:
             router.terminate()
             router.wait(timeout=30)

@@ -20,7 +20,8 @@ pub struct KvEventsConfig {
     pub enable_kv_cache_events: bool,
     /// Default: `zmq` when events are enabled, else `null` (vLLM's rule).
     pub publisher: Option<KvEventsPublisher>,
-    /// The PUB socket: `tcp://*:PORT` (or a host's address) binds, as vLLM's does.
+    /// The PUB socket's address, bound: `tcp://*:PORT` for every interface, or one host
+    /// address (vLLM would connect to the latter; we always bind).
     pub endpoint: String,
     /// Where subscribers ask for batches they missed (`tcp://*:PORT`); none: no replay.
     pub replay_endpoint: Option<String>,
@@ -30,11 +31,15 @@ pub struct KvEventsConfig {
     /// socket library we use (the `zeromq` crate), whose PUB socket likewise drops messages
     /// for a subscriber whose queue is full rather than wait for it.
     pub hwm: usize,
-    /// Batches waiting to be sent before the engine drops new ones rather than wait.
+    /// Batches waiting to be sent; events with no room wait for the next step's batch
+    /// (the engine never waits for the publisher).
     pub max_queue_size: usize,
     /// The first frame of every message, which subscribers filter on.
     pub topic: String,
 }
+
+/// The most batches a buffer may be asked to hold (vLLM's defaults are 10,000 and 100,000).
+const MAX_BUFFER: usize = 100_000_000;
 
 impl Default for KvEventsConfig {
     fn default() -> Self {
@@ -91,8 +96,8 @@ impl KvEventsConfig {
             ("hwm", self.hwm),
             ("max_queue_size", self.max_queue_size),
         ] {
-            if n == 0 {
-                return Err(format!("{name} must be at least 1"));
+            if n == 0 || n > MAX_BUFFER {
+                return Err(format!("{name} must be between 1 and {MAX_BUFFER}"));
             }
         }
         Ok(())
@@ -122,6 +127,10 @@ mod tests {
                 "must differ",
             ),
             (r#"{"hwm": 0}"#, "hwm"),
+            (
+                r#"{"max_queue_size": 1000000000000}"#,
+                "max_queue_size must be between",
+            ),
             (r#"{"publisher": "kafka"}"#, "unknown variant"),
             (r#"{"enable_kv_events": true}"#, "unknown field"),
         ] {

@@ -137,6 +137,12 @@ pub(crate) struct ComputedBlocks {
 }
 
 impl ComputedBlocks {
+    /// Whether the admission counts in the hit rate (a lookup counts unless told not to).
+    pub(crate) fn counted(mut self, counted: bool) -> Self {
+        self.looked_up &= counted;
+        self
+    }
+
     /// The tokens the cached blocks hold: a whole number of blocks, never the last token.
     pub(crate) fn num_tokens(&self) -> usize {
         self.num_tokens

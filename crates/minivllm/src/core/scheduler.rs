@@ -580,7 +580,10 @@ impl Scheduler {
             let computed = if seq.skip_prefix_cache {
                 ComputedBlocks::default()
             } else {
-                self.kv_cache_manager.get_computed_blocks(&seq.token_ids)
+                let found = self.kv_cache_manager.get_computed_blocks(&seq.token_ids);
+                // A sequence preempted and recomputed finds its own blocks: vLLM leaves
+                // that out of the hit rate.
+                found.counted(seq.num_cached_tokens.is_none())
             };
             let cached = computed.num_tokens();
             let remaining = seq.len() - cached;

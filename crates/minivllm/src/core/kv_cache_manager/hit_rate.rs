@@ -5,7 +5,8 @@ use super::tests::{admit, cached_tokens, mgr, prefill, toks};
 use super::*;
 
 /// The hit rate counts admissions, not lookups: a request that waits through several
-/// steps' lookups counts once, and one never admitted not at all (vLLM's rule).
+/// steps' lookups counts once, one never admitted not at all, and a readmission after a
+/// preemption not again (vLLM 0.32 keeps those apart, out of `vllm:prefix_cache_*`).
 #[test]
 fn the_hit_rate_counts_each_admission_once() {
     let mut m = mgr(8, 4);
@@ -24,6 +25,11 @@ fn the_hit_rate_counts_each_admission_once() {
         queries: 18,
         hits: 8,
     };
+    assert_eq!(m.prefix_cache_stats(), counted);
+    // Readmitted after a preemption (the scheduler says so): not counted again.
+    m.free(SeqId(2));
+    let again = m.get_computed_blocks(&t).counted(false);
+    m.allocate_new_slots(SeqId(3), &t, again, 1).expect("room");
     assert_eq!(m.prefix_cache_stats(), counted);
 }
 
