@@ -281,7 +281,7 @@ mod tests {
         );
     }
 
-    use crate::core::kv_cache_manager::tests::{mgr, prefill, toks};
+    use crate::core::kv_cache_manager::tests::{cached_tokens, mgr, prefill, toks};
     use crate::core::kv_cache_manager::{KvCacheManager, KvCacheManagerConfig};
     use crate::sequence::SeqId;
 
@@ -332,5 +332,35 @@ mod tests {
         off.enable_kv_events();
         prefill(&mut off, 1, &a);
         assert_eq!(off.take_kv_events(), []);
+    }
+
+    /// A step that failed takes its registrations back: routers hear of the blocks' removal
+    /// in the same batch that stored them, so they never count on K/V nobody computed.
+    #[test]
+    fn a_failed_step_reports_its_blocks_removed() {
+        let mut m = mgr(4, 2);
+        m.enable_kv_events();
+        m.start_step();
+        prefill(&mut m, 1, &toks(0..5));
+        m.free(SeqId(1));
+        m.forget_step();
+        let none = ExternalHashes::new(2).none_hash();
+        let h0 = hash_block_tokens(none, &[0, 1]);
+        let h1 = hash_block_tokens(h0, &[2, 3]);
+        assert_eq!(
+            m.take_kv_events(),
+            [
+                KvCacheEvent::BlockStored {
+                    block_hashes: vec![h0, h1],
+                    parent_block_hash: None,
+                    token_ids: vec![0, 1, 2, 3],
+                    block_size: 2,
+                },
+                KvCacheEvent::BlockRemoved {
+                    block_hashes: vec![h0, h1]
+                },
+            ]
+        );
+        assert_eq!(cached_tokens(&mut m, &toks(0..5)), 0);
     }
 }
