@@ -131,15 +131,15 @@ pub(crate) struct ComputedBlocks {
     /// For a model with linear attention, the cached state at the prefix's end (its key
     /// and slot): a prefix is usable only with one.
     state: Option<(u64, u32)>,
-    /// The cache was looked up (prefix caching on, and the request did not skip it): the
-    /// admission counts in the hit rate.
-    looked_up: bool,
+    /// The admission counts in the hit rate: the cache was looked up (prefix caching on,
+    /// the request did not skip it) and the sequence is not a preempted one come back.
+    in_hit_rate: bool,
 }
 
 impl ComputedBlocks {
     /// Whether the admission counts in the hit rate (a lookup counts unless told not to).
     pub(crate) fn counted(mut self, counted: bool) -> Self {
-        self.looked_up &= counted;
+        self.in_hit_rate &= counted;
         self
     }
 
@@ -265,7 +265,7 @@ impl KvCacheManager {
             hits,
             num_tokens,
             state,
-            looked_up: true,
+            in_hit_rate: true,
         }
     }
 
@@ -296,11 +296,11 @@ impl KvCacheManager {
             return None;
         }
         let required = num_tokens.div_ceil(self.block_size);
-        let (looked_up, num_hits) = (computed.looked_up, computed.num_tokens);
+        let (in_hit_rate, num_hits) = (computed.in_hit_rate, computed.num_tokens);
         self.allocate_new(seq, computed.hits, required, computed.state)?;
         // Counted at admission, as vLLM does, so that a request waiting through several
         // steps' lookups counts once.
-        if looked_up {
+        if in_hit_rate {
             self.stats.queries += token_ids.len() as u64;
             self.stats.hits += num_hits as u64;
         }
