@@ -6,6 +6,7 @@ models/SmolLM2-135M-Instruct.Q4_1.gguf) pick them, relative to the repo root. Ea
 conftest.py puts tests/ on sys.path and imports the fixtures from here.
 """
 
+import contextlib
 import os
 import re
 import subprocess
@@ -133,3 +134,40 @@ def serve_logged(cmd):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_router(*args: str, env=None):
+    """`vllm-router` (from PyPI, in the test venv) with `args`, on a free port: yields (its
+    base url, a function returning its log so far) once healthy; stopped after."""
+    router_bin = Path(ROOT, ".venv/bin/vllm-router")
+    assert router_bin.exists(), "vllm-router is in tests/python/requirements.txt"
+    port = free_port()
+    cmd = [str(router_bin), "--host", "127.0.0.1", "--port", str(port),
+           "--prometheus-port", str(free_port()), *args]
+    with tempfile.TemporaryFile() as log:
+        router = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def logs() -> str:
+            log.seek(0)
+            return log.read()[-4000:].decode(errors="replace")
+
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while not _healthy(base):
+                assert router.poll() is None, f"vllm-router exited:\n{logs()}"
+                assert time.monotonic() < deadline, f"vllm-router not healthy in 60 s:\n{logs()}"
+                time.sleep(0.2)
+            yield base, logs
+        finally:
+            router.terminate()
+            router.wait(timeout=30)

@@ -141,6 +141,11 @@ class LLM:
         kv_events_config: vLLM's, as a dict, e.g. ``{"enable_kv_cache_events": True,
             "endpoint": "tcp://*:5557"}``: publish the prefix cache's changes as vLLM's KV
             cache events (see docs/distributed.md).
+        kv_transfer_config: vLLM's, as a dict, e.g. ``{"kv_connector": "TcpConnector",
+            "kv_role": "kv_both"}``: prefill/decode disaggregation. A request with
+            ``SamplingParams(extra_args={"kv_transfer_params": {"do_remote_decode": True}})``
+            keeps its KV for another engine, whose request then passes the output's
+            ``kv_transfer_params`` the same way (see docs/distributed.md).
     """
 
     def __init__(
@@ -171,6 +176,7 @@ class LLM:
         pooler_config: Any = None,
         max_logprobs: int = 20,
         kv_events_config: Optional[Dict[str, Any]] = None,
+        kv_transfer_config: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> None:
         for name, value in kwargs.items():
@@ -208,6 +214,8 @@ class LLM:
             speculative_config=None if not speculative_config else json.dumps(speculative_config),
             max_logprobs=max_logprobs,
             kv_events_config=None if kv_events_config is None else json.dumps(kv_events_config),
+            kv_transfer_config=(None if kv_transfer_config is None
+                                else json.dumps(kv_transfer_config)),
         )
         self._tokenizer = Tokenizer(self._engine.get_tokenizer())
         self._request_counter = itertools.count()
@@ -463,6 +471,8 @@ class LLM:
             finished=raw["finished"],
             num_cached_tokens=raw["num_cached_tokens"],
             metrics=_metrics(raw["metrics"]),
+            kv_transfer_params=(None if raw["kv_transfer_params"] is None
+                                else json.loads(raw["kv_transfer_params"])),
         )
 
     def _logprobs(self, position: List[Tuple[int, float, int]]) -> Dict[int, Logprob]:

@@ -4,7 +4,7 @@ embeddings ``EmbeddingRequestOutput`` and ``PoolingRequestOutput``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 
 @dataclass
@@ -104,6 +104,8 @@ class RequestOutput:
     encoder_prompt: Optional[str] = None
     encoder_prompt_token_ids: Optional[List[int]] = None
     num_cached_tokens: Optional[int] = None
+    # A prefill kept for another engine: where its KV waits (vLLM's field).
+    kv_transfer_params: Optional[Dict[str, Any]] = None
 
 
 @dataclass

@@ -29,7 +29,6 @@ _UNSUPPORTED_DEFAULTS = {
     "truncate_prompt_tokens": None,
     "allowed_token_ids": None,
     "bad_words": None,
-    "extra_args": None,
 }
 
 # Counts that vLLM checks for negative values before anything else, with its messages.
@@ -293,6 +292,13 @@ class SamplingParams:
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
             "logit_bias": {str(int(k)): v for k, v in (self.logit_bias or {}).items()},
         }
+        extra = dict(self.extra_args or {})
+        if "kv_transfer_params" in extra:
+            fields["kv_transfer_params"] = extra.pop("kv_transfer_params")
+        if extra:
+            raise ValueError(
+                f"extra_args {sorted(extra)} are not supported by minivllm "
+                "(only kv_transfer_params)")
         if self.structured_outputs is not None and self.guided_decoding is not None:
             raise ValueError("structured_outputs and guided_decoding are both set: use one")
         constraint = (self.structured_outputs if self.structured_outputs is not None

@@ -8,9 +8,7 @@ replica whose cache holds it, learnt from these events alone."""
 import hashlib
 import json
 import os
-import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional, Union
@@ -21,7 +19,7 @@ import msgspec
 import pytest
 import zmq
 
-from pytest_support import ROOT, serve_logged
+from pytest_support import ROOT, serve_logged, vllm_router
 
 BLOCK = 16
 
@@ -177,12 +175,6 @@ def test_a_bad_config_stops_the_start(binary: str, model: str):
         assert p.returncode != 0 and "--kv-events-config" in p.stderr and says in p.stderr
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def prefix_queries(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return float(next(l for l in text.splitlines()
@@ -190,34 +182,18 @@ def prefix_queries(url: str) -> float:
 
 
 def test_vllm_router_sends_a_prompt_where_our_events_say_it_is_cached(binary: str, model: str):
-    router_bin = Path(ROOT, ".venv/bin/vllm-router")
-    assert router_bin.exists(), "vllm-router is in tests/python/requirements.txt"
     replicas = [start(binary, model, "--threads", "1", "--kv-cache-memory", "64MiB",
                       "--max-model-len", "512", "--kv-events-config", events_config())
                 for _ in range(2)]
     urls = [r[1] for r in replicas]
-    port = free_port()
-    cmd = [str(router_bin), "--host", "127.0.0.1", "--port", str(port),
-           "--prometheus-port", str(free_port()), "--policy", "kv_aware",
-           "--worker-urls", *urls, "--kv-event-model", "smol", "--log-level", "debug"]
+    args = ["--policy", "kv_aware", "--worker-urls", *urls, "--kv-event-model", "smol",
+            "--log-level", "debug"]
     for _, url, pub, replay in replicas:
-        cmd += ["--kv-event-source", f"{url}={pub}", "--kv-event-replay-source", f"{url}={replay}"]
+        args += ["--kv-event-source", f"{url}={pub}", "--kv-event-replay-source", f"{url}={replay}"]
     # The router tokenises prompts itself: SmolLM2's tokenizer.json, as the GGUF's.
     env = {**os.environ, "VLLM_ROUTER_TOKENIZER": str(ROOT / "tests/data/reference/smollm2-hf")}
-    with tempfile.TemporaryFile() as log:
-        router = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                assert router.poll() is None, "vllm-router exited"
-                try:
-                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "vllm-router not healthy in 60 s"
-                time.sleep(0.2)
+    try:
+        with vllm_router(*args, env=env) as (base, logs):
             time.sleep(1.0)  # its subscribers connect after it answers
             # One replica alone computes each prompt: only its events tell the router. Each
             # replica in turn, so that no fixed choice (a blind router takes the first of
@@ -232,11 +208,8 @@ def test_vllm_router_sends_a_prompt_where_our_events_say_it_is_cached(binary: st
                     complete(base, prompt)
                 after = [prefix_queries(u) for u in urls]
                 other = 1 - cached_on
-                log.seek(0)
                 assert after[other] == before[other] and after[cached_on] > before[cached_on], \
-                    log.read()[-4000:].decode()
-        finally:
-            router.terminate()
-            router.wait(timeout=30)
-            for running, *_ in replicas:
-                running.close()
+                    logs()
+    finally:
+        for running, *_ in replicas:
+            running.close()

@@ -681,3 +681,35 @@ def test_kv_events_config_publishes_vllms_events(model):
         del llm
     with pytest.raises(ValueError, match="kv-events-config"):
         LLM(model=model, kv_events_config={"endpoint": "ipc:///tmp/kv"}, **ENGINE)
+
+
+def test_kv_transfer_config_hands_a_prefill_to_another_llm(model):
+    """vLLM's offline disaggregation: one LLM prefills with ``do_remote_decode`` and returns
+    ``kv_transfer_params``; another, given them in ``extra_args``, pulls the KV and decodes
+    the tokens a plain LLM gives (docs/distributed.md)."""
+    prompt = "The history of the city begins with a small settlement on the river bank"
+    config = {"kv_connector": "TcpConnector", "kv_port": 0}
+    prefill = LLM(model=model, kv_transfer_config={**config, "kv_role": "kv_producer"}, **ENGINE)
+    decode = LLM(model=model, kv_transfer_config={**config, "kv_role": "kv_consumer"}, **ENGINE)
+    want = decode.generate(prompt, SamplingParams(temperature=0, max_tokens=12),
+                           use_tqdm=False)[0].outputs[0].token_ids
+    keep = SamplingParams(temperature=0, max_tokens=1,
+                          extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+
+    def pull(kv):
+        return SamplingParams(temperature=0, max_tokens=12, extra_args={"kv_transfer_params": kv})
+
+    kv = prefill.generate(prompt, keep, use_tqdm=False)[0].kv_transfer_params
+    assert kv["do_remote_prefill"] and kv["remote_port"] > 0, kv
+    # KV of another prompt than the request's is refused (vLLM's default policy, "fail").
+    with pytest.raises(RuntimeError, match="prompt tokens differ"):
+        decode.generate("Snow covers the pine forest under a pale moon", pull(kv),
+                        use_tqdm=False)
+    kv = prefill.generate(prompt, keep, use_tqdm=False)[0].kv_transfer_params
+    out = decode.generate(prompt, pull(kv), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == want
+    assert out.num_cached_tokens == len(out.prompt_token_ids) - 1
+    with pytest.raises(ValueError, match="extra_args"):
+        decode.generate(prompt, SamplingParams(extra_args={"other": 1}), use_tqdm=False)
+    with pytest.raises(ValueError, match="kv-transfer-config"):
+        LLM(model=model, kv_transfer_config={"kv_connector": "NixlConnector"}, **ENGINE)

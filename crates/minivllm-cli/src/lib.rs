@@ -153,6 +153,13 @@ pub struct EngineFlags {
     /// `docs/distributed.md`.
     #[arg(long, value_parser = minivllm::config::KvEventsConfig::from_json)]
     pub kv_events_config: Option<minivllm::config::KvEventsConfig>,
+    /// Prefill/decode disaggregation, as vLLM's JSON: `{"kv_connector": "TcpConnector",
+    /// "kv_role": "kv_producer", "kv_port": 14579, "kv_connector_extra_config": {"kv_ip":
+    /// "10.0.0.1"}}` on a prefill server (`kv_consumer` on a decode server, `kv_both` for
+    /// either), for `vllm-router --vllm-pd-disaggregation`: the decode server pulls each
+    /// request's prompt KV from the prefill server over TCP. `docs/distributed.md`.
+    #[arg(long, value_parser = minivllm::config::KvTransferConfig::from_json)]
+    pub kv_transfer_config: Option<minivllm::config::KvTransferConfig>,
     /// Most logprobs a request may ask for per position (`logprobs`, `top_logprobs`,
     /// `prompt_logprobs`); -1 allows the whole vocabulary, which a request asks for with
     /// -1 (each such token then carries a vocabulary-wide list: `docs/reliability.md`).
@@ -186,6 +193,7 @@ impl EngineFlags {
             chat_template: None,
             speculative_config: self.speculative_config.clone(),
             kv_events_config: self.kv_events_config.clone(),
+            kv_transfer_config: self.kv_transfer_config.clone(),
             max_logprobs: self.max_logprobs,
         })
     }

@@ -171,6 +171,9 @@ pub fn run(
             replay.map_or(String::new(), |r| format!(", replay on {r}"))
         );
     }
+    if let Some(addr) = engine.kv_transfer_endpoint() {
+        eprintln!("KV transfer: prefilled requests' KV kept for decode servers on {addr}");
+    }
     let config = ServerConfig {
         served_model_name: args
             .served_model_name

@@ -29,7 +29,8 @@ pub fn engine_error(e: EngineError) -> PyErr {
         EngineError::Load(_)
         | EngineError::Worker(_)
         | EngineError::Input(_)
-        | EngineError::KvEvents(_) => PyRuntimeError::new_err(e.to_string()),
+        | EngineError::KvEvents(_)
+        | EngineError::KvTransfer(_) => PyRuntimeError::new_err(e.to_string()),
     }
 }
 
@@ -62,6 +63,14 @@ pub fn request_output<'py>(py: Python<'py>, out: RequestOutput) -> PyResult<Boun
     d.set_item("finished", out.finished)?;
     d.set_item("pooled", out.pooled)?;
     d.set_item("num_cached_tokens", out.num_cached_tokens)?;
+    let kv = out
+        .kv_transfer_params
+        .map(|p| serde_json::to_string(&p))
+        .transpose();
+    d.set_item(
+        "kv_transfer_params",
+        kv.map_err(|e| PyRuntimeError::new_err(e.to_string()))?,
+    )?;
     let metrics = out.metrics.map(|m| {
         (
             m.arrival_time,

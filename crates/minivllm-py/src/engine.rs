@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::mpsc;
 
-use minivllm::config::{KvEventsConfig, SpeculativeConfig};
+use minivllm::config::{KvEventsConfig, KvTransferConfig, SpeculativeConfig};
 use minivllm::engine::async_engine::{AsyncEngine, NewRequest};
 use minivllm::engine::llm_engine::{EngineArgs, LLMEngine, PromptInput};
 use minivllm::model_executor::loader::weights::LoadOptions;
@@ -50,7 +50,7 @@ impl Engine {
         enable_prefix_caching = true, enable_chunked_prefill = true,
         scheduling_policy = "fcfs", threads = None, tensor_parallel_size = 1,
         reasoning_parser = None, speculative_config = None, max_logprobs = 20,
-        kv_events_config = None,
+        kv_events_config = None, kv_transfer_config = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -76,6 +76,7 @@ impl Engine {
         speculative_config: Option<&str>,
         max_logprobs: i64,
         kv_events_config: Option<&str>,
+        kv_transfer_config: Option<&str>,
     ) -> PyResult<Self> {
         let named = |name: &str, e: String| value_error(format!("{name}: {e}"));
         let args = EngineArgs {
@@ -115,6 +116,10 @@ impl Engine {
                 .map_err(|e| named("max_logprobs", e))?,
             kv_events_config: kv_events_config
                 .map(KvEventsConfig::from_json)
+                .transpose()
+                .map_err(value_error)?,
+            kv_transfer_config: kv_transfer_config
+                .map(KvTransferConfig::from_json)
                 .transpose()
                 .map_err(value_error)?,
         };

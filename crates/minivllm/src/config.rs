@@ -8,6 +8,7 @@ use crate::distributed::share;
 mod gemma4;
 mod kv_cache_layout;
 mod kv_events;
+mod kv_transfer;
 pub(crate) mod linear_attention;
 mod model_family;
 mod moe;
@@ -17,6 +18,9 @@ mod speculative;
 pub use gemma4::{Gemma4Config, PerLayerInput};
 pub use kv_cache_layout::{first_needed_block, KvCacheLayout, LayerPlace};
 pub use kv_events::{KvEventsConfig, KvEventsPublisher};
+pub use kv_transfer::{
+    KvLoadFailurePolicy, KvRole, KvTransferConfig, TcpConnectorConfig, TCP_CONNECTOR,
+};
 pub use linear_attention::LinearAttentionConfig;
 pub(crate) use model_family::supported_architectures;
 pub use model_family::ModelFamily;

@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
+use crate::distributed::kv_transfer::KvTransferParams;
 pub use crate::model_executor::layers::sampler::SampledToken;
 use crate::sequence::{FinishReason, SeqId, StopReason, TokenId};
 
@@ -202,6 +203,10 @@ pub struct RequestOutput {
     /// When it arrived, first ran, got its first and last tokens, finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<RequestMetrics>,
+    /// A prefill kept for a decode server: where its KV waits (vLLM's
+    /// `RequestOutput.kv_transfer_params`), on its final output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 /// vLLM's `RequestMetrics`, in seconds since the Unix epoch: `first_scheduled_time` when the
@@ -307,6 +312,9 @@ impl RequestOutput {
         self.num_cached_tokens = next.num_cached_tokens;
         if next.metrics.is_some() {
             self.metrics = next.metrics;
+        }
+        if next.kv_transfer_params.is_some() {
+            self.kv_transfer_params = next.kv_transfer_params;
         }
         self.finished = next.finished;
     }
@@ -419,6 +427,7 @@ mod tests {
             pooled: None,
             num_cached_tokens: 0,
             metrics: None,
+            kv_transfer_params: None,
         };
         let v = serde_json::to_value(&out).unwrap();
         assert_eq!(v["prompt_logprobs"][0], serde_json::Value::Null);
@@ -457,6 +466,7 @@ mod tests {
             pooled: None,
             num_cached_tokens: 0,
             metrics: None,
+            kv_transfer_params: None,
         }
     }
 

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::distributed::kv_transfer::KvTransferParams;
 use crate::ids::TokenId;
 use crate::model_executor::sampling_metadata::SamplingOptions;
 
@@ -149,6 +150,10 @@ pub struct SamplingParams {
     /// and nothing is sampled. Set by the front end, as `output_kind`.
     #[serde(skip)]
     pub pooling: Option<PoolingParams>,
+    /// Prefill/decode disaggregation (vLLM's `kv_transfer_params`, which its
+    /// `SamplingParams` carries in `extra_args`): keep this request's KV for a decode
+    /// server, or pull it from a prefill server.
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 impl Default for SamplingParams {
@@ -178,6 +183,7 @@ impl Default for SamplingParams {
             structured_outputs: None,
             output_kind: RequestOutputKind::Cumulative,
             pooling: None,
+            kv_transfer_params: None,
         }
     }
 }
@@ -260,6 +266,23 @@ impl SamplingParams {
                 "an embedding request pools one pass over its prompt: n, best_of and \
                  prompt_logprobs do not apply",
             ));
+        }
+        if let Some(kv) = &self.kv_transfer_params {
+            if kv.do_remote_decode && kv.do_remote_prefill {
+                return Err(ValidationError::of(
+                    "kv_transfer_params",
+                    "kv_transfer_params cannot set both do_remote_decode and do_remote_prefill.",
+                ));
+            }
+            if (kv.do_remote_decode || kv.do_remote_prefill)
+                && (self.num_sequences() > 1 || self.pooling.is_some())
+            {
+                return Err(ValidationError::of(
+                    "kv_transfer_params",
+                    "prefill/decode disaggregation moves one completion's KV: n and best_of \
+                     must be 1, and embedding requests have no decode.",
+                ));
+            }
         }
         if self.n < 1 {
             return Err(ValidationError::of(

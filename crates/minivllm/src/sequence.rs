@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::distributed::kv_transfer::KvPayload;
 pub use crate::ids::{RequestId, SeqId, TokenId};
 use crate::sampling_params::{PoolingType, SamplingParams};
 use crate::spec_decode::draft_length::DraftAcceptance;
@@ -97,9 +98,16 @@ pub struct Sequence {
     /// Prompt tokens the prefix cache held when it was first scheduled (vLLM's
     /// `num_cached_tokens`); `None` until then.
     pub num_cached_tokens: Option<usize>,
+    /// Its prompt's KV, pulled from a prefill server, until the scheduler admits it.
+    pub kv_import: Option<Arc<KvPayload>>,
 }
 
 impl Sequence {
+    /// Whether a decode server is to pull its prompt's KV once it finishes.
+    pub(crate) fn exports_kv(&self) -> bool {
+        (self.params.kv_transfer_params.as_ref()).is_some_and(|p| p.do_remote_decode)
+    }
+
     pub fn new(id: SeqId, prompt: Vec<TokenId>, priority: i32, arrival: u64) -> Self {
         Self {
             id,
@@ -119,6 +127,7 @@ impl Sequence {
             spec_token_ids: Vec::new(),
             draft_acceptance: DraftAcceptance::default(),
             num_cached_tokens: None,
+            kv_import: None,
         }
     }
 

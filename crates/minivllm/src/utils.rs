@@ -42,6 +42,15 @@ pub fn proc_kib_field(path: &str, name: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The process's resident memory at a stage of start-up, in the debug log (where a model's
+/// memory goes: `MINIVLLM_LOG=minivllm=debug`).
+pub(crate) fn log_rss(stage: &str) {
+    let bytes = |field| proc_kib_field("/proc/self/status", field);
+    if let (Some(rss), Some(peak)) = (bytes("VmRSS"), bytes("VmHWM")) {
+        tracing::debug!(rss_mib = rss >> 20, peak_mib = peak >> 20, "{stage}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

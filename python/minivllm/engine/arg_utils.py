@@ -51,6 +51,7 @@ class EngineArgs:
     speculative_config: Optional[Dict[str, Any]] = None
     max_logprobs: int = 20
     kv_events_config: Optional[Dict[str, Any]] = None
+    kv_transfer_config: Optional[Dict[str, Any]] = None
     # vLLM's GPU-side settings: accepted, and ignored by LLM (with a warning if changed).
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
@@ -65,7 +66,7 @@ class EngineArgs:
             default = f.default
             if f.type in ("bool",) or isinstance(default, bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-            elif f.name in ("speculative_config", "kv_events_config"):
+            elif f.name in ("speculative_config", "kv_events_config", "kv_transfer_config"):
                 group.add_argument(flag, type=_json_dict, default=default,
                                    help=f"JSON, as vLLM's {flag}")
             else:

@@ -249,6 +249,36 @@ impl KvBuffer {
         each_buffer!(self, v => v.fill(KvElem::from_f32(x)))
     }
 
+    /// Appends elements `start..start + len` to `out` as little-endian bytes: a block as
+    /// it travels to another engine (prefill/decode disaggregation), whatever the host.
+    pub fn append_le_bytes(&self, start: usize, len: usize, out: &mut Vec<u8>) {
+        match self {
+            KvBuffer::Float32(v) => {
+                (v[start..start + len].iter()).for_each(|x| out.extend(x.to_le_bytes()))
+            }
+            KvBuffer::Float16(v) => {
+                (v[start..start + len].iter()).for_each(|x| out.extend(x.to_le_bytes()))
+            }
+            KvBuffer::BFloat16(v) => {
+                (v[start..start + len].iter()).for_each(|x| out.extend(x.to_le_bytes()))
+            }
+        }
+    }
+
+    /// Sets elements from `start` on to the values `bytes` holds as
+    /// [`append_le_bytes`](Self::append_le_bytes) wrote them (`bytes.len()` a whole number
+    /// of elements).
+    pub fn set_le_bytes(&mut self, start: usize, bytes: &[u8]) {
+        match self {
+            KvBuffer::Float32(v) => (v[start..].iter_mut().zip(bytes.chunks_exact(4)))
+                .for_each(|(x, b)| *x = f32::from_le_bytes(b.try_into().expect("4 bytes"))),
+            KvBuffer::Float16(v) => (v[start..].iter_mut().zip(bytes.chunks_exact(2)))
+                .for_each(|(x, b)| *x = f16::from_le_bytes(b.try_into().expect("2 bytes"))),
+            KvBuffer::BFloat16(v) => (v[start..].iter_mut().zip(bytes.chunks_exact(2)))
+                .for_each(|(x, b)| *x = bf16::from_le_bytes(b.try_into().expect("2 bytes"))),
+        }
+    }
+
     /// Copies `len` elements from `from[src..]` to `self[dst..]`. Panics if the element
     /// types differ (caches of one engine share theirs).
     pub fn copy_from(&mut self, dst: usize, from: &KvBuffer, src: usize, len: usize) {

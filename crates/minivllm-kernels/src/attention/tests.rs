@@ -627,3 +627,37 @@ fn a_block_stride_keeps_each_block_in_its_first_part() {
     }
     assert_eq!(outs[0], outs[1]);
 }
+
+#[test]
+fn le_bytes_round_trip_every_element_type() {
+    for dtype in [
+        KvCacheDtype::Float32,
+        KvCacheDtype::Float16,
+        KvCacheDtype::BFloat16,
+    ] {
+        let mut from = KvBuffer::zeros(dtype, 12);
+        for i in 0..12 {
+            from.copy_from(i, &value_buffer(dtype, i as f32 * 0.75 - 3.0), 0, 1);
+        }
+        let mut bytes = Vec::new();
+        from.append_le_bytes(3, 6, &mut bytes);
+        assert_eq!(bytes.len(), 6 * dtype.size(), "{dtype}");
+        let mut to = KvBuffer::zeros(dtype, 12);
+        to.set_le_bytes(5, &bytes);
+        for i in 0..12 {
+            let want = if (5..11).contains(&i) {
+                from.get(i - 2)
+            } else {
+                0.0
+            };
+            assert_eq!(to.get(i), want, "{dtype} element {i}");
+        }
+    }
+}
+
+/// A one-element buffer holding `x`.
+fn value_buffer(dtype: KvCacheDtype, x: f32) -> KvBuffer {
+    let mut b = KvBuffer::zeros(dtype, 1);
+    b.fill(x);
+    b
+}

@@ -6,10 +6,12 @@
 //! is its own per sequence (its RNG, pooling sums: `worker/input_batch.rs`), made when a
 //! sequence is new to it and dropped when it finishes.
 
+use crate::distributed::kv_transfer::KvPayload;
 use crate::ids::{BlockId, CpuBlockId, SeqId, TokenId};
 use crate::model_executor::input_metadata::StateStep;
 use crate::structured_output::TokenBitmask;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +46,24 @@ pub(crate) fn reaches_end(num_computed: usize, num_new: usize, len: usize) -> bo
     num_computed + num_new >= len
 }
 
+/// A payload's blocks `blocks` (indices into the sequence's table and the payload alike)
+/// for the scheduled sequence `seq`: those past its prefix-cache hits.
+#[derive(Debug, Clone)]
+pub struct KvImport {
+    pub seq: SeqId,
+    pub payload: Arc<KvPayload>,
+    pub blocks: Range<usize>,
+}
+
+/// A finished prefill's prompt KV for a decode server: the blocks it was in when it
+/// finished (read before the next step can reuse them) and its prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvExport {
+    pub seq: SeqId,
+    pub blocks: Vec<BlockId>,
+    pub prompt: Vec<TokenId>,
+}
+
 #[derive(Debug, Default)]
 pub struct SchedulerOutput {
     pub scheduled: Vec<ScheduledSeq>,
@@ -64,6 +84,9 @@ pub struct SchedulerOutput {
     pub swap_in: Vec<(CpuBlockId, BlockId)>,
     /// Sequences preempted this step, swapped out or to be recomputed.
     pub preempted: Vec<SeqId>,
+    /// Prompt KV pulled from a prefill server, to write into blocks of sequences admitted
+    /// this step before their first tokens run.
+    pub kv_imports: Vec<KvImport>,
     pub num_batched_tokens: usize,
 }
 

@@ -15,10 +15,11 @@ use crate::core::kv_cache_manager::{ComputedBlocks, KvCacheManager};
 use crate::core::kv_event_publisher::KvEventPublisher;
 use crate::core::policy::Policy;
 use crate::core::prefill_share::PrefillShare;
-use crate::core::sched_output::reaches_end;
+use crate::core::sched_output::{reaches_end, KvExport, KvImport};
 pub use crate::core::sched_output::{ScheduledSeq, SchedulerOutput};
 use crate::core::seq_queue::SeqQueue;
 use crate::core::spec_decode_stats::SpecDecodingStats;
+use crate::ids::RequestId;
 use crate::outputs::{EngineCoreOutput, ModelRunnerOutput};
 use crate::sequence::{FinishReason, SeqId, Sequence, Sequences};
 use crate::spec_decode::draft_length::{DraftLength, DraftLimits};
@@ -56,6 +57,10 @@ pub struct Scheduler {
     /// Sequences finished whose records `seqs` still holds, until the engine takes them
     /// ([`take_ended`](Self::take_ended)) for the outputs that still show them.
     ended: Vec<SeqId>,
+    /// Finished prefills whose KV a decode server is to pull, until the engine takes them.
+    kv_exports: Vec<KvExport>,
+    /// Prompt tokens admitted with KV pulled from a prefill server.
+    num_external_kv_tokens: u64,
     num_preemptions: u64,
     num_swapped_out: u64,
     num_swapped_in: u64,
@@ -81,6 +86,8 @@ impl Scheduler {
             swapped: SeqQueue::default(),
             finished: Vec::new(),
             ended: Vec::new(),
+            kv_exports: Vec::new(),
+            num_external_kv_tokens: 0,
             num_preemptions: 0,
             num_swapped_out: 0,
             num_swapped_in: 0,
@@ -144,6 +151,10 @@ impl Scheduler {
 
     pub fn num_swapped_out(&self) -> u64 {
         self.num_swapped_out
+    }
+
+    pub(crate) fn num_external_kv_tokens(&self) -> u64 {
+        self.num_external_kv_tokens
     }
 
     pub fn num_swapped_in(&self) -> u64 {
@@ -313,6 +324,19 @@ impl Scheduler {
         outputs
     }
 
+    /// The requests `sched` runs sequences of, each once.
+    pub(crate) fn requests_in(&self, sched: &SchedulerOutput) -> Vec<RequestId> {
+        let mut requests: Vec<RequestId> = Vec::new();
+        for s in &sched.scheduled {
+            if let Some(r) = self.seqs.get(&s.id).map(|seq| &seq.request) {
+                if !requests.contains(r) {
+                    requests.push(r.clone());
+                }
+            }
+        }
+        requests
+    }
+
     /// After a step that failed: its blocks' registrations in the prefix cache are taken
     /// back (their K/V may never have been written). Finish the step's sequences first.
     pub(crate) fn forget_failed_step(&mut self) {
@@ -334,6 +358,19 @@ impl Scheduler {
     /// its record stays readable until [`take_ended`](Self::take_ended).
     pub fn finish_seq(&mut self, id: SeqId) {
         let queued = self.waiting.remove(id) || self.running.remove(id) || self.swapped.remove(id);
+        // A prefill for a decode server: its prompt's blocks, while it still holds them.
+        let prefilled = |s: &&Sequence| s.exports_kv() && s.num_computed_tokens >= s.prompt_len;
+        if let Some(seq) = self.seqs.get(&id).filter(|_| queued).filter(prefilled) {
+            let num_blocks = seq.prompt_len.div_ceil(self.kv_cache_manager.block_size());
+            let table = self.kv_cache_manager.block_tables(id).first();
+            if let Some(blocks) = table.and_then(|t| t.get(..num_blocks)) {
+                self.kv_exports.push(KvExport {
+                    seq: id,
+                    blocks: blocks.to_vec(),
+                    prompt: seq.token_ids[..seq.prompt_len].to_vec(),
+                });
+            }
+        }
         self.kv_cache_manager.free(id);
         // Not queued: it had ended already.
         let Some(seq) = self.seqs.get(&id).filter(|_| queued) else {
@@ -345,8 +382,16 @@ impl Scheduler {
         self.ended.push(id);
     }
 
+    /// The prefills finished since the last call whose KV is to be exported: their blocks
+    /// are free again, so the caller reads them before the next step is scheduled.
+    pub(crate) fn take_kv_exports(&mut self) -> Vec<KvExport> {
+        std::mem::take(&mut self.kv_exports)
+    }
+
     /// The records of the sequences ended since the last call, given up.
+    /// Exports not taken by now are of sequences that ended otherwise (aborted): dropped.
     pub(crate) fn take_ended(&mut self) -> impl Iterator<Item = Sequence> + '_ {
+        self.kv_exports.clear();
         let seqs = &mut self.seqs;
         self.ended.drain(..).filter_map(|id| seqs.remove(&id))
     }
@@ -586,7 +631,14 @@ impl Scheduler {
                 found.counted(seq.num_cached_tokens.is_none())
             };
             let cached = computed.num_tokens();
-            let remaining = seq.len() - cached;
+            // KV pulled from a prefill server covers the prompt past the prefix cache's hits
+            // but for its last token, whose logits give the first sample (vLLM's rule too).
+            let imported = match &seq.kv_import {
+                Some(p) if !seq.skip_prefix_cache => p.token_ids.len().min(seq.len() - 1),
+                _ => 0,
+            };
+            let start = cached.max(imported);
+            let remaining = seq.len() - start;
             let long = self.prefill_share.is_long(remaining);
             if long && long_wait {
                 i += 1;
@@ -605,21 +657,32 @@ impl Scheduler {
             }
             let num_new = remaining.min(room);
             if (self.kv_cache_manager)
-                .allocate_new_slots(id, &seq.token_ids, computed, num_new)
+                .allocate_new_slots(id, &seq.token_ids, computed, start - cached + num_new)
                 .is_none()
             {
                 break;
             }
             let seq = self.seqs.get_mut(&id).expect("waiting seq exists");
-            seq.num_computed_tokens = cached;
-            seq.num_cached_tokens.get_or_insert(cached);
+            seq.num_computed_tokens = start;
+            seq.num_cached_tokens.get_or_insert(start);
+            // Taken either way: a preempted sequence recomputes its prompt.
+            if let Some(payload) = seq.kv_import.take().filter(|_| start > cached) {
+                let bs = self.kv_cache_manager.block_size();
+                let blocks = cached / bs..start.div_ceil(bs);
+                out.kv_imports.push(KvImport {
+                    seq: id,
+                    payload,
+                    blocks,
+                });
+                self.num_external_kv_tokens += (start - cached) as u64;
+            }
             let key = self.cfg.policy.key(seq);
             self.waiting.remove(id);
             self.running.insert(key, id);
             self.runs_long_prefill |= long;
             out.scheduled.push(ScheduledSeq {
                 id,
-                num_computed: cached,
+                num_computed: start,
                 num_new_tokens: num_new,
                 block_ids: 0..0,
                 state: None,

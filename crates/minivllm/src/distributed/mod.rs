@@ -3,9 +3,13 @@
 //! Layers see only the [`Communicator`] trait: one process ([`SingleProcess`]), threads of
 //! one process standing in for ranks in tests ([`ThreadGroup`]), MPI across processes and
 //! hosts (`mpi.rs`, cargo feature `mpi`), and NCCL for GPUs later.
+//!
+//! Beside them, [`kv_transfer`]: one engine's KV cache carried to another (prefill/decode
+//! disaggregation), as bytes and sockets that know nothing of the engine.
 
 mod communicator;
 mod group;
+pub mod kv_transfer;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod shards;

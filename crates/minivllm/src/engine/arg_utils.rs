@@ -68,6 +68,8 @@ pub struct EngineArgs {
     pub speculative_config: Option<SpeculativeConfig>,
     /// `--kv-events-config`: publish the prefix cache's changes as vLLM's KV cache events.
     pub kv_events_config: Option<crate::config::KvEventsConfig>,
+    /// `--kv-transfer-config`: prefill/decode disaggregation's role and connector.
+    pub kv_transfer_config: Option<crate::config::KvTransferConfig>,
     /// Most logprobs a request may ask for per position (`--max-logprobs`; default 20);
     /// [`ALL_LOGPROBS`](crate::sampling_params::ALL_LOGPROBS), `-1`, allows the whole
     /// vocabulary, which `logprobs=-1` asks for.
@@ -106,6 +108,7 @@ impl Default for EngineArgs {
             chat_template: None,
             speculative_config: None,
             kv_events_config: None,
+            kv_transfer_config: None,
             max_logprobs: MAX_LOGPROBS,
         }
     }

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::distributed::kv_transfer::KvPayload;
 use crate::engine::input_processor::{CheckedParams, RequestChecks};
+use crate::engine::kv_transfer::KvPuller;
 use crate::engine::llm_engine::{EngineError, EngineStats, LLMEngine, PromptInput};
 use crate::engine::tokenizer::Tokenizer;
 use crate::outputs::RequestOutput;
@@ -35,6 +37,14 @@ pub enum AsyncEngineError {
 
 type Grammar = Box<dyn StructuredOutputGrammar>;
 
+/// A request on its way to the engine thread, with what was made for it off that thread.
+type Queued = (
+    NewRequest,
+    Option<Grammar>,
+    Option<Arc<KvPayload>>,
+    mpsc::UnboundedSender<RequestOutput>,
+);
+
 enum Command {
     Add(Box<AddRequest>),
     Abort(String),
@@ -46,6 +56,8 @@ struct AddRequest {
     params: CheckedParams,
     /// Its structured-output constraint, compiled before it was sent.
     grammar: Option<Box<dyn StructuredOutputGrammar>>,
+    /// Its prompt's KV, pulled from a prefill server before it was sent.
+    kv_import: Option<Arc<KvPayload>>,
     outputs: mpsc::UnboundedSender<RequestOutput>,
     reply: oneshot::Sender<Result<(), AsyncEngineError>>,
 }
@@ -157,11 +169,25 @@ impl AsyncEngine {
         requests: Vec<NewRequest>,
     ) -> Result<Vec<mpsc::UnboundedReceiver<RequestOutput>>, AsyncEngineError> {
         let grammars = self.compile(&requests).await?;
+        let mut imports = Vec::with_capacity(requests.len());
+        for r in &requests {
+            let params = r.params.params();
+            let pull = self
+                .checks
+                .kv_puller
+                .as_ref()
+                .map(|p| p.pull_for(&r.request_id, params));
+            imports.push(match pull {
+                Some(pull) => pull.await?,
+                None => None,
+            });
+        }
         let mut streams = Vec::with_capacity(requests.len());
-        let accepted = self.queue(requests.into_iter().zip(grammars).map(|(r, g)| {
+        let with = requests.into_iter().zip(grammars).zip(imports);
+        let accepted = self.queue(with.map(|((r, g), kv)| {
             let (outputs, rx) = mpsc::unbounded_channel();
             streams.push(rx);
-            (r, g, outputs)
+            (r, g, kv, outputs)
         }))?;
         for reply in accepted {
             reply.await.map_err(|_| AsyncEngineError::Stopped)??;
@@ -180,7 +206,13 @@ impl AsyncEngine {
         outputs: &mpsc::UnboundedSender<RequestOutput>,
     ) -> Result<(), AsyncEngineError> {
         // Compiled on the engine's thread: this path has no blocking pool of its own.
-        let accepted = self.queue(requests.into_iter().map(|r| (r, None, outputs.clone())))?;
+        let mut with = Vec::with_capacity(requests.len());
+        for r in requests {
+            let pull = self.checks.kv_puller.as_ref();
+            let kv = pull.map(|p| p.pull_blocking(&r.request_id, r.params.params()));
+            with.push((r, None, kv.transpose()?.flatten(), outputs.clone()));
+        }
+        let accepted = self.queue(with.into_iter())?;
         for reply in accepted {
             reply
                 .blocking_recv()
@@ -215,22 +247,17 @@ impl AsyncEngine {
     /// Sends each request to the engine thread; the receivers say whether it took them.
     fn queue(
         &self,
-        requests: impl Iterator<
-            Item = (
-                NewRequest,
-                Option<Grammar>,
-                mpsc::UnboundedSender<RequestOutput>,
-            ),
-        >,
+        requests: impl Iterator<Item = Queued>,
     ) -> Result<Vec<oneshot::Receiver<Result<(), AsyncEngineError>>>, AsyncEngineError> {
         let mut pending = Vec::with_capacity(requests.size_hint().0);
-        for (r, grammar, outputs) in requests {
+        for (r, grammar, kv_import, outputs) in requests {
             let (reply, accepted) = oneshot::channel();
             let cmd = Command::Add(Box::new(AddRequest {
                 request_id: r.request_id,
                 prompt: r.prompt,
                 params: r.params,
                 grammar,
+                kv_import,
                 outputs,
                 reply,
             }));
@@ -422,6 +449,7 @@ fn handle(
                 prompt,
                 params,
                 grammar,
+                kv_import,
                 outputs,
                 reply,
             } = *add;
@@ -430,7 +458,13 @@ fn handle(
                     Err(AsyncEngineError::Overloaded { max_waiting: max })
                 }
                 _ => engine
-                    .add_checked_request(request_id.clone(), prompt, params, grammar)
+                    .prepare_request(prompt, params, grammar)
+                    .and_then(|mut r| {
+                        let puller = engine.request_checks().kv_puller.as_ref();
+                        r.kv_import = KvPuller::checked(puller, kv_import, &r.prompt.token_ids)?;
+                        Ok(r)
+                    })
+                    .and_then(|r| engine.add_prepared_request(request_id.clone(), r))
                     .map_err(AsyncEngineError::from),
             };
             match &result {

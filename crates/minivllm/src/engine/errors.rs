@@ -43,4 +43,8 @@ pub enum EngineError {
     Worker(#[from] WorkerError),
     #[error(transparent)]
     KvEvents(#[from] crate::core::kv_event_publisher::KvEventsError),
+    /// Prefill/decode disaggregation could not start, or a request's KV could not be
+    /// pulled (with `kv_load_failure_policy` "fail").
+    #[error("KV transfer: {0}")]
+    KvTransfer(String),
 }

@@ -3,10 +3,13 @@
 
 use std::sync::Arc;
 
+use crate::config::KvRole;
 use crate::core::policy::Policy;
 use crate::core::scheduler::SchedulerConfig;
+use crate::distributed::kv_transfer::KvPayload;
 use crate::engine::arg_utils::check_width;
 use crate::engine::errors::EngineError;
+use crate::engine::kv_transfer::{KvPuller, KvTransfer};
 use crate::engine::stop_strings::StopStrings;
 use crate::engine::tokenizer::Tokenizer;
 use crate::ids::{RequestId, SeqId, TokenId};
@@ -52,6 +55,8 @@ pub(crate) struct PreparedRequest {
     pub prompt: ProcessedPrompt,
     pub params: CheckedParams,
     pub grammar: Option<Box<dyn StructuredOutputGrammar>>,
+    /// Its prompt's KV, pulled from a prefill server and checked against the prompt.
+    pub kv_import: Option<Arc<KvPayload>>,
 }
 
 /// A request admitted: its sequences for the scheduler, the rest for the output processor.
@@ -92,6 +97,7 @@ impl PreparedRequest {
                 // the prompt computes it whole; its siblings then find it in the prefix cache.
                 seq.skip_prefix_cache = seq.scores_prompt() || seq.pools_every_position();
                 seq.grammar = self.grammar.clone();
+                seq.kv_import = self.kv_import.clone();
                 seq
             })
             .collect();
@@ -126,6 +132,10 @@ pub struct RequestChecks {
     /// `--max-num-seqs`: the widest a request may be.
     pub(crate) max_num_seqs: usize,
     policy: Policy,
+    /// `--kv-transfer-config`'s role: which `kv_transfer_params` requests may carry.
+    kv_role: Option<KvRole>,
+    /// A decode server's pulls of prefill servers' KV, made off the engine thread.
+    pub(crate) kv_puller: Option<KvPuller>,
 }
 
 impl RequestChecks {
@@ -133,12 +143,15 @@ impl RequestChecks {
         tokenizer: &Tokenizer,
         limits: RequestLimits,
         sched: &SchedulerConfig,
+        kv_transfer: Option<&KvTransfer>,
     ) -> Self {
         RequestChecks {
             limits,
             tokenizer_vocab_size: tokenizer.vocab_size(),
             max_num_seqs: sched.max_num_seqs,
             policy: sched.policy,
+            kv_role: kv_transfer.map(KvTransfer::role),
+            kv_puller: kv_transfer.and_then(KvTransfer::puller),
         }
     }
 
@@ -154,6 +167,28 @@ impl RequestChecks {
         params.validate()?;
         params.validate_for_model(self.tokenizer_vocab_size, self.limits.max_logprobs)?;
         check_width(&params, self.max_num_seqs)?;
+        if let Some(kv) = &params.kv_transfer_params {
+            let role = self.kv_role;
+            let (wants, may) = match kv.do_remote_decode {
+                true => ("do_remote_decode", role.is_some_and(KvRole::produces)),
+                false => ("do_remote_prefill", role.is_some_and(KvRole::consumes)),
+            };
+            if (kv.do_remote_decode || kv.do_remote_prefill) && !may {
+                return Err(ValidationError::new(
+                    Some("kv_transfer_params"),
+                    format!(
+                        "kv_transfer_params.{wants} needs a server started with \
+                         --kv-transfer-config and kv_role {} or kv_both",
+                        if kv.do_remote_decode {
+                            "kv_producer"
+                        } else {
+                            "kv_consumer"
+                        }
+                    ),
+                )
+                .into());
+            }
+        }
         if priority != 0 && self.policy != Policy::Priority {
             return Err(ValidationError::new(
                 Some("priority"),

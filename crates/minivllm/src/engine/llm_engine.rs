@@ -17,6 +17,7 @@ pub use crate::engine::input_processor::PromptInput;
 use crate::engine::input_processor::{
     process_prompt, CheckedParams, PreparedRequest, RequestChecks, RequestLimits,
 };
+use crate::engine::kv_transfer::KvTransfer;
 pub use crate::engine::metrics::EngineStats;
 use crate::engine::metrics::{EngineCounters, StatsLogger};
 use crate::engine::output_processor::{OutputProcessor, ProcessedOutputs};
@@ -29,6 +30,7 @@ use crate::sampling_params::SamplingParams;
 use crate::sequence::{FinishReason, RequestId, SeqId, TokenId};
 use crate::spec_decode::draft_length::DraftLimits;
 use crate::structured_output::StructuredOutputGrammar;
+use crate::utils::log_rss;
 use crate::worker::draft_proposer::DraftProposer;
 use crate::worker::executor::Executor;
 pub use crate::worker::worker_config::resolve_max_model_len;
@@ -49,6 +51,8 @@ pub struct LLMEngine {
     /// Compiles requests' structured-output constraints (shared with the async front,
     /// which compiles off this engine's thread).
     structured: Arc<StructuredOutputManager>,
+    /// Prefill/decode disaggregation, with `--kv-transfer-config`.
+    kv_transfer: Option<KvTransfer>,
 }
 
 impl LLMEngine {
@@ -98,7 +102,8 @@ impl LLMEngine {
             vocab_size: executor.model().config().vocab_size,
             max_logprobs: args.max_logprobs,
         };
-        let checks = RequestChecks::new(&tokenizer, limits, &sched_cfg);
+        let kv_transfer = KvTransfer::for_engine(args, &executor)?;
+        let checks = RequestChecks::new(&tokenizer, limits, &sched_cfg, kv_transfer.as_ref());
         let scheduler = scheduler(args, sched_cfg, cache)?;
         let mut engine = Self {
             outputs: OutputProcessor::new(Arc::clone(&tokenizer)),
@@ -113,6 +118,7 @@ impl LLMEngine {
             stats_logger: StatsLogger::new(),
             started: Instant::now(),
             structured,
+            kv_transfer,
         };
         if let Some(method) = &speculative {
             let (proposer, limits) =
@@ -126,6 +132,11 @@ impl LLMEngine {
     /// Where the KV cache events go (`--kv-events-config`): the PUB and replay addresses.
     pub fn kv_events_endpoints(&self) -> Option<(&str, Option<&str>)> {
         self.scheduler.kv_events_endpoints()
+    }
+
+    /// Where decode servers pull this prefill server's KV from (`--kv-transfer-config`).
+    pub fn kv_transfer_endpoint(&self) -> Option<std::net::SocketAddr> {
+        self.kv_transfer.as_ref().and_then(KvTransfer::endpoint)
     }
 
     /// The model the engine runs (for benchmarks' accounting of FLOPs and bytes).
@@ -258,6 +269,7 @@ impl LLMEngine {
             prompt,
             params,
             grammar,
+            kv_import: None,
         })
     }
 
@@ -326,7 +338,7 @@ impl LLMEngine {
         let core_outputs = self.scheduler.update_from_output(&sched, results);
         let processed = (self.outputs).process_outputs(core_outputs, self.scheduler.seqs());
         let ProcessedOutputs {
-            request_outputs,
+            mut request_outputs,
             stopped,
         } = match processed {
             Ok(p) => p,
@@ -337,6 +349,10 @@ impl LLMEngine {
         };
         for id in stopped {
             self.scheduler.finish_seq(id);
+        }
+        if let Some(kv) = &self.kv_transfer {
+            let (s, cache) = (&mut self.scheduler, self.executor.cache());
+            kv.attach_exports(s, cache, &mut request_outputs);
         }
         self.retire_ended();
         self.counters.step_seconds += started.elapsed().as_secs_f64();
@@ -350,15 +366,7 @@ impl LLMEngine {
     /// callers see the step's error), and the prefix cache forgets the blocks the step was
     /// to write.
     fn fail_step(&mut self, sched: &SchedulerOutput) {
-        let mut requests: Vec<RequestId> = Vec::new();
-        for s in &sched.scheduled {
-            if let Some(r) = self.scheduler.seq(s.id).map(|seq| &seq.request) {
-                if !requests.contains(r) {
-                    requests.push(r.clone());
-                }
-            }
-        }
-        for r in &requests {
+        for r in &self.scheduler.requests_in(sched) {
             for id in self.outputs.abort_request(r, FinishReason::Error) {
                 self.scheduler.finish_seq(id);
             }
@@ -373,14 +381,5 @@ impl LLMEngine {
         for seq in self.scheduler.take_ended() {
             self.outputs.retire(seq);
         }
-    }
-}
-
-/// The process's resident memory at a stage of start-up, in the debug log (where a model's
-/// memory goes: `MINIVLLM_LOG=minivllm=debug`).
-fn log_rss(stage: &str) {
-    let bytes = |field| crate::utils::proc_kib_field("/proc/self/status", field);
-    if let (Some(rss), Some(peak)) = (bytes("VmRSS"), bytes("VmHWM")) {
-        tracing::debug!(rss_mib = rss >> 20, peak_mib = peak >> 20, "{stage}");
     }
 }

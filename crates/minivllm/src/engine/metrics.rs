@@ -24,6 +24,8 @@ pub struct EngineStats {
     pub kv_cache_touched_bytes: u64,
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// Prompt tokens whose KV was pulled from a prefill server instead of computed.
+    pub external_prefix_cache_hits: u64,
     /// Preemptions of both kinds, swaps and recomputes.
     pub num_preemptions: u64,
     pub num_swapped: usize,
@@ -97,6 +99,7 @@ impl EngineCounters {
                 .saturating_mul(bytes_per_block as u64),
             prefix_cache_queries: pc.queries,
             prefix_cache_hits: pc.hits,
+            external_prefix_cache_hits: scheduler.num_external_kv_tokens(),
             num_preemptions: scheduler.num_preemptions(),
             num_swapped: scheduler.num_swapped(),
             num_swapped_out: scheduler.num_swapped_out(),
@@ -376,7 +379,7 @@ impl EngineStats {
             header(&mut out, "process_resident_memory_bytes", "gauge", help);
             let _ = writeln!(out, "process_resident_memory_bytes {rss}");
         }
-        let counters: [(&str, &str, u64); 5] = [
+        let counters: [(&str, &str, u64); 6] = [
             (
                 "vllm:prompt_tokens_total",
                 "Number of prefill tokens processed.",
@@ -396,6 +399,11 @@ impl EngineStats {
                 "vllm:prefix_cache_hits_total",
                 "Prefix cache hits, in terms of number of cached tokens.",
                 stats.prefix_cache_hits,
+            ),
+            (
+                "vllm:external_prefix_cache_hits_total",
+                "Prompt tokens whose KV was pulled from a prefill server (KV connector).",
+                stats.external_prefix_cache_hits,
             ),
             (
                 "vllm:num_preemptions_total",

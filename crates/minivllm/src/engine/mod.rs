@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod detokenizer;
 pub mod errors;
 pub(crate) mod input_processor;
+pub(crate) mod kv_transfer;
 pub mod llm_engine;
 pub mod metrics;
 pub(crate) mod output_processor;

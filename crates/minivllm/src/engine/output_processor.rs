@@ -379,6 +379,7 @@ impl OutputProcessor {
             pooled: req.pooled.take(),
             num_cached_tokens: req.num_cached_tokens,
             metrics: Some(req.metrics),
+            kv_transfer_params: None,
         };
         if finished {
             self.requests.remove(id);

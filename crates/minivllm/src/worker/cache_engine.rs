@@ -4,6 +4,7 @@
 use minivllm_kernels::attention::{KvBuffer, KvCacheDtype};
 
 use crate::config::{KvCacheLayout, ModelConfig};
+use crate::distributed::kv_transfer::KvLayoutTag;
 use crate::ids::{BlockId, CpuBlockId};
 use crate::model_executor::layers::attention::LayerKvCache;
 use crate::model_executor::layers::gated_delta_net::LayerStateCache;
@@ -288,6 +289,43 @@ impl CacheEngine {
         copy_between(&self.cpu_layers, &mut self.layers, &pairs, self.block_len);
     }
 
+    /// The shape of this cache's blocks, as a KV payload names it.
+    pub(crate) fn transfer_layout(&self) -> KvLayoutTag {
+        KvLayoutTag {
+            num_slots: self.layers.len() as u32,
+            block_size: self.block_size as u32,
+            block_len: self.block_len as u32,
+            dtype: self.dtype,
+        }
+    }
+
+    /// Appends `blocks` to `out` as a KV payload holds them: block after block, each its
+    /// slots' keys then values.
+    pub(crate) fn export_blocks(&self, blocks: &[BlockId], out: &mut Vec<u8>) {
+        let len = self.block_len;
+        for b in blocks {
+            for layer in &self.layers {
+                layer.key.append_le_bytes(b.0 as usize * len, len, out);
+                layer.value.append_le_bytes(b.0 as usize * len, len, out);
+            }
+        }
+    }
+
+    /// Writes one block of a payload (laid out as [`export_blocks`] writes one) into
+    /// `block`.
+    ///
+    /// [`export_blocks`]: Self::export_blocks
+    pub(crate) fn import_block(&mut self, block: BlockId, bytes: &[u8]) {
+        let (start, n) = (
+            block.0 as usize * self.block_len,
+            self.block_len * self.dtype.size(),
+        );
+        for (layer, kv) in self.layers.iter_mut().zip(bytes.chunks_exact(2 * n)) {
+            layer.key.set_le_bytes(start, &kv[..n]);
+            layer.value.set_le_bytes(start, &kv[n..]);
+        }
+    }
+
     /// The stores of the layout's slots.
     pub fn layers_mut(&mut self) -> &mut [LayerKvCache] {
         &mut self.layers
@@ -410,6 +448,41 @@ pub(crate) mod tests {
                     assert_eq!(c.get(len + off), -1.0);
                     assert_eq!(c.get(3 * len + off), -1.0);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn exported_blocks_import_into_other_blocks_of_another_cache() {
+        for dtype in [KvCacheDtype::Float32, KvCacheDtype::Float16] {
+            let config = tiny_config();
+            let mut from = CacheEngine::with_dtype(&config, 4, 6, dtype);
+            for (l, layer) in from.layers_mut().iter_mut().enumerate() {
+                for i in 0..layer.key.len() {
+                    let mut one = KvBuffer::zeros(dtype, 1);
+                    one.fill(mark(l, 0, i / 16, i % 16) / 1e6);
+                    layer.key.copy_from(i, &one, 0, 1);
+                    one.fill(mark(l, 1, i / 16, i % 16) / 1e6);
+                    layer.value.copy_from(i, &one, 0, 1);
+                }
+            }
+            let mut bytes = Vec::new();
+            from.export_blocks(&[BlockId(4), BlockId(1)], &mut bytes);
+            let tag = from.transfer_layout();
+            assert_eq!(bytes.len(), 2 * tag.block_bytes());
+            let mut to = CacheEngine::with_dtype(&config, 4, 6, dtype);
+            assert_eq!(to.transfer_layout(), tag);
+            to.import_block(BlockId(0), &bytes[..tag.block_bytes()]);
+            to.import_block(BlockId(5), &bytes[tag.block_bytes()..]);
+            let len = tag.block_len as usize;
+            for (a, b) in from.layers.iter().zip(&to.layers) {
+                for (src, dst) in [(4, 0), (1, 5)] {
+                    for i in 0..len {
+                        assert_eq!(a.key.get(src * len + i), b.key.get(dst * len + i));
+                        assert_eq!(a.value.get(src * len + i), b.value.get(dst * len + i));
+                    }
+                }
+                assert_eq!(b.key.get(len), 0.0, "an untouched block stays zero");
             }
         }
     }

@@ -79,6 +79,9 @@ impl Executor {
             }
             self.runner.apply_cache_ops(swap_out, swap_in);
         }
+        // Prefill/decode disaggregation runs without tensor parallelism (the engine refuses
+        // the pair), so the driver's cache is the whole cache.
+        self.runner.import_kv(sched);
         if sched.is_empty() {
             return Ok(ModelRunnerOutput::default());
         }
@@ -97,6 +100,11 @@ impl Executor {
 
     pub fn cache(&self) -> &CacheEngine {
         self.runner.cache()
+    }
+
+    /// Whether the model runs on several ranks.
+    pub(crate) fn is_distributed(&self) -> bool {
+        self.workers.is_some()
     }
 
     /// Has `proposer` guess draft tokens after each token sampled.

@@ -114,6 +114,20 @@ impl ModelRunner {
         &self.cache
     }
 
+    /// Writes the KV pulled from prefill servers into the blocks of the sequences admitted
+    /// with it (their tables' first group: a model that transfers KV has one).
+    pub(crate) fn import_kv(&mut self, sched: &SchedulerOutput) {
+        for import in &sched.kv_imports {
+            let Some(s) = sched.scheduled.iter().find(|s| s.id == import.seq) else {
+                continue;
+            };
+            let table = sched.block_ids(s);
+            for i in import.blocks.clone() {
+                (self.cache).import_block(BlockId(table[i]), import.payload.block(i));
+            }
+        }
+    }
+
     /// Moves KV blocks to and from the swap pool as the scheduler ordered: swap-outs first,
     /// since a block swapped out may be a swap-in's destination.
     pub(crate) fn apply_cache_ops(

@@ -31,7 +31,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("model_executor", 20),
     // Shared by every layer: plain data and ids, importing nothing above.
     ("config", 10),
-    // Tensor parallelism's collectives, which the model's layers call.
+    // Tensor parallelism's collectives, which the model's layers call, and the KV transfer
+    // between engines (bytes and sockets).
     ("distributed", 8),
     ("ids", 5),
     ("utils", 5),

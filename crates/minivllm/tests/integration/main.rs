@@ -20,6 +20,7 @@ mod linear_attention;
 mod model_families;
 mod model_reference;
 mod moe_gguf;
+mod pd_disaggregation;
 mod public_modules;
 mod real_models;
 mod scheduler;

@@ -242,6 +242,7 @@ impl Reply {
             prompt_logprobs: self
                 .prompt_logprobs
                 .then(|| prompt_logprobs(&self.tok, out)),
+            kv_transfer_params: out.kv_transfer_params.clone(),
         }
     }
 

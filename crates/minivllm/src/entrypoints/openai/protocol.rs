@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::template_kwargs::{self, TemplateKwargs};
+use crate::distributed::kv_transfer::KvTransferParams;
 use crate::engine::async_engine::AsyncEngineError;
 use crate::engine::chat_template::{ChatMessage, ToolCall};
 use crate::engine::llm_engine::EngineError;
@@ -99,6 +100,8 @@ pub struct CommonParams {
     /// `response_format`, `structured_outputs`, `guided_*`.
     #[serde(flatten)]
     pub structured: StructuredFields,
+    /// Prefill/decode disaggregation, as a router sends it (vLLM's field).
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 impl CommonParams {
@@ -142,6 +145,7 @@ impl CommonParams {
             prompt_logprobs: self.prompt_logprobs,
             // Refused by `check` when it is an error.
             structured_outputs: self.structured.params().ok().flatten(),
+            kv_transfer_params: self.kv_transfer_params.clone(),
             // vLLM's rule: a stream is sent as it grows, anything else once, at its end.
             output_kind: if self.stream {
                 RequestOutputKind::Delta
@@ -551,6 +555,10 @@ impl From<EngineError> for ApiError {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, m, None)
             }
             EngineError::Grammar(_) => Self::bad_request(e.to_string(), Some("structured_outputs")),
+            // The prefill server's KV could not be had: an upstream's failure.
+            EngineError::KvTransfer(m) => {
+                Self::new(StatusCode::BAD_GATEWAY, format!("KV transfer: {m}"), None)
+            }
             other => Self::internal(other.to_string()),
         }
     }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::usage::Usage;
+use crate::distributed::kv_transfer::KvTransferParams;
 use crate::sequence::{FinishReason, StopReason};
 
 /// One piece of a choice's reply, in the order the client sees them.
@@ -127,6 +128,8 @@ pub(crate) struct ChatReply {
     pub reasoning_parser: bool,
     /// vLLM's `prompt_logprobs`, when asked for.
     pub prompt_logprobs: Option<Value>,
+    /// A prefill kept for a decode server: where its KV waits.
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 /// One generated token's logprob and its alternatives, as OpenAI's chat and Responses

@@ -91,6 +91,9 @@ impl Head {
         if let Some(lps) = &reply.prompt_logprobs {
             body["prompt_logprobs"] = lps.clone();
         }
+        if let Some(kv) = &reply.kv_transfer_params {
+            body["kv_transfer_params"] = json!(kv);
+        }
         body
     }
 

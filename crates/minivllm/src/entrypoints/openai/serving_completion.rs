@@ -209,6 +209,9 @@ impl Reply {
         }
         let mut body = self.body(Value::Array(choices));
         body["usage"] = usage.json(self.prompt_tokens_details);
+        if let Some(kv) = outs.iter().find_map(|o| o.kv_transfer_params.as_ref()) {
+            body["kv_transfer_params"] = json!(kv);
+        }
         body
     }
 
