@@ -57,11 +57,14 @@ def test_vllm_router_splits_prefill_and_decode_with_one_servers_tokens(binary: s
                          "--decode", d_url) as (base, logs):
             chat = {"model": "smol", "messages": [{"role": "user", "content": PROMPT}],
                     "max_tokens": 24, "temperature": 0}
+            # Each prompt differs from the others within its first block, so the decode
+            # server's prefix cache never holds what a pull should bring.
+            again = [{"role": "user", "content": "Tell me more. " + PROMPT}]
             bodies = [
                 chat,
-                {**chat, "stream": True, "temperature": 0.8, "seed": 11},
+                {**chat, "messages": again, "stream": True, "temperature": 0.8, "seed": 11},
                 {"model": "smol", "prompt": PROMPT, "max_tokens": 24, "temperature": 0},
-                {"model": "smol", "prompt": PROMPT + " and grew", "max_tokens": 24,
+                {"model": "smol", "prompt": "In short: " + PROMPT, "max_tokens": 24,
                  "temperature": 0.8, "seed": 5, "stream": True},
             ]
             names = ["vllm:external_prefix_cache_hits_total", "vllm:prefix_cache_hits_total",
@@ -72,7 +75,7 @@ def test_vllm_router_splits_prefill_and_decode_with_one_servers_tokens(binary: s
                 got = completion(base, body)
                 assert got == want, (body, logs())
                 # The decode server ran the prompt's last token only: the rest was pulled,
-                # or found in its prefix cache (an earlier request's pulled blocks).
+                # or found in its prefix cache (the chat template's first block).
                 pulled, hits, prompt = (metric(d_url, n) - b for n, b in zip(names, before))
                 assert pulled > 0 and pulled + hits == prompt - 1, (body, pulled, hits, prompt)
             # The prefill server generated one token per request, the decode server the rest.

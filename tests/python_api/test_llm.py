@@ -691,8 +691,10 @@ def test_kv_transfer_config_hands_a_prefill_to_another_llm(model):
     config = {"kv_connector": "TcpConnector", "kv_port": 0}
     prefill = LLM(model=model, kv_transfer_config={**config, "kv_role": "kv_producer"}, **ENGINE)
     decode = LLM(model=model, kv_transfer_config={**config, "kv_role": "kv_consumer"}, **ENGINE)
-    want = decode.generate(prompt, SamplingParams(temperature=0, max_tokens=12),
-                           use_tqdm=False)[0].outputs[0].token_ids
+    # On the prefill LLM: run on the decode one, it would leave the prompt in its prefix
+    # cache, and the pull would have nothing left to bring.
+    want = prefill.generate(prompt, SamplingParams(temperature=0, max_tokens=12),
+                            use_tqdm=False)[0].outputs[0].token_ids
     keep = SamplingParams(temperature=0, max_tokens=1,
                           extra_args={"kv_transfer_params": {"do_remote_decode": True}})
 

@@ -141,6 +141,15 @@ impl KvTransferConfig {
             return Err("enable_permute_local_kv is not supported".into());
         }
         let extra = &self.kv_connector_extra_config;
+        if let Ok(ip) = extra.kv_ip.parse::<std::net::IpAddr>() {
+            if ip.is_unspecified() {
+                return Err(format!(
+                    "kv_connector_extra_config.kv_ip {:?}: decode servers are told to pull \
+                     from this address, so it must be one they reach, not a wildcard",
+                    extra.kv_ip
+                ));
+            }
+        }
         if !(extra.kv_buffer_size >= 1.0 && extra.kv_buffer_size <= 1e15) {
             return Err(
                 "kv_connector_extra_config.kv_buffer_size must be between 1 and 1e15 bytes".into(),
@@ -199,6 +208,11 @@ mod tests {
                 r#"{"kv_connector": "TcpConnector", "kv_role": "kv_both",
                  "kv_connector_extra_config": {"kv_buffer_size": 0}}"#,
                 "kv_buffer_size",
+            ),
+            (
+                r#"{"kv_connector": "TcpConnector", "kv_role": "kv_both",
+                 "kv_connector_extra_config": {"kv_ip": "0.0.0.0"}}"#,
+                "wildcard",
             ),
         ] {
             let e = KvTransferConfig::from_json(json).unwrap_err();

@@ -133,15 +133,11 @@ impl KvTransfer {
     /// by its own `kv_load_failure_policy`).
     pub(crate) fn export(&self, e: &KvExport, cache: &CacheEngine) -> Option<KvTransferParams> {
         let server = self.server.as_ref()?;
-        let mut data = Vec::with_capacity(e.blocks.len() * self.layout.block_bytes());
-        cache.export_blocks(&e.blocks, &mut data);
-        let payload = KvPayload {
-            layout: self.layout,
-            token_ids: e.prompt.clone(),
-            data,
-        };
+        let data_len = e.blocks.len() * self.layout.block_bytes();
+        let mut bytes = KvPayload::encode_head(&self.layout, &e.prompt, data_len);
+        cache.export_blocks(&e.blocks, &mut bytes);
         let key = format!("{:032x}", rand::random::<u128>());
-        if !server.stash(key.clone(), payload.encode()) {
+        if !server.stash(key.clone(), bytes) {
             tracing::warn!(seq = %e.seq, "KV too large for kv_buffer_size: not kept");
             return None;
         }
@@ -202,6 +198,12 @@ impl KvPuller {
         else {
             return Ok(None);
         };
+        if kv.remote().is_none() {
+            // As vLLM: params that name no prefill server are ignored, with a warning.
+            let why = "kv_transfer_params name no remote_host, remote_port and remote_request_id";
+            tracing::warn!(request_id, "{why}: prefilling here");
+            return Ok(None);
+        }
         match self.pull(kv).await {
             Ok(payload) => Ok(Some(payload)),
             Err(why) => self.failed(request_id, why).map(|()| None),
@@ -269,7 +271,7 @@ impl KvPuller {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let payload = KvPayload::decode(&bytes).map_err(|e| e.to_string())?;
+        let payload = KvPayload::decode(bytes).map_err(|e| e.to_string())?;
         Ok(Arc::new(payload))
     }
 

@@ -13,6 +13,10 @@ use minivllm::sampling_params::SamplingParams;
 
 const PROMPT: &str = "The history of the city begins with a small settlement on the river \
 bank, where fishermen and traders met to exchange goods. Over the centuries the village grew";
+/// Another prompt, different from the first token on: the decode engine's prefix cache
+/// holds nothing of it after the first.
+const OTHER: &str = "Snow covers the pine forest under a pale moon, and far below the ridge \
+a river winds past villages whose lights go out one by one as the night grows colder";
 
 fn engine(role: Option<KvRole>, on_failure: KvLoadFailurePolicy) -> AsyncEngine {
     let kv_transfer_config = role.map(|r| {
@@ -77,32 +81,32 @@ async fn a_decode_engine_runs_on_the_pulled_kv_as_one_engine_would() {
     let one = engine(None, KvLoadFailurePolicy::Fail);
     let p = engine(Some(KvRole::KvProducer), KvLoadFailurePolicy::Fail);
     let d = engine(Some(KvRole::KvConsumer), KvLoadFailurePolicy::Fail);
-    let prompt_len = one.tokenizer().encode(PROMPT, false).unwrap().len();
-    for (i, seed) in [None, Some(7)].into_iter().enumerate() {
-        let want = run(&one, &format!("one{i}"), PROMPT, params(seed, 24, None))
+    for (i, (seed, prompt)) in [(None, PROMPT), (Some(7), OTHER)].into_iter().enumerate() {
+        let prompt_len = one.tokenizer().encode(prompt, false).unwrap().len();
+        let want = run(&one, &format!("one{i}"), prompt, params(seed, 24, None))
             .await
             .unwrap();
-        let kv = prefill(&p, &format!("p{i}"), PROMPT).await;
-        let computed = d.stats().num_computed_tokens;
-        let got = run(
-            &d,
-            &format!("d{i}"),
-            PROMPT,
-            params(seed, 24, Some(kv.clone())),
-        )
-        .await
-        .unwrap();
+        let kv = prefill(&p, &format!("p{i}"), prompt).await;
+        let before = d.stats();
+        let pulled = Some(kv.clone());
+        let got = run(&d, &format!("d{i}"), prompt, params(seed, 24, pulled))
+            .await
+            .unwrap();
         assert_eq!(
             got.outputs[0].token_ids, want.outputs[0].token_ids,
             "seed {seed:?}"
         );
-        // Only the prompt's last token is run again (its logits give the first sample),
-        // then each generated token but the last.
-        let ran = d.stats().num_computed_tokens - computed;
+        // Every prompt token but the last came in the pull (none from the prefix cache):
+        // only that token is run again (its logits give the first sample), then each
+        // generated token but the last.
+        let after = d.stats();
+        let external = after.external_prefix_cache_hits - before.external_prefix_cache_hits;
+        assert_eq!(external as usize, prompt_len - 1, "seed {seed:?}");
+        let ran = after.num_computed_tokens - before.num_computed_tokens;
         assert_eq!(ran, 1 + 23, "seed {seed:?}: the decode engine prefilled");
         assert_eq!(got.num_cached_tokens, prompt_len - 1);
         // A payload is pulled once.
-        let again = run(&d, &format!("again{i}"), PROMPT, params(seed, 4, Some(kv))).await;
+        let again = run(&d, &format!("again{i}"), prompt, params(seed, 4, Some(kv))).await;
         assert!(
             matches!(again, Err(AsyncEngineError::Engine(EngineError::KvTransfer(ref m))) if m.contains("no KV")),
             "{again:?}"

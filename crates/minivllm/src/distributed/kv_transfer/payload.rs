@@ -68,25 +68,29 @@ impl KvPayload {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let l = &self.layout;
-        let mut out = Vec::with_capacity(32 + 4 * self.token_ids.len() + self.data.len());
-        out.extend(MAGIC);
-        out.extend(VERSION.to_le_bytes());
-        out.extend([dtype_code(l.dtype), 0]);
-        for x in [l.num_slots, l.block_size, l.block_len] {
-            out.extend(x.to_le_bytes());
-        }
-        out.extend((self.token_ids.len() as u32).to_le_bytes());
-        self.token_ids
-            .iter()
-            .for_each(|t| out.extend(t.to_le_bytes()));
+        let mut out = Self::encode_head(&self.layout, &self.token_ids, self.data.len());
         out.extend(&self.data);
         out
     }
 
-    /// Reads [`encode`](Self::encode)'s bytes, checking that the data is exactly the
-    /// blocks its tokens fill.
-    pub fn decode(bytes: &[u8]) -> Result<Self, PayloadError> {
+    /// A payload's bytes up to its blocks, with room for `data_len` bytes of them: the
+    /// blocks are then appended straight from the cache, copied once.
+    pub fn encode_head(layout: &KvLayoutTag, token_ids: &[u32], data_len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + 4 * token_ids.len() + data_len);
+        out.extend(MAGIC);
+        out.extend(VERSION.to_le_bytes());
+        out.extend([dtype_code(layout.dtype), 0]);
+        for x in [layout.num_slots, layout.block_size, layout.block_len] {
+            out.extend(x.to_le_bytes());
+        }
+        out.extend((token_ids.len() as u32).to_le_bytes());
+        token_ids.iter().for_each(|t| out.extend(t.to_le_bytes()));
+        out
+    }
+
+    /// Reads [`encode`](Self::encode)'s bytes (in place: the blocks keep their buffer),
+    /// checking that the data is exactly the blocks its tokens fill.
+    pub fn decode(mut bytes: Vec<u8>) -> Result<Self, PayloadError> {
         let u32_at = |at: usize| -> Result<u32, PayloadError> {
             let b = bytes.get(at..at + 4).ok_or_else(|| short(bytes.len()))?;
             Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")))
@@ -116,10 +120,11 @@ impl KvPayload {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
             .collect();
+        bytes.drain(..data_at);
         let payload = KvPayload {
             layout,
             token_ids,
-            data: bytes[data_at..].to_vec(),
+            data: bytes,
         };
         // Computed wide: the header's sizes are the sender's word, not yet checked.
         let want = payload.num_blocks() as u128
@@ -162,7 +167,7 @@ mod tests {
     #[test]
     fn encode_then_decode_gives_the_payload_back() {
         let p = sample();
-        assert_eq!(KvPayload::decode(&p.encode()), Ok(p.clone()));
+        assert_eq!(KvPayload::decode(p.encode()), Ok(p.clone()));
         assert_eq!(p.num_blocks(), 2);
         assert_eq!(p.block(1)[0], p.layout.block_bytes() as u8);
     }
@@ -171,24 +176,27 @@ mod tests {
     fn damaged_bytes_are_refused_not_read() {
         let bytes = sample().encode();
         assert_eq!(
-            KvPayload::decode(&bytes[..10]),
+            KvPayload::decode(bytes[..10].to_vec()),
             Err(PayloadError::BadHeader)
         );
         assert!(matches!(
-            KvPayload::decode(&bytes[..bytes.len() - 1]),
+            KvPayload::decode(bytes[..bytes.len() - 1].to_vec()),
             Err(PayloadError::BadLength(_))
         ));
         let mut bad = bytes.clone();
         bad[0] = b'X';
-        assert_eq!(KvPayload::decode(&bad), Err(PayloadError::BadHeader));
+        assert_eq!(KvPayload::decode(bad.clone()), Err(PayloadError::BadHeader));
         let mut bad = bytes.clone();
         bad[6] = 9;
-        assert_eq!(KvPayload::decode(&bad), Err(PayloadError::BadDtype(9)));
+        assert_eq!(
+            KvPayload::decode(bad.clone()),
+            Err(PayloadError::BadDtype(9))
+        );
         // A token count far past the bytes there are.
         let mut bad = bytes;
         bad[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(
-            KvPayload::decode(&bad),
+            KvPayload::decode(bad.clone()),
             Err(PayloadError::BadLength(_))
         ));
     }

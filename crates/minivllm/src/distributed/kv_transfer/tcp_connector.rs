@@ -25,6 +25,8 @@ const MAX_CONNECTIONS: usize = 32;
 /// A puller must send its key within this, and take the payload within `SEND_TIMEOUT`.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longer keys are not ours (ours are 32 hex digits).
+const MAX_KEY_LEN: usize = 256;
 
 /// Why a pull failed.
 #[derive(Debug, thiserror::Error)]
@@ -156,29 +158,40 @@ impl Drop for KvExportServer {
 
 fn serve(listener: TcpListener, stash: &Arc<Mutex<Stash>>, stop: &AtomicBool) {
     let active = Arc::new(AtomicUsize::new(0));
+    let mut last_expiry = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        // Payloads expire even when no pull comes to drop them.
+        if last_expiry.elapsed() > Duration::from_secs(1) {
+            last_expiry = Instant::now();
+            stash
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .expire(last_expiry);
+        }
+        // At the limit, new pulls wait in the backlog rather than be dropped.
+        if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
         match listener.accept() {
             Ok((conn, peer)) => {
-                if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-                    tracing::warn!(%peer, "KV pull refused: {MAX_CONNECTIONS} already running");
-                    continue;
-                }
                 active.fetch_add(1, Ordering::Relaxed);
-                let (stash, active) = (Arc::clone(stash), Arc::clone(&active));
+                let (stash, done) = (Arc::clone(stash), Arc::clone(&active));
                 let spawned = std::thread::Builder::new()
                     .name("minivllm-kv-pull".into())
                     .spawn(move || {
                         if let Err(e) = answer_pull(conn, &stash) {
                             tracing::warn!(%peer, "KV pull failed: {e}");
                         }
-                        active.fetch_sub(1, Ordering::Relaxed);
+                        done.fetch_sub(1, Ordering::Relaxed);
                     });
                 if let Err(e) = spawned {
+                    active.fetch_sub(1, Ordering::Relaxed);
                     tracing::warn!("cannot start a KV pull thread: {e}");
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(2));
             }
             Err(e) => {
                 tracing::warn!("KV export listener: {e}");
@@ -190,18 +203,26 @@ fn serve(listener: TcpListener, stash: &Arc<Mutex<Stash>>, stop: &AtomicBool) {
 
 fn answer_pull(mut conn: TcpStream, stash: &Mutex<Stash>) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(READ_TIMEOUT))?;
     conn.set_write_timeout(Some(SEND_TIMEOUT))?;
+    // One deadline for the whole request, however slowly its bytes come.
+    let deadline = Instant::now() + READ_TIMEOUT;
     let mut head = [0u8; 8];
-    conn.read_exact(&mut head)?;
+    read_exact_by(&mut conn, &mut head, deadline)?;
     if &head[..4] != MAGIC || head[4] != VERSION || head[5] != OP_PULL {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             "not a KV pull request",
         ));
     }
-    let mut key = vec![0u8; u16::from_le_bytes([head[6], head[7]]) as usize];
-    conn.read_exact(&mut key)?;
+    let key_len = u16::from_le_bytes([head[6], head[7]]) as usize;
+    if key_len > MAX_KEY_LEN {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a key of {key_len} bytes"),
+        ));
+    }
+    let mut key = vec![0u8; key_len];
+    read_exact_by(&mut conn, &mut key, deadline)?;
     let key = String::from_utf8_lossy(&key);
     let found = (stash.lock().unwrap_or_else(|e| e.into_inner())).take(&key, Instant::now());
     match found {
@@ -212,6 +233,23 @@ fn answer_pull(mut conn: TcpStream, stash: &Mutex<Stash>) -> std::io::Result<()>
             conn.write_all(&p)
         }
     }
+}
+
+/// `read_exact`, failing once `deadline` passes.
+fn read_exact_by(conn: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        conn.set_read_timeout(Some(left))?;
+        match conn.read(&mut buf[filled..])? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => filled += n,
+        }
+    }
+    Ok(())
 }
 
 /// Pulls the payload kept under `key` at `host:port`: at most `max_bytes`, all within
@@ -257,8 +295,17 @@ pub async fn fetch(
                 max: max_bytes,
             });
         }
-        let mut payload = vec![0u8; len as usize];
-        conn.read_exact(&mut payload).await.map_err(io)?;
+        // Grown as bytes arrive, not reserved on the sender's word.
+        let mut payload = Vec::with_capacity(len.min(1 << 20) as usize);
+        (&mut conn)
+            .take(len)
+            .read_to_end(&mut payload)
+            .await
+            .map_err(io)?;
+        if payload.len() as u64 != len {
+            let eof = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "payload cut short");
+            return Err(io(eof));
+        }
         Ok(payload)
     };
     tokio::time::timeout(timeout, pull)
@@ -333,11 +380,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn more_pulls_than_threads_wait_their_turn() {
+        let s = server(1 << 20, Duration::from_secs(60));
+        for k in 0..(MAX_CONNECTIONS + 8) {
+            assert!(s.stash(format!("k{k}"), vec![k as u8; 1000]));
+        }
+        let pulls = (0..(MAX_CONNECTIONS + 8)).map(|k| {
+            let port = s.local_addr().port();
+            async move {
+                let key = format!("k{k}");
+                fetch("127.0.0.1", port, &key, 1 << 20, Duration::from_secs(10)).await
+            }
+        });
+        for (k, r) in futures_util::future::join_all(pulls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(r.unwrap(), vec![k as u8; 1000]);
+        }
+    }
+
+    #[tokio::test]
     async fn garbage_on_the_port_does_not_stop_the_server() {
         let s = server(1 << 20, Duration::from_secs(60));
         let mut c = TcpStream::connect(s.local_addr()).unwrap();
         c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
         drop(c);
+        // A key far longer than ours is refused before it is read.
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        c.write_all(&[b'M', b'V', b'K', b'V', 1, 1, 0xff, 0xff])
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = c.read_to_end(&mut answer);
+        assert!(answer.is_empty(), "{answer:?}");
         assert!(s.stash("a".into(), vec![7]));
         assert_eq!(pull(&s, "a").await.unwrap(), vec![7]);
     }
