@@ -169,19 +169,16 @@ impl AsyncEngine {
         requests: Vec<NewRequest>,
     ) -> Result<Vec<mpsc::UnboundedReceiver<RequestOutput>>, AsyncEngineError> {
         let grammars = self.compile(&requests).await?;
-        let mut imports = Vec::with_capacity(requests.len());
-        for r in &requests {
-            let params = r.params.params();
-            let pull = self
-                .checks
-                .kv_puller
-                .as_ref()
-                .map(|p| p.pull_for(&r.request_id, params));
-            imports.push(match pull {
-                Some(pull) => pull.await?,
-                None => None,
-            });
-        }
+        // Each prompt's KV pulled side by side: a completion's prompts may come from
+        // several prefills.
+        let pulls = requests.iter().map(|r| async {
+            match &self.checks.kv_puller {
+                Some(p) => p.pull_for(&r.request_id, r.params.params()).await,
+                None => Ok(None),
+            }
+        });
+        let imports = futures_util::future::join_all(pulls).await;
+        let imports = imports.into_iter().collect::<Result<Vec<_>, _>>()?;
         let mut streams = Vec::with_capacity(requests.len());
         let with = requests.into_iter().zip(grammars).zip(imports);
         let accepted = self.queue(with.map(|((r, g), kv)| {
