@@ -56,12 +56,12 @@ pub struct KvImport {
 }
 
 /// A finished prefill's prompt KV for a decode server: the blocks it was in when it
-/// finished (read before the next step can reuse them) and its prompt.
+/// finished (read before the next step can reuse them). Its prompt is the sequence's
+/// record's, readable until the engine takes the ended sequences.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvExport {
     pub seq: SeqId,
     pub blocks: Vec<BlockId>,
-    pub prompt: Vec<TokenId>,
 }
 
 #[derive(Debug, Default)]

@@ -367,7 +367,6 @@ impl Scheduler {
                 self.kv_exports.push(KvExport {
                     seq: id,
                     blocks: blocks.to_vec(),
-                    prompt: seq.token_ids[..seq.prompt_len].to_vec(),
                 });
             }
         }

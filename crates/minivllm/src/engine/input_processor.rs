@@ -169,21 +169,24 @@ impl RequestChecks {
         check_width(&params, self.max_num_seqs)?;
         if let Some(kv) = &params.kv_transfer_params {
             let role = self.kv_role;
-            let (wants, may) = match kv.do_remote_decode {
-                true => ("do_remote_decode", role.is_some_and(KvRole::produces)),
-                false => ("do_remote_prefill", role.is_some_and(KvRole::consumes)),
+            let (wants, needs, may) = match kv.do_remote_decode {
+                true => (
+                    "do_remote_decode",
+                    "kv_producer",
+                    role.is_some_and(KvRole::produces),
+                ),
+                false => (
+                    "do_remote_prefill",
+                    "kv_consumer",
+                    role.is_some_and(KvRole::consumes),
+                ),
             };
             if (kv.do_remote_decode || kv.do_remote_prefill) && !may {
                 return Err(ValidationError::new(
                     Some("kv_transfer_params"),
                     format!(
                         "kv_transfer_params.{wants} needs a server started with \
-                         --kv-transfer-config and kv_role {} or kv_both",
-                        if kv.do_remote_decode {
-                            "kv_producer"
-                        } else {
-                            "kv_consumer"
-                        }
+                         --kv-transfer-config and kv_role {needs} or kv_both"
                     ),
                 )
                 .into());

@@ -16,7 +16,7 @@ use crate::config::{KvLoadFailurePolicy, KvRole, KvTransferConfig};
 use crate::core::sched_output::KvExport;
 use crate::core::scheduler::Scheduler;
 use crate::distributed::kv_transfer::{
-    fetch, KvExportServer, KvLayoutTag, KvPayload, KvTransferParams,
+    fetch, KvExportServer, KvLayoutTag, KvPayload, KvTransferParams, RemoteKv,
 };
 use crate::engine::arg_utils::EngineArgs;
 use crate::engine::errors::EngineError;
@@ -38,7 +38,7 @@ pub(crate) struct KvTransfer {
     host: String,
     layout: KvLayoutTag,
     /// What a decode server does when a pull fails.
-    pub(crate) on_failure: KvLoadFailurePolicy,
+    on_failure: KvLoadFailurePolicy,
     /// The largest payload a decode server takes: its whole cache's worth.
     max_pull_bytes: u64,
 }
@@ -131,10 +131,15 @@ impl KvTransfer {
     /// Keeps a finished prefill's KV for a decode server and says where it waits: `None`
     /// when there is no room (the decode server then prefills the prompt itself, or fails
     /// by its own `kv_load_failure_policy`).
-    pub(crate) fn export(&self, e: &KvExport, cache: &CacheEngine) -> Option<KvTransferParams> {
+    fn export(
+        &self,
+        e: &KvExport,
+        prompt: &[u32],
+        cache: &CacheEngine,
+    ) -> Option<KvTransferParams> {
         let server = self.server.as_ref()?;
         let data_len = e.blocks.len() * self.layout.block_bytes();
-        let mut bytes = KvPayload::encode_head(&self.layout, &e.prompt, data_len);
+        let mut bytes = KvPayload::encode_head(&self.layout, prompt, data_len);
         cache.export_blocks(&e.blocks, &mut bytes);
         let key = format!("{:032x}", rand::random::<u128>());
         if !server.stash(key.clone(), bytes) {
@@ -152,9 +157,7 @@ impl KvTransfer {
             tp_size: Some(1),
         })
     }
-}
 
-impl KvTransfer {
     /// Gives the final output of each prefill in `exports` that stopped at its length (as
     /// the router asks: `max_tokens` 1) the `kv_transfer_params` of its kept KV. Prefills
     /// that stopped otherwise (their first token ended them) keep nothing, as in vLLM: the
@@ -178,7 +181,8 @@ impl KvTransfer {
             }) else {
                 continue;
             };
-            out.kv_transfer_params = self.export(&e, cache);
+            let prompt = &seq.token_ids[..seq.prompt_len];
+            out.kv_transfer_params = self.export(&e, prompt, cache);
         }
     }
 }
@@ -198,13 +202,13 @@ impl KvPuller {
         else {
             return Ok(None);
         };
-        if kv.remote().is_none() {
+        let Some(remote) = kv.remote() else {
             // As vLLM: params that name no prefill server are ignored, with a warning.
             let why = "kv_transfer_params name no remote_host, remote_port and remote_request_id";
             tracing::warn!(request_id, "{why}: prefilling here");
             return Ok(None);
-        }
-        match self.pull(kv).await {
+        };
+        match self.pull(&remote).await {
             Ok(payload) => Ok(Some(payload)),
             Err(why) => self.failed(request_id, why).map(|()| None),
         }
@@ -255,13 +259,9 @@ impl KvPuller {
         }
     }
 
-    /// Pulls the KV `params` point to: the payload (checked against the prompt later, on
+    /// Pulls the KV kept at `remote`: the payload (checked against the prompt later, on
     /// the engine thread, once the prompt is tokenized), or why it cannot be had.
-    pub(crate) async fn pull(&self, params: &KvTransferParams) -> Result<Arc<KvPayload>, String> {
-        let remote = params.remote().ok_or(
-            "kv_transfer_params ask for a remote prefill without remote_host, remote_port \
-             and remote_request_id",
-        )?;
+    async fn pull(&self, remote: &RemoteKv) -> Result<Arc<KvPayload>, String> {
         let bytes = fetch(
             &remote.host,
             remote.port,
